@@ -1,0 +1,50 @@
+"""The attention-backend interface: one metadata object per step, shared by all layers.
+
+A step's tokens are flattened, decodes first (one query token each), then prefill
+chunks (any number of query tokens, attending to the cached prefix and causally to
+themselves)::
+
+    tokens   [d0 d1 d2 | p0 p0 p0 p0 | p1 p1]      num_decodes = 3
+    seqs      0  1  2    3             4
+    query_start_loc = [0, 1, 2, 3, 7, 9]
+    seq_lens        = context length of each seq after this step (cached + new)
+
+The KV cache of one layer is a tensor [2, num_blocks, block_size, num_kv_heads,
+head_dim]; token t of a seq lives in block ``block_tables[seq, t // block_size]`` at
+offset ``t % block_size``, and ``slot_mapping`` holds ``block * block_size + offset``
+for every new token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # [T] int64
+    block_tables: torch.Tensor  # [B, max_blocks] int32, padded with 0
+    seq_lens: torch.Tensor  # [B] int32
+    query_start_loc: torch.Tensor  # [B + 1] int32
+    num_decodes: int
+    # host copies: the reference backend loops over prefill seqs without a device sync
+    seq_lens_cpu: list[int]
+    query_start_loc_cpu: list[int]
+    max_decode_seq_len: int
+
+
+class AttentionBackend(Protocol):
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
+                meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        """q [T, Hq, D], k/v [T, Hk, D]: write k/v into the cache, return [T, Hq, D]."""
+        ...
+
+
+def get_backend(name: str) -> AttentionBackend:
+    if name == "torch":
+        from expresslane.attention.torch_backend import TorchAttentionBackend
+        return TorchAttentionBackend()
+    raise ValueError(f"unknown attention backend {name!r} (available: torch)")

@@ -1,0 +1,63 @@
+"""Reference attention over the paged KV cache in plain torch (CPU and CUDA).
+
+Correctness first: decodes are batched (gather each seq's blocks, mask past its
+length); prefill chunks run one seq at a time with an offset causal mask.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from expresslane.attention.backend import AttentionMetadata
+
+
+def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    _, num_blocks, block_size, heads, dim = kv_cache.shape
+    flat = kv_cache.view(2, num_blocks * block_size, heads, dim)
+    flat[0].index_copy_(0, slot_mapping, k)
+    flat[1].index_copy_(0, slot_mapping, v)
+
+
+def gather_kv(kv_cache: torch.Tensor, block_tables: torch.Tensor, max_len: int):
+    """[B, max_blocks] block ids -> k, v of shape [B, max_len, Hk, D]."""
+    num_blocks_needed = -(-max_len // kv_cache.shape[2])
+    blocks = block_tables[:, :num_blocks_needed].long()
+    k = kv_cache[0][blocks].flatten(1, 2)[:, :max_len]
+    v = kv_cache[1][blocks].flatten(1, 2)[:, :max_len]
+    return k, v
+
+
+class TorchAttentionBackend:
+    def forward(self, q, k, v, kv_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        write_kv(kv_cache, k, v, meta.slot_mapping)
+        out = torch.empty_like(q)
+        nd = meta.num_decodes
+        if nd:
+            out[:nd] = self._decode(q[:nd], kv_cache, meta, scale)
+        starts = meta.query_start_loc_cpu
+        for i in range(nd, len(starts) - 1):
+            lo, hi, ctx = starts[i], starts[i + 1], meta.seq_lens_cpu[i]
+            out[lo:hi] = self._prefill(q[lo:hi], kv_cache, meta.block_tables[i:i + 1], ctx, scale)
+        return out
+
+    @staticmethod
+    def _decode(q, kv_cache, meta: AttentionMetadata, scale):
+        nd, max_len = meta.num_decodes, meta.max_decode_seq_len
+        k, v = gather_kv(kv_cache, meta.block_tables[:nd], max_len)
+        valid = torch.arange(max_len, device=q.device)[None, :] < meta.seq_lens[:nd, None]
+        o = F.scaled_dot_product_attention(
+            q.unsqueeze(2), k.transpose(1, 2), v.transpose(1, 2),  # [B, H, 1, D], [B, Hk, L, D]
+            attn_mask=valid[:, None, None, :], scale=scale, enable_gqa=True)
+        return o.squeeze(2)
+
+    @staticmethod
+    def _prefill(q, kv_cache, block_table, ctx: int, scale):
+        n = q.shape[0]
+        k, v = gather_kv(kv_cache, block_table, ctx)
+        # query j sits at position ctx - n + j and sees keys 0 .. ctx - n + j
+        mask = torch.ones(n, ctx, dtype=torch.bool, device=q.device).tril(diagonal=ctx - n)
+        o = F.scaled_dot_product_attention(
+            q.transpose(0, 1)[None], k[0].transpose(0, 1)[None], v[0].transpose(0, 1)[None],
+            attn_mask=mask, scale=scale, enable_gqa=True)
+        return o[0].transpose(0, 1)

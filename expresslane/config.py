@@ -1,0 +1,138 @@
+"""The one frozen config tree: every engine knob lives here, nowhere else.
+
+``EngineConfig.from_kwargs(model=..., max_num_seqs=...)`` routes flat keyword
+arguments (vLLM's names) to the sub-config that owns them; ``add_cli_args`` turns
+the same fields into ``--kebab-case`` flags. Values the engine must discover
+(``max_model_len`` from the model, ``num_kv_blocks`` from memory) are ``None``
+here and filled in with ``dataclasses.replace`` when the engine resolves them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def _knob(default: Any, help: str, choices: tuple | None = None) -> Any:
+    return field(default=default, metadata={"help": help, "choices": choices})
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    model: str | None = _knob(None, "model directory (Hugging Face layout); default: the built-in tiny model")
+    tokenizer: str | None = _knob(None, "tokenizer directory (default: the model directory)")
+    dtype: str = _knob("auto", "weights and activations dtype; auto = the model's dtype on GPU, float32 on CPU",
+                       ("auto", "float32", "float16", "bfloat16"))
+    max_model_len: int | None = _knob(None, "longest prompt + output in tokens (default: the model's limit)")
+    seed: int = _knob(0, "seed of the random sampler for requests without their own seed")
+
+
+@dataclass(frozen=True, slots=True)
+class CacheConfig:
+    block_size: int = _knob(16, "tokens per KV-cache block")
+    gpu_memory_utilization: float = _knob(0.9, "fraction of GPU memory the engine may use (weights, activations, KV)")
+    cpu_kv_cache_space_gb: float = _knob(4.0, "KV-cache memory budget on CPU, in GiB")
+    num_kv_blocks: int | None = _knob(None, "number of KV-cache blocks (overrides the memory-based size)")
+    enable_prefix_caching: bool = _knob(True, "reuse KV blocks of identical prompt prefixes")
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    max_num_seqs: int = _knob(256, "most requests running at once")
+    max_num_batched_tokens: int = _knob(2048, "token budget of one step (prefill chunks + decodes)")
+    scheduling_policy: str = _knob("fcfs", "order of waiting requests: fcfs, or priority (lower value first)",
+                                   ("fcfs", "priority"))
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceConfig:
+    device: str = _knob("auto", "auto, cpu, cuda or cuda:N")
+    attention_backend: str = _knob("torch", "attention implementation", ("torch",))
+    enforce_eager: bool = _knob(False, "never capture CUDA graphs")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    device: DeviceConfig = field(default_factory=DeviceConfig)
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> "EngineConfig":
+        parts: dict[str, dict[str, Any]] = {f.name: {} for f in dataclasses.fields(cls)}
+        owner = _field_owners()
+        for key, value in kwargs.items():
+            if key not in owner:
+                raise TypeError(f"unknown engine config field {key!r}; known: {', '.join(sorted(owner))}")
+            parts[owner[key]][key] = value
+        config = cls(**{name: _SECTIONS[name](**values) for name, values in parts.items()})
+        config.validate()
+        return config
+
+    def validate(self) -> None:
+        s, c, m = self.scheduler, self.cache, self.model
+        for name, value in (("max_num_seqs", s.max_num_seqs), ("max_num_batched_tokens", s.max_num_batched_tokens),
+                            ("block_size", c.block_size)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if c.num_kv_blocks is not None and c.num_kv_blocks < 1:
+            raise ValueError(f"num_kv_blocks must be positive, got {c.num_kv_blocks}")
+        if not 0.0 < c.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {c.gpu_memory_utilization}")
+        if m.max_model_len is not None and m.max_model_len < 1:
+            raise ValueError(f"max_model_len must be positive, got {m.max_model_len}")
+        for section in (m, c, s, self.device):
+            for f in dataclasses.fields(section):
+                choices = f.metadata.get("choices")
+                if choices and getattr(section, f.name) not in choices:
+                    raise ValueError(f"{f.name} must be one of {', '.join(choices)}, got {getattr(section, f.name)!r}")
+
+    def replace(self, **kwargs: Any) -> "EngineConfig":
+        """A copy with some flat fields changed (used when resolving discovered values)."""
+        owner = _field_owners()
+        changes: dict[str, dict[str, Any]] = {}
+        for key, value in kwargs.items():
+            changes.setdefault(owner[key], {})[key] = value
+        return dataclasses.replace(
+            self, **{name: dataclasses.replace(getattr(self, name), **vals) for name, vals in changes.items()})
+
+
+_SECTIONS = {"model": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig, "device": DeviceConfig}
+
+
+def _field_owners() -> dict[str, str]:
+    return {f.name: section for section, cls in _SECTIONS.items() for f in dataclasses.fields(cls)}
+
+
+def add_cli_args(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ("model",)) -> None:
+    """One ``--flag`` per config field, typed from its default."""
+    group = parser.add_argument_group("engine")
+    for section in _SECTIONS.values():
+        for f in dataclasses.fields(section):
+            if f.name in skip:
+                continue
+            flag = "--" + f.name.replace("_", "-")
+            kwargs: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": f.metadata["help"]}
+            if isinstance(f.default, bool):
+                kwargs["action"] = argparse.BooleanOptionalAction
+            else:
+                kwargs["type"] = _cli_type(f)
+                if f.metadata.get("choices"):
+                    kwargs["choices"] = f.metadata["choices"]
+            group.add_argument(flag, **kwargs)
+
+
+def _cli_type(f: dataclasses.Field) -> Any:
+    if isinstance(f.default, float):
+        return float
+    if isinstance(f.default, int) or "int" in str(f.type):
+        return int
+    return str
+
+
+def engine_kwargs_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    owners = _field_owners()
+    return {k: v for k, v in vars(args).items() if k in owners}

@@ -1,0 +1,112 @@
+"""EngineCore: the step loop. schedule -> execute -> update, on token ids only.
+
+Offline (`LLM`) and online (`serve`) drive the same EngineCore; frontends add
+tokenization, detokenization and transport around it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from expresslane.config import EngineConfig
+from expresslane.engine.kv_cache import KVCacheManager
+from expresslane.engine.request import EngineCoreOutput, EngineCoreRequest, Request, check_prompt_length
+from expresslane.engine.scheduler import Scheduler
+from expresslane.models.loader import check_model_dir, load_hf_config
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class StepStats:
+    """What the last step did and the engine's state after it (for metrics)."""
+
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float
+    num_batched_tokens: int = 0
+    batch_size: int = 0
+    step_duration: float = 0.0
+    prefix_cache_queries: int = 0  # cumulative, tokens
+    prefix_cache_hits: int = 0  # cumulative, tokens
+    num_preemptions: int = 0  # cumulative
+
+
+def resolve_model_dir(model: str | None) -> Path:
+    if model is None:
+        from expresslane.models.presets import default_model_dir
+        return default_model_dir()
+    return check_model_dir(model)
+
+
+def resolve_max_model_len(requested: int | None, hf_config) -> int:
+    limit = getattr(hf_config, "max_position_embeddings", None) or 2048
+    window = getattr(hf_config, "sliding_window", None)
+    uses_window = getattr(hf_config, "use_sliding_window", True)  # Qwen2 configs switch it off
+    if window and uses_window and window < limit:
+        limit = window  # full attention is exact only within the window
+    if requested is None:
+        return limit
+    if requested > limit:
+        raise ValueError(f"max_model_len {requested} is larger than the model's limit of {limit} tokens")
+    return requested
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig):
+        from expresslane.runner.model_runner import ModelRunner  # torch stays out of scheduler imports
+
+        self.model_dir = resolve_model_dir(config.model.model)
+        self.hf_config = load_hf_config(self.model_dir)
+        config = config.replace(max_model_len=resolve_max_model_len(config.model.max_model_len, self.hf_config))
+        self.runner = ModelRunner(config, self.hf_config, self.model_dir)
+        bs = config.cache.block_size
+        max_blocks = config.scheduler.max_num_seqs * -(-config.model.max_model_len // bs) + 1
+        num_blocks = self.runner.profile_num_blocks(max_blocks)
+        if num_blocks * bs < config.model.max_model_len:
+            raise ValueError(f"the KV cache holds {num_blocks * bs} tokens ({num_blocks} blocks), less than "
+                             f"max_model_len={config.model.max_model_len}; lower max_model_len or give it "
+                             "more memory (num_kv_blocks, gpu_memory_utilization, cpu_kv_cache_space_gb)")
+        self.runner.allocate_kv_cache(num_blocks)
+        self.config = config.replace(num_kv_blocks=num_blocks)
+        self.kv = KVCacheManager(num_blocks, bs, config.cache.enable_prefix_caching)
+        self.scheduler = Scheduler(config.scheduler, self.kv)
+        self._last = StepStats(0, 0, 0.0)
+        log.info("KV cache: %d blocks of %d tokens (%.2f GiB)", num_blocks, bs,
+                 num_blocks * self.runner.kv_block_bytes() / 2**30)
+
+    @property
+    def max_model_len(self) -> int:
+        return self.config.model.max_model_len
+
+    def add_request(self, req: EngineCoreRequest) -> None:
+        check_prompt_length(len(req.prompt_token_ids), self.max_model_len)
+        self.scheduler.add_request(Request.from_core_request(req, self.max_model_len))
+
+    def abort(self, request_ids: list[str]) -> list[EngineCoreOutput]:
+        return self.scheduler.abort(request_ids)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def step(self) -> list[EngineCoreOutput]:
+        t0 = time.monotonic()
+        plan = self.scheduler.schedule()
+        if plan.is_empty:
+            self.scheduler.update({})
+            outputs: list[EngineCoreOutput] = []
+        else:
+            sampled, logprobs = self.runner.execute(plan)
+            outputs = self.scheduler.update(sampled, logprobs)
+        self._last = StepStats(
+            num_running=self.scheduler.num_running, num_waiting=self.scheduler.num_waiting,
+            kv_cache_usage=self.kv.usage, num_batched_tokens=plan.num_batched_tokens, batch_size=len(plan.seqs),
+            step_duration=time.monotonic() - t0, prefix_cache_queries=self.kv.prefix_cache_queries,
+            prefix_cache_hits=self.kv.prefix_cache_hits, num_preemptions=self.scheduler.num_preemptions)
+        return outputs
+
+    def stats(self) -> StepStats:
+        return self._last

@@ -1,0 +1,133 @@
+"""Frontend bookkeeping: core token outputs -> RequestOutputs with text.
+
+A request with ``n > 1`` runs in the core as n child requests (``{id}#{i}``, seeds
+``seed + i``); their completions are gathered here under the parent id. Stop strings
+are found here, after detokenization; the child is then finished at once and the
+caller must abort it in the core (returned in ``to_abort``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from expresslane.engine.detokenizer import IncrementalDetokenizer
+from expresslane.engine.request import EngineCoreOutput
+from expresslane.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from expresslane.sampling_params import SamplingParams
+
+
+def child_request_ids(request_id: str, n: int) -> list[str]:
+    return [request_id] if n == 1 else [f"{request_id}#{i}" for i in range(n)]
+
+
+@dataclass(slots=True)
+class _Child:
+    parent: "_Parent"
+    output: CompletionOutput
+    detok: IncrementalDetokenizer
+
+
+@dataclass(slots=True)
+class _Parent:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    metrics: RequestMetrics
+    children: list[_Child] = field(default_factory=list)
+    num_cached_tokens: int = 0
+
+    def finished(self) -> bool:
+        return all(c.output.finished for c in self.children)
+
+    def to_output(self) -> RequestOutput:
+        return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids,
+                             [c.output for c in self.children], self.finished(), self.metrics,
+                             self.num_cached_tokens)
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self._parents: dict[str, _Parent] = {}
+        self._children: dict[str, _Child] = {}
+
+    def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
+                    params: SamplingParams, arrival_time: float) -> list[str]:
+        """Register a request; returns the ids of its core (child) requests."""
+        if request_id in self._parents:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        parent = _Parent(request_id, prompt, prompt_token_ids, RequestMetrics(arrival_time))
+        ids = child_request_ids(request_id, params.n)
+        for i, cid in enumerate(ids):
+            detok = IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params.stop,
+                                           params.skip_special_tokens, params.include_stop_str_in_output)
+            child = _Child(parent, CompletionOutput(i, "", [], logprobs=[] if params.logprobs is not None else None),
+                           detok)
+            parent.children.append(child)
+            self._children[cid] = child
+        self._parents[request_id] = parent
+        return ids
+
+    def child_ids(self, request_id: str) -> list[str]:
+        parent = self._parents.get(request_id)
+        return [] if parent is None else child_request_ids(request_id, len(parent.children))
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self._parents)
+
+    def process(self, outputs: list[EngineCoreOutput]) -> tuple[list[RequestOutput], list[str]]:
+        touched: dict[str, _Parent] = {}
+        to_abort: list[str] = []
+        for out in outputs:
+            child = self._children.get(out.request_id)
+            if child is None or child.output.finished:
+                continue  # finished here already (stop string) while the core was still running it
+            parent = child.parent
+            comp = child.output
+            comp.token_ids.extend(out.new_token_ids)
+            if out.new_logprobs and comp.logprobs is not None:
+                comp.logprobs.extend(out.new_logprobs)
+            stop_str = child.detok.add(out.new_token_ids) if out.new_token_ids else None
+            comp.text = child.detok.text
+            m = parent.metrics
+            if out.first_scheduled_time is not None and (m.first_scheduled_time is None
+                                                         or out.first_scheduled_time < m.first_scheduled_time):
+                m.first_scheduled_time = out.first_scheduled_time
+                parent.num_cached_tokens = out.num_cached_tokens
+            if out.first_token_time is not None and (m.first_token_time is None
+                                                     or out.first_token_time < m.first_token_time):
+                m.first_token_time = out.first_token_time
+            if stop_str is not None:
+                comp.finish_reason, comp.stop_reason = "stop", stop_str
+                if out.finish_reason is None:
+                    to_abort.append(out.request_id)
+                m.finished_time = max(m.finished_time or 0.0, out.finished_time or time.monotonic())
+            elif out.finish_reason is not None:
+                comp.finish_reason, comp.stop_reason = out.finish_reason, out.stop_reason
+                m.finished_time = max(m.finished_time or 0.0, out.finished_time or time.monotonic())
+            touched[parent.request_id] = parent
+        results = []
+        for parent in touched.values():
+            results.append(parent.to_output())
+            if parent.finished():
+                self._forget(parent)
+        return results, to_abort
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Finish a request as aborted (frontend side); the caller aborts its children in the core."""
+        parent = self._parents.get(request_id)
+        if parent is None:
+            return None
+        for child in parent.children:
+            if not child.output.finished:
+                child.output.finish_reason = "abort"
+        parent.metrics.finished_time = time.monotonic()
+        self._forget(parent)
+        return parent.to_output()
+
+    def _forget(self, parent: _Parent) -> None:
+        del self._parents[parent.request_id]
+        for cid in child_request_ids(parent.request_id, len(parent.children)):
+            self._children.pop(cid, None)

@@ -1,0 +1,129 @@
+"""Request state inside the engine core, and the messages in and out of it (torch-free)."""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from dataclasses import dataclass, field
+
+from expresslane.sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class EngineCoreRequest:
+    """A tokenized request, as a frontend (offline LLM or the API server) hands it to the core."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    eos_token_ids: tuple[int, ...]
+    arrival_time: float
+    priority: int = 0
+
+
+@dataclass(slots=True)
+class EngineCoreOutput:
+    """New tokens of one request after one step; ``finish_reason`` set on its last."""
+
+    request_id: str
+    new_token_ids: list[int]
+    finish_reason: str | None = None
+    stop_reason: int | None = None
+    num_cached_tokens: int = 0
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finished_time: float | None = None
+    new_logprobs: list[dict[int, float]] | None = None
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+_arrival_counter = itertools.count()
+
+
+def check_prompt_length(num_tokens: int, max_model_len: int) -> None:
+    if num_tokens == 0:
+        raise ValueError("the prompt is empty")
+    if num_tokens >= max_model_len:
+        raise ValueError(f"the prompt has {num_tokens} tokens; this model's maximum context length is "
+                         f"{max_model_len} tokens, which must hold the prompt and at least one output token")
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    eos_token_ids: frozenset[int]
+    arrival_time: float
+    priority: int
+    max_tokens: int  # resolved: never None here
+    max_model_len: int
+    # prompt + generated tokens; KV exists for the first `num_computed_tokens` of them.
+    all_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = -1  # prefix-cache hit at first scheduling; -1 until then
+    num_preemptions: int = 0
+    status: RequestStatus = RequestStatus.WAITING
+    finish_reason: str | None = None
+    stop_reason: int | None = None
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    seq: int = field(default_factory=lambda: next(_arrival_counter))  # tie-break: arrival order
+
+    @classmethod
+    def from_core_request(cls, req: EngineCoreRequest, max_model_len: int) -> "Request":
+        sp = req.sampling_params
+        room = max_model_len - len(req.prompt_token_ids)
+        max_tokens = room if sp.max_tokens is None else min(sp.max_tokens, room)
+        return cls(
+            request_id=req.request_id,
+            prompt_token_ids=list(req.prompt_token_ids),
+            sampling_params=sp,
+            eos_token_ids=frozenset(() if sp.ignore_eos else req.eos_token_ids),
+            arrival_time=req.arrival_time,
+            priority=req.priority,
+            max_tokens=max_tokens,
+            max_model_len=max_model_len,
+            all_token_ids=list(req.prompt_token_ids),
+        )
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.all_token_ids) - len(self.prompt_token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.all_token_ids[len(self.prompt_token_ids):]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    def banned_token_ids(self) -> frozenset[int]:
+        """Tokens that may not be sampled yet: EOS and stop tokens before `min_tokens`."""
+        if self.num_output_tokens >= self.sampling_params.min_tokens:
+            return frozenset()
+        return self.eos_token_ids | frozenset(self.sampling_params.stop_token_ids)
+
+    def append_token(self, token_id: int) -> None:
+        """Record a sampled token and decide whether the request is done."""
+        self.all_token_ids.append(token_id)
+        if token_id in self.eos_token_ids:  # the sampler bans EOS before min_tokens
+            self.finish_reason = "stop"
+        elif token_id in self.sampling_params.stop_token_ids:
+            self.finish_reason, self.stop_reason = "stop", token_id
+        elif self.num_output_tokens >= self.max_tokens or self.num_tokens >= self.max_model_len:
+            self.finish_reason = "length"

@@ -1,0 +1,217 @@
+"""Who runs this step, and how many tokens each (torch-free).
+
+One unified token budget per step (``max_num_batched_tokens``): running requests
+first (decodes and unfinished prompt chunks, in policy order), then waiting ones in
+policy order while budget, ``max_num_seqs`` and KV blocks allow. A prompt longer than
+what is left of the budget is chunked by clamping; prefill and decode share the step.
+When blocks run out, the lowest-ranked running request is preempted (its blocks are
+freed and it is recomputed later, helped by the prefix cache).
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from dataclasses import dataclass, field
+
+from expresslane.config import SchedulerConfig
+from expresslane.engine.kv_cache import KVCacheManager
+from expresslane.engine.request import EngineCoreOutput, Request, RequestStatus
+from expresslane.sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class ScheduledSeq:
+    """One request's share of a step, all the runner needs to execute it."""
+
+    request_id: str
+    token_ids: list[int]  # the tokens to compute now
+    start_pos: int  # position of token_ids[0] = tokens already in the KV cache
+    block_ids: list[int]  # the request's whole block table
+    sample: bool  # True when this step reaches its last known token: sample the next
+    sampling_params: SamplingParams
+    banned_token_ids: frozenset[int]
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    seqs: list[ScheduledSeq]
+    num_batched_tokens: int
+    finished_request_ids: list[str] = field(default_factory=list)  # since the last step
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.seqs
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, clock=time.monotonic):
+        self.config = config
+        self.kv = kv
+        self.clock = clock
+        self.requests: dict[str, Request] = {}
+        self.running: dict[str, Request] = {}  # insertion-ordered; O(1) removal
+        self._waiting: list[tuple[tuple, Request]] = []  # heap by policy key; aborted ones removed lazily
+        self._num_waiting = 0
+        self._finished_ids: list[str] = []
+        self._scheduled: list[tuple[Request, int]] = []
+        self.num_preemptions = 0
+
+    # -- queue -------------------------------------------------------------------------
+    def _key(self, req: Request) -> tuple:
+        if self.config.scheduling_policy == "priority":
+            return (req.priority, req.arrival_time, req.seq)
+        return (req.arrival_time, req.seq)
+
+    def add_request(self, req: Request) -> None:
+        if req.request_id in self.requests:
+            raise ValueError(f"request id {req.request_id!r} is already in the engine")
+        self.requests[req.request_id] = req
+        self._push_waiting(req)
+
+    def _push_waiting(self, req: Request) -> None:
+        req.status = RequestStatus.WAITING
+        heapq.heappush(self._waiting, (self._key(req), req))
+        self._num_waiting += 1
+
+    def _peek_waiting(self) -> Request | None:
+        while self._waiting and self._waiting[0][1].is_finished:
+            heapq.heappop(self._waiting)  # aborted while waiting
+        return self._waiting[0][1] if self._waiting else None
+
+    @property
+    def num_waiting(self) -> int:
+        return self._num_waiting
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    # -- one step ------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        if self._scheduled:
+            raise RuntimeError("schedule() called twice without update()")
+        budget = self.config.max_num_batched_tokens
+        scheduled: list[tuple[Request, int]] = []
+        preempted_any = False
+
+        order = sorted(self.running.values(), key=self._key)
+        tail = len(order)  # order[i+1:tail]: running, not yet scheduled; victims come from the end
+        i = 0
+        while i < tail and budget > 0:
+            req = order[i]
+            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            while not self.kv.allocate_slots(req, n):
+                if tail - 1 > i:
+                    tail -= 1
+                    victim = order[tail]
+                else:
+                    victim, tail = req, i
+                self._preempt(victim)
+                preempted_any = True
+                if victim is req:
+                    break
+            else:
+                scheduled.append((req, n))
+                budget -= n
+            i += 1
+
+        while budget > 0 and not preempted_any and len(self.running) < self.config.max_num_seqs:
+            req = self._peek_waiting()
+            if req is None:
+                break
+            cached = self.kv.find_cached_prefix(req)
+            num_cached = len(cached) * self.kv.block_size
+            n = min(req.num_tokens - num_cached, budget)
+            if not self.kv.allocate_slots(req, n, cached):
+                break  # the head waits for blocks; later requests do not overtake it
+            heapq.heappop(self._waiting)
+            self._num_waiting -= 1
+            self.kv.record_lookup(req.num_tokens, num_cached)
+            req.num_computed_tokens = num_cached
+            if req.first_scheduled_time is None:
+                req.first_scheduled_time = self.clock()
+                req.num_cached_tokens = num_cached
+            req.status = RequestStatus.RUNNING
+            self.running[req.request_id] = req
+            scheduled.append((req, n))
+            budget -= n
+
+        self._scheduled = scheduled
+        finished, self._finished_ids = self._finished_ids, []
+        seqs = [self._describe(req, n) for req, n in scheduled]
+        return SchedulerOutput(seqs, self.config.max_num_batched_tokens - budget, finished)
+
+    def _describe(self, req: Request, n: int) -> ScheduledSeq:
+        start = req.num_computed_tokens
+        return ScheduledSeq(
+            request_id=req.request_id,
+            token_ids=req.all_token_ids[start:start + n],
+            start_pos=start,
+            block_ids=self.kv.block_ids(req.request_id),
+            sample=start + n == req.num_tokens,
+            sampling_params=req.sampling_params,
+            banned_token_ids=req.banned_token_ids(),
+        )
+
+    def _preempt(self, req: Request) -> None:
+        del self.running[req.request_id]
+        self.kv.free(req)
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self._push_waiting(req)
+
+    def update(self, sampled: dict[str, int], logprobs: dict[str, dict[int, float]] | None = None
+               ) -> list[EngineCoreOutput]:
+        """Apply a step's results: computed tokens, sampled tokens, finished requests."""
+        now = self.clock()
+        outputs = []
+        for req, n in self._scheduled:
+            req.num_computed_tokens += n
+            token = sampled.get(req.request_id)
+            if token is None:
+                continue  # a prompt chunk that does not reach the end yet
+            req.append_token(token)
+            first = req.first_token_time is None
+            if first:
+                req.first_token_time = now
+            out = EngineCoreOutput(req.request_id, [token], num_cached_tokens=req.num_cached_tokens,
+                                   new_logprobs=[logprobs[req.request_id]] if logprobs else None)
+            if first:
+                out.first_scheduled_time, out.first_token_time = req.first_scheduled_time, now
+            if req.finish_reason is not None:
+                self._finish(req, now)
+                out.finish_reason, out.stop_reason, out.finished_time = req.finish_reason, req.stop_reason, now
+            outputs.append(out)
+        self._scheduled = []
+        return outputs
+
+    def _finish(self, req: Request, now: float) -> None:
+        was_running = req.status is RequestStatus.RUNNING
+        req.status = RequestStatus.FINISHED
+        if was_running:
+            del self.running[req.request_id]
+        else:
+            self._num_waiting -= 1
+        self.kv.free(req)
+        del self.requests[req.request_id]
+        self._finished_ids.append(req.request_id)
+
+    def abort(self, request_ids: list[str]) -> list[EngineCoreOutput]:
+        if self._scheduled:
+            raise RuntimeError("abort() between schedule() and update()")
+        now = self.clock()
+        outputs = []
+        for rid in request_ids:
+            req = self.requests.get(rid)
+            if req is None:
+                continue  # already finished: aborting is idempotent
+            req.finish_reason = "abort"
+            self._finish(req, now)
+            outputs.append(EngineCoreOutput(rid, [], finish_reason="abort", finished_time=now,
+                                            num_cached_tokens=max(req.num_cached_tokens, 0)))
+        return outputs

@@ -1,0 +1,164 @@
+"""The Llama family: Llama, Mistral, Qwen2 (qkv bias), Qwen3 (per-head q/k RMSNorm).
+
+The model sees flattened token ids, their positions, and one AttentionMetadata per
+step. q/k/v and gate/up projections are merged into one matmul each; the weight
+loader maps Hugging Face names onto the merged parameters shard by shard.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from expresslane.attention.backend import AttentionBackend, AttentionMetadata
+from expresslane.layers.activation import silu_and_mul
+from expresslane.layers.norm import RMSNorm
+from expresslane.layers.rotary import RotaryEmbedding, rope_parameters
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg, backend: AttentionBackend, qkv_bias: bool, qk_norm: bool):
+        super().__init__()
+        self.num_heads = cfg.num_attention_heads
+        self.num_kv_heads = cfg.num_key_value_heads or cfg.num_attention_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_heads
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.scale = self.head_dim ** -0.5
+        o_bias = bool(getattr(cfg, "attention_bias", False))
+        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=qkv_bias or o_bias)
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=o_bias)
+        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if qk_norm else None
+        theta, scaling = rope_parameters(cfg)
+        self.rotary = RotaryEmbedding(self.head_dim, cfg.max_position_embeddings, theta, scaling)
+        self.backend = backend
+        self.kv_cache: torch.Tensor | None = None  # bound by the runner after allocation
+
+    def forward(self, positions, x, meta: AttentionMetadata):
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary(positions, q, k)
+        o = self.backend.forward(q, k, v, self.kv_cache, meta, self.scale)
+        return self.o_proj(o.flatten(1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        bias = bool(getattr(cfg, "mlp_bias", False))
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=bias)
+
+    def forward(self, x):
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg, backend, qkv_bias: bool, qk_norm: bool):
+        super().__init__()
+        self.self_attn = Attention(cfg, backend, qkv_bias, qk_norm)
+        self.mlp = MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, positions, x, residual, meta):
+        if residual is None:
+            x, residual = self.input_layernorm(x), x
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(positions, x, meta)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
+
+
+class LlamaForCausalLM(nn.Module):
+    qkv_bias = False
+    qk_norm = False
+
+    def __init__(self, cfg, backend: AttentionBackend):
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        qkv_bias = self.qkv_bias or bool(getattr(cfg, "attention_bias", False))
+        self.layers = nn.ModuleList(
+            DecoderLayer(cfg, backend, qkv_bias, self.qk_norm) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.tie_word_embeddings = bool(getattr(cfg, "tie_word_embeddings", False))
+        self.lm_head = None if self.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+
+    def forward(self, input_ids, positions, meta: AttentionMetadata) -> torch.Tensor:
+        x, residual = self.embed_tokens(input_ids), None
+        for layer in self.layers:
+            x, residual = layer(positions, x, residual, meta)
+        x, _ = self.norm(x, residual)
+        return x
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden, weight).float()
+
+    # -- weights ---------------------------------------------------------------------------
+    def load_weights(self, weights) -> None:
+        """`weights`: iterable of (Hugging Face name, tensor). Every parameter must be set."""
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        for hf_name, tensor in weights:
+            if "rotary_emb.inv_freq" in hf_name or (self.tie_word_embeddings and hf_name == "lm_head.weight"):
+                continue
+            name, shard = self._map_name(hf_name)
+            if name not in params:
+                raise ValueError(f"checkpoint tensor {hf_name!r} matches no parameter of {type(self).__name__}")
+            _copy_shard(params[name], tensor, shard, self)
+            loaded.add(name if shard is None else f"{name}#{shard}")
+        expected = {n for n in params if not n.endswith(("qkv_proj.weight", "qkv_proj.bias", "gate_up_proj.weight",
+                                                          "gate_up_proj.bias"))}
+        expected |= {f"{n}#{s}" for n in params if "qkv_proj" in n for s in "qkv"}
+        expected |= {f"{n}#{s}" for n in params if "gate_up_proj" in n for s in (0, 1)}
+        missing = sorted(expected - loaded)
+        if missing:
+            raise ValueError(f"checkpoint is missing {len(missing)} tensors, e.g. {missing[:3]}")
+
+    @staticmethod
+    def _map_name(hf_name: str) -> tuple[str, object]:
+        name = hf_name.removeprefix("model.")
+        for part, shard in (("q_proj", "q"), ("k_proj", "k"), ("v_proj", "v")):
+            if f".{part}." in name:
+                return name.replace(part, "qkv_proj"), shard
+        for part, shard in (("gate_proj", 0), ("up_proj", 1)):
+            if f".{part}." in name:
+                return name.replace(part, "gate_up_proj"), shard
+        return name, None
+
+
+def _copy_shard(param: nn.Parameter, tensor: torch.Tensor, shard, model: LlamaForCausalLM) -> None:
+    if shard is None:
+        target = param.data
+    elif isinstance(shard, int):
+        size = param.shape[0] // 2
+        target = param.data[shard * size:(shard + 1) * size]
+    else:
+        attn = model.layers[0].self_attn
+        offset = {"q": 0, "k": attn.q_size, "v": attn.q_size + attn.kv_size}[shard]
+        size = attn.q_size if shard == "q" else attn.kv_size
+        target = param.data[offset:offset + size]
+    if target.shape != tensor.shape:
+        raise ValueError(f"checkpoint tensor shape {tuple(tensor.shape)} does not fit {tuple(target.shape)}")
+    target.copy_(tensor)
+
+
+class MistralForCausalLM(LlamaForCausalLM):
+    pass
+
+
+class Qwen2ForCausalLM(LlamaForCausalLM):
+    qkv_bias = True
+
+
+class Qwen3ForCausalLM(LlamaForCausalLM):
+    qk_norm = True

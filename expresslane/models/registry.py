@@ -1,0 +1,16 @@
+"""Architecture name (config.json `architectures`) -> model class."""
+
+from __future__ import annotations
+
+from expresslane.models.llama import LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
+
+MODELS = {cls.__name__: cls for cls in (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)}
+
+
+def model_class(hf_config) -> type:
+    archs = getattr(hf_config, "architectures", None) or []
+    for arch in archs:
+        if arch in MODELS:
+            return MODELS[arch]
+    raise ValueError(f"unsupported architecture {archs or '(none in config.json)'}; "
+                     f"supported: {', '.join(sorted(MODELS))}")

@@ -1,0 +1,185 @@
+"""ModelRunner: loads the model, owns the KV-cache memory, executes one SchedulerOutput.
+
+It never decides policy: it turns the scheduler's plan into tensors, runs the model,
+samples, and returns the sampled token of every seq that asked for one.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import torch
+
+from expresslane.attention.backend import AttentionMetadata, get_backend
+from expresslane.config import EngineConfig
+from expresslane.engine.scheduler import ScheduledSeq, SchedulerOutput
+from expresslane.models.loader import iter_weights
+from expresslane.models.registry import model_class
+from expresslane.runner.sampler import Sampler, SamplingBatch
+from expresslane.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} asked for, but CUDA is not available")
+    return device
+
+
+def resolve_dtype(name: str, hf_config, device: torch.device) -> torch.dtype:
+    if name != "auto":
+        return _DTYPES[name]
+    if device.type == "cpu":
+        return torch.float32
+    model_dtype = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
+    if isinstance(model_dtype, str):
+        model_dtype = _DTYPES.get(model_dtype)
+    return model_dtype if model_dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, hf_config, model_dir: Path):
+        self.config = config
+        self.device = resolve_device(config.device.device)
+        self.dtype = resolve_dtype(config.model.dtype, hf_config, self.device)
+        self.block_size = config.cache.block_size
+        t0 = time.monotonic()
+        with torch.device(self.device):
+            prev = torch.get_default_dtype()
+            torch.set_default_dtype(self.dtype)
+            try:
+                self.model = model_class(hf_config)(hf_config, get_backend(config.device.attention_backend))
+            finally:
+                torch.set_default_dtype(prev)
+        self.model.load_weights(iter_weights(model_dir, self.device))
+        self.model.eval()
+        log.info("loaded %s in %.1fs on %s (%s)", model_dir, time.monotonic() - t0, self.device, self.dtype)
+        self.sampler = Sampler(self.device, config.model.seed)
+        self._generators: dict[str, torch.Generator] = {}
+        self.kv_caches: list[torch.Tensor] = []
+
+    # -- KV cache memory ---------------------------------------------------------------------
+    def kv_block_bytes(self) -> int:
+        attn = self.model.layers[0].self_attn
+        per_layer = 2 * self.block_size * attn.num_kv_heads * attn.head_dim * self.dtype.itemsize
+        return per_layer * len(self.model.layers)
+
+    @torch.inference_mode()
+    def profile_num_blocks(self, max_blocks: int) -> int:
+        """How many KV blocks fit: the CPU budget, or GPU memory left after a worst-case step."""
+        if self.config.cache.num_kv_blocks is not None:
+            return self.config.cache.num_kv_blocks
+        if self.device.type == "cpu":
+            budget = int(self.config.cache.cpu_kv_cache_space_gb * (1 << 30))
+            return min(max_blocks, budget // self.kv_block_bytes())
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        n = self.config.scheduler.max_num_batched_tokens
+        num_seqs = min(self.config.scheduler.max_num_seqs, n)
+        self._dummy_step(n, num_seqs)
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device)
+        self.kv_caches = []
+        torch.cuda.empty_cache()
+        _, total = torch.cuda.mem_get_info(self.device)
+        available = total * self.config.cache.gpu_memory_utilization - peak
+        if available <= 0:
+            raise RuntimeError(f"no GPU memory left for the KV cache: peak use {peak / 2**30:.1f} GiB of "
+                               f"{total / 2**30:.1f} GiB; raise gpu_memory_utilization")
+        return min(max_blocks, int(available // self.kv_block_bytes()))
+
+    def _dummy_step(self, num_tokens: int, num_seqs: int) -> None:
+        """A forward over `num_tokens` spread across `num_seqs` prompts, logits for each."""
+        per_seq = num_tokens // num_seqs
+        self.allocate_kv_cache(num_seqs * -(-per_seq // self.block_size) + 1)
+        seqs, next_block = [], 0
+        for i in range(num_seqs):
+            nblocks = -(-per_seq // self.block_size)
+            seqs.append(ScheduledSeq(f"profile-{i}", [0] * per_seq, 0, list(range(next_block, next_block + nblocks)),
+                                     True, _GREEDY, frozenset()))
+            next_block += nblocks
+        self.execute(SchedulerOutput(seqs, per_seq * num_seqs))
+
+    def allocate_kv_cache(self, num_blocks: int) -> None:
+        attn = self.model.layers[0].self_attn
+        shape = (2, num_blocks, self.block_size, attn.num_kv_heads, attn.head_dim)
+        self.kv_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in self.model.layers]
+        for layer, cache in zip(self.model.layers, self.kv_caches):
+            layer.self_attn.kv_cache = cache
+
+    # -- one step ------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def execute(self, step: SchedulerOutput) -> tuple[dict[str, int], dict[str, dict[int, float]] | None]:
+        for rid in step.finished_request_ids:
+            self._generators.pop(rid, None)
+        # decodes (one query token) first: the attention backend batches them
+        seqs = sorted(step.seqs, key=lambda s: len(s.token_ids) != 1)
+        input_ids, positions, meta = self._prepare(seqs)
+        hidden = self.model(input_ids, positions, meta)
+        sampling = [i for i, s in enumerate(seqs) if s.sample]
+        if not sampling:
+            return {}, None
+        last = torch.tensor([meta.query_start_loc_cpu[i + 1] - 1 for i in sampling], device=self.device)
+        logits = self.model.compute_logits(hidden[last])
+        batch = SamplingBatch(
+            params=[seqs[i].sampling_params for i in sampling],
+            banned=[seqs[i].banned_token_ids for i in sampling],
+            generators=[self._generator(seqs[i]) for i in sampling],
+        )
+        tokens, logprobs = self.sampler(logits, batch)
+        ids = [seqs[i].request_id for i in sampling]
+        sampled = dict(zip(ids, tokens.tolist()))
+        return sampled, (dict(zip(ids, logprobs)) if logprobs is not None else None)
+
+    def _generator(self, seq: ScheduledSeq) -> torch.Generator | None:
+        seed = seq.sampling_params.seed
+        if seed is None or seq.sampling_params.greedy:
+            return None
+        gen = self._generators.get(seq.request_id)
+        if gen is None:
+            gen = self._generators[seq.request_id] = torch.Generator(device=self.device)
+            gen.manual_seed(seed)
+        return gen
+
+    def _prepare(self, seqs: list[ScheduledSeq]):
+        bs = self.block_size
+        token_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        starts = [0]
+        seq_lens: list[int] = []
+        for s in seqs:
+            n = len(s.token_ids)
+            token_ids.extend(s.token_ids)
+            pos = range(s.start_pos, s.start_pos + n)
+            positions.extend(pos)
+            slots.extend(s.block_ids[p // bs] * bs + p % bs for p in pos)
+            starts.append(starts[-1] + n)
+            seq_lens.append(s.start_pos + n)
+        num_decodes = sum(1 for s in seqs if len(s.token_ids) == 1)
+        max_blocks = max(len(s.block_ids) for s in seqs)
+        table = [s.block_ids + [0] * (max_blocks - len(s.block_ids)) for s in seqs]
+        dev = self.device
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
+            block_tables=torch.tensor(table, dtype=torch.int32, device=dev),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+            query_start_loc=torch.tensor(starts, dtype=torch.int32, device=dev),
+            num_decodes=num_decodes,
+            seq_lens_cpu=seq_lens,
+            query_start_loc_cpu=starts,
+            max_decode_seq_len=max(seq_lens[:num_decodes], default=0),
+        )
+        return (torch.tensor(token_ids, dtype=torch.int64, device=dev),
+                torch.tensor(positions, dtype=torch.int64, device=dev), meta)
+
+
+_GREEDY = SamplingParams(temperature=0.0, max_tokens=1)

@@ -1,0 +1,97 @@
+"""Batched sampling with vLLM's meanings (temperature 0 = greedy, top_k, top_p, min_p).
+
+Random choice is an exponential race: argmax(p / E) with E ~ Exp(1) picks token i with
+probability p_i. A request with a `seed` draws E from its own generator, one vector per
+token it samples, so its tokens do not depend on what else is in the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from expresslane.sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class SamplingBatch:
+    params: list[SamplingParams]
+    banned: list[frozenset[int]]
+    generators: list[torch.Generator | None]  # per row; None = the engine's shared generator
+
+
+class Sampler:
+    def __init__(self, device: torch.device, seed: int):
+        self.device = device
+        self.generator = torch.Generator(device=device)
+        self.generator.manual_seed(seed)
+
+    def __call__(self, logits: torch.Tensor, batch: SamplingBatch
+                 ) -> tuple[torch.Tensor, list[dict[int, float]] | None]:
+        """logits [B, V] float32 -> (token ids [B], per-row logprobs or None)."""
+        rows = len(batch.params)
+        for i, banned in enumerate(batch.banned):
+            if banned:
+                logits[i, list(banned)] = float("-inf")
+        logprobs = self._logprobs(logits, batch)
+        greedy = torch.tensor([p.greedy for p in batch.params], device=logits.device)
+        out = logits.argmax(dim=-1)
+        if not bool(greedy.all()):
+            temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in batch.params],
+                                 device=logits.device)
+            probs = _filter(logits / temps[:, None], batch.params).softmax(dim=-1)
+            noise = torch.empty_like(probs)
+            for i in range(rows):
+                if not batch.params[i].greedy:
+                    noise[i].exponential_(generator=batch.generators[i] or self.generator)
+            out = torch.where(greedy, out, (probs / noise).argmax(dim=-1))
+        if logprobs is not None:
+            chosen = torch.log_softmax(logits, dim=-1).gather(1, out[:, None]).squeeze(1).tolist()
+            for i, tok in enumerate(out.tolist()):
+                if logprobs[i] is not None:
+                    logprobs[i][tok] = chosen[i]
+        return out, logprobs
+
+    @staticmethod
+    def _logprobs(logits: torch.Tensor, batch: SamplingBatch) -> list[dict[int, float] | None] | None:
+        """Top-`logprobs` entries of the model's distribution (before temperature and filters)."""
+        wanted = [p.logprobs for p in batch.params]
+        if all(k is None for k in wanted):
+            return None
+        lp = torch.log_softmax(logits, dim=-1)
+        k_max = max(k for k in wanted if k is not None)
+        top = lp.topk(k_max, dim=-1) if k_max else None
+        out: list[dict[int, float] | None] = []
+        for i, k in enumerate(wanted):
+            if k is None:
+                out.append(None)
+            elif k == 0:
+                out.append({})
+            else:
+                out.append(dict(zip(top.indices[i, :k].tolist(), top.values[i, :k].tolist())))
+        return out
+
+
+def _filter(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """Mask tokens outside top_k, top_p and min_p with -inf (rows without a filter untouched)."""
+    top_k = [p.top_k for p in params]
+    top_p = [p.top_p for p in params]
+    min_p = [p.min_p for p in params]
+    vocab = logits.shape[-1]
+    if any(0 < k < vocab for k in top_k) or any(p < 1.0 for p in top_p):
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        k = torch.tensor([k if 0 < k < vocab else vocab for k in top_k], device=logits.device)
+        ranks = torch.arange(vocab, device=logits.device)[None, :]
+        drop = ranks >= k[:, None]
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        probs = sorted_logits.softmax(dim=-1)
+        p = torch.tensor(top_p, device=logits.device)
+        # keep the smallest prefix whose mass reaches top_p (the top token always stays)
+        drop |= (probs.cumsum(dim=-1) - probs) >= p[:, None]
+        logits = torch.full_like(logits, float("-inf")).scatter(1, order, sorted_logits.masked_fill(drop, float("-inf")))
+    if any(m > 0 for m in min_p):
+        probs = logits.softmax(dim=-1)
+        m = torch.tensor(min_p, device=logits.device)
+        logits = logits.masked_fill(probs < m[:, None] * probs.max(dim=-1, keepdim=True).values, float("-inf"))
+    return logits

@@ -1,0 +1,34 @@
+"""Tokenizer loading (transformers) and the EOS ids a model stops on."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def load_tokenizer(path: str | Path):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(path))
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot load a tokenizer from {str(path)!r}: {e}") from e
+
+
+def eos_token_ids(model_dir: Path, hf_config, tokenizer) -> tuple[int, ...]:
+    """Union of config.json's, generation_config.json's and the tokenizer's EOS ids."""
+    ids: list[int] = []
+
+    def add(value) -> None:
+        if isinstance(value, int):
+            ids.append(value)
+        elif isinstance(value, (list, tuple)):
+            ids.extend(v for v in value if isinstance(v, int))
+
+    add(getattr(hf_config, "eos_token_id", None))
+    gen = Path(model_dir) / "generation_config.json"
+    if gen.is_file():
+        add(json.loads(gen.read_text()).get("eos_token_id"))
+    if tokenizer is not None:
+        add(tokenizer.eos_token_id)
+    return tuple(dict.fromkeys(ids))
