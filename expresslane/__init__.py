@@ -1,8 +1,18 @@
-"""expresslane: a latency-first LLM inference and serving engine."""
+"""expresslane: a latency-first LLM inference and serving engine.
 
-from expresslane.entrypoint import LLM
+`LLM` is imported lazily so that torch-free parts (scheduler, KV cache manager,
+sampling params) can be imported without torch.
+"""
+
 from expresslane.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from expresslane.sampling_params import SamplingParams
 
 __version__ = "0.1.0"
 __all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "RequestMetrics", "__version__"]
+
+
+def __getattr__(name: str):
+    if name == "LLM":
+        from expresslane.entrypoint import LLM
+        return LLM
+    raise AttributeError(f"module 'expresslane' has no attribute {name!r}")

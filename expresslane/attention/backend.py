@@ -13,6 +13,10 @@ The KV cache of one layer is a tensor [2, num_blocks, block_size, num_kv_heads,
 head_dim]; token t of a seq lives in block ``block_tables[seq, t // block_size]`` at
 offset ``t % block_size``, and ``slot_mapping`` holds ``block * block_size + offset``
 for every new token.
+
+Invariant for every backend: a layer writes the step's new k/v of *all* seqs before
+any seq reads the cache, because a prefix-cache hit may point at blocks that another
+seq computes in this very step.
 """
 
 from __future__ import annotations

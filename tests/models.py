@@ -1,0 +1,68 @@
+"""Tiny random models of each supported architecture, built with transformers' own
+classes (seeded) and saved as Hugging Face directories. Nothing is downloaded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from expresslane.models.tokenizer_builder import BOS, EOS, save_tokenizer, special_token_ids
+
+VOCAB = 512
+_IDS = special_token_ids(VOCAB)
+
+_COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+               rms_norm_eps=1e-6, bos_token_id=_IDS[BOS], eos_token_id=_IDS[EOS], tie_word_embeddings=False)
+
+ARCHS = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", dict(
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                      "original_max_position_embeddings": 128}, rope_theta=10000.0)),
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=None, head_dim=16)),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=True, rope_theta=1e6)),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=32, rope_theta=1e6)),
+}
+
+
+def build_model(arch: str, out_dir: Path, seed: int = 0, peak: float = 8.0) -> Path:
+    """A seeded random model whose next-token distributions are peaky (few near-ties)."""
+    import transformers
+
+    config_name, model_name, extra = ARCHS[arch]
+    config = getattr(transformers, config_name)(**{**_COMMON, **extra})
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_name)(config).float().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2:  # wider weights than the 0.02 default: hidden states that depend on the input
+                p.normal_(0.0, 0.15 if "embed" not in name else 1.0)
+            elif "bias" in name:
+                p.normal_(0.0, 0.1)
+        head = model.get_output_embeddings().weight
+        head.mul_(peak / head.norm(dim=-1, keepdim=True).mean())
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir)
+    save_tokenizer(VOCAB, out_dir, config.max_position_embeddings)
+    return out_dir
+
+
+def hf_greedy(model_dir: Path, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+    """transformers' own greedy continuation (float32, CPU): the reference."""
+    model = _hf_model(model_dir)
+    out = model.generate(torch.tensor([prompt_ids]), attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
+                         max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0,
+                         min_new_tokens=max_new_tokens)
+    return out[0, len(prompt_ids):].tolist()
+
+
+_CACHE: dict[Path, object] = {}
+
+
+def _hf_model(model_dir: Path):
+    from transformers import AutoModelForCausalLM
+
+    if model_dir not in _CACHE:
+        _CACHE[model_dir] = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    return _CACHE[model_dir]

@@ -1,0 +1,58 @@
+"""Greedy tokens equal transformers' (float32, CPU) for every architecture, whatever the
+batch composition: chunked prefill, prefix-cache hits and preemptions included."""
+
+import random
+
+import pytest
+
+from expresslane import LLM, SamplingParams
+from models import ARCHS, hf_greedy
+
+MAX_TOKENS = 10
+LENGTHS = [1, 2, 15, 16, 17, 31, 33, 64, 100, 128, 200, 255, 256, 257, 300]
+
+
+def make_prompts(vocab_limit: int = 500) -> list[list[int]]:
+    rng = random.Random(1234)
+    prompts = [[rng.randrange(vocab_limit) for _ in range(n)] for n in LENGTHS]
+    shared = [rng.randrange(vocab_limit) for _ in range(120)]
+    prompts += [shared + [rng.randrange(vocab_limit) for _ in range(n)] for n in (1, 7, 40, 130)]
+    prompts.append(list(prompts[-1]))  # an identical prompt: the hit must stop before its last token
+    return prompts
+
+
+PROMPTS = make_prompts()
+GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+
+CASES = {
+    "chunk16-nocache": dict(max_num_batched_tokens=16, enable_prefix_caching=False),
+    "chunk16-cache": dict(max_num_batched_tokens=16, enable_prefix_caching=True),
+    "big-budget-cache": dict(max_num_batched_tokens=4096, enable_prefix_caching=True),
+    "preempt": dict(max_num_batched_tokens=64, max_model_len=512, num_kv_blocks=32, enable_prefix_caching=True),
+}
+
+
+@pytest.fixture(scope="module")
+def references(model_dirs):
+    return {arch: [hf_greedy(d, p, MAX_TOKENS) for p in PROMPTS] for arch, d in model_dirs.items()}
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+@pytest.mark.parametrize("case", list(CASES))
+def test_greedy_matches_transformers(model_dirs, references, arch, case):
+    llm = LLM(str(model_dirs[arch]), **CASES[case])
+    outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], GREEDY, use_tqdm=False)
+    got = [o.outputs[0].token_ids for o in outs]
+    mismatched = [i for i, (g, r) in enumerate(zip(got, references[arch])) if g != r]
+    assert not mismatched, f"prompts {mismatched} differ from transformers"
+    assert all(o.outputs[0].finish_reason == "length" for o in outs)
+    core = llm.engine.core
+    if CASES[case]["enable_prefix_caching"]:
+        hits = [o.num_cached_tokens for o in outs[len(LENGTHS):]]
+        assert max(hits) >= 112, f"shared prefixes should hit the cache, got {hits}"
+        assert outs[-1].num_cached_tokens < len(PROMPTS[-1])
+    else:
+        assert all(o.num_cached_tokens == 0 for o in outs)
+    if case == "preempt":
+        assert core.scheduler.num_preemptions > 0, "the small KV cache should have forced preemptions"
+    assert core.kv.num_held_blocks() == 0 and core.kv.pool.num_free == core.kv.pool.num_blocks

@@ -1,0 +1,159 @@
+"""Scheduler and KV-cache invariants in plain Python (no torch, no model)."""
+
+import random
+import subprocess
+import sys
+
+import pytest
+
+from expresslane.config import SchedulerConfig
+from expresslane.engine.kv_cache import KVCacheManager
+from expresslane.engine.request import EngineCoreRequest, Request
+from expresslane.engine.scheduler import Scheduler
+from expresslane.sampling_params import SamplingParams
+
+EOS = 0
+
+
+def make_request(rid, prompt, max_tokens, priority=0, t=0.0, max_model_len=4096):
+    sp = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    return Request.from_core_request(EngineCoreRequest(rid, prompt, sp, (EOS,), t, priority), max_model_len)
+
+
+def check_invariants(sched: Scheduler, kv: KVCacheManager) -> None:
+    holders: dict[int, int] = {}
+    for rid in list(sched.requests):
+        for b in kv.block_ids(rid):
+            holders[b] = holders.get(b, 0) + 1
+    for block in kv.pool.blocks:
+        assert block.ref_cnt == holders.get(block.block_id, 0), f"block {block.block_id} refcount off"
+        in_free = block.block_id in kv.pool._free
+        assert in_free == (block.ref_cnt == 0), f"block {block.block_id}: free={in_free} ref={block.ref_cnt}"
+    for rid, req in sched.running.items():
+        assert len(kv.block_ids(rid)) * kv.block_size >= req.num_computed_tokens
+    for rid in sched.requests:
+        if rid not in sched.running:
+            assert not kv.block_ids(rid), "a waiting request holds blocks"
+
+
+def drive(seed, num_blocks, budget, max_seqs, policy, caching, steps=4000):
+    rng = random.Random(seed)
+    kv = KVCacheManager(num_blocks, 4, enable_prefix_caching=caching)
+    sched = Scheduler(SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget,
+                                      scheduling_policy=policy), kv)
+    shared = [rng.randrange(1, 50) for _ in range(12)]
+    submitted, finished, aborted = set(), set(), set()
+    next_id = 0
+    for step in range(steps):
+        if next_id < 60 and rng.random() < 0.4:
+            n = rng.randint(1, 30)
+            prompt = (shared[:rng.randint(0, 12)] if rng.random() < 0.5 else []) + [rng.randrange(1, 50) for _ in range(n)]
+            sched.add_request(make_request(str(next_id), prompt, rng.randint(1, 20), rng.randint(0, 3), float(step)))
+            submitted.add(str(next_id))
+            next_id += 1
+        if sched.requests and rng.random() < 0.03:
+            victim = rng.choice(sorted(sched.requests))
+            for out in sched.abort([victim]):
+                assert out.finish_reason == "abort"
+                aborted.add(victim)
+        plan = sched.schedule()
+        assert plan.num_batched_tokens <= budget
+        assert sum(len(s.token_ids) for s in plan.seqs) == plan.num_batched_tokens
+        assert len(sched.running) <= max_seqs
+        assert len({s.request_id for s in plan.seqs}) == len(plan.seqs)
+        for s in plan.seqs:
+            need = -(-(s.start_pos + len(s.token_ids)) // kv.block_size)
+            assert len(s.block_ids) >= need
+        sampled = {s.request_id: rng.choice([EOS] + list(range(1, 50)) * 8) for s in plan.seqs if s.sample}
+        for out in sched.update(sampled):
+            if out.finish_reason:
+                finished.add(out.request_id)
+        check_invariants(sched, kv)
+        if next_id >= 60 and not sched.has_unfinished():
+            break
+    assert not sched.has_unfinished(), "every request must finish"
+    assert finished | aborted == submitted and not finished & aborted
+    assert kv.pool.num_free == num_blocks and kv.num_held_blocks() == 0
+    return sched
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+@pytest.mark.parametrize("caching", [True, False])
+def test_random_workload_invariants(seed, policy, caching):
+    sched = drive(seed, num_blocks=16, budget=rng_budget(seed), max_seqs=6, policy=policy, caching=caching)
+    assert sched.num_preemptions > 0  # 16 blocks of 4 tokens is tight on purpose
+
+
+def rng_budget(seed):
+    return (8, 16, 33, 64, 24, 128)[seed]
+
+
+def test_prefill_and_decode_share_a_step():
+    kv = KVCacheManager(100, 4)
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=10), kv)
+    sched.add_request(make_request("a", list(range(1, 4)), 5))
+    plan = sched.schedule()
+    sched.update({s.request_id: 7 for s in plan.seqs if s.sample})
+    sched.add_request(make_request("long", list(range(1, 40)), 5, t=1.0))
+    plan = sched.schedule()
+    by_id = {s.request_id: len(s.token_ids) for s in plan.seqs}
+    assert by_id == {"a": 1, "long": 9}  # the decode first, the prompt chunked to the rest of the budget
+
+
+def test_priority_policy_orders_waiting_requests():
+    kv = KVCacheManager(100, 4)
+    sched = Scheduler(SchedulerConfig(max_num_seqs=1, scheduling_policy="priority"), kv)
+    sched.add_request(make_request("late-urgent", [1, 2], 1, priority=-1, t=2.0))
+    sched.add_request(make_request("early", [1, 2], 1, priority=0, t=1.0))
+    assert [s.request_id for s in sched.schedule().seqs] == ["late-urgent"]
+
+
+def test_preemption_picks_lowest_priority_latest_arrival():
+    kv = KVCacheManager(6, 4, enable_prefix_caching=False)
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=100, scheduling_policy="priority"), kv)
+    for rid, prio, t in (("a", 0, 0.0), ("b", 1, 1.0), ("c", 1, 2.0)):
+        sched.add_request(make_request(rid, list(range(1, 8)), 20, prio, t))  # 2 blocks each: all 6 used
+    for _ in range(3):  # prefill, a decode into the 2nd block, then each needs a 3rd block
+        sched.update({s.request_id: 5 for s in sched.schedule().seqs})
+    assert "c" not in sched.running and "a" in sched.running
+    assert sched.requests["c"].num_computed_tokens == 0 and sched.num_preemptions >= 1
+
+
+def test_prefix_cache_reuses_blocks_and_never_covers_last_token():
+    kv = KVCacheManager(20, 4)
+    sched = Scheduler(SchedulerConfig(), kv)
+    prompt = list(range(1, 13))  # exactly 3 blocks
+    sched.add_request(make_request("a", prompt, 1))
+    sched.update({s.request_id: 99 for s in sched.schedule().seqs})
+    sched.add_request(make_request("b", prompt, 1, t=1.0))
+    [seq] = sched.schedule().seqs
+    assert seq.start_pos == 8 and seq.token_ids == prompt[8:]  # 2 of 3 blocks hit: the last token is recomputed
+    assert kv.prefix_cache_hits == 8
+
+
+def test_lru_evicts_oldest_free_block_lazily():
+    kv = KVCacheManager(4, 2)
+    a = make_request("a", [1, 2, 3, 4, 5], 1)
+    kv.allocate_slots(a, 5)
+    a.num_computed_tokens = 5
+    kv.free(a)  # blocks return to the free list, still cached
+    assert kv.pool.num_free == 4 and kv.find_cached_prefix(make_request("x", [1, 2, 3, 4, 9], 1))
+    b = make_request("b", [7, 8, 9], 1)
+    kv.allocate_slots(b, 3)  # takes 2 blocks: the untouched one, then a's tail block ([5])
+    hits = kv.find_cached_prefix(make_request("y", [1, 2, 3, 4, 9], 1))
+    assert len(hits) == 2, "a's first full blocks must survive: evicted last"
+
+
+def test_double_free_is_detected():
+    kv = KVCacheManager(4, 2)
+    blocks = kv.pool.allocate(1)
+    kv.pool.release(blocks)
+    with pytest.raises(RuntimeError, match="freed twice"):
+        kv.pool.release(blocks)
+
+
+def test_scheduler_and_kv_cache_import_no_torch():
+    code = ("import sys, expresslane.engine.scheduler, expresslane.engine.kv_cache; "
+            "assert 'torch' not in sys.modules, 'torch was imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
