@@ -22,10 +22,9 @@ def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapp
 def gather_kv(kv_cache: torch.Tensor, block_tables: torch.Tensor, max_len: int):
     """[B, max_blocks] block ids -> k, v of shape [B, max_len, Hk, D]."""
     num_blocks_needed = -(-max_len // kv_cache.shape[2])
-    blocks = block_tables[:, :num_blocks_needed].long()
-    k = kv_cache[0][blocks].flatten(1, 2)[:, :max_len]
-    v = kv_cache[1][blocks].flatten(1, 2)[:, :max_len]
-    return k, v
+    kv = kv_cache[:, block_tables[:, :num_blocks_needed].long()]  # one gather for k and v
+    kv = kv.flatten(2, 3)[:, :, :max_len]
+    return kv[0], kv[1]
 
 
 class TorchAttentionBackend:

@@ -1,0 +1,248 @@
+"""Model directories with random weights at real architectures' shapes (``expresslane make-model``).
+
+A directory looks like a Hugging Face checkpoint (config.json, generation_config.json,
+tokenizer files, safetensors weights with HF names), so benchmarks and tests exercise
+the real loading path without downloads. Weights are generated one tensor at a time,
+each from its own generator seeded by (seed, parameter name), and streamed straight
+into the safetensors file: an 8B model never sits in memory, let alone twice. The
+same (preset, seed, device type) always gives identical bytes; CPU and CUDA random
+streams differ.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import pathlib
+import shutil
+import struct
+import uuid
+from dataclasses import dataclass
+
+import torch
+
+from expresslane.models.tokenizer_builder import EOS, IM_END, save_tokenizer, special_token_ids
+
+logger = logging.getLogger(__name__)
+
+# Bump when the bytes a (preset, seed) produces change, so stale caches are not reused.
+FORMAT_VERSION = 1
+MARKER_FILE = "expresslane-make-model.json"
+MAX_SHARD_BYTES = 5 * 10**9  # transformers' default max_shard_size="5GB"
+_DTYPES = {"float32": (torch.float32, "F32"), "bfloat16": (torch.bfloat16, "BF16"), "float16": (torch.float16, "F16")}
+
+
+def _config(arch: str, *, hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int, vocab: int,
+            max_pos: int, rope_theta: float, tied: bool, dtype: str = "bfloat16", rms_norm_eps: float = 1e-5,
+            rope_scaling: dict | None = None) -> dict:
+    specials = special_token_ids(vocab)
+    model_type = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "MistralForCausalLM": "mistral"}[arch]
+    config = {
+        "architectures": [arch],
+        "model_type": model_type,
+        "hidden_size": hidden,
+        "intermediate_size": intermediate,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": hidden // heads,
+        "hidden_act": "silu",
+        "max_position_embeddings": max_pos,
+        "rms_norm_eps": rms_norm_eps,
+        "rope_theta": rope_theta,
+        "rope_scaling": rope_scaling,
+        "tie_word_embeddings": tied,
+        "vocab_size": vocab,
+        "bos_token_id": specials["<|begin_of_text|>"],
+        "eos_token_id": specials[EOS],
+        "attention_dropout": 0.0,
+        "initializer_range": 0.02,
+        "use_cache": True,
+        "torch_dtype": dtype,  # transformers 4.x reads this name ...
+        "dtype": dtype,  # ... and 5.x this one
+    }
+    if model_type == "llama":
+        config |= {"attention_bias": False, "mlp_bias": False}
+    elif model_type == "qwen2":  # Qwen2 always has q/k/v biases; no flag
+        config |= {"use_sliding_window": False, "sliding_window": None, "max_window_layers": layers}
+    else:
+        config |= {"sliding_window": None}
+    return config
+
+
+PRESETS: dict[str, dict] = {
+    "tiny": _config("LlamaForCausalLM", hidden=128, layers=4, heads=4, kv_heads=2, intermediate=256, vocab=2048,
+                    max_pos=2048, rope_theta=10000.0, tied=False, dtype="float32"),
+    "qwen2.5-0.5b": _config("Qwen2ForCausalLM", hidden=896, layers=24, heads=14, kv_heads=2, intermediate=4864,
+                            vocab=151936, max_pos=32768, rope_theta=1e6, tied=True, rms_norm_eps=1e-6),
+    "llama-3.2-1b": _config("LlamaForCausalLM", hidden=2048, layers=16, heads=32, kv_heads=8, intermediate=8192,
+                            vocab=128256, max_pos=131072, rope_theta=500000.0, tied=True,
+                            rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                                          "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
+    "llama-3-8b": _config("LlamaForCausalLM", hidden=4096, layers=32, heads=32, kv_heads=8, intermediate=14336,
+                          vocab=128256, max_pos=8192, rope_theta=500000.0, tied=False),
+    "qwen2.5-7b": _config("Qwen2ForCausalLM", hidden=3584, layers=28, heads=28, kv_heads=4, intermediate=18944,
+                          vocab=152064, max_pos=32768, rope_theta=1e6, tied=False, rms_norm_eps=1e-6),
+    "mistral-7b": _config("MistralForCausalLM", hidden=4096, layers=32, heads=32, kv_heads=8, intermediate=14336,
+                          vocab=32768, max_pos=32768, rope_theta=1e6, tied=False),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ParamSpec:
+    name: str
+    shape: tuple[int, ...]
+    init: str  # "normal" (matrices), "bias" or "ones" (norms)
+
+
+def param_specs(config: dict) -> list[ParamSpec]:
+    """Every saved tensor of a preset, in HF checkpoint order (a tied lm_head is not saved)."""
+    h, inter, hd = config["hidden_size"], config["intermediate_size"], config["head_dim"]
+    q_out, kv_out = config["num_attention_heads"] * hd, config["num_key_value_heads"] * hd
+    biased = config["model_type"] == "qwen2"
+    specs = [ParamSpec("model.embed_tokens.weight", (config["vocab_size"], h), "normal")]
+    for i in range(config["num_hidden_layers"]):
+        p = f"model.layers.{i}"
+        for proj, out in (("q_proj", q_out), ("k_proj", kv_out), ("v_proj", kv_out)):
+            specs.append(ParamSpec(f"{p}.self_attn.{proj}.weight", (out, h), "normal"))
+            if biased:
+                specs.append(ParamSpec(f"{p}.self_attn.{proj}.bias", (out,), "bias"))
+        specs += [ParamSpec(f"{p}.self_attn.o_proj.weight", (h, q_out), "normal"),
+                  ParamSpec(f"{p}.mlp.gate_proj.weight", (inter, h), "normal"),
+                  ParamSpec(f"{p}.mlp.up_proj.weight", (inter, h), "normal"),
+                  ParamSpec(f"{p}.mlp.down_proj.weight", (h, inter), "normal"),
+                  ParamSpec(f"{p}.input_layernorm.weight", (h,), "ones"),
+                  ParamSpec(f"{p}.post_attention_layernorm.weight", (h,), "ones")]
+    specs.append(ParamSpec("model.norm.weight", (h,), "ones"))
+    if not config["tie_word_embeddings"]:
+        specs.append(ParamSpec("lm_head.weight", (config["vocab_size"], h), "normal"))
+    return specs
+
+
+def _generate(spec: ParamSpec, seed: int, dtype: torch.dtype, device: str) -> torch.Tensor:
+    """One tensor on the CPU, a pure function of (seed, name) and the device's RNG."""
+    if spec.init == "ones":
+        return torch.ones(spec.shape, dtype=dtype)
+    digest = hashlib.sha256(f"{seed}:{spec.name}".encode()).digest()
+    gen = torch.Generator(device=device)
+    gen.manual_seed(int.from_bytes(digest[:8], "little") >> 1)  # manual_seed wants < 2**63
+    std = 0.02 if spec.init == "normal" else 0.01
+    return torch.empty(spec.shape, dtype=dtype, device=device).normal_(0.0, std, generator=gen).cpu()
+
+
+def _plan_shards(specs: list[ParamSpec], itemsize: int) -> list[list[ParamSpec]]:
+    """Greedy split in checkpoint order into shards of at most MAX_SHARD_BYTES (one huge tensor may exceed it)."""
+    shards: list[list[ParamSpec]] = [[]]
+    size = 0
+    for spec in specs:
+        nbytes = itemsize * math.prod(spec.shape)
+        if shards[-1] and size + nbytes > MAX_SHARD_BYTES:
+            shards.append([])
+            size = 0
+        shards[-1].append(spec)
+        size += nbytes
+    return shards
+
+
+def _write_safetensors(path: pathlib.Path, specs: list[ParamSpec], seed: int, dtype_name: str, device: str) -> None:
+    """Stream tensors into one safetensors file: header first (sizes are known), then data."""
+    dtype, st_dtype = _DTYPES[dtype_name]
+    header, offset = {"__metadata__": {"format": "pt"}}, 0
+    for spec in specs:
+        nbytes = dtype.itemsize * math.prod(spec.shape)
+        header[spec.name] = {"dtype": st_dtype, "shape": list(spec.shape), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    header_bytes = json.dumps(header, separators=(",", ":")).encode()
+    header_bytes += b" " * (-len(header_bytes) % 8)  # data must start 8-byte aligned
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(header_bytes)) + header_bytes)
+        for spec in specs:
+            f.write(_generate(spec, seed, dtype, device).view(torch.uint8).numpy().data)
+
+
+def _write_weights(out_dir: pathlib.Path, config: dict, seed: int, device: str) -> None:
+    dtype_name = config["torch_dtype"]
+    specs = param_specs(config)
+    shards = _plan_shards(specs, _DTYPES[dtype_name][0].itemsize)
+    if len(shards) == 1:
+        _write_safetensors(out_dir / "model.safetensors", specs, seed, dtype_name, device)
+        return
+    weight_map = {}
+    for i, shard in enumerate(shards, 1):
+        name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        logger.info("writing %s (%d tensors)", name, len(shard))
+        _write_safetensors(out_dir / name, shard, seed, dtype_name, device)
+        weight_map |= {spec.name: name for spec in shard}
+    total = sum(_DTYPES[dtype_name][0].itemsize * math.prod(s.shape) for s in specs)
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+
+
+def _write_json(path: pathlib.Path, obj: dict) -> None:
+    path.write_text(json.dumps(obj, indent=2) + "\n")
+
+
+def _build(out_dir: pathlib.Path, preset: str, seed: int, device: str) -> None:
+    config = PRESETS[preset]
+    specials = special_token_ids(config["vocab_size"])
+    _write_json(out_dir / "config.json", config)
+    _write_json(out_dir / "generation_config.json", {
+        "bos_token_id": config["bos_token_id"],
+        "eos_token_id": [specials[EOS], specials[IM_END]],  # end of text, and end of a chat turn
+    })
+    save_tokenizer(config["vocab_size"], out_dir, config["max_position_embeddings"])
+    _write_weights(out_dir, config, seed, device)
+    # Written last: its presence means the directory is complete.
+    _write_json(out_dir / MARKER_FILE, _marker(preset, seed))
+
+
+def _marker(preset: str, seed: int) -> dict:
+    return {"preset": preset, "seed": seed, "format_version": FORMAT_VERSION}
+
+
+def _existing(out_dir: pathlib.Path, preset: str, seed: int) -> bool:
+    """True if out_dir already holds this model; False if absent or empty; raises if it holds anything else."""
+    if not out_dir.exists() or (out_dir.is_dir() and not any(out_dir.iterdir())):
+        return False
+    marker = out_dir / MARKER_FILE
+    found = json.loads(marker.read_text()) if marker.is_file() else None
+    if found == _marker(preset, seed):
+        return True
+    raise FileExistsError(f"{out_dir} is not empty and holds {found or 'something not made by make-model'}, "
+                          f"not {_marker(preset, seed)}; remove it or choose another directory")
+
+
+def make_model(preset: str, out_dir: str | os.PathLike, seed: int = 0, device: str = "cpu") -> pathlib.Path:
+    """Write a random-weight model directory for ``preset`` and return its path.
+
+    Idempotent: a directory already made with the same preset and seed is returned as is.
+    Built in a temporary sibling directory and renamed into place, so a crash leaves no
+    half-written model and concurrent builders of the same directory both succeed.
+    """
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; choose one of: {', '.join(PRESETS)}")
+    out_dir = pathlib.Path(out_dir).expanduser().absolute()
+    if _existing(out_dir, preset, seed):
+        return out_dir
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir.parent / f".{out_dir.name}.tmp-{uuid.uuid4().hex}"
+    tmp.mkdir()  # not tempfile.mkdtemp: its mode 0700 would survive the rename
+    try:
+        _build(tmp, preset, seed, device)
+        try:
+            os.rename(tmp, out_dir)  # atomic; replaces out_dir only if it is an empty directory
+        except OSError:
+            if not _existing(out_dir, preset, seed):  # fine if a concurrent builder got there first
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
+
+
+def default_model_dir() -> pathlib.Path:
+    """The built-in default model (the ``tiny`` preset), built into the cache on first use."""
+    cache = pathlib.Path(os.environ.get("EXPRESSLANE_CACHE") or pathlib.Path.home() / ".cache" / "expresslane")
+    return make_model("tiny", cache / f"tiny-seed0-v{FORMAT_VERSION}")

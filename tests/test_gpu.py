@@ -1,0 +1,29 @@
+"""The same engine on CUDA (torch backend): greedy tokens still equal transformers'."""
+
+import pytest
+import torch
+
+from expresslane import LLM, SamplingParams
+from models import hf_greedy
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+PROMPTS = [[(7 * i + 3 * j) % 500 for j in range(n)] for i, n in enumerate((1, 17, 64, 150, 300, 33))]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral"])
+def test_cuda_float32_greedy_matches_transformers(model_dirs, arch):
+    torch.backends.cuda.matmul.allow_tf32 = False
+    llm = LLM(str(model_dirs[arch]), device="cuda", dtype="float32", max_num_batched_tokens=64, num_kv_blocks=256)
+    outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS],
+                        SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)
+    for p, o in zip(PROMPTS, outs):
+        assert o.outputs[0].token_ids == hf_greedy(model_dirs[arch], p, 8)
+
+
+def test_cuda_bfloat16_runs_and_sizes_kv_from_memory(llama_dir):
+    llm = LLM(str(llama_dir), device="cuda", dtype="bfloat16", gpu_memory_utilization=0.05)
+    [out] = llm.generate(["hello"], SamplingParams(max_tokens=5, ignore_eos=True, temperature=0.7, seed=1),
+                         use_tqdm=False)
+    assert len(out.outputs[0].token_ids) == 5
+    assert llm.config.cache.num_kv_blocks > 1000  # sized from free GPU memory, not the CPU budget
