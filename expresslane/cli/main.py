@@ -23,7 +23,7 @@ def _generate(args: argparse.Namespace) -> int:
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                             top_k=args.top_k, min_p=args.min_p, seed=args.sampling_seed, stop=args.stop,
                             ignore_eos=args.ignore_eos, n=args.n)
-    llm = LLM(args.model, **engine_kwargs_from_args(args))
+    llm = LLM(**engine_kwargs_from_args(args))  # includes the positional model
     prompt = args.prompt
     if args.chat:
         prompt = llm.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
