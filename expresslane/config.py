@@ -49,7 +49,8 @@ class SchedulerConfig:
 @dataclass(frozen=True, slots=True)
 class DeviceConfig:
     device: str = _knob("auto", "auto, cpu, cuda or cuda:N")
-    attention_backend: str = _knob("torch", "attention implementation", ("torch",))
+    attention_backend: str = _knob("auto", "attention implementation: auto = triton on CUDA, torch elsewhere",
+                                   ("auto", "torch", "triton"))
     enforce_eager: bool = _knob(False, "never capture CUDA graphs")
 
 

@@ -56,3 +56,16 @@ def test_greedy_matches_transformers(model_dirs, references, arch, case):
     if case == "preempt":
         assert core.scheduler.num_preemptions > 0, "the small KV cache should have forced preemptions"
     assert core.kv.num_held_blocks() == 0 and core.kv.pool.num_free == core.kv.pool.num_blocks
+
+
+def test_triton_backend_matches_transformers(model_dirs, references):
+    """The GPU kernels' engine path (through Triton's interpreter on CPU): chunks, hits, preemption."""
+    pytest.importorskip("triton")
+    arch = "qwen2"  # grouped heads (2 per KV head), tied embeddings, qkv bias
+    picked = [0, 1, 4, 7, 9, 13, 15, 16, 17, 19]
+    llm = LLM(str(model_dirs[arch]), attention_backend="triton", max_num_batched_tokens=128, max_model_len=384,
+              num_kv_blocks=24)
+    outs = llm.generate([{"prompt_token_ids": PROMPTS[i]} for i in picked], GREEDY, use_tqdm=False)
+    mismatched = [i for i, o in zip(picked, outs) if o.outputs[0].token_ids != references[arch][i]]
+    assert not mismatched, f"prompts {mismatched} differ from transformers"
+    assert llm.engine.core.scheduler.num_preemptions > 0 and max(o.num_cached_tokens for o in outs) > 0

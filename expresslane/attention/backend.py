@@ -38,17 +38,32 @@ class AttentionMetadata:
     seq_lens_cpu: list[int]
     query_start_loc_cpu: list[int]
     max_decode_seq_len: int
+    # filled by the backend's prepare(): decode split count, prefill work list
+    num_splits: int = 1
+    prefill_work: torch.Tensor | None = None
 
 
 class AttentionBackend(Protocol):
+    supports_cuda_graphs: bool
+
+    def prepare(self, meta: AttentionMetadata) -> None:
+        """Once per step, before the model runs: derive backend-specific metadata."""
+        ...
+
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
                 meta: AttentionMetadata, scale: float) -> torch.Tensor:
         """q [T, Hq, D], k/v [T, Hk, D]: write k/v into the cache, return [T, Hq, D]."""
         ...
 
 
-def get_backend(name: str) -> AttentionBackend:
+def get_backend(name: str, num_heads: int, num_kv_heads: int, head_dim: int,
+                device: torch.device) -> AttentionBackend:
+    if name == "auto":
+        name = "triton" if device.type == "cuda" else "torch"
     if name == "torch":
         from expresslane.attention.torch_backend import TorchAttentionBackend
         return TorchAttentionBackend()
-    raise ValueError(f"unknown attention backend {name!r} (available: torch)")
+    if name == "triton":
+        from expresslane.attention.triton_backend import TritonAttentionBackend
+        return TritonAttentionBackend(num_heads, num_kv_heads, head_dim, device)
+    raise ValueError(f"unknown attention backend {name!r} (available: torch, triton)")

@@ -28,6 +28,11 @@ def gather_kv(kv_cache: torch.Tensor, block_tables: torch.Tensor, max_len: int):
 
 
 class TorchAttentionBackend:
+    supports_cuda_graphs = False  # loops over host-side lengths
+
+    def prepare(self, meta: AttentionMetadata) -> None:
+        pass
+
     def forward(self, q, k, v, kv_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         write_kv(kv_cache, k, v, meta.slot_mapping)
         out = torch.empty_like(q)

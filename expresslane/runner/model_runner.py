@@ -52,11 +52,15 @@ class ModelRunner:
         self.dtype = resolve_dtype(config.model.dtype, hf_config, self.device)
         self.block_size = config.cache.block_size
         t0 = time.monotonic()
+        heads = hf_config.num_attention_heads
+        kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
+        head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
+        self.attn_backend = get_backend(config.device.attention_backend, heads, kv_heads, head_dim, self.device)
         with torch.device(self.device):
             prev = torch.get_default_dtype()
             torch.set_default_dtype(self.dtype)
             try:
-                self.model = model_class(hf_config)(hf_config, get_backend(config.device.attention_backend))
+                self.model = model_class(hf_config)(hf_config, self.attn_backend)
             finally:
                 torch.set_default_dtype(prev)
         self.model.load_weights(iter_weights(model_dir, self.device))
@@ -178,6 +182,7 @@ class ModelRunner:
             query_start_loc_cpu=starts,
             max_decode_seq_len=max(seq_lens[:num_decodes], default=0),
         )
+        self.attn_backend.prepare(meta)
         return (torch.tensor(token_ids, dtype=torch.int64, device=dev),
                 torch.tensor(positions, dtype=torch.int64, device=dev), meta)
 

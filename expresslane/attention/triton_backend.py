@@ -1,0 +1,87 @@
+"""The `triton` attention backend: paged kernels, CUDA-graph friendly decode.
+
+Decode seqs run split-KV (grid: seq x KV head x split, then a reduction), with the
+number of splits fixed by the batch size alone so a captured graph replays with any
+context lengths. Prefill chunks run one program per (seq, tile of query tokens, KV
+head); the tile list is built once per step in `prepare`.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from expresslane.attention.backend import AttentionMetadata
+from expresslane.attention.triton_kernels import paged_attention_kernel, reduce_splits_kernel, write_kv_kernel
+
+MAX_SPLITS = 16
+_PREFILL_ROWS = 64  # query rows (tokens x heads of a group) per prefill program
+_BLOCK_N = 64  # keys per inner-loop tile
+
+
+def _pow2(n: int) -> int:
+    return 1 << (max(n, 1) - 1).bit_length()
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4  # the interpreter on CPU: still exercise several splits
+
+
+class TritonAttentionBackend:
+    supports_cuda_graphs = True
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, device: torch.device):
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.group = num_heads // num_kv_heads
+        self.g_pad = _pow2(self.group)
+        self.d_pad = max(16, _pow2(head_dim))
+        self.prefill_q = max(1, _PREFILL_ROWS // self.g_pad)
+        self.decode_q = max(1, 16 // self.g_pad)  # tl.dot needs >= 16 rows; extra rows are masked
+        self.sms = _num_sms(device)
+
+    def num_splits(self, num_decodes: int) -> int:
+        """Enough programs to fill the GPU about twice; depends on the batch size only."""
+        want = -(-2 * self.sms // max(1, num_decodes * self.num_kv_heads))
+        return max(1, min(MAX_SPLITS, want))
+
+    def prepare(self, meta: AttentionMetadata) -> None:
+        """Per-step, host-side: the prefill work list and the decode split count."""
+        meta.num_splits = self.num_splits(meta.num_decodes)
+        starts = meta.query_start_loc_cpu
+        work = [(i, off) for i in range(meta.num_decodes, len(starts) - 1)
+                for off in range(0, starts[i + 1] - starts[i], self.prefill_q)]
+        meta.prefill_work = (torch.tensor(work, dtype=torch.int32, device=meta.seq_lens.device)
+                             if work else None)
+
+    def forward(self, q, k, v, kv_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        t = q.shape[0]
+        hk, d = self.num_kv_heads, self.head_dim
+        row = hk * d
+        write_kv_kernel[(t,)](k, v, kv_cache, meta.slot_mapping, k.stride(0), v.stride(0), kv_cache.stride(0),
+                              kv_cache.stride(2), ROW=row, ROW_PAD=_pow2(row))
+        out = torch.empty_like(q)
+        kc, vc = kv_cache[0], kv_cache[1]
+        common = dict(G=self.group, G_PAD=self.g_pad, BLOCK_N=_BLOCK_N, HEAD_DIM=d, D_PAD=self.d_pad,
+                      PAGE=kc.shape[1])
+        strides = (q.stride(0), q.stride(1), kc.stride(0), kc.stride(1), kc.stride(2), out.stride(0), out.stride(1),
+                   meta.block_tables.stride(0))
+        nd = meta.num_decodes
+        if nd:
+            s = meta.num_splits
+            part_acc = torch.empty(nd, self.num_heads, s, self.d_pad, dtype=torch.float32, device=q.device)
+            part_ml = torch.empty(nd, self.num_heads, s, 2, dtype=torch.float32, device=q.device)
+            paged_attention_kernel[(nd, hk, s)](
+                q, kc, vc, out, part_acc, part_ml, meta.block_tables, meta.seq_lens, meta.query_start_loc,
+                meta.seq_lens, scale, s, *strides, part_acc.stride(0), part_acc.stride(1), part_ml.stride(0),
+                BLOCK_Q=self.decode_q, DECODE=True, **common)
+            reduce_splits_kernel[(nd, self.num_heads)](
+                part_acc, part_ml, out, s, part_acc.stride(0), part_acc.stride(1), part_ml.stride(0),
+                out.stride(0), out.stride(1), HEAD_DIM=d, D_PAD=self.d_pad, MAX_SPLITS=_pow2(MAX_SPLITS))
+        if meta.prefill_work is not None:
+            paged_attention_kernel[(meta.prefill_work.shape[0], hk, 1)](
+                q, kc, vc, out, out, out, meta.block_tables, meta.seq_lens, meta.query_start_loc,
+                meta.prefill_work, scale, 1, *strides, 0, 0, 0,
+                BLOCK_Q=self.prefill_q, DECODE=False, **common)
+        return out

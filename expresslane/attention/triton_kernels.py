@@ -1,0 +1,134 @@
+"""Triton kernels for paged attention: KV-cache write, paged prefill over a cached
+prefix, split-KV decode, and the reduction of split partials.
+
+Grouped-query attention is packed: one program owns one KV head and a tile of
+BLOCK_Q query tokens x G_PAD query heads (the G query heads sharing that KV head,
+padded to a power of two), so each K/V tile is loaded once for the whole group::
+
+    rows of the q tile:  (t0,h0) (t0,h1) .. (t0,h{G_PAD-1}) (t1,h0) ..
+    row r -> token q_off + r // G_PAD, query head kv_head * G + r % G_PAD (valid if < G)
+
+A key at position j is visible to a query at position p iff j <= p; a query's
+position is ``seq_len - q_len + token``. Softmax is online (running max m, sum l).
+Rows with nothing to attend to (padding, empty splits) produce zeros, never NaN.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def write_kv_kernel(k_ptr, v_ptr, cache_ptr, slot_ptr, stride_kt, stride_vt, stride_c_kv, stride_c_slot,
+                    ROW: tl.constexpr, ROW_PAD: tl.constexpr):
+    """One program per new token: copy its k and v rows (all KV heads) into their slot."""
+    t = tl.program_id(0)
+    slot = tl.load(slot_ptr + t)
+    if slot >= 0:  # padding tokens of a CUDA-graph batch carry slot -1
+        i = tl.arange(0, ROW_PAD)
+        m = i < ROW
+        tl.store(cache_ptr + slot * stride_c_slot + i, tl.load(k_ptr + t * stride_kt + i, mask=m), mask=m)
+        tl.store(cache_ptr + stride_c_kv + slot * stride_c_slot + i, tl.load(v_ptr + t * stride_vt + i, mask=m),
+                 mask=m)
+
+
+@triton.jit
+def paged_attention_kernel(
+        q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
+        block_tables_ptr, seq_lens_ptr, query_start_loc_ptr, work_ptr,
+        scale, num_splits,
+        stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_ot, stride_oh, stride_bt,
+        stride_pa_s, stride_pa_h, stride_pml_s,
+        G: tl.constexpr, G_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
+        HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, PAGE: tl.constexpr, DECODE: tl.constexpr):
+    """Prefill (DECODE=False): program 0-axis = work item (seq, q_off) from work_ptr.
+    Decode (DECODE=True): program 0-axis = seq, 2-axis = split of its keys; partials go
+    to part_acc/part_ml for reduce_splits_kernel."""
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    if DECODE:
+        seq = tl.program_id(0)
+        q_off = 0
+    else:
+        w = tl.program_id(0)
+        seq = tl.load(work_ptr + 2 * w)
+        q_off = tl.load(work_ptr + 2 * w + 1)
+    q_start = tl.load(query_start_loc_ptr + seq)
+    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    ctx = tl.load(seq_lens_ptr + seq)
+
+    rows = tl.arange(0, BLOCK_Q * G_PAD)
+    tok = q_off + rows // G_PAD
+    head = kv_head * G + rows % G_PAD
+    row_ok = (tok < q_len) & (rows % G_PAD < G)
+    d = tl.arange(0, D_PAD)
+    d_ok = d < HEAD_DIM
+    q = tl.load(q_ptr + (q_start + tok)[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    q_pos = ctx - q_len + tok
+
+    # keys this tile can see at all; a decode split takes a BLOCK_N-aligned slice of them
+    kv_end = tl.minimum(ctx, ctx - q_len + q_off + BLOCK_Q)
+    if DECODE:
+        per_split = tl.cdiv(tl.cdiv(kv_end, num_splits), BLOCK_N) * BLOCK_N
+        lo = split * per_split
+        hi = tl.minimum(lo + per_split, kv_end)
+    else:
+        lo = 0
+        hi = kv_end
+
+    m_i = tl.full([BLOCK_Q * G_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_Q * G_PAD], tl.float32)
+    acc = tl.zeros([BLOCK_Q * G_PAD, D_PAD], tl.float32)
+    qk_scale = scale * 1.4426950408889634  # exp(x) = exp2(x * log2 e)
+    for start in range(lo, hi, BLOCK_N):
+        n = start + tl.arange(0, BLOCK_N)
+        n_ok = n < hi
+        page = tl.load(block_tables_ptr + seq * stride_bt + n // PAGE, mask=n_ok, other=0)
+        kv_off = page.to(tl.int64) * stride_kb + (n % PAGE) * stride_ks + kv_head * stride_kh
+        k = tl.load(k_cache_ptr + kv_off[None, :] + d[:, None], mask=n_ok[None, :] & d_ok[:, None], other=0.0)
+        s = tl.dot(q, k) * qk_scale
+        s = tl.where(n_ok[None, :] & (n[None, :] <= q_pos[:, None]), s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(s - m_safe[:, None])
+        alpha = tl.math.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_cache_ptr + kv_off[:, None] + d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+
+    if DECODE:
+        pa = part_acc_ptr + seq * stride_pa_s + head[:, None] * stride_pa_h + split * D_PAD + d[None, :]
+        tl.store(pa, acc, mask=row_ok[:, None])
+        ml = part_ml_ptr + seq * stride_pml_s + head * (2 * num_splits) + 2 * split
+        tl.store(ml, m_i, mask=row_ok)
+        tl.store(ml + 1, l_i, mask=row_ok)
+    else:
+        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+        o = out_ptr + (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
+        tl.store(o, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit
+def reduce_splits_kernel(part_acc_ptr, part_ml_ptr, out_ptr, num_splits, stride_pa_s, stride_pa_h, stride_pml_s,
+                         stride_ot, stride_oh, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+                         MAX_SPLITS: tl.constexpr):
+    """out[seq, head] = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s (M = max_s m_s)."""
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    s = tl.arange(0, MAX_SPLITS)
+    s_ok = s < num_splits
+    ml = part_ml_ptr + seq * stride_pml_s + head * (2 * num_splits) + 2 * s
+    m = tl.load(ml, mask=s_ok, other=float("-inf"))
+    l = tl.load(ml + 1, mask=s_ok, other=0.0)
+    m_max = tl.max(m, 0)
+    w = tl.where(m == float("-inf"), 0.0, tl.math.exp2(m - tl.where(m_max == float("-inf"), 0.0, m_max)))
+    d = tl.arange(0, D_PAD)
+    acc = tl.load(part_acc_ptr + seq * stride_pa_s + head * stride_pa_h + s[:, None] * D_PAD + d[None, :],
+                  mask=s_ok[:, None], other=0.0)
+    num = tl.sum(acc * w[:, None], 0)
+    den = tl.sum(l * w, 0)
+    out = num / tl.where(den == 0.0, 1.0, den)
+    tl.store(out_ptr + seq * stride_ot + head * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)

@@ -1,0 +1,17 @@
+"""Benchmark and diagnosis suite: drive any OpenAI-compatible server, measure, judge, report.
+
+Layers (dependencies point down):
+
+    cli.py          argparse hook: ``expresslane bench serving|traffic|report``
+    serving.py      open-loop benchmark (arrival process, concurrency cap) + sweep.py
+    traffic.py      closed-loop simulated users with per-second time series
+    report.py       HTML page / PNG from result JSON files, drawing with charts.py
+    slo.py          SLO verdict and likely cause, tables.py for console/HTML tables
+    client.py       one streaming request -> RequestRecord
+    datasets.py     prompts and lengths (random, sharegpt-like, mixed, JSONL)
+    stats.py        RequestRecord list -> vLLM-compatible statistics
+    records.py      RequestRecord and result JSON I/O
+
+``stats``, ``records`` and ``slo`` know nothing of HTTP, so in-process benchmarks can
+feed them records built from ``RequestOutput.metrics``.
+"""

@@ -1,0 +1,198 @@
+"""``expresslane bench serving|traffic|report``: argparse front of the bench suite.
+
+Flag names follow ``vllm bench serve`` where one exists. The heavy modules (aiohttp,
+matplotlib) are imported by the handlers, so ``expresslane --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+
+
+def float_list(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}")
+
+
+def int_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+
+
+def add_bench_parser(subparsers) -> None:
+    bench = subparsers.add_parser(
+        "bench", help="benchmark and diagnose any OpenAI-compatible server")
+    sub = bench.add_subparsers(dest="bench_command", required=True)
+    add_serving_parser(sub)
+    add_traffic_parser(sub)
+    add_report_parser(sub)
+
+
+def add_server_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--base-url", required=True, help="server root, e.g. http://127.0.0.1:8000")
+    p.add_argument("--model", help="model name to request (default: first of GET /v1/models)")
+    p.add_argument("--endpoint", choices=("completions", "chat"), default="completions",
+                   help="/v1/completions or /v1/chat/completions")
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="send ignore_eos=true so every request generates all its tokens")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--slo", default=None,
+                   help="targets METRIC:VALUE,... (default mean_e2el_ms:500,p99_e2el_ms:2000,"
+                        "requests_per_min:50,failure_rate:0.01); *_ms keys and failure_rate "
+                        "are upper bounds, throughputs lower bounds")
+    p.add_argument("--output", help="write the result JSON here")
+    p.add_argument("--disable-tqdm", action="store_true", help="no progress bar")
+
+
+def add_serving_parser(sub) -> None:
+    p = sub.add_parser("serving", help="open-loop serving benchmark (vllm bench serve style)")
+    add_server_args(p)
+    p.add_argument("--dataset", default="random",
+                   help="random | sharegpt-like | mixed | FILE.jsonl (prompt, output_len, "
+                        "lane, priority)")
+    p.add_argument("--num-prompts", type=int, help="default 1000, or every line of FILE.jsonl")
+    p.add_argument("--input-len", type=int, default=1024,
+                   help="prompt tokens (of the short ones if mixed)")
+    p.add_argument("--output-len", type=int, default=128, help="max_tokens per request")
+    p.add_argument("--range-ratio", type=float, default=0.0,
+                   help="lengths uniform in len*(1-r)..len*(1+r)")
+    p.add_argument("--long-fraction", type=float, default=0.2, help="mixed: share of long prompts")
+    p.add_argument("--long-input-len", type=int, default=4096, help="mixed: long prompt tokens")
+    p.add_argument("--long-threshold", type=int, default=1024,
+                   help="prompts longer than this count as class 'long'")
+    p.add_argument("--class-lanes", action="store_true",
+                   help="send lane=interactive for short prompts and lane=batch for long")
+    p.add_argument("--request-rate", type=float, default=math.inf,
+                   help="requests/s (gamma arrivals); inf sends all at once")
+    p.add_argument("--burstiness", type=float, default=1.0,
+                   help="gamma shape of arrivals: 1 Poisson, <1 burstier, >1 more regular")
+    p.add_argument("--concurrency", "--max-concurrency", dest="concurrency", type=int,
+                   help="at most this many requests in flight")
+    p.add_argument("--warmup", type=int, default=0, help="untimed requests sent first")
+    p.add_argument("--alone-probes", type=int, default=3,
+                   help="short requests sent one at a time to measure TTFT alone (0: skip)")
+    p.add_argument("--goodput", nargs="+", metavar="METRIC:MS",
+                   help="per-request targets ttft:MS,tpot:MS,e2el:MS for request_goodput")
+    sweep = p.add_mutually_exclusive_group()
+    sweep.add_argument("--sweep-rates", type=float_list, metavar="R1,R2,...",
+                       help="run once per request rate, stopping past saturation")
+    sweep.add_argument("--sweep-concurrency", type=int_list, metavar="C1,C2,...",
+                       help="run once per concurrency, stopping past saturation")
+    p.add_argument("--saturation-min-gain", type=float, default=0.10,
+                   help="sweep: past saturation when throughput grows less than this")
+    p.add_argument("--saturation-latency-factor", type=float, default=5.0,
+                   help="sweep: past saturation when P99 E2E exceeds this x the lightest load's")
+    p.add_argument("--saturation-max-failures", type=float, default=0.05,
+                   help="sweep: past saturation when more than this fraction fails")
+    p.set_defaults(func=serving_command)
+
+
+def add_traffic_parser(sub) -> None:
+    p = sub.add_parser("traffic", help="closed-loop simulated users with a time series")
+    add_server_args(p)
+    p.add_argument("--num-users", type=int, default=10)
+    p.add_argument("--duration", type=float, default=60.0, help="seconds users keep sending")
+    p.add_argument("--think-time", type=float, default=1.0,
+                   help="mean seconds a user thinks between reply and next request")
+    p.add_argument("--mix", default="interactive:1",
+                   help="lanes of users with weights, e.g. interactive:0.8,batch:0.2")
+    p.add_argument("--input-len", type=int, default=256)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--batch-input-len", type=int, default=2048, help="lane 'batch' prompt tokens")
+    p.add_argument("--batch-output-len", type=int, default=512, help="lane 'batch' max_tokens")
+    p.add_argument("--range-ratio", type=float, default=0.0)
+    p.add_argument("--long-threshold", type=int, default=1024)
+    p.set_defaults(func=traffic_command)
+
+
+def add_report_parser(sub) -> None:
+    p = sub.add_parser("report", help="HTML page or PNG of charts from result JSON files")
+    p.add_argument("results", nargs="+", metavar="RESULT", help="result JSON files")
+    p.add_argument("--output", required=True, help="report.html or chart.png")
+    p.add_argument("--compare", action="store_true",
+                   help="add a side-by-side table, as ratios to the first result")
+    p.add_argument("--labels", help="comma-separated names for the results")
+    p.set_defaults(func=report_command)
+
+
+def fail(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 2
+
+
+def serving_command(args: argparse.Namespace) -> int:
+    from expresslane.bench import records, slo, stats, tables
+    from expresslane.bench.datasets import DatasetSpec
+    from expresslane.bench.serving import ServingConfig, run_serving
+    from expresslane.bench.sweep import SaturationRule, run_sweep
+
+    try:
+        cfg = ServingConfig(
+            base_url=args.base_url, model=args.model, endpoint=args.endpoint,
+            dataset=DatasetSpec(args.dataset, args.num_prompts, args.input_len, args.output_len,
+                                args.range_ratio, args.long_fraction, args.long_input_len,
+                                args.long_threshold, args.class_lanes, args.seed),
+            request_rate=args.request_rate, burstiness=args.burstiness,
+            max_concurrency=args.concurrency, warmup=args.warmup,
+            alone_probes=args.alone_probes, ignore_eos=args.ignore_eos,
+            goodput=stats.parse_goodput(args.goodput), slo=slo.parse_slo(args.slo),
+            disable_tqdm=args.disable_tqdm)
+        if args.sweep_rates or args.sweep_concurrency:
+            rule = SaturationRule(args.saturation_min_gain, args.saturation_latency_factor,
+                                  args.saturation_max_failures)
+            variable = "request_rate" if args.sweep_rates else "max_concurrency"
+            result = run_sweep(cfg, variable, args.sweep_rates or args.sweep_concurrency, rule)
+            points = result["results"]
+        else:
+            result = run_serving(cfg)
+            points = [result]
+    except (ValueError, RuntimeError) as e:
+        return fail(str(e))
+    for point in points:
+        print(tables.format_console(point))
+    if result["kind"] == "sweep":
+        print(tables.text_table(tables.sweep_table(result)))
+        print(f"saturation: {result['saturation_reason'] or 'not reached'}")
+    if args.output:
+        records.save_result(result, args.output)
+    return 0 if any(p["completed"] for p in points) else 1
+
+
+def traffic_command(args: argparse.Namespace) -> int:
+    from expresslane.bench import records, slo, tables
+    from expresslane.bench.traffic import TrafficConfig, parse_mix, run_traffic
+
+    try:
+        cfg = TrafficConfig(
+            base_url=args.base_url, model=args.model, endpoint=args.endpoint,
+            num_users=args.num_users, duration=args.duration, think_time=args.think_time,
+            mix=parse_mix(args.mix), input_len=args.input_len, output_len=args.output_len,
+            batch_input_len=args.batch_input_len, batch_output_len=args.batch_output_len,
+            range_ratio=args.range_ratio, long_threshold=args.long_threshold,
+            ignore_eos=args.ignore_eos, seed=args.seed, slo=slo.parse_slo(args.slo),
+            disable_tqdm=args.disable_tqdm)
+        result = run_traffic(cfg)
+    except (ValueError, RuntimeError) as e:
+        return fail(str(e))
+    print(tables.format_console(result))
+    if args.output:
+        records.save_result(result, args.output)
+    return 0 if result["completed"] else 1
+
+
+def report_command(args: argparse.Namespace) -> int:
+    from expresslane.bench.report import write_report
+
+    labels = args.labels.split(",") if args.labels else None
+    try:
+        out = write_report(args.results, args.output, args.compare, labels)
+    except (ValueError, OSError) as e:
+        return fail(str(e))
+    print(f"wrote {out}")
+    return 0

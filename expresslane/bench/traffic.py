@@ -1,0 +1,148 @@
+"""Closed-loop traffic: simulated users that send, wait for the reply, think, repeat.
+
+Unlike the open-loop serving benchmark, load here reacts to latency, as real users
+do: a slow server gets fewer requests. Each user belongs to one lane of the mix
+(``interactive:0.8,batch:0.2``) for the whole run; lane ``batch`` sends the batch
+lengths, every other lane the interactive ones, and the lane name travels in the
+request body. Think times are exponential with the given mean (seeded per user).
+No request starts after ``duration``; those in flight are waited for.
+
+The result holds the serving statistics (per lane and length class too) and a time
+series in 1-second buckets: requests in flight (time-averaged), started, completed,
+errors, and the mean TTFT of the first tokens that arrived in the bucket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import numpy as np
+from tqdm import tqdm
+
+from expresslane.bench import client, slo
+from expresslane.bench.client import Endpoint
+from expresslane.bench.datasets import DatasetSpec, make_request, uniform_lengths, word_prompt
+from expresslane.bench.records import RequestRecord
+from expresslane.bench.stats import measurement
+
+
+@dataclass(frozen=True, slots=True)
+class TrafficConfig:
+    base_url: str
+    model: str | None = None
+    endpoint: str = "completions"
+    num_users: int = 10
+    duration: float = 60.0  # seconds during which users start requests
+    think_time: float = 1.0  # mean seconds between a reply and the next request
+    mix: dict[str, float] = field(default_factory=lambda: {"interactive": 1.0})
+    input_len: int = 256
+    output_len: int = 128
+    batch_input_len: int = 2048
+    batch_output_len: int = 512
+    range_ratio: float = 0.0
+    long_threshold: int = 1024
+    ignore_eos: bool = False
+    seed: int = 0
+    slo: tuple[slo.SloTarget, ...] = field(default_factory=lambda: slo.parse_slo(None))
+    disable_tqdm: bool = False
+
+
+def parse_mix(spec: str) -> dict[str, float]:
+    """``lane:weight,...`` -> lane fractions summing to 1."""
+    weights: dict[str, float] = {}
+    for item in spec.split(","):
+        lane, sep, weight = item.strip().partition(":")
+        if not lane or not sep or float(weight) < 0:
+            raise ValueError(f"bad mix item {item!r}: expected LANE:WEIGHT")
+        weights[lane] = float(weight)
+    total = sum(weights.values())
+    if total <= 0:
+        raise ValueError(f"mix weights must sum to more than 0: {spec!r}")
+    return {lane: w / total for lane, w in weights.items()}
+
+
+def assign_lanes(mix: dict[str, float], num_users: int) -> list[str]:
+    """User u takes the lane whose cumulative-fraction bin holds (u + 0.5) / num_users."""
+    edges = np.cumsum(list(mix.values()))
+    lanes = list(mix)
+    return [lanes[min(int(np.searchsorted(edges, (u + 0.5) / num_users)), len(lanes) - 1)]
+            for u in range(num_users)]
+
+
+def time_series(records: list[RequestRecord], t0: float, duration: float) -> dict:
+    n = max(1, math.ceil(max([duration] + [r.end - t0 for r in records])))
+    start = np.array([r.start - t0 for r in records])
+    end = np.array([r.end - t0 for r in records])
+    ok = np.array([r.success for r in records], dtype=bool)
+    first = start + np.array([r.ttft for r in records])
+    ttft_ms = np.array([r.ttft * 1000.0 for r in records])
+    edges = np.arange(n + 1, dtype=float)
+    series: dict[str, list] = {"t": edges[:-1].tolist(), "in_flight": [], "mean_ttft_ms": []}
+    for b in range(n):
+        # Time-averaged concurrency: request-seconds spent in flight inside the bucket.
+        overlap = np.clip(np.minimum(end, b + 1) - np.maximum(start, b), 0.0, None)
+        series["in_flight"].append(float(overlap.sum()))
+        got_first = ok & (first >= b) & (first < b + 1)
+        series["mean_ttft_ms"].append(float(ttft_ms[got_first].mean()) if got_first.any() else None)
+    series["started"] = np.histogram(start, edges)[0].tolist()
+    series["completed"] = np.histogram(end[ok], edges)[0].tolist()
+    series["errors"] = np.histogram(end[~ok], edges)[0].tolist()
+    return series
+
+
+async def simulate(cfg: TrafficConfig) -> dict:
+    if cfg.num_users < 1 or cfg.duration <= 0 or cfg.think_time < 0:
+        raise ValueError("need num_users >= 1, duration > 0 and think_time >= 0")
+    lanes = assign_lanes(cfg.mix, cfg.num_users)
+    spec = DatasetSpec(long_threshold=cfg.long_threshold)
+    records: list[RequestRecord] = []
+    bar = tqdm(disable=cfg.disable_tqdm, unit="req")
+    async with client.make_session() as session:
+        model = cfg.model or await client.fetch_model(session, cfg.base_url)
+        ep = Endpoint(cfg.base_url, model, cfg.endpoint, cfg.ignore_eos)
+        ratio = await client.tokens_per_word(session, ep.base_url, model) or 1.0
+
+        async def user(uid: int, lane: str, deadline: float) -> None:
+            rng = np.random.default_rng([cfg.seed, uid])
+            in_len, out_len = ((cfg.batch_input_len, cfg.batch_output_len) if lane == "batch"
+                               else (cfg.input_len, cfg.output_len))
+            while (now := time.perf_counter()) < deadline:
+                n_in = int(uniform_lengths(rng, in_len, cfg.range_ratio, 1)[0])
+                n_out = int(uniform_lengths(rng, out_len, cfg.range_ratio, 1)[0])
+                req = make_request(spec, word_prompt(rng, n_in, ratio), n_in, n_out, lane=lane)
+                records.append(await client.send_request(session, ep, req))
+                bar.update(1)
+                think = rng.exponential(cfg.think_time) if cfg.think_time else 0.0
+                await asyncio.sleep(min(think, max(0.0, deadline - time.perf_counter())))
+
+        t0 = time.perf_counter()
+        deadline = t0 + cfg.duration
+        await asyncio.gather(*(user(u, lane, deadline) for u, lane in enumerate(lanes)))
+        elapsed = time.perf_counter() - t0
+    bar.close()
+    records.sort(key=lambda r: r.start)
+    result = {
+        "kind": "traffic",
+        "date": datetime.now().strftime("%Y%m%d-%H%M%S"),
+        "base_url": ep.base_url,
+        "endpoint": ep.url,
+        "model_id": model,
+        "num_users": cfg.num_users,
+        "think_time": cfg.think_time,
+        "mix": cfg.mix,
+        "users_per_lane": {lane: lanes.count(lane) for lane in cfg.mix},
+        "seed": cfg.seed,
+        "time_series": time_series(records, t0, cfg.duration),
+        **measurement(records, elapsed, t0),
+    }
+    result["slo"] = slo.judge(result, cfg.slo)
+    return result
+
+
+def run_traffic(cfg: TrafficConfig) -> dict:
+    """Simulate ``num_users`` closed-loop users for ``duration`` seconds."""
+    return asyncio.run(simulate(cfg))
