@@ -44,6 +44,12 @@ class SchedulerConfig:
     max_num_batched_tokens: int = _knob(2048, "token budget of one step (prefill chunks + decodes)")
     scheduling_policy: str = _knob("fcfs", "order of waiting requests: fcfs, or priority (lower value first)",
                                    ("fcfs", "priority"))
+    batching: str = _knob("continuous", "continuous (join and leave every step); static (take up to "
+                          "max_batch_size waiting requests, prefill them in one step, run them to completion); "
+                          "dynamic (as static, but wait up to batch_timeout_ms for a full batch)",
+                          ("continuous", "static", "dynamic"))
+    max_batch_size: int = _knob(8, "batch size of the static and dynamic batching modes")
+    batch_timeout_ms: float = _knob(50.0, "dynamic batching: longest wait for a full batch")
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,13 +82,15 @@ class EngineConfig:
     def validate(self) -> None:
         s, c, m = self.scheduler, self.cache, self.model
         for name, value in (("max_num_seqs", s.max_num_seqs), ("max_num_batched_tokens", s.max_num_batched_tokens),
-                            ("block_size", c.block_size)):
+                            ("block_size", c.block_size), ("max_batch_size", s.max_batch_size)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if c.num_kv_blocks is not None and c.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be positive, got {c.num_kv_blocks}")
         if not 0.0 < c.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {c.gpu_memory_utilization}")
+        if s.batch_timeout_ms < 0:
+            raise ValueError(f"batch_timeout_ms must be >= 0, got {s.batch_timeout_ms}")
         if m.max_model_len is not None and m.max_model_len < 1:
             raise ValueError(f"max_model_len must be positive, got {m.max_model_len}")
         for section in (m, c, s, self.device):

@@ -157,3 +157,45 @@ def test_scheduler_and_kv_cache_import_no_torch():
     code = ("import sys, expresslane.engine.scheduler, expresslane.engine.kv_cache; "
             "assert 'torch' not in sys.modules, 'torch was imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def run_fixed_batches(batching, clock=None):
+    kv = KVCacheManager(200, 4)
+    cfg = SchedulerConfig(batching=batching, max_batch_size=3, batch_timeout_ms=100, max_num_batched_tokens=8)
+    sched = Scheduler(cfg, kv, clock=clock) if clock else Scheduler(cfg, kv)
+    for i, n in enumerate((40, 2, 3, 4)):
+        sched.add_request(make_request(str(i), list(range(1, n + 1)), 2 + i, t=0.0))
+    return sched, kv
+
+
+def test_static_batches_prefill_whole_prompts_and_run_to_completion():
+    sched, _ = run_fixed_batches("static")
+    plan = sched.schedule()
+    assert {s.request_id: len(s.token_ids) for s in plan.seqs} == {"0": 40, "1": 2, "2": 3}  # no budget, no chunks
+    assert all(s.sample for s in plan.seqs)  # every first token comes after the whole batch's prefill
+    sched.update({s.request_id: 5 for s in plan.seqs})
+    seen_late = []
+    while sched.has_unfinished():
+        plan = sched.schedule()
+        ids = {s.request_id for s in plan.seqs}
+        if "3" in ids:
+            seen_late.append(ids)
+        sched.update({s.request_id: 5 for s in plan.seqs if s.sample})
+        if "3" in ids:
+            assert not ids & {"0", "1", "2"}, "request 3 must wait until the whole first batch is done"
+    assert seen_late
+
+
+def test_dynamic_batching_waits_for_a_full_batch_or_the_timeout():
+    now = [0.0]
+    sched, _ = run_fixed_batches("dynamic", clock=lambda: now[0])
+    first = sched.schedule()
+    assert len(first.seqs) == 3  # 4 waiting >= max_batch_size: go at once
+    while sched.running:
+        sched.update({s.request_id: 5 for s in first.seqs if s.sample})
+        first = sched.schedule()
+    sched.update({})
+    assert sched.schedule().is_empty  # 1 waiting, arrived at t=0, now=0: wait for more
+    sched.update({})
+    now[0] = 0.2  # past the 100 ms timeout
+    assert [s.request_id for s in sched.schedule().seqs] == ["3"]

@@ -1,5 +1,8 @@
 """Who runs this step, and how many tokens each (torch-free).
 
+Batching modes: ``continuous`` (below; the default), and ``static``/``dynamic``, which
+exist to reproduce flat latency side by side: fixed batches run to completion.
+
 One unified token budget per step (``max_num_batched_tokens``): running requests
 first (decodes and unfinished prompt chunks, in policy order), then waiting ones in
 policy order while budget, ``max_num_seqs`` and KV blocks allow. A prompt longer than
@@ -94,10 +97,47 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         if self._scheduled:
             raise RuntimeError("schedule() called twice without update()")
-        budget = self.config.max_num_batched_tokens
-        scheduled: list[tuple[Request, int]] = []
-        preempted_any = False
+        if self.config.batching == "continuous":
+            scheduled = self._schedule_continuous()
+        else:
+            scheduled = self._schedule_fixed_batch()
+        self._scheduled = scheduled
+        finished, self._finished_ids = self._finished_ids, []
+        seqs = [self._describe(req, n) for req, n in scheduled]
+        return SchedulerOutput(seqs, sum(n for _, n in scheduled), finished)
 
+    def _schedule_continuous(self) -> list[tuple[Request, int]]:
+        budget = self.config.max_num_batched_tokens
+        scheduled, budget, preempted = self._schedule_running(budget)
+        if not preempted:
+            budget = self._admit(scheduled, budget, self.config.max_num_seqs)
+        return scheduled
+
+    def _schedule_fixed_batch(self) -> list[tuple[Request, int]]:
+        """static/dynamic: a batch is admitted only when none runs, its prompts are prefilled
+        whole in one step (no budget, no chunking), and it decodes until all members finish."""
+        unlimited = 1 << 62
+        if self.running:
+            scheduled, _, _ = self._schedule_running(unlimited)
+            return scheduled
+        if not self._batch_ready():
+            return []
+        scheduled: list[tuple[Request, int]] = []
+        self._admit(scheduled, unlimited, min(self.config.max_batch_size, self.config.max_num_seqs))
+        return scheduled
+
+    def _batch_ready(self) -> bool:
+        head = self._peek_waiting()
+        if head is None:
+            return False
+        if self.config.batching == "static" or self._num_waiting >= self.config.max_batch_size:
+            return True
+        return self.clock() - head.arrival_time >= self.config.batch_timeout_ms / 1000
+
+    def _schedule_running(self, budget: int) -> tuple[list[tuple[Request, int]], int, bool]:
+        """Running requests in policy order; preempt from the lowest-ranked end when blocks run out."""
+        scheduled: list[tuple[Request, int]] = []
+        preempted = False
         order = sorted(self.running.values(), key=self._key)
         tail = len(order)  # order[i+1:tail]: running, not yet scheduled; victims come from the end
         i = 0
@@ -111,15 +151,18 @@ class Scheduler:
                 else:
                     victim, tail = req, i
                 self._preempt(victim)
-                preempted_any = True
+                preempted = True
                 if victim is req:
                     break
             else:
                 scheduled.append((req, n))
                 budget -= n
             i += 1
+        return scheduled, budget, preempted
 
-        while budget > 0 and not preempted_any and len(self.running) < self.config.max_num_seqs:
+    def _admit(self, scheduled: list[tuple[Request, int]], budget: int, max_running: int) -> int:
+        """Waiting requests in policy order while budget, seats and blocks allow."""
+        while budget > 0 and len(self.running) < max_running:
             req = self._peek_waiting()
             if req is None:
                 break
@@ -139,11 +182,7 @@ class Scheduler:
             self.running[req.request_id] = req
             scheduled.append((req, n))
             budget -= n
-
-        self._scheduled = scheduled
-        finished, self._finished_ids = self._finished_ids, []
-        seqs = [self._describe(req, n) for req, n in scheduled]
-        return SchedulerOutput(seqs, self.config.max_num_batched_tokens - budget, finished)
+        return budget
 
     def _describe(self, req: Request, n: int) -> ScheduledSeq:
         start = req.num_computed_tokens
