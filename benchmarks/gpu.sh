@@ -1,37 +1,45 @@
 #!/usr/bin/env bash
 # Everything that needs a GPU, in one call: install, GPU tests, benchmarks; a table last.
-# Usage (device machine, repo root):  bash benchmarks/gpu.sh [--quick]
+# Usage (device machine, repo root):  bash benchmarks/gpu.sh [quick|full]
+#   quick: tests + small-model checks;  full (default): + Llama-3-8B and Qwen2.5-7B shapes.
 # Results: JSON lines in ${OUT:-out}/gpu-results.jsonl, logs beside them.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" TOKENIZERS_PARALLELISM=false
+export TRANSFORMERS_VERBOSITY=error
 OUT="${OUT:-out}"; mkdir -p "$OUT"
 RES="$OUT/gpu-results.jsonl"; : > "$RES"
 MODELS="${MODELS:-/tmp/expresslane-models}"
+MODE="${1:-full}"
 status=0
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
-python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)' | tee -a "$OUT/gpu.txt"
+python3 -c 'import torch, triton, transformers; print("torch", torch.__version__, "triton", triton.__version__, "transformers", transformers.__version__)' | tee -a "$OUT/gpu.txt"
 
 echo "== GPU tests"
-python3 -m pytest -q -m gpu tests 2>&1 | tee "$OUT/gpu-tests.log" | tail -5 || status=1
+python3 -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 | tee "$OUT/gpu-tests.log" | tail -15 || status=1
+python3 -m pytest -q tests/test_triton_attention.py tests/test_triton_ops.py -p no:cacheprovider 2>&1 \
+  | tee -a "$OUT/gpu-tests.log" | tail -3 || status=1
 
-bench() {  # preset, then extra args for offline_throughput.py
-  local preset=$1; shift
-  python3 -m expresslane.cli.main make-model "$preset" "$MODELS/$preset" --device cuda >/dev/null || { status=1; return; }
-  python3 benchmarks/offline_throughput.py --model "$MODELS/$preset" --device cuda --dtype bfloat16 "$@" \
-    2> >(grep -v -e Warning -e '^Loading' >&2) | tee -a "$RES" || status=1
+model() {  # build a preset once (weights generated on the GPU)
+  python3 -m expresslane.cli.main make-model "$1" "$MODELS/$1" --device cuda >/dev/null || status=1
 }
-echo "== offline throughput (torch attention backend)"
-bench qwen2.5-0.5b --num-prompts 64 --input-len 128 --output-len 64
-[ "${1:-}" = "--quick" ] || bench llama-3-8b --num-prompts 64 --input-len 128 --output-len 64
+run() {  # a benchmark; its JSON lines go to the results file
+  "$@" --out "$RES" 2> >(grep -v -e Warning -e '^Loading' -e 'regex pattern' >&2) || status=1
+}
+
+model qwen2.5-0.5b
+echo "== bf16 agreement (qwen2.5-0.5b shape)"
+run python3 benchmarks/bf16_agreement.py --model "$MODELS/qwen2.5-0.5b"
+echo "== engine benchmarks (qwen2.5-0.5b shape)"
+run python3 benchmarks/gpu_bench.py --model "$MODELS/qwen2.5-0.5b" --only engine
+if [ "$MODE" = full ]; then
+  for m in llama-3-8b qwen2.5-7b; do
+    model $m
+    echo "== $m: expresslane"; run python3 benchmarks/gpu_bench.py --model "$MODELS/$m" --only engine
+    echo "== $m: transformers"; run python3 benchmarks/gpu_bench.py --model "$MODELS/$m" --only hf
+  done
+fi
 
 echo "== summary"
-python3 - "$RES" <<'PY'
-import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
-print(f"{'model':<16}{'engine':<14}{'prompts':>8}{'in':>6}{'out':>6}{'seconds':>9}{'tok/s':>10}")
-for r in rows:
-    print(f"{r['model'].split('/')[-1]:<16}{r['engine']:<14}{r['num_prompts']:>8}{r['input_len']:>6}"
-          f"{r['output_len']:>6}{r['seconds']:>9.2f}{r['tokens_per_s']:>10.0f}")
-PY
+python3 benchmarks/summarize.py "$RES"
 exit $status

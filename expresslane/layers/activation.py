@@ -4,5 +4,8 @@ import torch.nn.functional as F
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """SwiGLU on a merged [.., 2*I] gate|up projection."""
+    if gate_up.is_cuda:
+        from expresslane.layers import triton_ops
+        return triton_ops.silu_and_mul(gate_up)
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up

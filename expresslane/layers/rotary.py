@@ -47,6 +47,9 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         """q: [T, Hq, D], k: [T, Hk, D] -> rotated q, k."""
+        if q.is_cuda:
+            from expresslane.layers.triton_ops import rotary
+            return rotary(q, positions, self.cos_sin), rotary(k, positions, self.cos_sin)
         cos, sin = self.cos_sin[positions].unsqueeze(1).chunk(2, dim=-1)
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
 

@@ -17,6 +17,7 @@ from expresslane.config import EngineConfig
 from expresslane.engine.scheduler import ScheduledSeq, SchedulerOutput
 from expresslane.models.loader import iter_weights
 from expresslane.models.registry import model_class
+from expresslane.runner.cuda_graphs import DecodeGraphs
 from expresslane.runner.sampler import Sampler, SamplingBatch
 from expresslane.sampling_params import SamplingParams
 
@@ -69,6 +70,7 @@ class ModelRunner:
         self.sampler = Sampler(self.device, config.model.seed)
         self._generators: dict[str, torch.Generator] = {}
         self.kv_caches: list[torch.Tensor] = []
+        self.graphs: DecodeGraphs | None = None
 
     # -- KV cache memory ---------------------------------------------------------------------
     def kv_block_bytes(self) -> int:
@@ -119,6 +121,16 @@ class ModelRunner:
         for layer, cache in zip(self.model.layers, self.kv_caches):
             layer.self_attn.kv_cache = cache
 
+    def capture_cuda_graphs(self, max_model_len: int) -> None:
+        """Decode graphs, when on CUDA with a backend that allows them and not enforce_eager."""
+        if (self.device.type != "cuda" or self.config.device.enforce_eager
+                or not self.attn_backend.supports_cuda_graphs):
+            return
+        graphs = DecodeGraphs(self.model, self.attn_backend, self.config.scheduler.max_num_seqs,
+                              -(-max_model_len // self.block_size), self.device)
+        graphs.capture()
+        self.graphs = graphs
+
     # -- one step ------------------------------------------------------------------------------
     @torch.inference_mode()
     def execute(self, step: SchedulerOutput) -> tuple[dict[str, int], dict[str, dict[int, float]] | None]:
@@ -126,13 +138,10 @@ class ModelRunner:
             self._generators.pop(rid, None)
         # decodes (one query token) first: the attention backend batches them
         seqs = sorted(step.seqs, key=lambda s: len(s.token_ids) != 1)
-        input_ids, positions, meta = self._prepare(seqs)
-        hidden = self.model(input_ids, positions, meta)
         sampling = [i for i, s in enumerate(seqs) if s.sample]
-        if not sampling:
+        logits = self._logits(seqs, sampling)
+        if logits is None:
             return {}, None
-        last = torch.tensor([meta.query_start_loc_cpu[i + 1] - 1 for i in sampling], device=self.device)
-        logits = self.model.compute_logits(hidden[last])
         batch = SamplingBatch(
             params=[seqs[i].sampling_params for i in sampling],
             banned=[seqs[i].banned_token_ids for i in sampling],
@@ -142,6 +151,25 @@ class ModelRunner:
         ids = [seqs[i].request_id for i in sampling]
         sampled = dict(zip(ids, tokens.tolist()))
         return sampled, (dict(zip(ids, logprobs)) if logprobs is not None else None)
+
+    def _logits(self, seqs: list[ScheduledSeq], sampling: list[int]) -> torch.Tensor | None:
+        """Run the model; logits of the seqs in `sampling` (None if none samples)."""
+        graphs = self.graphs
+        if graphs is not None and len(seqs) <= graphs.max_batch and all(len(s.token_ids) == 1 for s in seqs):
+            bs = self.block_size
+            pos = [s.start_pos for s in seqs]
+            logits = graphs.run([s.token_ids[0] for s in seqs], pos,
+                                [s.block_ids[p // bs] * bs + p % bs for s, p in zip(seqs, pos)],
+                                [p + 1 for p in pos], [s.block_ids for s in seqs])
+            if len(sampling) == len(seqs):
+                return logits
+            return logits[torch.tensor(sampling, device=self.device)] if sampling else None
+        input_ids, positions, meta = self._prepare(seqs)
+        hidden = self.model(input_ids, positions, meta)
+        if not sampling:
+            return None
+        last = torch.tensor([meta.query_start_loc_cpu[i + 1] - 1 for i in sampling], device=self.device)
+        return self.model.compute_logits(hidden[last])
 
     def _generator(self, seq: ScheduledSeq) -> torch.Generator | None:
         seed = seq.sampling_params.seed

@@ -29,23 +29,28 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch
                  ) -> tuple[torch.Tensor, list[dict[int, float]] | None]:
-        """logits [B, V] float32 -> (token ids [B], per-row logprobs or None)."""
-        rows = len(batch.params)
-        for i, banned in enumerate(batch.banned):
-            if banned:
-                logits[i, list(banned)] = float("-inf")
+        """logits [B, V] float32 -> (token ids [B] on the device, per-row logprobs or None).
+
+        Every decision about which work to do is made from host-side parameters, so the
+        only device->host transfer is the caller reading the sampled ids (and logprobs,
+        when asked for)."""
+        dev = logits.device
+        banned = [(i, t) for i, toks in enumerate(batch.banned) for t in toks]
+        if banned:
+            rows, cols = zip(*banned)
+            logits[torch.tensor(rows, device=dev), torch.tensor(cols, device=dev)] = float("-inf")
         logprobs = self._logprobs(logits, batch)
-        greedy = torch.tensor([p.greedy for p in batch.params], device=logits.device)
+        greedy = [p.greedy for p in batch.params]
         out = logits.argmax(dim=-1)
-        if not bool(greedy.all()):
-            temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in batch.params],
-                                 device=logits.device)
+        if not all(greedy):
+            temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in batch.params], device=dev)
             probs = _filter(logits / temps[:, None], batch.params).softmax(dim=-1)
-            noise = torch.empty_like(probs)
-            for i in range(rows):
-                if not batch.params[i].greedy:
-                    noise[i].exponential_(generator=batch.generators[i] or self.generator)
-            out = torch.where(greedy, out, (probs / noise).argmax(dim=-1))
+            noise = torch.empty_like(probs).exponential_(generator=self.generator)
+            for i, gen in enumerate(batch.generators):
+                if gen is not None:  # seeded: its own stream, whatever the batch
+                    noise[i].exponential_(generator=gen)
+            sampled = (probs / noise).argmax(dim=-1)
+            out = sampled if not any(greedy) else torch.where(torch.tensor(greedy, device=dev), out, sampled)
         if logprobs is not None:
             chosen = torch.log_softmax(logits, dim=-1).gather(1, out[:, None]).squeeze(1).tolist()
             for i, tok in enumerate(out.tolist()):

@@ -1,0 +1,185 @@
+"""GPU benchmarks of issue #5, against the H200's floors and transformers in the same run.
+
+    python benchmarks/gpu_bench.py --model DIR [--only engine|hf] [--out results.jsonl]
+
+Prints one JSON line per measurement: batch-1 decode (tokens/s, % of the weight-read
+floor), engine TTFT by prompt length, prefill TFLOP/s at ~8k tokens, decode throughput
+at batch 64 and 256 with 1k context, GPU busy fraction in steady decode, and the same
+for transformers where it applies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import time
+
+import torch
+
+PEAK_BW = 4.27e12  # B/s, measured device copy (DESIGN §8)
+PEAK_FLOPS = 805e12  # bf16 matmul (DESIGN §8)
+
+
+def emit(out, **row) -> None:
+    line = json.dumps(row)
+    print(line, flush=True)
+    if out:
+        with open(out, "a") as f:
+            f.write(line + "\n")
+
+
+def prompts_of(n: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(min(vocab, 30000)) for _ in range(length)] for _ in range(n)]
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes read per decode step: every weight except the embedding table (only rows are read)."""
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    if model.lm_head is not None:
+        total -= model.embed_tokens.weight.numel() * model.embed_tokens.weight.element_size()
+    return total
+
+
+def forward_flops(cfg, tokens: int) -> float:
+    """Matmul FLOPs of one causal prefill of `tokens` tokens (linear layers + attention)."""
+    h, layers = cfg.hidden_size, cfg.num_hidden_layers
+    heads = cfg.num_attention_heads
+    d = getattr(cfg, "head_dim", None) or h // heads
+    kv = cfg.num_key_value_heads * d
+    linear = layers * (h * (heads * d + 2 * kv) + heads * d * h + 3 * h * cfg.intermediate_size) + h * cfg.vocab_size
+    attn = layers * 2 * heads * d * tokens * tokens  # QK^T and PV, causal half of 2*2
+    return 2 * linear * tokens + attn
+
+
+def sync() -> None:
+    torch.cuda.synchronize()
+
+
+def engine_benchmarks(args, out) -> None:
+    from expresslane import LLM, SamplingParams
+
+    llm = LLM(args.model, max_num_seqs=256, max_num_batched_tokens=args.max_num_batched_tokens,
+              gpu_memory_utilization=0.85)
+    core = llm.engine.core
+    cfg, vocab = core.hf_config, core.hf_config.vocab_size
+    wbytes = weight_bytes(core.runner.model)
+    floor_ms = wbytes / PEAK_BW * 1e3
+    common = dict(engine="expresslane", model=args.model.rstrip("/").split("/")[-1],
+                  backend=type(core.runner.attn_backend).__name__, cuda_graphs=core.runner.graphs is not None)
+    greedy = lambda n: SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)  # noqa: E731
+    llm.generate([{"prompt_token_ids": p} for p in prompts_of(4, 64, vocab)], greedy(8), use_tqdm=False)  # warm-up
+
+    # batch-1 decode: time per output token after the first
+    [o] = llm.generate([{"prompt_token_ids": prompts_of(1, 128, vocab, 1)[0]}], greedy(257), use_tqdm=False)
+    per_tok = (o.metrics.finished_time - o.metrics.first_token_time) / 256
+    emit(out, **common, bench="decode_batch1", ms_per_token=per_tok * 1e3, tokens_per_s=1 / per_tok,
+         floor_ms=floor_ms, pct_of_floor=100 * floor_ms / (per_tok * 1e3), weight_gb=wbytes / 1e9)
+
+    # TTFT alone, inside the engine (arrival -> first token), median of 3
+    for n in args.ttft_lengths:
+        n = min(n, core.max_model_len - 2)
+        ttfts = []
+        for rep in range(3):
+            [o] = llm.generate([{"prompt_token_ids": prompts_of(1, n, vocab, 100 + rep)[0]}], greedy(1),
+                               use_tqdm=False)
+            ttfts.append(o.metrics.first_token_time - o.metrics.arrival_time)
+        ttft = statistics.median(ttfts)
+        row = dict(bench="ttft", prompt_len=n, ttft_ms=ttft * 1e3)
+        if n >= 4096:
+            tf = forward_flops(cfg, n) / ttft / 1e12
+            row.update(prefill_tflops=tf, pct_of_peak=100 * tf * 1e12 / PEAK_FLOPS)
+        emit(out, **common, **row)
+
+    # steady decode throughput at batch B with ~1k context, and GPU busy fraction
+    for batch in (64, 256):
+        eng = llm.engine
+        for i, p in enumerate(prompts_of(batch, 1024, vocab, 7)):
+            eng.add_request(f"b{batch}-{i}", {"prompt_token_ids": p}, greedy(64))
+        while core.scheduler.num_waiting or any(r.num_computed_tokens < r.num_prompt_tokens
+                                                for r in core.scheduler.running.values()):
+            eng.step()
+        for _ in range(3):
+            eng.step()
+        sync()
+        steps = 24
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            eng.step()
+        sync()
+        wall = time.perf_counter() - t0
+        busy = gpu_busy_fraction(eng, 8) if batch == 64 else None
+        while eng.has_unfinished():
+            eng.step()
+        emit(out, **common, bench="decode_throughput", batch=batch, context=1024, step_ms=wall / steps * 1e3,
+             tokens_per_s=batch * steps / wall, gpu_busy_fraction=busy)
+
+
+def gpu_busy_fraction(eng, steps: int) -> float:
+    """Sum of GPU kernel time / wall time over `steps` engine steps (one stream)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            eng.step()
+        sync()
+        wall = time.perf_counter() - t0
+    kernel_us = 0.0
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            kernel_us += e.device_time if hasattr(e, "device_time") else e.cuda_time
+    return kernel_us / 1e6 / wall
+
+
+def hf_benchmarks(args, out) -> None:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16).cuda().eval()
+    vocab = model.config.vocab_size
+    common = dict(engine="transformers", model=args.model.rstrip("/").split("/")[-1])
+    kw = dict(do_sample=False, eos_token_id=None, pad_token_id=0)
+
+    def gen(batch: list[list[int]], new: int) -> float:
+        ids = torch.tensor(batch, device="cuda")
+        sync()
+        t0 = time.perf_counter()
+        model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new, **kw)
+        sync()
+        return time.perf_counter() - t0
+
+    with torch.inference_mode():
+        gen(prompts_of(1, 64, vocab), 4)
+        p = prompts_of(1, 128, vocab, 1)
+        per_tok = (gen(p, 65) - gen(p, 1)) / 64
+        emit(out, **common, bench="decode_batch1", ms_per_token=per_tok * 1e3, tokens_per_s=1 / per_tok)
+        for n in args.ttft_lengths:
+            n = min(n, model.config.max_position_embeddings - 2)
+            emit(out, **common, bench="ttft", prompt_len=n,
+                 ttft_ms=statistics.median(gen(prompts_of(1, n, vocab, 100 + r), 1) for r in range(3)) * 1e3)
+        batch = prompts_of(64, 1024, vocab, 7)
+        step = (gen(batch, 17) - gen(batch, 1)) / 16
+        emit(out, **common, bench="decode_throughput", batch=64, context=1024, step_ms=step * 1e3,
+             tokens_per_s=64 / step)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--only", choices=("engine", "hf"), help="run one side (each wants the whole GPU)")
+    ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    ap.add_argument("--ttft-lengths", type=lambda s: [int(x) for x in s.split(",")],
+                    default=[16, 128, 512, 2048, 8192])
+    args = ap.parse_args()
+    if args.only != "hf":
+        engine_benchmarks(args, args.out)
+    if args.only != "engine":
+        hf_benchmarks(args, args.out)
+
+
+if __name__ == "__main__":
+    main()

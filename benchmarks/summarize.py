@@ -1,0 +1,32 @@
+"""Print the GPU results (JSON lines) as one short table."""
+
+import json
+import sys
+
+
+def fmt(r: dict) -> str:
+    b = r["bench"]
+    if b == "decode_batch1":
+        extra = f"  {r['pct_of_floor']:.0f}% of {r['floor_ms']:.2f} ms floor" if "pct_of_floor" in r else ""
+        return f"batch-1 decode        {r['tokens_per_s']:8.1f} tok/s  {r['ms_per_token']:6.2f} ms/tok{extra}"
+    if b == "ttft":
+        extra = f"  {r['prefill_tflops']:.0f} TFLOP/s ({r['pct_of_peak']:.0f}% of 805)" if "prefill_tflops" in r else ""
+        return f"TTFT {r['prompt_len']:>5} tokens     {r['ttft_ms']:8.1f} ms{extra}"
+    if b == "decode_throughput":
+        busy = r.get("gpu_busy_fraction")
+        extra = f"  GPU busy {100 * busy:.0f}%" if busy else ""
+        return f"decode batch {r['batch']:>3} @1k ctx {r['tokens_per_s']:8.0f} tok/s  {r['step_ms']:6.1f} ms/step{extra}"
+    if b == "bf16_top1_agreement":
+        return (f"bf16 top-1 agreement  {100 * r['agreement']:.2f}% of {r['positions']} positions, "
+                f"{100 * r['agreement_clear']:.2f}% where the top-2 margin is clear")
+    return json.dumps(r)
+
+
+rows = [json.loads(line) for line in open(sys.argv[1]) if line.startswith("{")]
+last = None
+for r in rows:
+    key = (r.get("model"), r.get("engine", ""))
+    if key != last:
+        print(f"-- {key[0]}  {key[1]}" + (f"  ({r['backend']}, graphs={r['cuda_graphs']})" if "backend" in r else ""))
+        last = key
+    print("   " + fmt(r))
