@@ -30,6 +30,8 @@ run() {  # a benchmark; its JSON lines go to the results file
 model qwen2.5-0.5b
 echo "== bf16 agreement (qwen2.5-0.5b shape)"
 run python3 benchmarks/bf16_agreement.py --model "$MODELS/qwen2.5-0.5b"
+echo "== step profile (qwen2.5-0.5b shape)"
+python3 benchmarks/step_profile.py --model "$MODELS/qwen2.5-0.5b" --out "$RES" 2>&1 | tee "$OUT/step-profile.txt" | head -45
 echo "== engine benchmarks (qwen2.5-0.5b shape)"
 run python3 benchmarks/gpu_bench.py --model "$MODELS/qwen2.5-0.5b" --only engine
 if [ "$MODE" = full ]; then

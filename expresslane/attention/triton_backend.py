@@ -64,7 +64,9 @@ class TritonAttentionBackend:
         out = torch.empty_like(q)
         kc, vc = kv_cache[0], kv_cache[1]
         common = dict(G=self.group, G_PAD=self.g_pad, BLOCK_N=_BLOCK_N, HEAD_DIM=d, D_PAD=self.d_pad,
-                      PAGE=kc.shape[1])
+                      PAGE=kc.shape[1],
+                      # float32 means "reference accuracy": no TF32 rounding of the dot operands
+                      PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
         strides = (q.stride(0), q.stride(1), kc.stride(0), kc.stride(1), kc.stride(2), out.stride(0), out.stride(1),
                    meta.block_tables.stride(0))
         nd = meta.num_decodes

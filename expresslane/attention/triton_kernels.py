@@ -41,7 +41,8 @@ def paged_attention_kernel(
         stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_ot, stride_oh, stride_bt,
         stride_pa_s, stride_pa_h, stride_pml_s,
         G: tl.constexpr, G_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
-        HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, PAGE: tl.constexpr, DECODE: tl.constexpr):
+        HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, PAGE: tl.constexpr, DECODE: tl.constexpr,
+        PRECISION: tl.constexpr):
     """Prefill (DECODE=False): program 0-axis = work item (seq, q_off) from work_ptr.
     Decode (DECODE=True): program 0-axis = seq, 2-axis = split of its keys; partials go
     to part_acc/part_ml for reduce_splits_kernel."""
@@ -88,7 +89,7 @@ def paged_attention_kernel(
         page = tl.load(block_tables_ptr + seq * stride_bt + n // PAGE, mask=n_ok, other=0)
         kv_off = page.to(tl.int64) * stride_kb + (n % PAGE) * stride_ks + kv_head * stride_kh
         k = tl.load(k_cache_ptr + kv_off[None, :] + d[:, None], mask=n_ok[None, :] & d_ok[:, None], other=0.0)
-        s = tl.dot(q, k) * qk_scale
+        s = tl.dot(q, k, input_precision=PRECISION) * qk_scale
         s = tl.where(n_ok[None, :] & (n[None, :] <= q_pos[:, None]), s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -96,7 +97,7 @@ def paged_attention_kernel(
         alpha = tl.math.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_cache_ptr + kv_off[:, None] + d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
 
     if DECODE:
