@@ -43,7 +43,7 @@ def main() -> None:
             ref = hf(torch.tensor([ids], device="cuda")).logits[0].float()
             blocks = list(range(-(-len(ids) // runner.block_size)))  # the engine is idle: any blocks will do
             seq = ScheduledSeq("agree", ids, 0, blocks, False, SamplingParams(), frozenset())
-            input_ids, positions, meta = runner._prepare([seq])
+            input_ids, positions, meta = runner._prepare(*runner._host_inputs([seq]), seqs=[seq])
             ours = runner.model.compute_logits(runner.model(input_ids, positions, meta))
             same = ours.argmax(-1) == ref.argmax(-1)
             top2 = ref.topk(2, dim=-1).values

@@ -68,7 +68,7 @@ def engine_benchmarks(args, out) -> None:
     wbytes = weight_bytes(core.runner.model)
     floor_ms = wbytes / PEAK_BW * 1e3
     common = dict(engine="expresslane", model=args.model.rstrip("/").split("/")[-1],
-                  backend=type(core.runner.attn_backend).__name__, cuda_graphs=core.runner.graphs is not None)
+                  backend=type(core.runner.attn_backend).__name__, cuda_graphs=core.runner.decode_graphs is not None)
     greedy = lambda n: SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)  # noqa: E731
     llm.generate([{"prompt_token_ids": p} for p in prompts_of(4, 64, vocab)], greedy(8), use_tqdm=False)  # warm-up
 

@@ -30,13 +30,13 @@ def test_cuda_bfloat16_runs_and_sizes_kv_from_memory(llama_dir):
 
 
 def test_cuda_graphs_and_eager_agree(llama_dir):
-    """Decode through captured graphs (padding rows included) equals eager decode."""
+    """Decode and small mixed steps through captured graphs (padding included) equal eager steps."""
     prompts = [{"prompt_token_ids": p} for p in PROMPTS[:5]]  # 5 seqs: replayed in the batch-8 graph
     sp = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     graphs = LLM(str(llama_dir), device="cuda", dtype="float32", num_kv_blocks=256)
-    assert graphs.engine.core.runner.graphs is not None
+    assert graphs.engine.core.runner.decode_graphs is not None and graphs.engine.core.runner.mixed_graphs is not None
     eager = LLM(str(llama_dir), device="cuda", dtype="float32", num_kv_blocks=256, enforce_eager=True)
-    assert eager.engine.core.runner.graphs is None
+    assert eager.engine.core.runner.decode_graphs is None
     a = [o.outputs[0].token_ids for o in graphs.generate(prompts, sp, use_tqdm=False)]
     b = [o.outputs[0].token_ids for o in eager.generate(prompts, sp, use_tqdm=False)]
     assert a == b

@@ -46,12 +46,18 @@ class TritonAttentionBackend:
         want = -(-2 * self.sms // max(1, num_decodes * self.num_kv_heads))
         return max(1, min(MAX_SPLITS, want))
 
+    def plan_prefill(self, query_start_loc: list[int], first_seq: int) -> list[tuple[int, int]]:
+        """One (seq, first query token) work item per tile of `prefill_q` query tokens."""
+        return [(i, off) for i in range(first_seq, len(query_start_loc) - 1)
+                for off in range(0, query_start_loc[i + 1] - query_start_loc[i], self.prefill_q)]
+
+    def max_prefill_work(self, num_tokens: int, num_seqs: int) -> int:
+        return num_tokens // self.prefill_q + num_seqs
+
     def prepare(self, meta: AttentionMetadata) -> None:
         """Per-step, host-side: the prefill work list and the decode split count."""
         meta.num_splits = self.num_splits(meta.num_decodes)
-        starts = meta.query_start_loc_cpu
-        work = [(i, off) for i in range(meta.num_decodes, len(starts) - 1)
-                for off in range(0, starts[i + 1] - starts[i], self.prefill_q)]
+        work = self.plan_prefill(meta.query_start_loc_cpu, meta.num_decodes)
         meta.prefill_work = (torch.tensor(work, dtype=torch.int32, device=meta.seq_lens.device)
                              if work else None)
 

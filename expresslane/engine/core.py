@@ -71,7 +71,7 @@ class EngineCore:
                              f"max_model_len={config.model.max_model_len}; lower max_model_len or give it "
                              "more memory (num_kv_blocks, gpu_memory_utilization, cpu_kv_cache_space_gb)")
         self.runner.allocate_kv_cache(num_blocks)
-        self.runner.capture_cuda_graphs(config.model.max_model_len)
+        self.runner.build_graphs(config.model.max_model_len)
         self.config = config.replace(num_kv_blocks=num_blocks)
         self.kv = KVCacheManager(num_blocks, bs, config.cache.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler, self.kv)

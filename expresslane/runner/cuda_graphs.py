@@ -1,10 +1,16 @@
-"""CUDA graphs for decode steps: one graph per bucketed batch size.
+"""CUDA graphs: the whole forward of a step replayed with one launch.
 
-A decode step (every seq computes exactly one token) is replayed from the smallest
-captured bucket that holds it. Inputs live in static buffers; padding rows carry
-slot -1 (no KV write) and seq_len 0 (nothing to attend to), so they compute garbage
-that nobody reads. Only the attention backend's decode path runs inside a graph, and
-its launch grid depends on the bucket size alone.
+Two families, both keyed by a bucketed size and fed through static input buffers:
+
+- decode graphs (every seq computes one token), by batch size, using the backend's
+  split-KV decode path;
+- mixed graphs (prefill chunks and decodes, few tokens in all), by token count, with
+  every seq on the backend's prefill path. Its work list (one item per tile of query
+  tokens) is a static buffer padded with items of an empty padding seq.
+
+Padding never changes results: padding tokens carry slot -1 (no KV write), padding
+seqs have no query tokens and no context. Only the launch grids are fixed at capture;
+lengths and block tables are read from the buffers at replay.
 """
 
 from __future__ import annotations
@@ -19,74 +25,147 @@ from expresslane.attention.backend import AttentionMetadata
 log = logging.getLogger(__name__)
 
 
-def bucket_sizes(max_num_seqs: int) -> list[int]:
-    sizes = [b for b in (1, 2, 4, 8) if b <= max_num_seqs]
-    sizes += list(range(16, max_num_seqs + 1, 16))
-    if sizes[-1] != max_num_seqs:
-        sizes.append(max_num_seqs)
-    return sizes
+def bucket_sizes(limit: int, small: tuple[int, ...] = (1, 2, 4, 8), step: int = 16) -> list[int]:
+    sizes = [b for b in small if b <= limit] + list(range(step, limit + 1, step))
+    if not sizes or sizes[-1] != limit:
+        sizes.append(limit)
+    return sorted(set(sizes))
 
 
-class DecodeGraphs:
-    def __init__(self, model, backend, max_num_seqs: int, max_blocks_per_seq: int, device: torch.device):
-        self.model = model
-        self.backend = backend
-        self.sizes = bucket_sizes(max_num_seqs)
-        n = self.sizes[-1]
-        self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
-        self.positions = torch.zeros(n, dtype=torch.int64, device=device)
-        self.slot_mapping = torch.full((n,), -1, dtype=torch.int64, device=device)
-        self.block_tables = torch.zeros(n, max_blocks_per_seq, dtype=torch.int32, device=device)
-        self.seq_lens = torch.zeros(n, dtype=torch.int32, device=device)
-        self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=device)
+class _Graphs:
+    """Static buffers, capture, replay; subclasses define the metadata of a bucket."""
+
+    def __init__(self, model, backend, sizes: list[int], max_tokens: int, max_seqs: int, max_blocks: int,
+                 device: torch.device):
+        self.model, self.backend, self.sizes = model, backend, sizes
+        self.device = device
+        self.input_ids = torch.zeros(max_tokens, dtype=torch.int64, device=device)
+        self.positions = torch.zeros(max_tokens, dtype=torch.int64, device=device)
+        self.slot_mapping = torch.full((max_tokens,), -1, dtype=torch.int64, device=device)
+        self.block_tables = torch.zeros(max_seqs, max_blocks, dtype=torch.int32, device=device)
+        self.seq_lens = torch.zeros(max_seqs, dtype=torch.int32, device=device)
+        self.query_start_loc = torch.arange(max_seqs + 1, dtype=torch.int32, device=device)
+        self.logits_rows = torch.zeros(max_seqs, dtype=torch.int64, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
 
     @property
-    def max_batch(self) -> int:
+    def max_size(self) -> int:
         return self.sizes[-1]
 
-    def _meta(self, b: int) -> AttentionMetadata:
-        meta = AttentionMetadata(
-            slot_mapping=self.slot_mapping[:b], block_tables=self.block_tables[:b], seq_lens=self.seq_lens[:b],
-            query_start_loc=self.query_start_loc[:b + 1], num_decodes=b, seq_lens_cpu=[0] * b,
-            query_start_loc_cpu=list(range(b + 1)), max_decode_seq_len=0)
-        self.backend.prepare(meta)
-        return meta
+    def _meta(self, size: int) -> AttentionMetadata:
+        raise NotImplementedError
 
-    def _forward(self, b: int) -> torch.Tensor:
-        hidden = self.model(self.input_ids[:b], self.positions[:b], self._meta(b))
-        return self.model.compute_logits(hidden)
+    def _num_logit_rows(self, size: int) -> int:
+        raise NotImplementedError
+
+    def _forward(self, size: int) -> torch.Tensor:
+        hidden = self.model(self.input_ids[:size], self.positions[:size], self._meta(size))
+        return self.model.compute_logits(hidden[self.logits_rows[:self._num_logit_rows(size)]])
 
     @torch.inference_mode()
-    def capture(self) -> None:
+    def capture(self, pool) -> None:
         t0 = time.monotonic()
-        pool = torch.cuda.graph_pool_handle()
-        for b in reversed(self.sizes):  # largest first: later graphs reuse its memory
-            self._forward(b)  # warm-up: compile kernels, settle the allocator
+        for size in reversed(self.sizes):  # largest first: later graphs reuse its memory
+            self._forward(size)  # warm-up: compile kernels, settle the allocator
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                self.logits[b] = self._forward(b)
-            self.graphs[b] = graph
+                self.logits[size] = self._forward(size)
+            self.graphs[size] = graph
         torch.cuda.synchronize()
-        log.info("captured %d decode CUDA graphs (batch %d..%d) in %.1fs", len(self.sizes), self.sizes[0],
+        log.info("captured %d %s (sizes %d..%d) in %.1fs", len(self.sizes), type(self).__name__, self.sizes[0],
                  self.sizes[-1], time.monotonic() - t0)
 
-    def run(self, token_ids: list[int], positions: list[int], slots: list[int], seq_lens: list[int],
-            block_tables: list[list[int]]) -> torch.Tensor:
-        """Replay the smallest graph that fits; returns logits [len(token_ids), vocab]."""
+    def _load(self, token_ids, positions, slots, seq_lens, block_tables, num_tokens_padded: int) -> None:
+        """Copy one step's inputs into the static buffers (padding: no KV write, no context)."""
+        t, b = len(token_ids), len(seq_lens)
+        packed = torch.tensor([token_ids, positions, slots], dtype=torch.int64)
+        self.input_ids[:t].copy_(packed[0], non_blocking=True)
+        self.positions[:t].copy_(packed[1], non_blocking=True)
+        self.slot_mapping[:t].copy_(packed[2], non_blocking=True)
+        self.slot_mapping[t:num_tokens_padded].fill_(-1)
+        self.seq_lens[:b].copy_(torch.tensor(seq_lens, dtype=torch.int32), non_blocking=True)
+        width = max(len(x) for x in block_tables)
+        table = torch.tensor([x + [0] * (width - len(x)) for x in block_tables], dtype=torch.int32)
+        self.block_tables[:len(block_tables), :width].copy_(table, non_blocking=True)
+
+    def _replay(self, size: int, rows: int) -> torch.Tensor:
+        if size in self.graphs:
+            self.graphs[size].replay()
+            return self.logits[size][:rows]
+        return self._forward(size)[:rows]  # not captured (CPU tests): same buffers, run eagerly
+
+
+class DecodeGraphs(_Graphs):
+    """Batches where every seq computes exactly one token (split-KV decode attention)."""
+
+    def __init__(self, model, backend, max_num_seqs: int, max_blocks: int, device: torch.device):
+        sizes = bucket_sizes(max_num_seqs)
+        super().__init__(model, backend, sizes, sizes[-1], sizes[-1] + 1, max_blocks, device)
+        self.logits_rows[:] = torch.arange(sizes[-1] + 1, device=device)
+
+    def _meta(self, size: int) -> AttentionMetadata:
+        meta = AttentionMetadata(
+            slot_mapping=self.slot_mapping[:size], block_tables=self.block_tables[:size],
+            seq_lens=self.seq_lens[:size], query_start_loc=self.query_start_loc[:size + 1], num_decodes=size,
+            seq_lens_cpu=[0] * size, query_start_loc_cpu=list(range(size + 1)), max_decode_seq_len=0)
+        self.backend.prepare(meta)  # split count: a function of the batch size alone
+        return meta
+
+    def _num_logit_rows(self, size: int) -> int:
+        return size
+
+    def fits(self, num_tokens: int, num_seqs: int) -> bool:
+        return num_tokens == num_seqs and num_seqs <= self.max_size
+
+    def run(self, token_ids, positions, slots, seq_lens, block_tables) -> torch.Tensor:
         n = len(token_ids)
-        b = next(s for s in self.sizes if s >= n)
-        width = max(len(t) for t in block_tables)
-        host = torch.tensor([token_ids, positions, slots], dtype=torch.int64)
-        self.input_ids[:n].copy_(host[0], non_blocking=True)
-        self.positions[:n].copy_(host[1], non_blocking=True)
-        self.slot_mapping[:n].copy_(host[2], non_blocking=True)
-        self.slot_mapping[n:b].fill_(-1)
-        self.seq_lens[:n].copy_(torch.tensor(seq_lens, dtype=torch.int32), non_blocking=True)
-        self.seq_lens[n:b].fill_(0)
-        table = torch.tensor([t + [0] * (width - len(t)) for t in block_tables], dtype=torch.int32)
-        self.block_tables[:n, :width].copy_(table, non_blocking=True)
-        self.graphs[b].replay()
-        return self.logits[b][:n]
+        size = next(s for s in self.sizes if s >= n)
+        self._load(token_ids, positions, slots, seq_lens, block_tables, size)
+        self.seq_lens[n:size].fill_(0)  # query_start_loc stays 0..size: one (padding) row per seq
+        return self._replay(size, n)
+
+
+class MixedGraphs(_Graphs):
+    """Steps of at most `max_tokens` tokens of any composition, all on the prefill path."""
+
+    def __init__(self, model, backend, max_tokens: int, max_num_seqs: int, max_blocks: int, device: torch.device):
+        sizes = bucket_sizes(max_tokens, small=(8, 16, 32, 64), step=128)
+        self.max_seqs = min(sizes[-1], max_num_seqs)
+        super().__init__(model, backend, sizes, sizes[-1], self.max_seqs + 1, max_blocks, device)
+        self.work = torch.zeros(backend.max_prefill_work(sizes[-1], self.max_seqs), 2, dtype=torch.int32,
+                                device=device)
+
+    def _seqs(self, size: int) -> int:
+        return min(size, self.max_seqs)
+
+    def _meta(self, size: int) -> AttentionMetadata:
+        b = self._seqs(size)
+        return AttentionMetadata(
+            slot_mapping=self.slot_mapping[:size], block_tables=self.block_tables[:b + 1],
+            seq_lens=self.seq_lens[:b + 1], query_start_loc=self.query_start_loc[:b + 2], num_decodes=0,
+            seq_lens_cpu=[], query_start_loc_cpu=[], max_decode_seq_len=0, num_splits=1,
+            prefill_work=self.work[:self.backend.max_prefill_work(size, b)])
+
+    def _num_logit_rows(self, size: int) -> int:
+        return self._seqs(size)
+
+    def fits(self, num_tokens: int, num_seqs: int) -> bool:
+        return num_tokens <= self.max_size and num_seqs <= self._seqs(num_tokens)
+
+    def run(self, token_ids, positions, slots, seq_lens, block_tables, query_start_loc) -> torch.Tensor:
+        """Logits at each seq's last token, [num_seqs, vocab]."""
+        t, b = len(token_ids), len(seq_lens)
+        size = next(s for s in self.sizes if s >= t and self._seqs(s) >= b)
+        seqs = self._seqs(size)
+        self._load(token_ids, positions, slots, seq_lens + [0], block_tables, size)  # seq b: the padding seq
+        ints = torch.tensor(query_start_loc + [t], dtype=torch.int32)
+        self.query_start_loc[:b + 2].copy_(ints, non_blocking=True)
+        rows = [query_start_loc[i + 1] - 1 for i in range(b)] + [0] * (seqs - b)
+        self.logits_rows[:seqs].copy_(torch.tensor(rows, dtype=torch.int64), non_blocking=True)
+        work = self.backend.plan_prefill(query_start_loc, 0)
+        capacity = self.backend.max_prefill_work(size, seqs)
+        work += [(b, 0)] * (capacity - len(work))  # the padding seq b: no tokens, no context
+        self.work[:capacity].copy_(torch.tensor(work, dtype=torch.int32), non_blocking=True)
+        return self._replay(size, b)

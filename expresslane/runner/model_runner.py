@@ -17,11 +17,13 @@ from expresslane.config import EngineConfig
 from expresslane.engine.scheduler import ScheduledSeq, SchedulerOutput
 from expresslane.models.loader import iter_weights
 from expresslane.models.registry import model_class
-from expresslane.runner.cuda_graphs import DecodeGraphs
+from expresslane.runner.cuda_graphs import DecodeGraphs, MixedGraphs
 from expresslane.runner.sampler import Sampler, SamplingBatch
 from expresslane.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
+
+MIXED_GRAPH_TOKENS = 512  # steps up to this many tokens replay a graph (launch costs dominate them)
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -70,7 +72,8 @@ class ModelRunner:
         self.sampler = Sampler(self.device, config.model.seed)
         self._generators: dict[str, torch.Generator] = {}
         self.kv_caches: list[torch.Tensor] = []
-        self.graphs: DecodeGraphs | None = None
+        self.decode_graphs: DecodeGraphs | None = None
+        self.mixed_graphs: MixedGraphs | None = None
 
     # -- KV cache memory ---------------------------------------------------------------------
     def kv_block_bytes(self) -> int:
@@ -121,15 +124,23 @@ class ModelRunner:
         for layer, cache in zip(self.model.layers, self.kv_caches):
             layer.self_attn.kv_cache = cache
 
-    def capture_cuda_graphs(self, max_model_len: int) -> None:
-        """Decode graphs, when on CUDA with a backend that allows them and not enforce_eager."""
-        if (self.device.type != "cuda" or self.config.device.enforce_eager
-                or not self.attn_backend.supports_cuda_graphs):
+    def build_graphs(self, max_model_len: int, capture: bool = True) -> None:
+        """Decode and mixed-step graphs, when the backend allows them and not enforce_eager.
+        `capture=False` keeps the static-buffer path but runs it eagerly (tests on CPU)."""
+        if self.config.device.enforce_eager or not self.attn_backend.supports_cuda_graphs:
             return
-        graphs = DecodeGraphs(self.model, self.attn_backend, self.config.scheduler.max_num_seqs,
-                              -(-max_model_len // self.block_size), self.device)
-        graphs.capture()
-        self.graphs = graphs
+        if capture and self.device.type != "cuda":
+            return
+        max_blocks = -(-max_model_len // self.block_size)
+        s = self.config.scheduler
+        self.decode_graphs = DecodeGraphs(self.model, self.attn_backend, s.max_num_seqs, max_blocks, self.device)
+        self.mixed_graphs = MixedGraphs(self.model, self.attn_backend,
+                                        min(MIXED_GRAPH_TOKENS, s.max_num_batched_tokens), s.max_num_seqs,
+                                        max_blocks, self.device)
+        if capture:
+            pool = torch.cuda.graph_pool_handle()
+            self.decode_graphs.capture(pool)
+            self.mixed_graphs.capture(pool)
 
     # -- one step ------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -154,22 +165,23 @@ class ModelRunner:
 
     def _logits(self, seqs: list[ScheduledSeq], sampling: list[int]) -> torch.Tensor | None:
         """Run the model; logits of the seqs in `sampling` (None if none samples)."""
-        graphs = self.graphs
-        if graphs is not None and len(seqs) <= graphs.max_batch and all(len(s.token_ids) == 1 for s in seqs):
-            bs = self.block_size
-            pos = [s.start_pos for s in seqs]
-            logits = graphs.run([s.token_ids[0] for s in seqs], pos,
-                                [s.block_ids[p // bs] * bs + p % bs for s, p in zip(seqs, pos)],
-                                [p + 1 for p in pos], [s.block_ids for s in seqs])
-            if len(sampling) == len(seqs):
-                return logits
-            return logits[torch.tensor(sampling, device=self.device)] if sampling else None
-        input_ids, positions, meta = self._prepare(seqs)
-        hidden = self.model(input_ids, positions, meta)
+        host = self._host_inputs(seqs)
+        tokens, positions, slots, starts, seq_lens = host
+        tables = [s.block_ids for s in seqs]
+        if self.decode_graphs is not None and self.decode_graphs.fits(len(tokens), len(seqs)):
+            logits = self.decode_graphs.run(tokens, positions, slots, seq_lens, tables)
+        elif self.mixed_graphs is not None and self.mixed_graphs.fits(len(tokens), len(seqs)):
+            logits = self.mixed_graphs.run(tokens, positions, slots, seq_lens, tables, starts)
+        else:
+            input_ids, pos, meta = self._prepare(*host, seqs=seqs)
+            hidden = self.model(input_ids, pos, meta)
+            if not sampling:
+                return None
+            last = torch.tensor([starts[i + 1] - 1 for i in sampling], device=self.device)
+            return self.model.compute_logits(hidden[last])
         if not sampling:
             return None
-        last = torch.tensor([meta.query_start_loc_cpu[i + 1] - 1 for i in sampling], device=self.device)
-        return self.model.compute_logits(hidden[last])
+        return logits if len(sampling) == len(seqs) else logits[torch.tensor(sampling, device=self.device)]
 
     def _generator(self, seq: ScheduledSeq) -> torch.Generator | None:
         seed = seq.sampling_params.seed
@@ -181,7 +193,8 @@ class ModelRunner:
             gen.manual_seed(seed)
         return gen
 
-    def _prepare(self, seqs: list[ScheduledSeq]):
+    def _host_inputs(self, seqs: list[ScheduledSeq]):
+        """Flat token ids, positions and KV slots; per-seq query starts and context lengths."""
         bs = self.block_size
         token_ids: list[int] = []
         positions: list[int] = []
@@ -196,6 +209,10 @@ class ModelRunner:
             slots.extend(s.block_ids[p // bs] * bs + p % bs for p in pos)
             starts.append(starts[-1] + n)
             seq_lens.append(s.start_pos + n)
+        return token_ids, positions, slots, starts, seq_lens
+
+    def _prepare(self, token_ids, positions, slots, starts, seq_lens, *, seqs: list[ScheduledSeq]):
+        """Eager-path tensors and attention metadata."""
         num_decodes = sum(1 for s in seqs if len(s.token_ids) == 1)
         max_blocks = max(len(s.block_ids) for s in seqs)
         table = [s.block_ids + [0] * (max_blocks - len(s.block_ids)) for s in seqs]
