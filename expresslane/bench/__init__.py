@@ -2,7 +2,12 @@
 
 Layers (dependencies point down):
 
-    cli.py          argparse hook: ``expresslane bench serving|traffic|report``
+    cli.py          argparse hook: ``expresslane bench serving|traffic|report|one-batch|``
+                    ``flat-latency``
+    flat_latency.py the flat-latency experiment (TTFT alone vs mixed, per batching mode),
+                    on targets.py: in-process LLM, transformers, or any server via client.py
+    one_batch.py    one static batch in-process, step by step, against the bandwidth floor
+    inprocess.py    random token prompts, RequestOutput -> RequestRecord, device sync
     serving.py      open-loop benchmark (arrival process, concurrency cap) + sweep.py
     traffic.py      closed-loop simulated users with per-second time series
     report.py       HTML page / PNG from result JSON files, drawing with charts.py

@@ -1,7 +1,11 @@
-"""``expresslane bench serving|traffic|report``: argparse front of the bench suite.
+"""``expresslane bench serving|traffic|report|one-batch|flat-latency``: argparse front of
+the bench suite.
 
-Flag names follow ``vllm bench serve`` where one exists. The heavy modules (aiohttp,
-matplotlib) are imported by the handlers, so ``expresslane --help`` stays fast.
+Flag names follow ``vllm bench serve`` where one exists; the in-process benchmarks
+(one-batch, flat-latency) also take every engine flag (``--dtype``, ``--device``,
+``--max-num-batched-tokens``...) except the ones they set themselves. The heavy modules
+(torch, aiohttp, matplotlib) are imported by the handlers, so ``expresslane --help``
+stays fast.
 """
 
 from __future__ import annotations
@@ -9,6 +13,8 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+
+from expresslane.config import add_cli_args, engine_kwargs_from_args
 
 
 def float_list(text: str) -> list[float]:
@@ -25,13 +31,20 @@ def int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
 
 
+def str_list(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
 def add_bench_parser(subparsers) -> None:
     bench = subparsers.add_parser(
-        "bench", help="benchmark and diagnose any OpenAI-compatible server")
+        "bench", help="benchmark and diagnose any OpenAI-compatible server, or the engine "
+                      "in-process")
     sub = bench.add_subparsers(dest="bench_command", required=True)
     add_serving_parser(sub)
     add_traffic_parser(sub)
     add_report_parser(sub)
+    add_one_batch_parser(sub)
+    add_flat_latency_parser(sub)
 
 
 def add_server_args(p: argparse.ArgumentParser) -> None:
@@ -121,6 +134,63 @@ def add_report_parser(sub) -> None:
     p.set_defaults(func=report_command)
 
 
+def add_one_batch_parser(sub) -> None:
+    p = sub.add_parser("one-batch", help="one static batch in-process: prefill and decode step "
+                                         "latency, bandwidth against the floor")
+    p.add_argument("model", nargs="?", default=None,
+                   help="model directory (default: the built-in tiny model)")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--input-len", type=int, default=32, help="prompt tokens (random ids)")
+    p.add_argument("--output-len", type=int, default=128,
+                   help="tokens generated per request (EOS ignored)")
+    p.add_argument("--quantization", default="none",
+                   help="weight quantization; only 'none' exists yet")
+    p.add_argument("--peak-bandwidth", type=float, default=None,
+                   help="GPU memory bandwidth in B/s for the floor (default 4.27e12: one H200, "
+                        "DESIGN §8)")
+    p.add_argument("--output", help="write the result JSON here")
+    add_cli_args(p, skip=("model", "batching", "max_batch_size", "scheduling_policy"))
+    p.set_defaults(func=one_batch_command)
+
+
+def add_flat_latency_parser(sub) -> None:
+    p = sub.add_parser("flat-latency", help="does a short request wait for a long one? TTFT alone "
+                                            "and mixed, per batching mode, in-process or against "
+                                            "a server")
+    p.add_argument("model", nargs="?", default=None,
+                   help="model directory (default: the built-in tiny model); with --base-url, the "
+                        "model name to request (default: the first of GET /v1/models)")
+    p.add_argument("--base-url",
+                   help="run against this OpenAI-compatible server instead of in-process")
+    p.add_argument("--endpoint", choices=("completions", "chat"), default="completions",
+                   help="with --base-url: /v1/completions or /v1/chat/completions")
+    p.add_argument("--input-lens", type=int_list, default=[8, 32, 128, 512, 2048],
+                   metavar="N1,N2,...",
+                   help="(a) prompt lengths sent alone, capped by the model's context")
+    p.add_argument("--num-short", type=int, default=8, help="(b) short prompts sent together")
+    p.add_argument("--short-len", type=int, default=16, help="(b) tokens of a short prompt")
+    p.add_argument("--long-len", type=int, default=1536,
+                   help="(b) tokens of the long prompt, sent first")
+    p.add_argument("--output-len", type=int, default=4,
+                   help="tokens generated per request (EOS ignored)")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="runs of each scenario; TTFTs are medians")
+    p.add_argument("--modes", type=str_list, default=["static", "dynamic", "continuous"],
+                   metavar="M1,M2,...",
+                   help="in-process rows, each a fresh engine: static, dynamic, continuous (fcfs)")
+    p.add_argument("--baseline", choices=("hf",),
+                   help="add a row of transformers generate (one left-padded static batch) on "
+                        "the same prompts")
+    p.add_argument("--output", help="write the result JSON here")
+    add_cli_args(p, skip=("model", "batching", "scheduling_policy"))
+    p.set_defaults(func=flat_latency_command)
+
+
+def engine_flags(args: argparse.Namespace) -> dict:
+    """Engine flags the user gave (they default to SUPPRESS); the positional model is not one."""
+    return {k: v for k, v in engine_kwargs_from_args(args).items() if k != "model"}
+
+
 def fail(message: str) -> int:
     print(f"error: {message}", file=sys.stderr)
     return 2
@@ -196,3 +266,39 @@ def report_command(args: argparse.Namespace) -> int:
         return fail(str(e))
     print(f"wrote {out}")
     return 0
+
+
+def one_batch_command(args: argparse.Namespace) -> int:
+    from expresslane.bench import records
+    from expresslane.bench.one_batch import OneBatchConfig, format_one_batch, run_one_batch
+
+    try:
+        result = run_one_batch(OneBatchConfig(
+            model=args.model, batch_size=args.batch_size, input_len=args.input_len,
+            output_len=args.output_len, quantization=args.quantization,
+            peak_bandwidth=args.peak_bandwidth, engine_args=engine_flags(args)))
+    except (ValueError, RuntimeError, FileNotFoundError) as e:
+        return fail(str(e))
+    print(format_one_batch(result))
+    if args.output:
+        records.save_result(result, args.output)
+    return 0
+
+
+def flat_latency_command(args: argparse.Namespace) -> int:
+    from expresslane.bench import records
+    from expresslane.bench.flat_latency import (FlatLatencyConfig, format_flat_latency,
+                                                run_flat_latency)
+
+    try:
+        result = run_flat_latency(FlatLatencyConfig(
+            model=args.model, base_url=args.base_url, endpoint=args.endpoint,
+            input_lens=tuple(args.input_lens), num_short=args.num_short, short_len=args.short_len,
+            long_len=args.long_len, output_len=args.output_len, repeats=args.repeats,
+            modes=tuple(args.modes), baseline=args.baseline, engine_args=engine_flags(args)))
+    except (ValueError, RuntimeError, FileNotFoundError) as e:
+        return fail(str(e))
+    print(format_flat_latency(result))
+    if args.output:
+        records.save_result(result, args.output)
+    return 0 if all(row["flatness"] is not None for row in result["rows"]) else 1

@@ -25,6 +25,8 @@ padding:3px 8px;text-align:right}th{background:#f0f0f0}td:first-child{text-align
 .pass{color:#080;font-weight:bold}.fail{color:#b00;font-weight:bold}
 figure{display:inline-block;margin:0.5em}img{max-width:560px}"""
 
+REPORTED = ("serving", "sweep", "traffic")
+
 
 def load_labelled(paths: list[str], labels: list[str] | None = None) -> Labelled:
     if labels and len(labels) != len(paths):
@@ -32,7 +34,12 @@ def load_labelled(paths: list[str], labels: list[str] | None = None) -> Labelled
     names = labels or [Path(p).stem for p in paths]
     if len(set(names)) < len(names):  # same file names in different folders
         names = [f"{i + 1}:{n}" for i, n in enumerate(names)]
-    return [(name, load_result(p)) for name, p in zip(names, paths)]
+    results = [(name, load_result(p)) for name, p in zip(names, paths)]
+    for p, (_, r) in zip(paths, results):
+        if r["kind"] not in REPORTED:  # one-batch, flat-latency: their run prints their tables
+            raise ValueError(f"{p}: a {r['kind']} result; the report covers "
+                             f"{', '.join(REPORTED)} results")
+    return results
 
 
 def figure_png(fig: Figure) -> bytes:

@@ -27,7 +27,9 @@ def parser() -> argparse.ArgumentParser:
 
 @pytest.mark.parametrize("argv", [["serving", "--base-url", "http://x"],
                                   ["traffic", "--base-url", "http://x"],
-                                  ["report", "r.json", "--output", "o.html"]])
+                                  ["report", "r.json", "--output", "o.html"],
+                                  ["one-batch", "--batch-size", "2"],
+                                  ["flat-latency", "--base-url", "http://x"]])
 def test_subcommands_set_a_handler(argv):
     assert callable(parser().parse_args(["bench", *argv]).func)
 

@@ -1,0 +1,189 @@
+"""The flat-latency experiment (background article; DESIGN §1), end to end.
+
+Per row (a batching mode of an in-process engine, the transformers baseline, or a
+server at ``--base-url``), with prompts of random tokens:
+
+  (a) alone   one prompt at a time, of growing length: does TTFT grow with the work?
+  (b) mixed   ``num_short`` short prompts submitted together, first without, then
+              with one long prompt submitted just before them ("long first")
+
+    flatness = median short TTFT mixed / median short TTFT alone
+
+1.0 means a short request does not notice the long one; a large value is flat latency:
+the short request waits about as long as the long one. Each row gets its own engine,
+warmed up by one untimed mixed submission; the scenarios are interleaved ``repeats``
+times so that drift in the machine's speed hits every scenario alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from contextlib import closing
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import torch
+
+from expresslane.bench.records import RequestRecord
+from expresslane.bench.stats import distribution
+from expresslane.bench.tables import fmt, text_table
+
+# Engine settings of each in-process row. A "continuous-lanes" row (short prompts in the
+# interactive lane, the long one in the batch lane) belongs here once the engine has lanes;
+# EngineTarget.submit would then pass each request's lane.
+MODES = {
+    "static": {"batching": "static"},
+    "dynamic": {"batching": "dynamic"},
+    "continuous": {"batching": "continuous", "scheduling_policy": "fcfs"},
+}
+BASELINES = ("hf",)
+PROMPT_SEED = 0  # every row draws the same prompts in the same order
+
+
+@dataclass(frozen=True, slots=True)
+class FlatLatencyConfig:
+    model: str | None = None  # in-process: model directory; with base_url: model name to request
+    base_url: str | None = None
+    endpoint: str = "completions"  # with base_url: completions | chat
+    input_lens: tuple[int, ...] = (8, 32, 128, 512, 2048)  # (a); capped by the model's context
+    num_short: int = 8
+    short_len: int = 16
+    long_len: int = 1536
+    output_len: int = 4
+    repeats: int = 3
+    modes: tuple[str, ...] = tuple(MODES)
+    baseline: str | None = None  # "hf": add transformers generate on the same prompts
+    engine_args: dict = field(default_factory=dict)  # engine flags the user gave
+
+    def validate(self) -> None:
+        for name in ("num_short", "short_len", "long_len", "output_len", "repeats"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.input_lens or min(self.input_lens) < 1:
+            raise ValueError(f"input lengths must be >= 1, got {list(self.input_lens)}")
+        if unknown := [m for m in self.modes if m not in MODES]:
+            raise ValueError(f"unknown mode(s) {', '.join(unknown)}; "
+                             f"choose from {', '.join(MODES)}")
+        if self.baseline not in (None, *BASELINES):
+            raise ValueError(f"baseline must be one of {', '.join(BASELINES)}, "
+                             f"got {self.baseline!r}")
+        if self.base_url is None and not self.modes:
+            raise ValueError("no mode to run")
+        if self.base_url is not None and (self.engine_args or self.baseline):
+            raise ValueError("engine flags and --baseline apply to in-process runs; the server at "
+                             "--base-url has its own settings")
+
+
+def engine_args(cfg: FlatLatencyConfig, mode: str) -> dict:
+    n = cfg.num_short + 1
+    defaults = {
+        "max_num_batched_tokens": 256,  # below long_len: continuous batching chunks the long prompt
+        "max_batch_size": n,  # a static/dynamic batch holds the whole mixed submission
+        "max_num_seqs": n,  # never binding here; sizes the KV cache for n requests (fast CPU start)
+    }
+    return {**defaults, **cfg.engine_args, **MODES[mode]}
+
+
+def capped_lens(cfg: FlatLatencyConfig, max_model_len: int | None) -> list[int]:
+    """(a)'s lengths, each at most what leaves room for ``output_len`` tokens."""
+    if max_model_len is None:
+        return sorted(set(cfg.input_lens))
+    cap = max_model_len - cfg.output_len
+    longest = max(cfg.long_len, cfg.short_len)
+    if longest > cap:
+        raise ValueError(f"prompts of {longest} tokens plus {cfg.output_len} output tokens do not "
+                         f"fit the model's context of {max_model_len}")
+    return sorted({min(n, cap) for n in cfg.input_lens})
+
+
+def median_ms(records: list[RequestRecord]) -> float | None:
+    ttfts = [r.ttft for r in records if r.success]
+    return distribution(ttfts)["median"] if ttfts else None
+
+
+def measure(target, cfg: FlatLatencyConfig, lens: list[int]) -> dict:
+    """Both scenarios on one target; TTFTs are medians over every repeat."""
+    shorts = [cfg.short_len] * cfg.num_short
+    target.submit([cfg.long_len, *shorts], cfg.output_len)  # warm-up: every shape below, untimed
+    alone: dict[int, list[RequestRecord]] = {n: [] for n in lens}
+    short_alone, short_mixed, long_mixed = [], [], []
+    for _ in range(cfg.repeats):
+        for n in lens:
+            alone[n] += target.submit([n], cfg.output_len)
+        short_alone += target.submit(shorts, cfg.output_len)
+        long_rec, *short_recs = target.submit([cfg.long_len, *shorts], cfg.output_len)
+        long_mixed.append(long_rec)
+        short_mixed += short_recs
+    everything = [r for recs in alone.values() for r in recs]
+    everything += short_alone + short_mixed + long_mixed
+    s_alone, s_mixed = median_ms(short_alone), median_ms(short_mixed)
+    return {
+        "ttft_alone_ms": [{"input_len": n, "ttft_ms": median_ms(recs)}
+                          for n, recs in alone.items()],
+        "short_alone_ttft_ms": s_alone,
+        "short_mixed_ttft_ms": s_mixed,
+        "long_mixed_ttft_ms": median_ms(long_mixed),
+        "flatness": s_mixed / s_alone if s_alone and s_mixed is not None else None,
+        # per-request TTFTs in seconds (vLLM's unit), successful requests only
+        "short_alone_ttfts": [r.ttft for r in short_alone if r.success],
+        "short_mixed_ttfts": [r.ttft for r in short_mixed if r.success],
+        "long_mixed_ttfts": [r.ttft for r in long_mixed if r.success],
+        "failed": sum(not r.success for r in everything),
+        "errors": sorted({r.error for r in everything if not r.success}),
+    }
+
+
+def run_flat_latency(cfg: FlatLatencyConfig) -> dict:
+    from expresslane.bench.targets import EngineTarget, HFTarget, HttpTarget
+
+    cfg.validate()
+    settings = {k: v for k, v in dataclasses.asdict(cfg).items()
+                if k not in ("model", "modes", "engine_args")}  # rows carry modes and engine args
+    result = {"kind": "flat-latency", "date": datetime.now().strftime("%Y%m%d-%H%M%S"),
+              **settings, "num_threads": torch.get_num_threads()}
+    rows = []
+    if cfg.base_url is not None:
+        lens = capped_lens(cfg, None)
+        with closing(HttpTarget(cfg.base_url, cfg.model, cfg.endpoint, PROMPT_SEED)) as http:
+            rows.append({"mode": "server", **measure(http, cfg, lens)})
+        result |= {"target": "http", "base_url": http.endpoint.base_url,
+                   "model_id": http.endpoint.model, "device": None, "dtype": None}
+    else:
+        for mode in cfg.modes:
+            args = engine_args(cfg, mode)
+            with closing(EngineTarget(cfg.model, args, PROMPT_SEED)) as engine:
+                lens = capped_lens(cfg, engine.max_model_len)
+                rows.append({"mode": mode, "engine_args": args, **measure(engine, cfg, lens)})
+        result |= {"target": "in-process", "model_id": str(engine.model_dir),
+                   "device": str(engine.device), "dtype": str(engine.dtype).removeprefix("torch.")}
+        if cfg.baseline == "hf":  # after the engines are gone: it needs the memory they held
+            hf_target = HFTarget(engine.model_dir, engine.device, engine.dtype, PROMPT_SEED)
+            with closing(hf_target) as hf:
+                rows.append({"mode": "hf", **measure(hf, cfg, lens)})
+    result |= {"input_lens": lens, "rows": rows}
+    return result
+
+
+def format_flat_latency(r: dict) -> str:
+    where = r["base_url"] or f"{r['device']}, {r['dtype']}, {r['num_threads']} threads"
+    n, s, lg = r["num_short"], r["short_len"], r["long_len"]
+    alone = (["mode"] + [f"{x} tok" for x in r["input_lens"]],
+             [[row["mode"]] + [fmt(a["ttft_ms"]) for a in row["ttft_alone_ms"]]
+              for row in r["rows"]])
+    mixed = (["mode", f"{n}x{s} tok alone", f"{n}x{s} tok mixed", f"the {lg}-tok one", "flatness"],
+             [[row["mode"], fmt(row["short_alone_ttft_ms"]), fmt(row["short_mixed_ttft_ms"]),
+               fmt(row["long_mixed_ttft_ms"]),
+               "-" if row["flatness"] is None else f"{row['flatness']:.2f}x"]
+              for row in r["rows"]])
+    out = [f"{' Flat Latency ':=^72}",
+           f"model {r['model_id']} ({where}); TTFT in ms, median of {r['repeats']} repeats",
+           "", "(a) one prompt alone, by prompt length", text_table(alone),
+           "", f"(b) {n} short prompts of {s} tokens sent together: alone, and mixed with one "
+               f"{lg}-token prompt sent first",
+           text_table(mixed),
+           "flatness = short TTFT mixed / alone (1.00x: the long prompt costs them nothing)"]
+    if failed := sum(row["failed"] for row in r["rows"]):
+        first = next(e for row in r["rows"] for e in row["errors"])
+        out.append(f"{failed} requests failed (all messages in the JSON), e.g. {first}")
+    out.append("=" * 72)
+    return "\n".join(out)

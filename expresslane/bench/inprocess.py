@@ -1,0 +1,44 @@
+"""Pieces shared by the in-process benchmarks (one-batch, flat-latency).
+
+Prompts are random token ids: no tokenizer in the timed path, exact lengths, and no
+prefix-cache hits between prompts. Engine outputs become the same ``RequestRecord``
+the HTTP client produces, so ``stats`` and the tables treat both alike.
+"""
+
+from __future__ import annotations
+
+import gc
+import random
+
+import torch
+
+from expresslane.bench.records import RequestRecord
+
+
+def random_prompts(rng: random.Random, vocab_size: int, lengths: list[int]) -> list[list[int]]:
+    return [[rng.randrange(vocab_size) for _ in range(n)] for n in lengths]
+
+
+def record_from_output(out) -> RequestRecord:
+    """A finished ``RequestOutput`` as a record; times are the engine's monotonic stamps.
+
+    The engine keeps no per-token times, so ``itl`` stays empty (TPOT is still exact).
+    """
+    m = out.metrics
+    return RequestRecord(
+        input_len=len(out.prompt_token_ids), start=m.arrival_time, end=m.finished_time,
+        success=True, output_len=sum(len(c.token_ids) for c in out.outputs),
+        ttft=m.first_token_time - m.arrival_time, latency=m.finished_time - m.arrival_time)
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued GPU work, so a wall-clock interval covers the work it started."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def release_memory() -> None:
+    """Free a dropped engine's memory before the next one sizes its KV cache from what is free."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()

@@ -1,0 +1,171 @@
+"""One static batch through the in-process engine, timed step by step (``bench one-batch``).
+
+``batch_size`` prompts of ``input_len`` random token ids are queued, then the engine
+is stepped by hand under ``batching=static``: step 1 prefills the whole batch and
+samples every request's first token, each later step decodes one token for every
+request. Each step is timed on the host around ``engine.step()``, after a device
+synchronize, so a step's time covers its GPU work (the sampler's ``tolist`` already
+waits for it; the explicit sync keeps that true whatever the runner does).
+
+Against the physical limit (DESIGN §8, STYLE 8): a decode step reads every weight
+once, except the embedding table, of which it gathers a few rows (a tied table is
+read whole as the output projection), plus each request's KV cache so far. The
+floor of a step is the weight bytes at the device's peak bandwidth; the report
+gives achieved bandwidth and the floor as a fraction of the measured median step.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import torch
+from torch import nn
+
+from expresslane import LLM, SamplingParams
+from expresslane.bench.inprocess import random_prompts, synchronize
+
+H200_PEAK_BANDWIDTH = 4.27e12  # B/s, device copy measured on one H200 (DESIGN §8)
+QUANTIZATIONS = ("none",)
+PROMPT_SEED = 0
+
+
+@dataclass(frozen=True, slots=True)
+class OneBatchConfig:
+    model: str | None = None
+    batch_size: int = 8
+    input_len: int = 32
+    output_len: int = 128
+    quantization: str = "none"
+    peak_bandwidth: float | None = None  # device bandwidth in B/s for the floor; None: one H200's
+    engine_args: dict = field(default_factory=dict)  # dtype, device, ... (engine flags)
+
+    def validate(self) -> None:
+        for name in ("batch_size", "input_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.output_len < 2:
+            raise ValueError(f"output_len must be >= 2 (one prefill step, then decode steps), "
+                             f"got {self.output_len}")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization {self.quantization!r} is not implemented: the engine "
+                             f"has no quantized weights yet; only {', '.join(QUANTIZATIONS)} is "
+                             "accepted")
+        if self.peak_bandwidth is not None and self.peak_bandwidth <= 0:
+            raise ValueError(f"peak bandwidth must be positive, got {self.peak_bandwidth}")
+
+
+def decode_weight_bytes(model: nn.Module) -> int:
+    tied = getattr(model, "tie_word_embeddings", False)
+    tables = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    gathered = set() if tied else tables
+    return sum(p.numel() * p.element_size() for p in model.parameters() if id(p) not in gathered)
+
+
+def time_batch(llm: LLM, prompts: list[list[int]], output_len: int,
+               device: torch.device) -> list[float]:
+    """Seconds of each engine step that runs the batch; step 0 is the prefill."""
+    engine = llm.engine
+    params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
+    for i, ids in enumerate(prompts):
+        engine.add_request(f"one-batch-{i}", {"prompt_token_ids": ids}, params)
+    steps = []
+    synchronize(device)
+    while engine.has_unfinished():
+        t0 = time.perf_counter()
+        outs = engine.step()
+        synchronize(device)
+        steps.append(time.perf_counter() - t0)
+        if len(steps) == 1 and len(outs) != len(prompts):
+            raise RuntimeError(f"the first step started {len(outs)} of {len(prompts)} requests: "
+                               "the batch does not fit the KV cache or --max-num-seqs; lower "
+                               "--batch-size or the lengths")
+    return steps
+
+
+def run_one_batch(cfg: OneBatchConfig) -> dict:
+    cfg.validate()
+    b, n_in, n_out = cfg.batch_size, cfg.input_len, cfg.output_len
+    # max_num_seqs = the batch: never binding, and the KV cache is sized for this batch only
+    llm = LLM(cfg.model, **{"max_num_seqs": b, **cfg.engine_args,
+                            "batching": "static", "max_batch_size": b})
+    runner = llm.engine.core.runner
+    vocab = llm.engine.core.hf_config.vocab_size
+    rng = random.Random(PROMPT_SEED)
+    # warm-up: the same shapes (one prefill and one decode step), untimed
+    llm.generate([{"prompt_token_ids": p} for p in random_prompts(rng, vocab, [n_in] * b)],
+                 SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True), use_tqdm=False)
+    steps = time_batch(llm, random_prompts(rng, vocab, [n_in] * b), n_out, runner.device)
+    prefill, decode = steps[0], steps[1:]
+    median_step = statistics.median(decode)
+
+    weight_bytes = decode_weight_bytes(runner.model)
+    kv_bytes_per_token = runner.kv_block_bytes() // runner.block_size
+    # decode step k (1-based) attends over the prompt and k tokens, for every request
+    kv_read = [b * (n_in + k) * kv_bytes_per_token for k in range(1, len(decode) + 1)]
+    achieved = (len(decode) * weight_bytes + sum(kv_read)) / sum(decode)
+    on_gpu = runner.device.type == "cuda"
+    peak = cfg.peak_bandwidth or H200_PEAK_BANDWIDTH
+    floor_step = weight_bytes / peak if on_gpu else None
+    return {
+        "kind": "one-batch",
+        "date": datetime.now().strftime("%Y%m%d-%H%M%S"),
+        "model_id": str(llm.engine.core.model_dir),
+        "device": str(runner.device),
+        "device_name": torch.cuda.get_device_name(runner.device) if on_gpu else None,
+        "dtype": str(runner.dtype).removeprefix("torch."),
+        "num_threads": torch.get_num_threads(),
+        "batch_size": b,
+        "input_len": n_in,
+        "output_len": n_out,
+        # quality fields of quantized runs (e.g. kl_divergence, top1_agreement against the
+        # unquantized model) go in this object, next to the method
+        "quantization": {"method": cfg.quantization},
+        "timing": "host wall time of each engine.step(), device synchronized; step 1 = prefill",
+        "prefill_latency_ms": prefill * 1e3,
+        "prefill_throughput": b * n_in / prefill,
+        "median_decode_step_ms": median_step * 1e3,
+        "decode_throughput": b * len(decode) / sum(decode),
+        "total_latency_ms": sum(steps) * 1e3,
+        "output_throughput": b * n_out / sum(steps),
+        "step_latencies_ms": [t * 1e3 for t in steps],
+        "weight_bytes": weight_bytes,
+        "kv_bytes_per_token": kv_bytes_per_token,
+        "mean_kv_bytes_per_step": sum(kv_read) / len(kv_read),
+        "achieved_bandwidth": achieved,
+        "peak_bandwidth": peak if on_gpu else None,
+        "bandwidth_utilization": achieved / peak if on_gpu else None,
+        "floor_step_ms": floor_step * 1e3 if on_gpu else None,
+        "fraction_of_floor": floor_step / median_step if on_gpu else None,
+    }
+
+
+def format_one_batch(r: dict) -> str:
+    def num(x: float | None, spec: str, scale: float = 1.0) -> str:
+        return "-" if x is None else format(x / scale, spec)
+
+    rows = [
+        ("Model", r["model_id"]),
+        ("Device", f"{r['device_name'] or r['device']}, {r['dtype']}"),
+        ("Batch x input x output", f"{r['batch_size']} x {r['input_len']} x {r['output_len']}"),
+        ("Quantization", r["quantization"]["method"]),
+        ("Prefill latency (ms)", num(r["prefill_latency_ms"], ".2f")),
+        ("Prefill throughput (tok/s)", num(r["prefill_throughput"], ",.0f")),
+        ("Median decode step (ms)", num(r["median_decode_step_ms"], ".2f")),
+        ("Decode throughput (tok/s)", num(r["decode_throughput"], ",.0f")),
+        ("Total latency (ms)", num(r["total_latency_ms"], ".2f")),
+        ("Weights read per decode step (GB)", num(r["weight_bytes"], ".4f", 1e9)),
+        ("KV read per decode step, mean (GB)", num(r["mean_kv_bytes_per_step"], ".4f", 1e9)),
+        ("Achieved bandwidth (GB/s)", num(r["achieved_bandwidth"], ",.1f", 1e9)),
+        ("Peak bandwidth (GB/s)", num(r["peak_bandwidth"], ",.0f", 1e9)),
+        ("Bandwidth utilization", num(r["bandwidth_utilization"], ".1%")),
+        ("Floor of a decode step (ms)", num(r["floor_step_ms"], ".3f")),
+        ("Fraction of floor", num(r["fraction_of_floor"], ".1%")),
+    ]
+    out = [f"{' One-Batch Benchmark Result ':=^60}"]
+    out += [f"{label + ':':<36}{value:>24}" for label, value in rows]
+    out.append("=" * 60)
+    return "\n".join(out)

@@ -1,0 +1,133 @@
+"""Where the flat-latency experiment sends its prompts: an in-process ``LLM``,
+transformers' ``generate`` (the baseline), or any OpenAI-compatible server.
+
+A target takes prompt lengths, submits prompts of those lengths *together, in list
+order*, and returns one ``RequestRecord`` each. Targets built with the same seed
+draw the same prompts in the same order, so every row of the experiment sees the
+same prompts; each draw is fresh, so no prompt hits a prefix cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+
+import numpy as np
+import torch
+
+from expresslane import LLM, SamplingParams
+from expresslane.bench import client
+from expresslane.bench.datasets import SampleRequest, word_prompt
+from expresslane.bench.inprocess import (random_prompts, record_from_output, release_memory,
+                                         synchronize)
+from expresslane.bench.records import RequestRecord
+
+
+class EngineTarget:
+    """One ``LLM`` with one batching mode; all prompts are queued before the first step."""
+
+    def __init__(self, model: str | None, engine_args: dict, seed: int):
+        self.llm = LLM(model, **engine_args)
+        core = self.llm.engine.core
+        self.model_dir, self.max_model_len = core.model_dir, core.max_model_len
+        self.device, self.dtype = core.runner.device, core.runner.dtype
+        self.vocab_size = core.hf_config.vocab_size
+        self.rng = random.Random(seed)
+
+    def submit(self, lengths: list[int], output_len: int) -> list[RequestRecord]:
+        prompts = [{"prompt_token_ids": ids}
+                   for ids in random_prompts(self.rng, self.vocab_size, lengths)]
+        params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
+        return [record_from_output(o) for o in self.llm.generate(prompts, params, use_tqdm=False)]
+
+    def close(self) -> None:
+        del self.llm
+        release_memory()
+
+
+class HFTarget:
+    """transformers ``generate`` on one static batch, left-padded to its longest prompt.
+
+    TTFT is the time of ``generate(max_new_tokens=1)``: every member gets its first
+    token when the whole padded batch has been prefilled.
+    """
+
+    def __init__(self, model_dir, device: torch.device, dtype: torch.dtype, seed: int):
+        from transformers import AutoModelForCausalLM
+
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
+        self.device = device
+        self.rng = random.Random(seed)
+
+    @torch.inference_mode()
+    def submit(self, lengths: list[int], output_len: int) -> list[RequestRecord]:
+        prompts = random_prompts(self.rng, self.model.config.vocab_size, lengths)
+        width = max(lengths)
+        ids = torch.zeros(len(prompts), width, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for row, p in enumerate(prompts):  # left padding: each row ends with its last prompt token
+            ids[row, width - len(p):] = torch.tensor(p)
+            mask[row, width - len(p):] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        synchronize(self.device)
+        t0 = time.perf_counter()
+        self.model.generate(ids, attention_mask=mask, max_new_tokens=1, do_sample=False,
+                            pad_token_id=0)
+        synchronize(self.device)
+        ttft = time.perf_counter() - t0
+        return [RequestRecord(input_len=len(p), start=t0, end=t0 + ttft, success=True, output_len=1,
+                              ttft=ttft, latency=ttft) for p in prompts]
+
+    def close(self) -> None:
+        del self.model
+        release_memory()
+
+
+class HttpTarget:
+    """Streaming requests to an OpenAI-compatible server, through the bench client.
+
+    The server's context limit is unknown here: a prompt that does not fit comes back
+    as a failed record with the server's message.
+    """
+
+    # The first request of a submission leaves this much earlier, so that it is first in
+    # the server's queue ("long first") even though the requests travel on separate connections.
+    LEAD_S = 0.01
+
+    def __init__(self, base_url: str, model: str | None, endpoint: str, seed: int):
+        self.loop = asyncio.new_event_loop()
+        self.session = None
+        try:
+            self.endpoint, self.tokens_per_word = self.loop.run_until_complete(
+                self._connect(base_url, model, endpoint))
+        except BaseException:
+            self.close()
+            raise
+        self.rng = np.random.default_rng(seed)
+
+    async def _connect(self, base_url: str, model: str | None, endpoint: str):
+        self.session = client.make_session()
+        model = model or await client.fetch_model(self.session, base_url)
+        # ignore_eos: a first token that is EOS would carry no text, so no TTFT.
+        ep = client.Endpoint(base_url, model, endpoint, ignore_eos=True)
+        ratio = await client.tokens_per_word(self.session, ep.base_url, model)
+        return ep, ratio or 1.0
+
+    def submit(self, lengths: list[int], output_len: int) -> list[RequestRecord]:
+        return self.loop.run_until_complete(self._submit(lengths, output_len))
+
+    async def _submit(self, lengths: list[int], output_len: int) -> list[RequestRecord]:
+        reqs = [SampleRequest(word_prompt(self.rng, n, self.tokens_per_word), n, output_len)
+                for n in lengths]
+        send = [client.send_request(self.session, self.endpoint, r) for r in reqs]
+        first = asyncio.create_task(send[0])
+        if len(reqs) > 1:
+            await asyncio.sleep(self.LEAD_S)
+        rest = await asyncio.gather(*send[1:])
+        return [await first, *rest]
+
+    def close(self) -> None:
+        if self.session is not None:
+            self.loop.run_until_complete(self.session.close())
+        self.loop.close()

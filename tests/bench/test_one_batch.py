@@ -1,0 +1,36 @@
+"""``bench one-batch`` on the built-in tiny model: the result JSON and its meaning."""
+
+from __future__ import annotations
+
+import json
+
+from .conftest import bench
+
+NUMBERS = ("prefill_latency_ms", "prefill_throughput", "median_decode_step_ms", "decode_throughput",
+           "total_latency_ms", "output_throughput", "achieved_bandwidth", "mean_kv_bytes_per_step")
+GPU_ONLY = ("peak_bandwidth", "bandwidth_utilization", "floor_step_ms", "fraction_of_floor")
+
+
+def test_one_batch_json_has_the_fields(tmp_path, capsys):
+    out = tmp_path / "one.json"
+    assert bench("one-batch", "--batch-size", "3", "--input-len", "20", "--output-len", "6",
+                 "--device", "cpu", "--output", str(out)) == 0
+    print(capsys.readouterr().out)  # the table, for the record (pytest -s)
+    r = json.loads(out.read_text())
+    assert r["kind"] == "one-batch" and r["device"] == "cpu" and r["dtype"] == "float32"
+    assert (r["batch_size"], r["input_len"], r["output_len"]) == (3, 20, 6)
+    assert r["quantization"] == {"method": "none"}
+    for key in NUMBERS:
+        assert isinstance(r[key], float) and r[key] > 0, key
+    for key in GPU_ONLY:  # the floor is a GPU figure
+        assert r[key] is None, key
+    steps = r["step_latencies_ms"]
+    assert len(steps) == 6  # one prefill step, then one decode step per further token
+    assert r["prefill_latency_ms"] == steps[0]
+    assert abs(r["total_latency_ms"] - sum(steps)) < 1e-6
+    assert r["decode_throughput"] > 0 and r["weight_bytes"] > 0 and r["kv_bytes_per_token"] > 0
+
+
+def test_quantization_is_refused_until_it_exists(capsys):
+    assert bench("one-batch", "--quantization", "int8") == 2
+    assert "not implemented" in capsys.readouterr().err
