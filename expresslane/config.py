@@ -44,6 +44,9 @@ class SchedulerConfig:
     max_num_batched_tokens: int = _knob(2048, "token budget of one step (prefill chunks + decodes)")
     scheduling_policy: str = _knob("fcfs", "order of waiting requests: fcfs, or priority (lower value first)",
                                    ("fcfs", "priority"))
+    long_prefill_token_threshold: int | None = _knob(
+        None, "most prompt tokens one request may take in a step while other requests wait for the budget "
+        "(leftover budget still goes to it); default: max_num_batched_tokens // 4; 0 = no cap")
     batching: str = _knob("continuous", "continuous (join and leave every step); static (take up to "
                           "max_batch_size waiting requests, prefill them in one step, run them to completion); "
                           "dynamic (as static, but wait up to batch_timeout_ms for a full batch)",
@@ -89,6 +92,8 @@ class EngineConfig:
             raise ValueError(f"num_kv_blocks must be positive, got {c.num_kv_blocks}")
         if not 0.0 < c.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {c.gpu_memory_utilization}")
+        if s.long_prefill_token_threshold is not None and s.long_prefill_token_threshold < 0:
+            raise ValueError(f"long_prefill_token_threshold must be >= 0, got {s.long_prefill_token_threshold}")
         if s.batch_timeout_ms < 0:
             raise ValueError(f"batch_timeout_ms must be >= 0, got {s.batch_timeout_ms}")
         if m.max_model_len is not None and m.max_model_len < 1:

@@ -199,3 +199,18 @@ def test_dynamic_batching_waits_for_a_full_batch_or_the_timeout():
     sched.update({})
     now[0] = 0.2  # past the 100 ms timeout
     assert [s.request_id for s in sched.schedule().seqs] == ["3"]
+
+
+def test_long_prefill_is_capped_while_short_requests_wait():
+    kv = KVCacheManager(400, 4)
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=64, long_prefill_token_threshold=16), kv)
+    sched.add_request(make_request("long", list(range(1, 500)), 4))
+    plan = sched.schedule()
+    assert [len(s.token_ids) for s in plan.seqs] == [64]  # alone: the whole budget (topped up)
+    sched.update({})
+    for i in range(3):
+        sched.add_request(make_request(f"short{i}", [7 + 10 * i] * 5, 4, t=1.0 + i))
+    plan = sched.schedule()
+    sizes = {s.request_id: len(s.token_ids) for s in plan.seqs}
+    assert sizes == {"long": 64 - 15, "short0": 5, "short1": 5, "short2": 5}  # shorts share the step
+    assert sum(sizes.values()) == 64

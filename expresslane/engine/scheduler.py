@@ -106,24 +106,46 @@ class Scheduler:
         seqs = [self._describe(req, n) for req, n in scheduled]
         return SchedulerOutput(seqs, sum(n for _, n in scheduled), finished)
 
+    @property
+    def _prefill_cap(self) -> int:
+        t = self.config.long_prefill_token_threshold
+        if t is None:
+            t = self.config.max_num_batched_tokens // 4
+        return t or self.config.max_num_batched_tokens
+
     def _schedule_continuous(self) -> list[tuple[Request, int]]:
+        """While others wait, a long prompt takes at most `_prefill_cap` tokens, so short
+        requests share its step instead of queueing behind it; leftover budget is given
+        back to the capped prompts at the end (alone, a long prompt loses nothing)."""
         budget = self.config.max_num_batched_tokens
-        scheduled, budget, preempted = self._schedule_running(budget)
+        cap = self._prefill_cap if self._peek_waiting() is not None else budget
+        scheduled, budget, preempted = self._schedule_running(budget, cap)
         if not preempted:
-            budget = self._admit(scheduled, budget, self.config.max_num_seqs)
+            budget = self._admit(scheduled, budget, self.config.max_num_seqs, cap)
+            if cap < self.config.max_num_batched_tokens:
+                self._top_up(scheduled, budget)
         return scheduled
+
+    def _top_up(self, scheduled: list[tuple[Request, int]], budget: int) -> None:
+        for i, (req, n) in enumerate(scheduled):
+            if budget == 0:
+                break
+            extra = min(req.num_tokens - req.num_computed_tokens - n, budget)
+            if extra > 0 and self.kv.allocate_slots(req, n + extra):
+                scheduled[i] = (req, n + extra)
+                budget -= extra
 
     def _schedule_fixed_batch(self) -> list[tuple[Request, int]]:
         """static/dynamic: a batch is admitted only when none runs, its prompts are prefilled
         whole in one step (no budget, no chunking), and it decodes until all members finish."""
         unlimited = 1 << 62
         if self.running:
-            scheduled, _, _ = self._schedule_running(unlimited)
+            scheduled, _, _ = self._schedule_running(unlimited, unlimited)
             return scheduled
         if not self._batch_ready():
             return []
         scheduled: list[tuple[Request, int]] = []
-        self._admit(scheduled, unlimited, min(self.config.max_batch_size, self.config.max_num_seqs))
+        self._admit(scheduled, unlimited, min(self.config.max_batch_size, self.config.max_num_seqs), unlimited)
         return scheduled
 
     def _batch_ready(self) -> bool:
@@ -134,7 +156,7 @@ class Scheduler:
             return True
         return self.clock() - head.arrival_time >= self.config.batch_timeout_ms / 1000
 
-    def _schedule_running(self, budget: int) -> tuple[list[tuple[Request, int]], int, bool]:
+    def _schedule_running(self, budget: int, cap: int) -> tuple[list[tuple[Request, int]], int, bool]:
         """Running requests in policy order; preempt from the lowest-ranked end when blocks run out."""
         scheduled: list[tuple[Request, int]] = []
         preempted = False
@@ -143,7 +165,7 @@ class Scheduler:
         i = 0
         while i < tail and budget > 0:
             req = order[i]
-            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            n = min(req.num_tokens - req.num_computed_tokens, budget, cap)
             while not self.kv.allocate_slots(req, n):
                 if tail - 1 > i:
                     tail -= 1
@@ -160,7 +182,7 @@ class Scheduler:
             i += 1
         return scheduled, budget, preempted
 
-    def _admit(self, scheduled: list[tuple[Request, int]], budget: int, max_running: int) -> int:
+    def _admit(self, scheduled: list[tuple[Request, int]], budget: int, max_running: int, cap: int) -> int:
         """Waiting requests in policy order while budget, seats and blocks allow."""
         while budget > 0 and len(self.running) < max_running:
             req = self._peek_waiting()
@@ -168,7 +190,7 @@ class Scheduler:
                 break
             cached = self.kv.find_cached_prefix(req)
             num_cached = len(cached) * self.kv.block_size
-            n = min(req.num_tokens - num_cached, budget)
+            n = min(req.num_tokens - num_cached, budget, cap)
             if not self.kv.allocate_slots(req, n, cached):
                 break  # the head waits for blocks; later requests do not overtake it
             heapq.heappop(self._waiting)
