@@ -9,7 +9,7 @@ import pytest
 from expresslane.config import SchedulerConfig
 from expresslane.engine.kv_cache import KVCacheManager
 from expresslane.engine.request import EngineCoreRequest, Request
-from expresslane.engine.scheduler import Scheduler
+from expresslane.engine.scheduler import Scheduler, SchedulerOutput
 from expresslane.sampling_params import SamplingParams
 
 EOS = 0
@@ -36,7 +36,9 @@ def check_invariants(sched: Scheduler, kv: KVCacheManager) -> None:
             assert not kv.block_ids(rid), "a waiting request holds blocks"
 
 
-def drive(seed, num_blocks, budget, max_seqs, policy, caching, steps=4000):
+def drive(seed, num_blocks, budget, max_seqs, policy, caching, steps=4000, pipelined=False):
+    """Random arrivals, aborts and tokens. `pipelined`: step N+1 is planned before step N's
+    tokens are applied, as the engine does to overlap host and GPU work."""
     rng = random.Random(seed)
     kv = KVCacheManager(num_blocks, 4, enable_prefix_caching=caching)
     sched = Scheduler(SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget,
@@ -44,6 +46,7 @@ def drive(seed, num_blocks, budget, max_seqs, policy, caching, steps=4000):
     shared = [rng.randrange(1, 50) for _ in range(12)]
     submitted, finished, aborted = set(), set(), set()
     next_id = 0
+    prev_plan, prev_sampled = SchedulerOutput([], 0), {}
     for step in range(steps):
         if next_id < 60 and rng.random() < 0.4:
             n = rng.randint(1, 30)
@@ -64,12 +67,16 @@ def drive(seed, num_blocks, budget, max_seqs, policy, caching, steps=4000):
         for s in plan.seqs:
             need = -(-(s.start_pos + len(s.token_ids)) // kv.block_size)
             assert len(s.block_ids) >= need
+        for s in plan.seqs:
+            assert s.from_previous == (pipelined and s.request_id in prev_sampled), "input token source"
         sampled = {s.request_id: rng.choice([EOS] + list(range(1, 50)) * 8) for s in plan.seqs if s.sample}
-        for out in sched.update(sampled):
+        if pipelined:
+            (plan, sampled), (prev_plan, prev_sampled) = (prev_plan, prev_sampled), (plan, sampled)
+        for out in sched.update(plan, sampled):
             if out.finish_reason:
                 finished.add(out.request_id)
         check_invariants(sched, kv)
-        if next_id >= 60 and not sched.has_unfinished():
+        if next_id >= 60 and not sched.has_unfinished() and not prev_plan.seqs:
             break
     assert not sched.has_unfinished(), "every request must finish"
     assert finished | aborted == submitted and not finished & aborted
@@ -80,8 +87,10 @@ def drive(seed, num_blocks, budget, max_seqs, policy, caching, steps=4000):
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("policy", ["fcfs", "priority"])
 @pytest.mark.parametrize("caching", [True, False])
-def test_random_workload_invariants(seed, policy, caching):
-    sched = drive(seed, num_blocks=16, budget=rng_budget(seed), max_seqs=6, policy=policy, caching=caching)
+@pytest.mark.parametrize("pipelined", [False, True])
+def test_random_workload_invariants(seed, policy, caching, pipelined):
+    sched = drive(seed, num_blocks=16, budget=rng_budget(seed), max_seqs=6, policy=policy, caching=caching,
+                  pipelined=pipelined)
     assert sched.num_preemptions > 0  # 16 blocks of 4 tokens is tight on purpose
 
 
@@ -94,7 +103,7 @@ def test_prefill_and_decode_share_a_step():
     sched = Scheduler(SchedulerConfig(max_num_batched_tokens=10), kv)
     sched.add_request(make_request("a", list(range(1, 4)), 5))
     plan = sched.schedule()
-    sched.update({s.request_id: 7 for s in plan.seqs if s.sample})
+    sched.update(plan, {s.request_id: 7 for s in plan.seqs if s.sample})
     sched.add_request(make_request("long", list(range(1, 40)), 5, t=1.0))
     plan = sched.schedule()
     by_id = {s.request_id: len(s.token_ids) for s in plan.seqs}
@@ -115,7 +124,8 @@ def test_preemption_picks_lowest_priority_latest_arrival():
     for rid, prio, t in (("a", 0, 0.0), ("b", 1, 1.0), ("c", 1, 2.0)):
         sched.add_request(make_request(rid, list(range(1, 8)), 20, prio, t))  # 2 blocks each: all 6 used
     for _ in range(3):  # prefill, a decode into the 2nd block, then each needs a 3rd block
-        sched.update({s.request_id: 5 for s in sched.schedule().seqs})
+        plan = sched.schedule()
+        sched.update(plan, {s.request_id: 5 for s in plan.seqs})
     assert "c" not in sched.running and "a" in sched.running
     assert sched.requests["c"].num_computed_tokens == 0 and sched.num_preemptions >= 1
 
@@ -125,7 +135,8 @@ def test_prefix_cache_reuses_blocks_and_never_covers_last_token():
     sched = Scheduler(SchedulerConfig(), kv)
     prompt = list(range(1, 13))  # exactly 3 blocks
     sched.add_request(make_request("a", prompt, 1))
-    sched.update({s.request_id: 99 for s in sched.schedule().seqs})
+    plan = sched.schedule()
+    sched.update(plan, {s.request_id: 99 for s in plan.seqs})
     sched.add_request(make_request("b", prompt, 1, t=1.0))
     [seq] = sched.schedule().seqs
     assert seq.start_pos == 8 and seq.token_ids == prompt[8:]  # 2 of 3 blocks hit: the last token is recomputed
@@ -173,14 +184,14 @@ def test_static_batches_prefill_whole_prompts_and_run_to_completion():
     plan = sched.schedule()
     assert {s.request_id: len(s.token_ids) for s in plan.seqs} == {"0": 40, "1": 2, "2": 3}  # no budget, no chunks
     assert all(s.sample for s in plan.seqs)  # every first token comes after the whole batch's prefill
-    sched.update({s.request_id: 5 for s in plan.seqs})
+    sched.update(plan, {s.request_id: 5 for s in plan.seqs})
     seen_late = []
     while sched.has_unfinished():
         plan = sched.schedule()
         ids = {s.request_id for s in plan.seqs}
         if "3" in ids:
             seen_late.append(ids)
-        sched.update({s.request_id: 5 for s in plan.seqs if s.sample})
+        sched.update(plan, {s.request_id: 5 for s in plan.seqs if s.sample})
         if "3" in ids:
             assert not ids & {"0", "1", "2"}, "request 3 must wait until the whole first batch is done"
     assert seen_late
@@ -192,11 +203,9 @@ def test_dynamic_batching_waits_for_a_full_batch_or_the_timeout():
     first = sched.schedule()
     assert len(first.seqs) == 3  # 4 waiting >= max_batch_size: go at once
     while sched.running:
-        sched.update({s.request_id: 5 for s in first.seqs if s.sample})
+        sched.update(first, {s.request_id: 5 for s in first.seqs if s.sample})
         first = sched.schedule()
-    sched.update({})
-    assert sched.schedule().is_empty  # 1 waiting, arrived at t=0, now=0: wait for more
-    sched.update({})
+    assert first.is_empty  # 1 waiting, arrived at t=0, now=0: wait for more
     now[0] = 0.2  # past the 100 ms timeout
     assert [s.request_id for s in sched.schedule().seqs] == ["3"]
 
@@ -207,7 +216,7 @@ def test_long_prefill_is_capped_while_short_requests_wait():
     sched.add_request(make_request("long", list(range(1, 500)), 4))
     plan = sched.schedule()
     assert [len(s.token_ids) for s in plan.seqs] == [64]  # alone: the whole budget (topped up)
-    sched.update({})
+    sched.update(plan, {})
     for i in range(3):
         sched.add_request(make_request(f"short{i}", [7 + 10 * i] * 5, 4, t=1.0 + i))
     plan = sched.schedule()

@@ -67,22 +67,27 @@ def decode_weight_bytes(model: nn.Module) -> int:
 
 def time_batch(llm: LLM, prompts: list[list[int]], output_len: int,
                device: torch.device) -> list[float]:
-    """Seconds of each engine step that runs the batch; step 0 is the prefill."""
+    """Seconds between the batch's successive tokens: [0] is the prefill (until the first
+    tokens), then one entry per decode step. The engine launches a step before it hands
+    back the previous one's tokens, so steps are timed by when their tokens arrive."""
     engine = llm.engine
     params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
     for i, ids in enumerate(prompts):
         engine.add_request(f"one-batch-{i}", {"prompt_token_ids": ids}, params)
-    steps = []
+    steps: list[float] = []
     synchronize(device)
+    last = time.perf_counter()
     while engine.has_unfinished():
-        t0 = time.perf_counter()
         outs = engine.step()
-        synchronize(device)
-        steps.append(time.perf_counter() - t0)
-        if len(steps) == 1 and len(outs) != len(prompts):
+        if not outs:
+            continue
+        now = time.perf_counter()
+        if not steps and len(outs) != len(prompts):
             raise RuntimeError(f"the first step started {len(outs)} of {len(prompts)} requests: "
                                "the batch does not fit the KV cache or --max-num-seqs; lower "
                                "--batch-size or the lengths")
+        steps.append(now - last)
+        last = now
     return steps
 
 

@@ -76,6 +76,7 @@ class EngineCore:
         self.kv = KVCacheManager(num_blocks, bs, config.cache.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler, self.kv)
         self._last = StepStats(0, 0, 0.0)
+        self._in_flight = None  # (plan, StepResult) of the step the GPU may still be running
         log.info("KV cache: %d blocks of %d tokens (%.2f GiB)", num_blocks, bs,
                  num_blocks * self.runner.kv_block_bytes() / 2**30)
 
@@ -94,14 +95,17 @@ class EngineCore:
         return self.scheduler.has_unfinished()
 
     def step(self) -> list[EngineCoreOutput]:
+        """Launch the next step, then apply the previous one's results: the host plans and
+        launches step N+1 while the GPU still runs step N (a decode's input token is taken
+        on the device from the step that sampled it)."""
         t0 = time.monotonic()
         plan = self.scheduler.schedule()
-        if plan.is_empty:
-            self.scheduler.update({})
-            outputs: list[EngineCoreOutput] = []
-        else:
-            sampled, logprobs = self.runner.execute(plan)
-            outputs = self.scheduler.update(sampled, logprobs)
+        launched = None if plan.is_empty else (plan, self.runner.execute(plan))
+        outputs: list[EngineCoreOutput] = []
+        if self._in_flight is not None:
+            prev_plan, result = self._in_flight
+            outputs = self.scheduler.update(prev_plan, *result.get())
+        self._in_flight = launched
         self._last = StepStats(
             num_running=self.scheduler.num_running, num_waiting=self.scheduler.num_waiting,
             kv_cache_usage=self.kv.usage, num_batched_tokens=plan.num_batched_tokens, batch_size=len(plan.seqs),

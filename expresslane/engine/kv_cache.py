@@ -156,8 +156,8 @@ class KVCacheManager:
         blocks.extend(cached)
         if num_needed > 0:
             blocks.extend(self.pool.allocate(num_needed))
-        if self.enable_prefix_caching:
-            self._register_full_blocks(req, blocks, total // self.block_size)
+        if self.enable_prefix_caching:  # only blocks whose tokens are all known (not pending)
+            self._register_full_blocks(req, blocks, min(total, req.num_tokens) // self.block_size)
         return True
 
     def _register_full_blocks(self, req: Request, blocks: list[Block], num_full: int) -> None:

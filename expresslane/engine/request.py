@@ -65,7 +65,8 @@ class Request:
     max_model_len: int
     # prompt + generated tokens; KV exists for the first `num_computed_tokens` of them.
     all_token_ids: list[int] = field(default_factory=list)
-    num_computed_tokens: int = 0
+    num_computed_tokens: int = 0  # advanced when scheduled (the GPU computes them in order)
+    num_pending: int = 0  # sampled by a step in flight, not yet known here (0 or 1)
     num_cached_tokens: int = -1  # prefix-cache hit at first scheduling; -1 until then
     num_preemptions: int = 0
     status: RequestStatus = RequestStatus.WAITING
@@ -112,9 +113,18 @@ class Request:
     def is_finished(self) -> bool:
         return self.status is RequestStatus.FINISHED
 
+    @property
+    def num_tokens_with_pending(self) -> int:
+        return len(self.all_token_ids) + self.num_pending
+
+    def will_finish_by_length(self) -> bool:
+        """The pending token already reaches max_tokens or the context: nothing more to schedule."""
+        n_out = self.num_output_tokens + self.num_pending
+        return n_out >= self.max_tokens or self.num_tokens_with_pending >= self.max_model_len
+
     def banned_token_ids(self) -> frozenset[int]:
         """Tokens that may not be sampled yet: EOS and stop tokens before `min_tokens`."""
-        if self.num_output_tokens >= self.sampling_params.min_tokens:
+        if self.num_output_tokens + self.num_pending >= self.sampling_params.min_tokens:
             return frozenset()
         return self.eos_token_ids | frozenset(self.sampling_params.stop_token_ids)
 

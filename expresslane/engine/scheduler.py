@@ -31,9 +31,12 @@ class ScheduledSeq:
     token_ids: list[int]  # the tokens to compute now
     start_pos: int  # position of token_ids[0] = tokens already in the KV cache
     block_ids: list[int]  # the request's whole block table
-    sample: bool  # True when this step reaches its last known token: sample the next
+    sample: bool  # True when this step reaches the request's last token: sample the next
     sampling_params: SamplingParams
     banned_token_ids: frozenset[int]
+    # the (single) input token is the one this request sampled in the previous step, still
+    # on the device: the runner takes it from there (token_ids holds a placeholder)
+    from_previous: bool = False
 
 
 @dataclass(slots=True)
@@ -41,6 +44,7 @@ class SchedulerOutput:
     seqs: list[ScheduledSeq]
     num_batched_tokens: int
     finished_request_ids: list[str] = field(default_factory=list)  # since the last step
+    entries: list[tuple[Request, int]] = field(default_factory=list, repr=False)  # for update()
 
     @property
     def is_empty(self) -> bool:
@@ -57,7 +61,6 @@ class Scheduler:
         self._waiting: list[tuple[tuple, Request]] = []  # heap by policy key; aborted ones removed lazily
         self._num_waiting = 0
         self._finished_ids: list[str] = []
-        self._scheduled: list[tuple[Request, int]] = []
         self.num_preemptions = 0
 
     # -- queue -------------------------------------------------------------------------
@@ -95,16 +98,17 @@ class Scheduler:
 
     # -- one step ------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
-        if self._scheduled:
-            raise RuntimeError("schedule() called twice without update()")
         if self.config.batching == "continuous":
             scheduled = self._schedule_continuous()
         else:
             scheduled = self._schedule_fixed_batch()
-        self._scheduled = scheduled
         finished, self._finished_ids = self._finished_ids, []
         seqs = [self._describe(req, n) for req, n in scheduled]
-        return SchedulerOutput(seqs, sum(n for _, n in scheduled), finished)
+        for req, n in scheduled:  # the step will compute them: later plans build on that
+            req.num_computed_tokens += n
+            if req.num_computed_tokens == req.num_tokens_with_pending:
+                req.num_pending += 1
+        return SchedulerOutput(seqs, sum(n for _, n in scheduled), finished, scheduled)
 
     @property
     def _prefill_cap(self) -> int:
@@ -130,7 +134,7 @@ class Scheduler:
         for i, (req, n) in enumerate(scheduled):
             if budget == 0:
                 break
-            extra = min(req.num_tokens - req.num_computed_tokens - n, budget)
+            extra = min(req.num_tokens_with_pending - req.num_computed_tokens - n, budget)
             if extra > 0 and self.kv.allocate_slots(req, n + extra):
                 scheduled[i] = (req, n + extra)
                 budget -= extra
@@ -161,17 +165,20 @@ class Scheduler:
         scheduled: list[tuple[Request, int]] = []
         preempted = False
         order = sorted(self.running.values(), key=self._key)
-        tail = len(order)  # order[i+1:tail]: running, not yet scheduled; victims come from the end
+        tail = len(order)  # order[i:tail] (after i += 1): not yet scheduled; victims come from the end
         i = 0
         while i < tail and budget > 0:
             req = order[i]
-            n = min(req.num_tokens - req.num_computed_tokens, budget, cap)
+            i += 1
+            if req.num_pending and req.will_finish_by_length():
+                continue  # its last token is being sampled now
+            n = min(req.num_tokens_with_pending - req.num_computed_tokens, budget, cap)
             while not self.kv.allocate_slots(req, n):
-                if tail - 1 > i:
+                if tail > i:
                     tail -= 1
                     victim = order[tail]
                 else:
-                    victim, tail = req, i
+                    victim, tail = req, i - 1
                 self._preempt(victim)
                 preempted = True
                 if victim is req:
@@ -179,15 +186,14 @@ class Scheduler:
             else:
                 scheduled.append((req, n))
                 budget -= n
-            i += 1
         return scheduled, budget, preempted
 
     def _admit(self, scheduled: list[tuple[Request, int]], budget: int, max_running: int, cap: int) -> int:
         """Waiting requests in policy order while budget, seats and blocks allow."""
         while budget > 0 and len(self.running) < max_running:
             req = self._peek_waiting()
-            if req is None:
-                break
+            if req is None or req.num_pending:
+                break  # (a preempted request waits until its in-flight token has landed)
             cached = self.kv.find_cached_prefix(req)
             num_cached = len(cached) * self.kv.block_size
             n = min(req.num_tokens - num_cached, budget, cap)
@@ -208,17 +214,21 @@ class Scheduler:
 
     def _describe(self, req: Request, n: int) -> ScheduledSeq:
         start = req.num_computed_tokens
+        known = req.all_token_ids[start:start + n]
         return ScheduledSeq(
             request_id=req.request_id,
-            token_ids=req.all_token_ids[start:start + n],
+            token_ids=known if len(known) == n else known + [0],
             start_pos=start,
             block_ids=self.kv.block_ids(req.request_id),
-            sample=start + n == req.num_tokens,
+            sample=start + n == req.num_tokens_with_pending,
             sampling_params=req.sampling_params,
             banned_token_ids=req.banned_token_ids(),
+            from_previous=len(known) < n,
         )
 
     def _preempt(self, req: Request) -> None:
+        # Blocks may still be written by a step in flight; the GPU runs steps in order, so
+        # whoever gets them next writes after that step.
         del self.running[req.request_id]
         self.kv.free(req)
         req.num_computed_tokens = 0
@@ -226,16 +236,19 @@ class Scheduler:
         self.num_preemptions += 1
         self._push_waiting(req)
 
-    def update(self, sampled: dict[str, int], logprobs: dict[str, dict[int, float]] | None = None
-               ) -> list[EngineCoreOutput]:
-        """Apply a step's results: computed tokens, sampled tokens, finished requests."""
+    def update(self, plan: SchedulerOutput, sampled: dict[str, int],
+               logprobs: dict[str, dict[int, float]] | None = None) -> list[EngineCoreOutput]:
+        """Apply a finished step's sampled tokens. Later plans may already be in flight: a
+        request finished or aborted since then ignores its token, a preempted one keeps it."""
         now = self.clock()
         outputs = []
-        for req, n in self._scheduled:
-            req.num_computed_tokens += n
+        for req, _ in plan.entries:
             token = sampled.get(req.request_id)
             if token is None:
                 continue  # a prompt chunk that does not reach the end yet
+            req.num_pending -= 1
+            if req.is_finished:
+                continue
             req.append_token(token)
             first = req.first_token_time is None
             if first:
@@ -248,7 +261,6 @@ class Scheduler:
                 self._finish(req, now)
                 out.finish_reason, out.stop_reason, out.finished_time = req.finish_reason, req.stop_reason, now
             outputs.append(out)
-        self._scheduled = []
         return outputs
 
     def _finish(self, req: Request, now: float) -> None:
@@ -263,8 +275,6 @@ class Scheduler:
         self._finished_ids.append(req.request_id)
 
     def abort(self, request_ids: list[str]) -> list[EngineCoreOutput]:
-        if self._scheduled:
-            raise RuntimeError("abort() between schedule() and update()")
         now = self.clock()
         outputs = []
         for rid in request_ids:

@@ -77,11 +77,14 @@ class _Graphs:
         log.info("captured %d %s (sizes %d..%d) in %.1fs", len(self.sizes), type(self).__name__, self.sizes[0],
                  self.sizes[-1], time.monotonic() - t0)
 
-    def _load(self, token_ids, positions, slots, seq_lens, block_tables, num_tokens_padded: int) -> None:
-        """Copy one step's inputs into the static buffers (padding: no KV write, no context)."""
+    def _load(self, token_ids, positions, slots, seq_lens, block_tables, num_tokens_padded: int, patch) -> None:
+        """Copy one step's inputs into the static buffers (padding: no KV write, no context);
+        `patch` then fills input ids that live on the device."""
         t, b = len(token_ids), len(seq_lens)
         packed = torch.tensor([token_ids, positions, slots], dtype=torch.int64)
         self.input_ids[:t].copy_(packed[0], non_blocking=True)
+        if patch is not None:
+            patch(self.input_ids[:t])
         self.positions[:t].copy_(packed[1], non_blocking=True)
         self.slot_mapping[:t].copy_(packed[2], non_blocking=True)
         self.slot_mapping[t:num_tokens_padded].fill_(-1)
@@ -119,10 +122,10 @@ class DecodeGraphs(_Graphs):
     def fits(self, num_tokens: int, num_seqs: int) -> bool:
         return num_tokens == num_seqs and num_seqs <= self.max_size
 
-    def run(self, token_ids, positions, slots, seq_lens, block_tables) -> torch.Tensor:
+    def run(self, token_ids, positions, slots, seq_lens, block_tables, patch=None) -> torch.Tensor:
         n = len(token_ids)
         size = next(s for s in self.sizes if s >= n)
-        self._load(token_ids, positions, slots, seq_lens, block_tables, size)
+        self._load(token_ids, positions, slots, seq_lens, block_tables, size, patch)
         self.seq_lens[n:size].fill_(0)  # query_start_loc stays 0..size: one (padding) row per seq
         return self._replay(size, n)
 
@@ -154,12 +157,12 @@ class MixedGraphs(_Graphs):
     def fits(self, num_tokens: int, num_seqs: int) -> bool:
         return num_tokens <= self.max_size and num_seqs <= self._seqs(num_tokens)
 
-    def run(self, token_ids, positions, slots, seq_lens, block_tables, query_start_loc) -> torch.Tensor:
+    def run(self, token_ids, positions, slots, seq_lens, block_tables, query_start_loc, patch=None) -> torch.Tensor:
         """Logits at each seq's last token, [num_seqs, vocab]."""
         t, b = len(token_ids), len(seq_lens)
         size = next(s for s in self.sizes if s >= t and self._seqs(s) >= b)
         seqs = self._seqs(size)
-        self._load(token_ids, positions, slots, seq_lens + [0], block_tables, size)  # seq b: the padding seq
+        self._load(token_ids, positions, slots, seq_lens + [0], block_tables, size, patch)  # seq b: padding
         ints = torch.tensor(query_start_loc + [t], dtype=torch.int32)
         self.query_start_loc[:b + 2].copy_(ints, non_blocking=True)
         rows = [query_start_loc[i + 1] - 1 for i in range(b)] + [0] * (seqs - b)

@@ -72,6 +72,8 @@ class ModelRunner:
         self.sampler = Sampler(self.device, config.model.seed)
         self._generators: dict[str, torch.Generator] = {}
         self.kv_caches: list[torch.Tensor] = []
+        self._prev_tokens: torch.Tensor | None = None  # ids sampled by the last launched step
+        self._prev_rows: dict[str, int] = {}
         self.decode_graphs: DecodeGraphs | None = None
         self.mixed_graphs: MixedGraphs | None = None
 
@@ -115,7 +117,7 @@ class ModelRunner:
             seqs.append(ScheduledSeq(f"profile-{i}", [0] * per_seq, 0, list(range(next_block, next_block + nblocks)),
                                      True, _GREEDY, frozenset()))
             next_block += nblocks
-        self.execute(SchedulerOutput(seqs, per_seq * num_seqs))
+        self.execute(SchedulerOutput(seqs, per_seq * num_seqs)).get()
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
         attn = self.model.layers[0].self_attn
@@ -144,7 +146,8 @@ class ModelRunner:
 
     # -- one step ------------------------------------------------------------------------------
     @torch.inference_mode()
-    def execute(self, step: SchedulerOutput) -> tuple[dict[str, int], dict[str, dict[int, float]] | None]:
+    def execute(self, step: SchedulerOutput) -> "StepResult":
+        """Launch a step; its sampled ids stay on the device until `StepResult.get()`."""
         for rid in step.finished_request_ids:
             self._generators.pop(rid, None)
         # decodes (one query token) first: the attention backend batches them
@@ -152,7 +155,7 @@ class ModelRunner:
         sampling = [i for i, s in enumerate(seqs) if s.sample]
         logits = self._logits(seqs, sampling)
         if logits is None:
-            return {}, None
+            return StepResult([], None, None)
         batch = SamplingBatch(
             params=[seqs[i].sampling_params for i in sampling],
             banned=[seqs[i].banned_token_ids for i in sampling],
@@ -160,20 +163,23 @@ class ModelRunner:
         )
         tokens, logprobs = self.sampler(logits, batch)
         ids = [seqs[i].request_id for i in sampling]
-        sampled = dict(zip(ids, tokens.tolist()))
-        return sampled, (dict(zip(ids, logprobs)) if logprobs is not None else None)
+        self._prev_tokens, self._prev_rows = tokens, {rid: i for i, rid in enumerate(ids)}
+        return StepResult(ids, tokens, logprobs)
 
     def _logits(self, seqs: list[ScheduledSeq], sampling: list[int]) -> torch.Tensor | None:
         """Run the model; logits of the seqs in `sampling` (None if none samples)."""
         host = self._host_inputs(seqs)
         tokens, positions, slots, starts, seq_lens = host
+        patch = self._previous_tokens_patch(seqs, starts)
         tables = [s.block_ids for s in seqs]
         if self.decode_graphs is not None and self.decode_graphs.fits(len(tokens), len(seqs)):
-            logits = self.decode_graphs.run(tokens, positions, slots, seq_lens, tables)
+            logits = self.decode_graphs.run(tokens, positions, slots, seq_lens, tables, patch)
         elif self.mixed_graphs is not None and self.mixed_graphs.fits(len(tokens), len(seqs)):
-            logits = self.mixed_graphs.run(tokens, positions, slots, seq_lens, tables, starts)
+            logits = self.mixed_graphs.run(tokens, positions, slots, seq_lens, tables, starts, patch)
         else:
             input_ids, pos, meta = self._prepare(*host, seqs=seqs)
+            if patch is not None:
+                patch(input_ids)
             hidden = self.model(input_ids, pos, meta)
             if not sampling:
                 return None
@@ -182,6 +188,15 @@ class ModelRunner:
         if not sampling:
             return None
         return logits if len(sampling) == len(seqs) else logits[torch.tensor(sampling, device=self.device)]
+
+    def _previous_tokens_patch(self, seqs: list[ScheduledSeq], starts: list[int]):
+        """Input tokens sampled by the previous step are copied on the device, no host round trip."""
+        pairs = [(starts[i], self._prev_rows[s.request_id]) for i, s in enumerate(seqs) if s.from_previous]
+        if not pairs:
+            return None
+        dst = torch.tensor([d for d, _ in pairs], device=self.device)
+        src = self._prev_tokens[torch.tensor([r for _, r in pairs], device=self.device)]
+        return lambda input_ids: input_ids.index_copy_(0, dst, src)
 
     def _generator(self, seq: ScheduledSeq) -> torch.Generator | None:
         seed = seq.sampling_params.seed
@@ -233,3 +248,26 @@ class ModelRunner:
 
 
 _GREEDY = SamplingParams(temperature=0.0, max_tokens=1)
+
+
+class StepResult:
+    """Sampled ids of a launched step, copied to the host without blocking the launch."""
+
+    def __init__(self, request_ids: list[str], tokens: torch.Tensor | None,
+                 logprobs: list[dict[int, float]] | None):
+        self.request_ids, self.logprobs = request_ids, logprobs
+        self._event = None
+        self._host = tokens
+        if tokens is not None and tokens.is_cuda:
+            self._host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+            self._host.copy_(tokens, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
+
+    def get(self) -> tuple[dict[str, int], dict[str, dict[int, float]] | None]:
+        if self._host is None:
+            return {}, None
+        if self._event is not None:
+            self._event.synchronize()
+        sampled = dict(zip(self.request_ids, self._host.tolist()))
+        return sampled, (dict(zip(self.request_ids, self.logprobs)) if self.logprobs is not None else None)
