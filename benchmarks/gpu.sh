@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Everything that needs a GPU, in one call: install, GPU tests, benchmarks; a table last.
-# Usage (device machine, repo root):  bash benchmarks/gpu.sh [quick|full]
-#   quick: tests + small-model checks;  full (default): + Llama-3-8B and Qwen2.5-7B shapes.
+# Usage (device machine, repo root):  bash benchmarks/gpu.sh [quick|full|8b]
+#   quick: tests + small-model checks;  full (default): + Llama-3-8B and Qwen2.5-7B shapes;
+#   8b: tests + the Llama-3-8B shape only (expresslane and transformers).
 # Results: JSON lines in ${OUT:-out}/gpu-results.jsonl, logs beside them.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" TOKENIZERS_PARALLELISM=false
@@ -26,6 +27,13 @@ model() {  # build a preset once (weights generated on the GPU)
 run() {  # a benchmark; its JSON lines go to the results file
   "$@" --out "$RES" 2> >(grep -v -e Warning -e '^Loading' -e 'regex pattern' >&2) || status=1
 }
+
+if [ "$MODE" = 8b ]; then
+  model llama-3-8b
+  echo "== llama-3-8b: expresslane"; run python3 benchmarks/gpu_bench.py --model "$MODELS/llama-3-8b" --only engine
+  echo "== llama-3-8b: transformers"; run python3 benchmarks/gpu_bench.py --model "$MODELS/llama-3-8b" --only hf
+  echo "== summary"; python3 benchmarks/summarize.py "$RES"; exit $status
+fi
 
 model qwen2.5-0.5b
 echo "== bf16 agreement (qwen2.5-0.5b shape)"
