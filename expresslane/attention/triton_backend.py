@@ -12,6 +12,7 @@ import torch
 import triton
 
 from expresslane.attention.backend import AttentionMetadata
+from expresslane.device import to_device
 from expresslane.attention.triton_kernels import paged_attention_kernel, reduce_splits_kernel, write_kv_kernel
 
 MAX_SPLITS = 16
@@ -58,7 +59,7 @@ class TritonAttentionBackend:
         """Per-step, host-side: the prefill work list and the decode split count."""
         meta.num_splits = self.num_splits(meta.num_decodes)
         work = self.plan_prefill(meta.query_start_loc_cpu, meta.num_decodes)
-        meta.prefill_work = (torch.tensor(work, dtype=torch.int32, device=meta.seq_lens.device)
+        meta.prefill_work = (to_device(work, torch.int32, meta.seq_lens.device)
                              if work else None)
 
     def forward(self, q, k, v, kv_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:

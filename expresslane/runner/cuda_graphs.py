@@ -21,6 +21,7 @@ import time
 import torch
 
 from expresslane.attention.backend import AttentionMetadata
+from expresslane.device import host_tensor
 
 log = logging.getLogger(__name__)
 
@@ -81,16 +82,17 @@ class _Graphs:
         """Copy one step's inputs into the static buffers (padding: no KV write, no context);
         `patch` then fills input ids that live on the device."""
         t, b = len(token_ids), len(seq_lens)
-        packed = torch.tensor([token_ids, positions, slots], dtype=torch.int64)
+        dev = self.device
+        packed = host_tensor([token_ids, positions, slots], torch.int64, dev)
         self.input_ids[:t].copy_(packed[0], non_blocking=True)
         if patch is not None:
             patch(self.input_ids[:t])
         self.positions[:t].copy_(packed[1], non_blocking=True)
         self.slot_mapping[:t].copy_(packed[2], non_blocking=True)
         self.slot_mapping[t:num_tokens_padded].fill_(-1)
-        self.seq_lens[:b].copy_(torch.tensor(seq_lens, dtype=torch.int32), non_blocking=True)
+        self.seq_lens[:b].copy_(host_tensor(seq_lens, torch.int32, dev), non_blocking=True)
         width = max(len(x) for x in block_tables)
-        table = torch.tensor([x + [0] * (width - len(x)) for x in block_tables], dtype=torch.int32)
+        table = host_tensor([x + [0] * (width - len(x)) for x in block_tables], torch.int32, dev)
         self.block_tables[:len(block_tables), :width].copy_(table, non_blocking=True)
 
     def _replay(self, size: int, rows: int) -> torch.Tensor:
@@ -163,12 +165,12 @@ class MixedGraphs(_Graphs):
         size = next(s for s in self.sizes if s >= t and self._seqs(s) >= b)
         seqs = self._seqs(size)
         self._load(token_ids, positions, slots, seq_lens + [0], block_tables, size, patch)  # seq b: padding
-        ints = torch.tensor(query_start_loc + [t], dtype=torch.int32)
+        ints = host_tensor(query_start_loc + [t], torch.int32, self.device)
         self.query_start_loc[:b + 2].copy_(ints, non_blocking=True)
         rows = [query_start_loc[i + 1] - 1 for i in range(b)] + [0] * (seqs - b)
-        self.logits_rows[:seqs].copy_(torch.tensor(rows, dtype=torch.int64), non_blocking=True)
+        self.logits_rows[:seqs].copy_(host_tensor(rows, torch.int64, self.device), non_blocking=True)
         work = self.backend.plan_prefill(query_start_loc, 0)
         capacity = self.backend.max_prefill_work(size, seqs)
         work += [(b, 0)] * (capacity - len(work))  # the padding seq b: no tokens, no context
-        self.work[:capacity].copy_(torch.tensor(work, dtype=torch.int32), non_blocking=True)
+        self.work[:capacity].copy_(host_tensor(work, torch.int32, self.device), non_blocking=True)
         return self._replay(size, b)

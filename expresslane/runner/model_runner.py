@@ -14,6 +14,7 @@ import torch
 
 from expresslane.attention.backend import AttentionMetadata, get_backend
 from expresslane.config import EngineConfig
+from expresslane.device import to_device
 from expresslane.engine.scheduler import ScheduledSeq, SchedulerOutput
 from expresslane.models.loader import iter_weights
 from expresslane.models.registry import model_class
@@ -183,19 +184,19 @@ class ModelRunner:
             hidden = self.model(input_ids, pos, meta)
             if not sampling:
                 return None
-            last = torch.tensor([starts[i + 1] - 1 for i in sampling], device=self.device)
+            last = to_device([starts[i + 1] - 1 for i in sampling], torch.int64, self.device)
             return self.model.compute_logits(hidden[last])
         if not sampling:
             return None
-        return logits if len(sampling) == len(seqs) else logits[torch.tensor(sampling, device=self.device)]
+        return logits if len(sampling) == len(seqs) else logits[to_device(sampling, torch.int64, self.device)]
 
     def _previous_tokens_patch(self, seqs: list[ScheduledSeq], starts: list[int]):
         """Input tokens sampled by the previous step are copied on the device, no host round trip."""
         pairs = [(starts[i], self._prev_rows[s.request_id]) for i, s in enumerate(seqs) if s.from_previous]
         if not pairs:
             return None
-        dst = torch.tensor([d for d, _ in pairs], device=self.device)
-        src = self._prev_tokens[torch.tensor([r for _, r in pairs], device=self.device)]
+        dst = to_device([d for d, _ in pairs], torch.int64, self.device)
+        src = self._prev_tokens[to_device([r for _, r in pairs], torch.int64, self.device)]
         return lambda input_ids: input_ids.index_copy_(0, dst, src)
 
     def _generator(self, seq: ScheduledSeq) -> torch.Generator | None:
@@ -233,18 +234,17 @@ class ModelRunner:
         table = [s.block_ids + [0] * (max_blocks - len(s.block_ids)) for s in seqs]
         dev = self.device
         meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
-            block_tables=torch.tensor(table, dtype=torch.int32, device=dev),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
-            query_start_loc=torch.tensor(starts, dtype=torch.int32, device=dev),
+            slot_mapping=to_device(slots, torch.int64, dev),
+            block_tables=to_device(table, torch.int32, dev),
+            seq_lens=to_device(seq_lens, torch.int32, dev),
+            query_start_loc=to_device(starts, torch.int32, dev),
             num_decodes=num_decodes,
             seq_lens_cpu=seq_lens,
             query_start_loc_cpu=starts,
             max_decode_seq_len=max(seq_lens[:num_decodes], default=0),
         )
         self.attn_backend.prepare(meta)
-        return (torch.tensor(token_ids, dtype=torch.int64, device=dev),
-                torch.tensor(positions, dtype=torch.int64, device=dev), meta)
+        return to_device(token_ids, torch.int64, dev), to_device(positions, torch.int64, dev), meta
 
 
 _GREEDY = SamplingParams(temperature=0.0, max_tokens=1)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from expresslane.device import to_device
 from expresslane.sampling_params import SamplingParams
 
 
@@ -38,19 +39,19 @@ class Sampler:
         banned = [(i, t) for i, toks in enumerate(batch.banned) for t in toks]
         if banned:
             rows, cols = zip(*banned)
-            logits[torch.tensor(rows, device=dev), torch.tensor(cols, device=dev)] = float("-inf")
+            logits[to_device(rows, torch.int64, dev), to_device(cols, torch.int64, dev)] = float("-inf")
         logprobs = self._logprobs(logits, batch)
         greedy = [p.greedy for p in batch.params]
         out = logits.argmax(dim=-1)
         if not all(greedy):
-            temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in batch.params], device=dev)
+            temps = to_device([p.temperature if p.temperature > 0 else 1.0 for p in batch.params], torch.float32, dev)
             probs = _filter(logits / temps[:, None], batch.params).softmax(dim=-1)
             noise = torch.empty_like(probs).exponential_(generator=self.generator)
             for i, gen in enumerate(batch.generators):
                 if gen is not None:  # seeded: its own stream, whatever the batch
                     noise[i].exponential_(generator=gen)
             sampled = (probs / noise).argmax(dim=-1)
-            out = sampled if not any(greedy) else torch.where(torch.tensor(greedy, device=dev), out, sampled)
+            out = sampled if not any(greedy) else torch.where(to_device(greedy, torch.bool, dev), out, sampled)
         if logprobs is not None:
             chosen = torch.log_softmax(logits, dim=-1).gather(1, out[:, None]).squeeze(1).tolist()
             for i, tok in enumerate(out.tolist()):
@@ -86,17 +87,17 @@ def _filter(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     vocab = logits.shape[-1]
     if any(0 < k < vocab for k in top_k) or any(p < 1.0 for p in top_p):
         sorted_logits, order = logits.sort(dim=-1, descending=True)
-        k = torch.tensor([k if 0 < k < vocab else vocab for k in top_k], device=logits.device)
+        k = to_device([k if 0 < k < vocab else vocab for k in top_k], torch.int64, logits.device)
         ranks = torch.arange(vocab, device=logits.device)[None, :]
         drop = ranks >= k[:, None]
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         probs = sorted_logits.softmax(dim=-1)
-        p = torch.tensor(top_p, device=logits.device)
+        p = to_device(top_p, torch.float32, logits.device)
         # keep the smallest prefix whose mass reaches top_p (the top token always stays)
         drop |= (probs.cumsum(dim=-1) - probs) >= p[:, None]
         logits = torch.full_like(logits, float("-inf")).scatter(1, order, sorted_logits.masked_fill(drop, float("-inf")))
     if any(m > 0 for m in min_p):
         probs = logits.softmax(dim=-1)
-        m = torch.tensor(min_p, device=logits.device)
+        m = to_device(min_p, torch.float32, logits.device)
         logits = logits.masked_fill(probs < m[:, None] * probs.max(dim=-1, keepdim=True).values, float("-inf"))
     return logits
