@@ -28,6 +28,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 
 import aiohttp
 import numpy as np
@@ -61,6 +62,8 @@ async def one_request(session: aiohttp.ClientSession, url: str, model: str, prom
 
 def summarize(samples: list[dict]) -> dict:
     out = {"requests": len(samples)}
+    if not samples:
+        return out
     for key in ("http_ttft", "engine_ttft", "overhead", "in", "out"):
         ms = np.array([s[key] for s in samples]) * 1000
         out[key] = {"p50_ms": round(float(np.percentile(ms, 50)), 3), "p99_ms": round(float(np.percentile(ms, 99)), 3),
@@ -94,7 +97,6 @@ def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
            "--max-num-seqs", str(max(args.concurrency, 1)), *args.server_args]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
-    import urllib.request
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         try:

@@ -6,7 +6,9 @@ import argparse
 import logging
 import sys
 
+from expresslane.bench.cli import add_bench_parser
 from expresslane.config import add_cli_args, engine_kwargs_from_args
+from expresslane.server.cli import add_serve_parser
 
 
 def _make_model(args: argparse.Namespace) -> int:
@@ -67,14 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_cli_args(p)
     p.set_defaults(func=_generate)
 
-    for module, hook in (("expresslane.server.cli", "add_serve_parser"), ("expresslane.bench.cli", "add_bench_parser")):
-        try:
-            mod = __import__(module, fromlist=[hook])
-        except ImportError as e:
-            if e.name and e.name.startswith("expresslane"):
-                continue  # that part is not built yet
-            raise
-        getattr(mod, hook)(sub)
+    add_serve_parser(sub)  # these import no server or plotting libraries until they run
+    add_bench_parser(sub)
     return parser
 
 

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
 import time
 
 from expresslane.config import EngineConfig
 from expresslane.engine.core import EngineCore
-from expresslane.engine.output_processor import OutputProcessor
+from expresslane.engine.output_processor import OutputProcessor, child_params
 from expresslane.engine.request import EngineCoreRequest, check_prompt_length
 from expresslane.outputs import RequestOutput
 from expresslane.sampling_params import SamplingParams
@@ -60,7 +59,7 @@ class LLMEngine:
         arrival = time.monotonic() if arrival_time is None else arrival_time
         child_ids = self.outputs.add_request(request_id, text, ids, params, arrival)
         for i, cid in enumerate(child_ids):
-            child_params = params if params.n == 1 else _child_params(params, i)
+            child_params = params if params.n == 1 else child_params(params, i)
             self.core.add_request(EngineCoreRequest(cid, ids, child_params, self.inputs.eos, arrival, priority))
 
     def abort(self, request_id: str) -> RequestOutput | None:
@@ -75,9 +74,3 @@ class LLMEngine:
         if to_abort:
             self.core.abort(to_abort)
         return results
-
-
-def _child_params(params: SamplingParams, index: int) -> SamplingParams:
-    """One completion of an n-way request: n=1, and its own seed so the n differ."""
-    seed = None if params.seed is None else params.seed + index
-    return dataclasses.replace(params, n=1, seed=seed)

@@ -8,6 +8,7 @@ caller must abort it in the core (returned in ``to_abort``).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 
@@ -19,6 +20,12 @@ from expresslane.sampling_params import SamplingParams
 
 def child_request_ids(request_id: str, n: int) -> list[str]:
     return [request_id] if n == 1 else [f"{request_id}#{i}" for i in range(n)]
+
+
+def child_params(params: SamplingParams, index: int) -> SamplingParams:
+    """One completion of an n-way request: n=1, and its own seed so the n differ."""
+    seed = None if params.seed is None else params.seed + index
+    return dataclasses.replace(params, n=1, seed=seed)
 
 
 @dataclass(slots=True)

@@ -1,0 +1,183 @@
+"""FastAPI routes (DESIGN §5): OpenAI completions and chat, /generate, /tokenize, health and metrics.
+
+Every check that can fail (API key, JSON body, model name, server state, prompt
+length, admission) runs before the response starts, so a bad request gets a real
+status code. A client that goes away aborts its request in the engine, whether it
+is queued, in prefill or in decode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+from dataclasses import dataclass
+from typing import Awaitable, Callable
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from expresslane import __version__
+from expresslane.server import errors
+from expresslane.server.engine_client import EngineClient
+from expresslane.server.metrics import Metrics
+from expresslane.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, GenerateRequest,
+                                         SamplingRequest, TokenizeRequest, parse)
+from expresslane.server.serving import Chat, Completions, Generate, chat_prompt, new_id, prepare_chat, \
+    prepare_completion, prepare_generate
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSettings:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    served_model_name: str = "tiny"
+    max_waiting_requests: int | None = None
+    max_waiting_tokens: int | None = None
+    request_timeout: float | None = None  # seconds from arrival; None = no deadline
+    shutdown_timeout: float = 30.0  # seconds to let in-flight requests finish after SIGTERM
+
+
+class SSEResponse(StreamingResponse):
+    """An event stream whose request is aborted however the response ends (done, client gone, cancelled)."""
+
+    def __init__(self, content, on_close: Callable[[], None]):
+        super().__init__(content, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self._on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
+
+
+async def _client_gone(request: Request) -> None:
+    # The body is read, so the next message from the server is the disconnect.
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _unless_client_gone(request: Request, work: Awaitable[dict], on_gone: Callable[[], None]) -> Response:
+    task, gone = asyncio.ensure_future(work), asyncio.ensure_future(_client_gone(request))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not task.done():
+            task.cancel()
+            on_gone()
+    if not task.done():
+        return Response(status_code=499)  # nobody reads it: nginx's "client closed request"
+    return JSONResponse(task.result())
+
+
+def build_app(client: EngineClient, settings: ServerSettings, metrics: Metrics) -> FastAPI:
+    app = FastAPI(title="expresslane", version=__version__)
+    model_name = settings.served_model_name
+
+    @app.exception_handler(errors.APIError)
+    async def _api_error(request: Request, e: errors.APIError) -> JSONResponse:
+        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
+        kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
+        return JSONResponse({"error": {"message": f"{request.method} {request.url.path}: {e.detail}", "type": kind,
+                                       "param": None, "code": None}}, status_code=e.status_code)
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, e: Exception) -> JSONResponse:
+        log.exception("%s %s failed", request.method, request.url.path)
+        err = errors.internal(f"internal error: {e!r}")
+        return JSONResponse(err.body(), status_code=500)
+
+    async def authorize(request: Request) -> None:  # async: a sync dependency would cost a thread hop
+        if settings.api_key is None:
+            return
+        scheme, _, key = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), settings.api_key.encode()):
+            raise errors.unauthorized()
+
+    def check_model(name: str | None) -> None:
+        if name is not None and name != model_name:
+            raise errors.model_not_found(name, model_name)
+
+    auth = [Depends(authorize)]
+
+    @app.get("/health")
+    async def health() -> Response:
+        status = "ok" if client.state == "ready" else client.state
+        return JSONResponse({"status": status}, status_code=200 if status == "ok" else 503)
+
+    @app.get("/version")
+    async def version() -> dict:
+        return {"version": __version__}
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models", dependencies=auth)
+    async def models() -> dict:
+        card = {"id": model_name, "object": "model", "created": 0, "owned_by": "expresslane",
+                "root": str(client.model_dir) if client.model_dir else None, "max_model_len": client.max_model_len}
+        return {"object": "list", "data": [card]}
+
+    async def run(request: Request, req: SamplingRequest, prepare, endpoint, prefix: str) -> Response:
+        check_model(req.model)
+        client.check_accepting()
+        prompts, params = prepare(client, req)
+        rid = new_id(prefix)
+        group = client.submit(rid, prompts, params, priority=req.priority, lane=req.lane,
+                              timeout=settings.request_timeout)
+        ep = endpoint(client, model_name, rid, group, params, req.include_usage, req.return_metrics)
+        if req.stream:
+            return SSEResponse(ep.stream(), group.close)
+        return await _unless_client_gone(request, ep.collect(), group.close)
+
+    @app.post("/v1/completions", dependencies=auth)
+    async def completions(request: Request) -> Response:
+        req = parse(CompletionRequest, await request.body())
+        return await run(request, req, prepare_completion, Completions, "cmpl")
+
+    @app.post("/v1/chat/completions", dependencies=auth)
+    async def chat_completions(request: Request) -> Response:
+        req = parse(ChatCompletionRequest, await request.body())
+        return await run(request, req, prepare_chat, Chat, "chatcmpl")
+
+    @app.post("/generate", dependencies=auth)
+    async def generate(request: Request) -> Response:
+        req = parse(GenerateRequest, await request.body())
+        return await run(request, req, prepare_generate, Generate, "gen")
+
+    @app.post("/tokenize", dependencies=auth)
+    async def tokenize(request: Request) -> dict:
+        req = parse(TokenizeRequest, await request.body())
+        check_model(req.model)
+        client.check_accepting()
+        if (req.prompt is None) == (req.messages is None):
+            raise errors.bad_request("give exactly one of 'prompt' and 'messages'", "prompt")
+        if req.messages is not None:
+            _, ids = chat_prompt(client.tokenizer, req.messages, req.add_generation_prompt)
+        else:
+            ids = client.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+        return {"count": len(ids), "max_model_len": client.max_model_len, "tokens": ids}
+
+    @app.post("/detokenize", dependencies=auth)
+    async def detokenize(request: Request) -> dict:
+        req = parse(DetokenizeRequest, await request.body())
+        check_model(req.model)
+        client.check_accepting()
+        vocab = client.inputs.vocab_size
+        if any(not 0 <= t < vocab for t in req.tokens):
+            raise errors.bad_request(f"token ids must be in [0, {vocab})", "tokens")
+        return {"prompt": client.tokenizer.decode(req.tokens)}
+
+    return app

@@ -1,0 +1,36 @@
+"""``expresslane serve``: flags only. The server's heavy imports (FastAPI, uvicorn, ZeroMQ)
+happen when the command runs, so ``expresslane --help`` and the offline engine stay light."""
+
+from __future__ import annotations
+
+import argparse
+
+from expresslane.config import add_cli_args
+
+
+def add_serve_parser(subparsers) -> None:
+    p = subparsers.add_parser("serve", help="OpenAI-compatible HTTP server (SSE streaming, Prometheus metrics)")
+    p.add_argument("model", nargs="?", default=None, help="model directory (default: the built-in tiny model)")
+    s = p.add_argument_group("server")
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*, /generate, "
+                   "/tokenize")
+    s.add_argument("--served-model-name", default=None,
+                   help="the model name clients send and see (default: the model argument, or 'tiny')")
+    s.add_argument("--max-waiting-requests", type=int, default=None,
+                   help="admission cap: requests admitted but not yet producing tokens; over it, 503 + Retry-After")
+    s.add_argument("--max-waiting-tokens", type=int, default=None,
+                   help="admission cap: prompt tokens of those requests; over it, 503 + Retry-After")
+    s.add_argument("--request-timeout", type=float, default=None,
+                   help="seconds a request may take from arrival; then it is aborted, its KV freed (504)")
+    s.add_argument("--shutdown-timeout", type=float, default=30.0,
+                   help="on SIGTERM: refuse new requests and give in-flight ones this many seconds to finish")
+    add_cli_args(p)
+    p.set_defaults(func=_serve)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from expresslane.server.launch import serve
+
+    return serve(args)

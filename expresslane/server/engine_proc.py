@@ -1,0 +1,84 @@
+"""The engine process: EngineCore's step loop behind two ZeroMQ sockets.
+
+The loop blocks (on the input socket and the parent's sentinel) only when the engine
+has nothing to run; otherwise it drains whatever messages arrived, steps once and
+sends that step's outputs. Tokenization, detokenization and stop strings live in the
+API process: only token ids cross the socket.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import signal
+import time
+from typing import Any
+
+import msgspec
+import zmq
+
+from expresslane.config import EngineConfig
+from expresslane.engine.core import EngineCore
+from expresslane.server.wire import Abort, Add, Failed, Outputs, Ready, Shutdown, ToEngine
+
+log = logging.getLogger(__name__)
+
+
+def run_engine(engine_kwargs: dict[str, Any], in_addr: str, out_addr: str, log_level: str) -> None:
+    """Process entry point (multiprocessing spawn target)."""
+    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s engine %(name)s: %(message)s")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the API process decides
+    ctx = zmq.Context()
+    inp = ctx.socket(zmq.PULL)
+    inp.bind(in_addr)  # the API process connects: its messages queue until this bind
+    out = ctx.socket(zmq.PUSH)
+    out.setsockopt(zmq.LINGER, 2000)
+    out.connect(out_addr)
+    encode = msgspec.msgpack.Encoder().encode
+    try:
+        core = EngineCore(EngineConfig.from_kwargs(**engine_kwargs))
+    except Exception as e:  # reported to the API process, which exits with the message
+        log.exception("engine start failed")
+        out.send(encode(Failed(f"{type(e).__name__}: {e}")))
+        raise SystemExit(1) from e
+    out.send(encode(Ready(core.max_model_len, core.config.cache.num_kv_blocks)))
+    try:
+        _loop(core, inp, out, encode)
+    finally:
+        out.close()
+        inp.close(linger=0)
+        ctx.term()
+
+
+def _loop(core: EngineCore, inp: zmq.Socket, out: zmq.Socket, encode) -> None:
+    decode = msgspec.msgpack.Decoder(ToEngine).decode
+    parent = multiprocessing.parent_process()
+    poller = zmq.Poller()
+    poller.register(inp, zmq.POLLIN)
+    if parent is not None:
+        poller.register(parent.sentinel, zmq.POLLIN)  # readable once the API process is gone
+    while True:
+        busy = core.has_unfinished()
+        events = dict(poller.poll(0 if busy else None))
+        if parent is not None and parent.sentinel in events:
+            log.warning("API process is gone; engine exits")
+            return
+        outputs, received, rejected, handled = [], {}, {}, False
+        while inp.poll(0):
+            msg = decode(inp.recv())
+            handled = True
+            if isinstance(msg, Add):
+                for req in msg.requests:
+                    try:
+                        core.add_request(req)
+                        received[req.request_id] = time.monotonic()
+                    except ValueError as e:  # the API process validates first; this is a backstop
+                        rejected[req.request_id] = str(e)
+            elif isinstance(msg, Abort):
+                outputs += core.abort(msg.request_ids)
+            elif isinstance(msg, Shutdown):
+                return
+        if not (busy or handled):
+            continue
+        outputs += core.step()  # with nothing to run, an empty step just refreshes the stats
+        out.send(encode(Outputs(outputs, core.stats(), time.monotonic(), received, rejected)))

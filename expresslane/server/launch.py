@@ -1,0 +1,108 @@
+"""Run the server: engine process + uvicorn, and the SIGTERM drain.
+
+On the first SIGTERM (or Ctrl-C) the server stops admitting (503, ``/health`` 503),
+lets in-flight requests finish for up to ``--shutdown-timeout`` seconds, then stops
+uvicorn and the engine process and exits 0. A second signal stops the wait.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+import time
+
+import uvicorn
+
+from expresslane.config import EngineConfig, engine_kwargs_from_args
+from expresslane.server.api import ServerSettings, build_app
+from expresslane.server.engine_client import Admission, EngineClient
+from expresslane.server.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+
+class DrainingServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, client: EngineClient, shutdown_timeout: float):
+        super().__init__(config)
+        self.client = client
+        self.shutdown_timeout = shutdown_timeout
+        self.exit_code = 0
+        self._drain_deadline: float | None = None
+        self._drain_logged = False
+
+    def handle_exit(self, sig: int, frame) -> None:
+        # A signal handler: only set flags here; on_tick (every 0.1 s) does the work. Not
+        # recording the signal also stops uvicorn from re-raising it after a clean exit.
+        if self._drain_deadline is None and self.client.state == "ready":
+            self._drain_deadline = time.monotonic() + self.shutdown_timeout
+            self.client.start_draining()
+        else:  # not serving yet, or a second signal
+            self.force_exit = self.should_exit  # a third one skips uvicorn's graceful close too
+            self.should_exit = True
+
+    async def on_tick(self, counter: int) -> bool:
+        if self._drain_deadline is not None:
+            if not self._drain_logged:
+                log.warning("shutting down: waiting up to %gs for %d in-flight requests", self.shutdown_timeout,
+                            self.client.num_inflight)
+                self._drain_logged = True
+            if self.client.num_inflight == 0 or time.monotonic() >= self._drain_deadline:
+                return True
+        return await super().on_tick(counter)
+
+
+def settings_from_args(args: argparse.Namespace) -> ServerSettings:
+    for name in ("max_waiting_requests", "max_waiting_tokens", "request_timeout"):
+        value = getattr(args, name)
+        if value is not None and value <= 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    if args.shutdown_timeout < 0:
+        raise ValueError(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
+    if not 0 <= args.port < 65536:
+        raise ValueError(f"--port must be in [0, 65535], got {args.port}")
+    return ServerSettings(host=args.host, port=args.port, api_key=args.api_key,
+                          served_model_name=args.served_model_name or args.model or "tiny",
+                          max_waiting_requests=args.max_waiting_requests, max_waiting_tokens=args.max_waiting_tokens,
+                          request_timeout=args.request_timeout, shutdown_timeout=args.shutdown_timeout)
+
+
+def serve(args: argparse.Namespace) -> int:
+    settings = settings_from_args(args)
+    engine_kwargs = {**engine_kwargs_from_args(args), "model": args.model}
+    EngineConfig.from_kwargs(**engine_kwargs)  # bad flags fail here, before any process starts
+    log_level = args.log_level.upper()
+    metrics = Metrics(settings.served_model_name)
+    client = EngineClient(engine_kwargs, metrics, Admission(settings.max_waiting_requests,
+                                                            settings.max_waiting_tokens), log_level)
+    config = uvicorn.Config(build_app(client, settings, metrics), host=settings.host, port=settings.port,
+                            log_level=log_level.lower(), access_log=log_level in ("DEBUG", "INFO"), lifespan="off",
+                            timeout_graceful_shutdown=2)
+    server = DrainingServer(config, client, settings.shutdown_timeout)
+    # uvicorn's loop choice: uvloop when installed (uvicorn[standard]), as `uvicorn.run` would.
+    with asyncio.Runner(loop_factory=config.get_loop_factory()) as runner:
+        return runner.run(_serve(server, client, settings))
+
+
+async def _serve(server: DrainingServer, client: EngineClient, settings: ServerSettings) -> int:
+    def started(task: asyncio.Task) -> None:
+        if task.cancelled():
+            return
+        if task.exception() is not None:
+            print(f"error: {task.exception()}", file=sys.stderr)
+            server.exit_code = 1
+            server.should_exit = True
+        else:
+            print(f"expresslane: serving {settings.served_model_name!r} on http://{settings.host}:{settings.port}",
+                  file=sys.stderr, flush=True)
+
+    # The port opens at once (/health says 503 "starting") while the engine loads.
+    start = asyncio.create_task(client.start())
+    start.add_done_callback(started)
+    try:
+        await server.serve()
+    finally:
+        start.cancel()
+        await client.close()
+    return server.exit_code

@@ -1,0 +1,259 @@
+"""Request bodies (pydantic, strict JSON types) and how a validation error becomes a 400.
+
+Field names and defaults follow OpenAI's API; the extras (``top_k``, ``min_p``,
+``ignore_eos``, ``min_tokens``, ``stop_token_ids``, ``priority``, ``lane``, ...)
+follow vLLM. ``return_metrics`` is ours: it adds the engine's timestamps to the
+response (see ``serving.request_metrics``). Parameters we do not implement are
+refused with a 400 that names them, never silently ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+
+from expresslane.sampling_params import SamplingParams
+from expresslane.server.errors import APIError, bad_request
+
+MAX_N = 128  # OpenAI's limit
+MAX_LOGPROBS = 20  # vLLM's default max_logprobs
+INT32 = 2**31 - 1  # bound on counts: every integer must fit the engine's wire format (msgpack int64)
+_STRICT = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
+
+NonEmptyStr = Annotated[str, Field(min_length=1)]
+
+
+class StreamOptions(BaseModel):
+    model_config = _STRICT
+    include_usage: bool = False
+
+
+class SamplingRequest(BaseModel):
+    """Fields shared by /v1/completions, /v1/chat/completions and /generate."""
+
+    model_config = _STRICT
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=1, le=INT32)
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=-1, le=INT32)
+    min_p: float = Field(0.0, ge=0.0, le=1.0)
+    n: int = Field(1, ge=1, le=MAX_N)
+    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1 - MAX_N)  # child i uses seed + i
+    stop: NonEmptyStr | list[NonEmptyStr] | None = None
+    stop_token_ids: list[Annotated[int, Field(ge=0, le=INT32)]] | None = None
+    ignore_eos: bool = False
+    min_tokens: int = Field(0, ge=0, le=INT32)
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    priority: int = Field(0, ge=-INT32, le=INT32)  # lower runs first under --scheduling-policy priority
+    lane: Literal["interactive", "batch"] = "interactive"
+    return_metrics: bool = False
+
+    @field_validator("presence_penalty", "frequency_penalty")
+    @classmethod
+    def _no_penalty(cls, v: float) -> float:
+        if v != 0.0:
+            raise ValueError("is not supported by this server (only 0)")
+        return v
+
+    @field_validator("repetition_penalty")
+    @classmethod
+    def _no_repetition_penalty(cls, v: float) -> float:
+        if v != 1.0:
+            raise ValueError("is not supported by this server (only 1)")
+        return v
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_logit_bias(cls, v: dict | None) -> dict | None:
+        if v:
+            raise ValueError("is not supported by this server")
+        return v
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    def sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+        try:
+            return SamplingParams(
+                n=self.n, max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                min_p=self.min_p, seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids or [],
+                ignore_eos=self.ignore_eos, min_tokens=self.min_tokens, logprobs=logprobs,
+                skip_special_tokens=self.skip_special_tokens,
+                include_stop_str_in_output=self.include_stop_str_in_output)
+        except ValueError as e:  # SamplingParams names the field first: "min_tokens must be ..."
+            raise bad_request(str(e), str(e).split(" ", 1)[0]) from None
+
+
+class CompletionRequest(SamplingRequest):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(16, ge=1, le=INT32)  # OpenAI's default for completions
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _non_empty(cls, v):
+        if isinstance(v, list) and (not v or any(isinstance(p, list) and not p for p in v)):
+            raise ValueError("must not be empty")
+        return v
+
+    @field_validator("echo")
+    @classmethod
+    def _no_echo(cls, v: bool) -> bool:
+        if v:
+            raise ValueError("is not supported by this server")
+        return v
+
+    @field_validator("best_of")
+    @classmethod
+    def _best_of_is_n(cls, v: int | None, info: ValidationInfo) -> int | None:
+        if v is not None and v != info.data.get("n", 1):
+            raise ValueError("other than n is not supported by this server")
+        return v
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, v: str | None) -> str | None:
+        if v:
+            raise ValueError("is not supported by this server")
+        return v
+
+    def prompts(self) -> list[str | dict]:
+        """The prompt(s) as ``InputProcessor.tokenize`` takes them."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if isinstance(p[0], int):
+            return [{"prompt_token_ids": p}]
+        return [x if isinstance(x, str) else {"prompt_token_ids": x} for x in p]
+
+
+class TextPart(BaseModel):
+    model_config = _STRICT
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = _STRICT
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(part.text for part in self.content)
+        return self.content or ""
+
+
+class ChatCompletionRequest(SamplingRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1, le=INT32)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    add_generation_prompt: bool = True
+    tools: list | None = None
+    response_format: dict | None = None
+
+    @field_validator("tools")
+    @classmethod
+    def _no_tools(cls, v: list | None) -> list | None:
+        if v:
+            raise ValueError("tool calling is not supported by this server")
+        return v
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_only(cls, v: dict | None) -> dict | None:
+        if v and v.get("type") != "text":
+            raise ValueError("only {'type': 'text'} is supported by this server")
+        return v
+
+    @property
+    def num_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+
+class GenerateRequest(SamplingRequest):
+    prompt: NonEmptyStr | list[int]
+    max_tokens: int | None = Field(16, ge=1, le=INT32)
+    n: int = Field(1, ge=1, le=1)
+
+
+class TokenizeRequest(BaseModel):
+    model_config = _STRICT
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = _STRICT
+    model: str | None = None
+    tokens: list[int]
+
+
+_SCALAR_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
+
+
+def _is_union_tag(item) -> bool:
+    """Pydantic names the member of a union in the error location: 'str', 'list[int]', 'function-after[...]'."""
+    return isinstance(item, str) and (item in _SCALAR_TAGS or "[" in item or "-" in item)
+
+
+def parse(model: type[BaseModel], body: bytes) -> BaseModel:
+    """Validate a JSON body; the first problem becomes a 400 naming its field (OpenAI's ``param``)."""
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as e:
+        raise validation_error(e) from None
+
+
+def validation_error(e: ValidationError) -> APIError:
+    errs = e.errors(include_url=False)
+    first = errs[0]
+    if first["type"] == "json_invalid":
+        return bad_request(f"the body is not valid JSON: {first['msg']}", None, "invalid_json")
+    if not first["loc"]:
+        return bad_request(f"the body must be a JSON object: {first['msg']}", None)
+    param = _param(first["loc"])
+    k = next((i for i, item in enumerate(first["loc"]) if _is_union_tag(item)), None)
+    if k is not None:  # a union: no single member's message is the right one, so list the members
+        prefix = first["loc"][:k]
+        members = [err["loc"][k] for err in errs
+                   if err["loc"][:k] == prefix and len(err["loc"]) > k and _is_union_tag(err["loc"][k])]
+        if len(set(members)) > 1:
+            expected = ", ".join(dict.fromkeys(members)).replace("constrained-str", "non-empty str")
+            return bad_request(f"'{_param(prefix)}' has an invalid type or value; expected one of: {expected}",
+                               _param(prefix))
+    msg = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "missing":
+        return bad_request(f"'{param}' is required", param, "missing_required_parameter")
+    return bad_request(f"'{param}' {msg}" if msg.startswith("is ") or msg.startswith("must ")
+                       else f"'{param}': {msg}", param)
+
+
+def _param(loc: tuple) -> str:
+    """('messages', 0, 'role') -> 'messages[0].role'; union member tags ('list[str]') are dropped."""
+    out = ""
+    for item in loc:
+        if isinstance(item, int):
+            out += f"[{item}]"
+        elif not _is_union_tag(item):
+            out += f".{item}" if out else item
+    return out

@@ -1,0 +1,333 @@
+"""From a validated request body to engine work, and from engine outputs to OpenAI JSON.
+
+``prepare_*`` tokenize and check everything that can be checked before the 200 header
+(prompt length, stop token ids, max_tokens room); ``Completions``, ``Chat`` and
+``Generate`` turn the cumulative ``RequestOutput``s of a ``RequestGroup`` into a
+response body or a stream of SSE chunks. A failure after the header is an SSE
+``{"error": ...}`` event followed by ``data: [DONE]``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import AsyncIterator
+
+import msgspec
+
+from expresslane.outputs import CompletionOutput, RequestOutput
+from expresslane.sampling_params import SamplingParams
+from expresslane.server import errors
+from expresslane.server.engine_client import EngineClient, RequestGroup
+from expresslane.server.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, GenerateRequest
+
+log = logging.getLogger(__name__)
+
+# ChatML, for models whose tokenizer has no chat template.
+DEFAULT_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+Prompt = tuple[str | None, list[int]]
+_encode_json = msgspec.json.Encoder().encode
+DONE = b"data: [DONE]\n\n"
+
+
+def sse(obj: dict) -> bytes:
+    return b"data: " + _encode_json(obj) + b"\n\n"
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+# -- requests -> engine work --------------------------------------------------------------------
+def check_prompt(client: EngineClient, ids: list[int], params: SamplingParams, param: str) -> None:
+    try:
+        client.inputs.check(ids, params)
+    except ValueError as e:
+        if "stop_token_ids" in str(e):
+            raise errors.bad_request(str(e), "stop_token_ids") from None
+        if "maximum context length" in str(e):
+            raise errors.context_too_long(str(e), param) from None
+        raise errors.bad_request(str(e), param) from None
+    limit = client.max_model_len
+    if params.max_tokens is not None and len(ids) + params.max_tokens > limit:
+        raise errors.context_too_long(
+            f"this model's maximum context length is {limit} tokens; the request asks for "
+            f"{len(ids) + params.max_tokens} ({len(ids)} in the prompt, {params.max_tokens} for the completion)",
+            "max_tokens")
+
+
+def prepare_completion(client: EngineClient, req: CompletionRequest) -> tuple[list[Prompt], SamplingParams]:
+    params = req.sampling_params(req.max_tokens, req.logprobs)
+    prompts = []
+    for p in req.prompts():
+        try:
+            text, ids = client.inputs.tokenize(p)
+        except (ValueError, TypeError) as e:
+            raise errors.bad_request(str(e), "prompt") from None
+        check_prompt(client, ids, params, "prompt")
+        prompts.append((text, ids))
+    return prompts, params
+
+
+def chat_prompt(tokenizer, messages: list[ChatMessage], add_generation_prompt: bool) -> Prompt:
+    """The model's chat template (ChatML when it has none) -> text and its token ids."""
+    msgs = [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})} for m in messages]
+    try:
+        text = tokenizer.apply_chat_template(msgs, chat_template=tokenizer.chat_template or DEFAULT_CHAT_TEMPLATE,
+                                             tokenize=False, add_generation_prompt=add_generation_prompt)
+    except Exception as e:  # jinja's TemplateError, or a template's own raise_exception()
+        raise errors.bad_request(f"the chat template rejected the messages: {e}", "messages") from None
+    # The template writes the special tokens (BOS) itself; do not add them twice.
+    return text, tokenizer.encode(text, add_special_tokens=False)
+
+
+def prepare_chat(client: EngineClient, req: ChatCompletionRequest) -> tuple[list[Prompt], SamplingParams]:
+    params = req.sampling_params(req.max_completion_tokens or req.max_tokens, req.num_logprobs)
+    text, ids = chat_prompt(client.tokenizer, req.messages, req.add_generation_prompt)
+    check_prompt(client, ids, params, "messages")
+    return [(text, ids)], params
+
+
+def prepare_generate(client: EngineClient, req: GenerateRequest) -> tuple[list[Prompt], SamplingParams]:
+    params = req.sampling_params(req.max_tokens, None)
+    p = req.prompt if isinstance(req.prompt, str) else {"prompt_token_ids": req.prompt}
+    try:
+        text, ids = client.inputs.tokenize(p)
+    except ValueError as e:
+        raise errors.bad_request(str(e), "prompt") from None
+    check_prompt(client, ids, params, "prompt")
+    return [(text, ids)], params
+
+
+# -- engine outputs -> responses ----------------------------------------------------------------
+def usage(finals: list[RequestOutput]) -> dict:
+    prompt = sum(len(o.prompt_token_ids) for o in finals)
+    completion = sum(len(c.token_ids) for o in finals for c in o.outputs)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": sum(o.num_cached_tokens for o in finals)}}
+
+
+def request_metrics(group: RequestGroup, finals: list[RequestOutput]) -> dict | list[dict]:
+    """The engine's monotonic timestamps (``return_metrics``): one dict, or a list for several prompts.
+
+    ``engine_arrival_time`` is when the engine process took the request, so
+    ``first_token_time - engine_arrival_time`` is the engine's own TTFT, and anything a
+    client sees beyond it is server overhead (HTTP, JSON, tokenization, IPC, SSE).
+    """
+    out = []
+    for o in finals:
+        m = o.metrics
+        out.append({"arrival_time": m.arrival_time, "engine_arrival_time": group.engine_arrival_time(o.request_id),
+                    "first_scheduled_time": m.first_scheduled_time, "first_token_time": m.first_token_time,
+                    "finished_time": m.finished_time})
+    return out[0] if len(out) == 1 else out
+
+
+@dataclass(slots=True)
+class Delta:
+    """What one completion gained since the last chunk."""
+
+    index: int  # choice index: prompt_index * n + completion index
+    text: str
+    token_ids: list[int]
+    logprobs: list[dict[int, float]] | None
+    finish_reason: str | None
+    stop_reason: int | str | None
+
+
+@dataclass(slots=True)
+class _Sent:
+    chars: int = 0
+    tokens: int = 0
+    done: bool = False
+
+
+@dataclass
+class DeltaTracker:
+    """Cumulative outputs -> deltas per choice.
+
+    While a completion runs, the last ``longest stop string - 1`` characters are held
+    back: a stop string completed by a later token cuts the text there, and text
+    already sent cannot be taken back.
+    """
+
+    request_ids: list[str]
+    params: SamplingParams
+    sent: dict[tuple[str, int], _Sent] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._holdback = max((len(s) for s in self.params.stop), default=1) - 1
+        self._prompt_index = {rid: i for i, rid in enumerate(self.request_ids)}
+
+    def deltas(self, out: RequestOutput) -> list[Delta]:
+        result = []
+        for comp in out.outputs:
+            s = self.sent.setdefault((out.request_id, comp.index), _Sent())
+            if s.done:
+                continue
+            end = len(comp.text) if comp.finished else max(s.chars, len(comp.text) - self._holdback)
+            text, s.chars = comp.text[s.chars:end], end
+            tokens = comp.token_ids[s.tokens:]
+            lps = None if comp.logprobs is None else comp.logprobs[s.tokens:len(comp.token_ids)]
+            if not (text or comp.finished):
+                continue  # keep its tokens (and their logprobs) for the chunk that carries their text
+            s.tokens, s.done = len(comp.token_ids), comp.finished
+            result.append(Delta(self._prompt_index[out.request_id] * self.params.n + comp.index, text, tokens,
+                                lps, comp.finish_reason, comp.stop_reason))
+        return result
+
+
+class _Endpoint:
+    """Shared streaming and collecting; subclasses say what a chunk and a response look like."""
+
+    chunk_object = ""
+
+    def __init__(self, client: EngineClient, model_name: str, request_id: str, group: RequestGroup,
+                 params: SamplingParams, include_usage: bool, return_metrics: bool):
+        self.client, self.model_name, self.id, self.group = client, model_name, request_id, group
+        self.params, self.include_usage, self.return_metrics = params, include_usage, return_metrics
+        self.created = int(time.time())
+
+    def envelope(self, object_name: str, choices: list[dict]) -> dict:
+        return {"id": self.id, "object": object_name, "created": self.created, "model": self.model_name,
+                "choices": choices}
+
+    async def stream(self) -> AsyncIterator[bytes]:
+        finals: dict[str, RequestOutput] = {}
+        tracker = DeltaTracker(list(self.group.tracked), self.params)
+        usage_field = {"usage": None} if self.include_usage else {}
+        try:
+            for chunk in self.opening_chunks():
+                yield sse({**chunk, **usage_field})
+            async for out in self.group.outputs():
+                finals[out.request_id] = out
+                deltas = tracker.deltas(out)
+                for i, d in enumerate(deltas):
+                    chunk = {**self.chunk(d), **usage_field}
+                    # Completions are live objects: judge "last" by them, not by the queued snapshot.
+                    if (self.return_metrics and not self.include_usage and i == len(deltas) - 1
+                            and len(finals) == len(self.group.tracked)
+                            and all(c.finished for o in finals.values() for c in o.outputs)):
+                        chunk["metrics"] = request_metrics(self.group, self.ordered(finals))
+                    yield sse(chunk)
+            if self.include_usage:
+                chunk = self.usage_chunk(usage(self.ordered(finals)))
+                if self.return_metrics:
+                    chunk["metrics"] = request_metrics(self.group, self.ordered(finals))
+                yield sse(chunk)
+        except errors.APIError as e:
+            yield sse(e.body())
+        except Exception as e:  # never end a stream without telling the client why
+            log.exception("stream %s failed", self.id)
+            yield sse(errors.internal(f"internal error: {e!r}").body())
+        yield DONE
+
+    def ordered(self, finals: dict[str, RequestOutput]) -> list[RequestOutput]:
+        return [finals[rid] for rid in self.group.tracked]
+
+    async def collect(self) -> dict:
+        finals: dict[str, RequestOutput] = {}
+        async for out in self.group.outputs():
+            finals[out.request_id] = out
+        ordered = self.ordered(finals)
+        body = self.response(ordered)
+        body["usage"] = usage(ordered)
+        if self.return_metrics:
+            body["metrics"] = request_metrics(self.group, ordered)
+        return body
+
+    def choice_index(self, prompt_index: int, comp: CompletionOutput) -> int:
+        return prompt_index * self.params.n + comp.index
+
+    def opening_chunks(self) -> list[dict]:
+        return []
+
+    def usage_chunk(self, u: dict) -> dict:
+        return {**self.envelope(self.chunk_object, []), "usage": u}
+
+
+class Completions(_Endpoint):
+    chunk_object = "text_completion"
+
+    def chunk(self, d: Delta) -> dict:
+        return self.envelope(self.chunk_object, [{
+            "index": d.index, "text": d.text, "logprobs": self.logprobs(d.token_ids, d.logprobs),
+            "finish_reason": d.finish_reason, "stop_reason": d.stop_reason}])
+
+    def response(self, finals: list[RequestOutput]) -> dict:
+        return self.envelope("text_completion", [
+            {"index": self.choice_index(i, c), "text": c.text, "logprobs": self.logprobs(c.token_ids, c.logprobs),
+             "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
+            for i, o in enumerate(finals) for c in o.outputs])
+
+    def logprobs(self, token_ids: list[int], lps: list[dict[int, float]] | None) -> dict | None:
+        if lps is None:
+            return None
+        decode = self.client.tokenizer.decode
+        tokens = [decode([t]) for t in token_ids]
+        offsets, at = [], 0
+        for tok in tokens:
+            offsets.append(at)
+            at += len(tok)
+        return {"tokens": tokens, "token_logprobs": [lp.get(t) for t, lp in zip(token_ids, lps)],
+                "top_logprobs": [{decode([k]): v for k, v in lp.items()} for lp in lps], "text_offset": offsets}
+
+
+class Chat(_Endpoint):
+    chunk_object = "chat.completion.chunk"
+
+    def opening_chunks(self) -> list[dict]:
+        n = len(self.group.tracked) * self.params.n
+        return [self.envelope(self.chunk_object, [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                                   "logprobs": None, "finish_reason": None}]) for i in range(n)]
+
+    def chunk(self, d: Delta) -> dict:
+        return self.envelope(self.chunk_object, [{
+            "index": d.index, "delta": {"content": d.text} if d.text else {},
+            "logprobs": self.logprobs(d.token_ids, d.logprobs), "finish_reason": d.finish_reason,
+            "stop_reason": d.stop_reason}])
+
+    def response(self, finals: list[RequestOutput]) -> dict:
+        return self.envelope("chat.completion", [
+            {"index": self.choice_index(i, c), "message": {"role": "assistant", "content": c.text},
+             "logprobs": self.logprobs(c.token_ids, c.logprobs), "finish_reason": c.finish_reason,
+             "stop_reason": c.stop_reason}
+            for i, o in enumerate(finals) for c in o.outputs])
+
+    def logprobs(self, token_ids: list[int], lps: list[dict[int, float]] | None) -> dict | None:
+        if lps is None:
+            return None
+        decode = self.client.tokenizer.decode
+        k = self.params.logprobs or 0
+
+        def entry(t: int, lp: float) -> dict:
+            s = decode([t])
+            return {"token": s, "logprob": lp, "bytes": list(s.encode())}
+
+        return {"content": [{**entry(t, lp.get(t, float("-inf"))),
+                             "top_logprobs": [entry(a, b) for a, b in sorted(lp.items(), key=lambda kv: -kv[1])[:k]]}
+                            for t, lp in zip(token_ids, lps)]}
+
+
+class Generate(_Endpoint):
+    """/generate: plain text in, text and token ids out (no OpenAI envelope)."""
+
+    def chunk(self, d: Delta) -> dict:
+        return {"id": self.id, "text": d.text, "token_ids": d.token_ids, "finish_reason": d.finish_reason}
+
+    def usage_chunk(self, u: dict) -> dict:
+        return {"id": self.id, "text": "", "token_ids": [], "finish_reason": None, "usage": u}
+
+    def response(self, finals: list[RequestOutput]) -> dict:
+        [o] = finals
+        c = o.outputs[0]
+        return {"id": self.id, "text": c.text, "token_ids": c.token_ids, "finish_reason": c.finish_reason,
+                "stop_reason": c.stop_reason}

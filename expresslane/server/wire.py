@@ -1,0 +1,43 @@
+"""Messages between the API process and the engine process (msgspec over ZeroMQ PUSH/PULL)."""
+
+from __future__ import annotations
+
+import msgspec
+
+from expresslane.engine.core import StepStats
+from expresslane.engine.request import EngineCoreOutput, EngineCoreRequest
+
+
+class Add(msgspec.Struct, tag=True):
+    requests: list[EngineCoreRequest]  # a parent's n children (or several prompts) at once
+
+
+class Abort(msgspec.Struct, tag=True):
+    request_ids: list[str]
+
+
+class Shutdown(msgspec.Struct, tag=True):
+    pass
+
+
+class Ready(msgspec.Struct, tag=True):
+    max_model_len: int
+    num_kv_blocks: int
+
+
+class Failed(msgspec.Struct, tag=True):
+    message: str
+
+
+class Outputs(msgspec.Struct, tag=True):
+    """What one turn of the engine loop produced, and the engine's state after it."""
+
+    outputs: list[EngineCoreOutput]
+    stats: StepStats
+    timestamp: float  # monotonic time at the end of the turn (the tokens' emission time)
+    received: dict[str, float] = {}  # request id -> when the engine took it (its own TTFT start)
+    rejected: dict[str, str] = {}  # request id -> why add_request refused it
+
+
+ToEngine = Add | Abort | Shutdown
+FromEngine = Ready | Failed | Outputs

@@ -1,0 +1,121 @@
+"""Admission caps (503 + Retry-After) and priority ordering, on a server that runs one request at a time."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+
+from .conftest import Server, metric
+
+
+async def hold_the_slot(http: httpx.AsyncClient) -> asyncio.Task:
+    """A long stream that holds the server's only slot until its task is cancelled."""
+    running = asyncio.Event()
+
+    async def blocker() -> None:
+        async with http.stream("POST", "/generate", json={"prompt": "blocker", "max_tokens": 2000,
+                                                          "ignore_eos": True, "stream": True}) as r:
+            async for _ in r.aiter_lines():
+                running.set()
+
+    task = asyncio.create_task(blocker())
+    await running.wait()
+    return task
+
+
+async def wait_for_metric(server: Server, name: str, value: float, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while metric(server.metrics(), name) != value:
+        assert time.monotonic() < deadline, f"{name} never reached {value}"
+        await asyncio.sleep(0.02)
+
+
+@pytest.fixture(scope="module")
+def small_server():
+    s = Server("--max-waiting-requests", "4", "--scheduling-policy", "priority", "--max-num-seqs", "1",
+               "--max-model-len", "2048")
+    try:
+        yield s.wait_ready()
+    finally:
+        s.stop()
+
+
+def test_burst_over_the_waiting_cap_gets_503s_and_accepted_requests_complete(small_server):
+    async def one(http: httpx.AsyncClient, i: int) -> httpx.Response:
+        return await http.post("/v1/completions", json={"prompt": f"burst {i}", "max_tokens": 4, "ignore_eos": True})
+
+    async def main():
+        async with httpx.AsyncClient(base_url=small_server.url, headers=small_server.headers, timeout=120,
+                                     limits=httpx.Limits(max_connections=None)) as http:
+            return await asyncio.gather(*(one(http, i) for i in range(50)))
+
+    responses = asyncio.run(main())
+    accepted = [r for r in responses if r.status_code == 200]
+    refused = [r for r in responses if r.status_code == 503]
+    assert len(accepted) + len(refused) == 50
+    assert len(accepted) >= 4 and refused
+    for r in refused:
+        assert int(r.headers["Retry-After"]) >= 1
+        assert r.json()["error"]["code"] == "overloaded"
+    for r in accepted:
+        choice = r.json()["choices"][0]
+        assert choice["finish_reason"] == "length" and r.json()["usage"]["completion_tokens"] == 4
+    assert httpx.get(small_server.url + "/health").status_code == 200
+
+
+def test_lower_priority_value_runs_first(small_server):
+    """With one slot busy, a later request with priority -5 overtakes an earlier one with priority 5."""
+    body = {"max_tokens": 2, "ignore_eos": True, "return_metrics": True}
+
+    async def main():
+        async with httpx.AsyncClient(base_url=small_server.url, headers=small_server.headers, timeout=120) as http:
+            blocking = await hold_the_slot(http)
+            late = asyncio.create_task(http.post("/v1/completions", json={**body, "prompt": "b", "priority": 5}))
+            await asyncio.sleep(0.05)
+            urgent = asyncio.create_task(http.post("/v1/completions", json={**body, "prompt": "c", "priority": -5}))
+            await wait_for_metric(small_server, "expresslane:num_requests_waiting", 2)
+            blocking.cancel()  # the client leaves: its abort frees the slot for the queue
+            return (await late).json(), (await urgent).json()
+
+    late, urgent = asyncio.run(main())
+    assert late["metrics"]["arrival_time"] < urgent["metrics"]["arrival_time"]
+    assert urgent["metrics"]["finished_time"] <= late["metrics"]["first_scheduled_time"]
+
+
+def test_clients_gone_while_queued_are_aborted_before_running(small_server):
+    s = small_server
+    before = metric(s.metrics(), "expresslane:request_success_total", finished_reason="abort")
+
+    async def main():
+        async with httpx.AsyncClient(base_url=s.url, headers=s.headers, timeout=60) as http:
+            async def queued_stream(i: int) -> None:
+                with pytest.raises(httpx.ReadTimeout):  # nothing comes while it waits: the client gives up
+                    async with http.stream("POST", "/v1/completions", json={"prompt": f"q{i}", "stream": True},
+                                           timeout=httpx.Timeout(60, read=0.3)) as r:
+                        async for _ in r.aiter_lines():
+                            pass
+
+            async def queued_plain() -> None:
+                with pytest.raises(httpx.ReadTimeout):
+                    await http.post("/v1/completions", json={"prompt": "q"}, timeout=httpx.Timeout(60, read=0.3))
+
+            blocking = await hold_the_slot(http)
+            await asyncio.gather(queued_stream(0), queued_stream(1), queued_plain())
+            deadline = time.monotonic() + 2
+            while time.monotonic() < deadline:
+                m = s.metrics()
+                if metric(m, "expresslane:request_success_total", finished_reason="abort") == before + 3 and \
+                        metric(m, "expresslane:num_requests_waiting") == 0:
+                    break
+                await asyncio.sleep(0.05)
+            assert not blocking.done(), "the queued requests left while the blocker still held the slot"
+            blocking.cancel()
+            return m
+
+    m = asyncio.run(main())
+    assert metric(m, "expresslane:request_success_total", finished_reason="abort") == before + 3
+    assert metric(m, "expresslane:num_requests_waiting") == 0
+    assert metric(m, "expresslane:num_requests_running") == 1
