@@ -59,8 +59,8 @@ class LLMEngine:
         arrival = time.monotonic() if arrival_time is None else arrival_time
         child_ids = self.outputs.add_request(request_id, text, ids, params, arrival)
         for i, cid in enumerate(child_ids):
-            child_params = params if params.n == 1 else child_params(params, i)
-            self.core.add_request(EngineCoreRequest(cid, ids, child_params, self.inputs.eos, arrival, priority))
+            sp = params if params.n == 1 else child_params(params, i)
+            self.core.add_request(EngineCoreRequest(cid, ids, sp, self.inputs.eos, arrival, priority))
 
     def abort(self, request_id: str) -> RequestOutput | None:
         self.core.abort(self.outputs.child_ids(request_id))
