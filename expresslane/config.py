@@ -14,6 +14,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from expresslane.engine.lanes import DEFAULT_LANE_SLO, parse_lane_slo
+
 
 def _knob(default: Any, help: str, choices: tuple | None = None) -> Any:
     return field(default=default, metadata={"help": help, "choices": choices})
@@ -42,8 +44,11 @@ class CacheConfig:
 class SchedulerConfig:
     max_num_seqs: int = _knob(256, "most requests running at once")
     max_num_batched_tokens: int = _knob(2048, "token budget of one step (prefill chunks + decodes)")
-    scheduling_policy: str = _knob("fcfs", "order of waiting requests: fcfs, or priority (lower value first)",
-                                   ("fcfs", "priority"))
+    scheduling_policy: str = _knob("fcfs", "order of requests: fcfs; priority (lower value first); deadline "
+                                   "(lanes: earliest TTFT deadline first, budget shares, interactive preempts batch)",
+                                   ("fcfs", "priority", "deadline"))
+    lane_slo: str = _knob(DEFAULT_LANE_SLO, "lane targets and budget shares, e.g. "
+                          "'interactive:ttft=200ms,tpot=50ms;batch:ttft=30s,share=0.25' (over the defaults)")
     long_prefill_token_threshold: int | None = _knob(
         None, "most prompt tokens one request may take in a step while other requests wait for the budget "
         "(leftover budget still goes to it); default: max_num_batched_tokens // 4; 0 = no cap")
@@ -94,6 +99,7 @@ class EngineConfig:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {c.gpu_memory_utilization}")
         if s.long_prefill_token_threshold is not None and s.long_prefill_token_threshold < 0:
             raise ValueError(f"long_prefill_token_threshold must be >= 0, got {s.long_prefill_token_threshold}")
+        parse_lane_slo(s.lane_slo)
         if s.batch_timeout_ms < 0:
             raise ValueError(f"batch_timeout_ms must be >= 0, got {s.batch_timeout_ms}")
         if m.max_model_len is not None and m.max_model_len < 1:

@@ -27,18 +27,22 @@ class LLM:
         return self.engine.config
 
     def generate(self, prompts: Prompt | Sequence[Prompt], sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 *, priority: int | Sequence[int] | None = None, use_tqdm: bool = True) -> list[RequestOutput]:
+                 *, priority: int | Sequence[int] | None = None, lane: str | Sequence[str] | None = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        """`lane`: interactive or batch (engine/lanes.py); by default picked by priority."""
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         prompts = list(prompts)
         params = _per_prompt(sampling_params if sampling_params is not None else SamplingParams(),
                              len(prompts), "sampling_params")
         prios = _per_prompt(priority if priority is not None else 0, len(prompts), "priority")
+        lanes = lane if isinstance(lane, (list, tuple)) else [lane] * len(prompts)
+        lanes = _per_prompt(lanes, len(prompts), "lane")
         ids = []
         try:
-            for prompt, sp, prio in zip(prompts, params, prios):
+            for prompt, sp, prio, ln in zip(prompts, params, prios, lanes):
                 rid = str(next(self._ids))
-                self.engine.add_request(rid, prompt, sp, prio)
+                self.engine.add_request(rid, prompt, sp, prio, lane=ln)
                 ids.append(rid)
         except Exception:
             for rid in ids:

@@ -28,13 +28,14 @@ from expresslane.bench.records import RequestRecord
 from expresslane.bench.stats import distribution
 from expresslane.bench.tables import fmt, text_table
 
-# Engine settings of each in-process row. A "continuous-lanes" row (short prompts in the
-# interactive lane, the long one in the batch lane) belongs here once the engine has lanes;
-# EngineTarget.submit would then pass each request's lane.
+# Engine settings of each in-process row. In the mixed scenario the long prompt is sent
+# in the batch lane and the short ones in the interactive lane; only the `deadline`
+# policy (continuous-lanes) acts on lanes.
 MODES = {
     "static": {"batching": "static"},
     "dynamic": {"batching": "dynamic"},
     "continuous": {"batching": "continuous", "scheduling_policy": "fcfs"},
+    "continuous-lanes": {"batching": "continuous", "scheduling_policy": "deadline"},
 }
 BASELINES = ("hf",)
 PROMPT_SEED = 0  # every row draws the same prompts in the same order
@@ -111,7 +112,8 @@ def measure(target, cfg: FlatLatencyConfig, lens: list[int]) -> dict:
         for n in lens:
             alone[n] += target.submit([n], cfg.output_len)
         short_alone += target.submit(shorts, cfg.output_len)
-        long_rec, *short_recs = target.submit([cfg.long_len, *shorts], cfg.output_len)
+        long_rec, *short_recs = target.submit([cfg.long_len, *shorts], cfg.output_len,
+                                              lanes=["batch"] + ["interactive"] * len(shorts))
         long_mixed.append(long_rec)
         short_mixed += short_recs
     everything = [r for recs in alone.values() for r in recs]

@@ -35,11 +35,12 @@ class EngineTarget:
         self.vocab_size = core.hf_config.vocab_size
         self.rng = random.Random(seed)
 
-    def submit(self, lengths: list[int], output_len: int) -> list[RequestRecord]:
+    def submit(self, lengths: list[int], output_len: int, lanes: list[str] | None = None) -> list[RequestRecord]:
         prompts = [{"prompt_token_ids": ids}
                    for ids in random_prompts(self.rng, self.vocab_size, lengths)]
         params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
-        return [record_from_output(o) for o in self.llm.generate(prompts, params, use_tqdm=False)]
+        outs = self.llm.generate(prompts, params, lane=lanes, use_tqdm=False)
+        return [record_from_output(o) for o in outs]
 
     def close(self) -> None:
         del self.llm
@@ -61,7 +62,8 @@ class HFTarget:
         self.rng = random.Random(seed)
 
     @torch.inference_mode()
-    def submit(self, lengths: list[int], output_len: int) -> list[RequestRecord]:
+    def submit(self, lengths: list[int], output_len: int, lanes: list[str] | None = None) -> list[RequestRecord]:
+        """`lanes` is ignored: transformers has no lanes."""
         prompts = random_prompts(self.rng, self.model.config.vocab_size, lengths)
         width = max(lengths)
         ids = torch.zeros(len(prompts), width, dtype=torch.long)
@@ -114,12 +116,12 @@ class HttpTarget:
         ratio = await client.tokens_per_word(self.session, ep.base_url, model)
         return ep, ratio or 1.0
 
-    def submit(self, lengths: list[int], output_len: int) -> list[RequestRecord]:
-        return self.loop.run_until_complete(self._submit(lengths, output_len))
+    def submit(self, lengths: list[int], output_len: int, lanes: list[str] | None = None) -> list[RequestRecord]:
+        return self.loop.run_until_complete(self._submit(lengths, output_len, lanes or [None] * len(lengths)))
 
-    async def _submit(self, lengths: list[int], output_len: int) -> list[RequestRecord]:
-        reqs = [SampleRequest(word_prompt(self.rng, n, self.tokens_per_word), n, output_len)
-                for n in lengths]
+    async def _submit(self, lengths: list[int], output_len: int, lanes: list[str | None]) -> list[RequestRecord]:
+        reqs = [SampleRequest(word_prompt(self.rng, n, self.tokens_per_word), n, output_len, lane=lane)
+                for n, lane in zip(lengths, lanes)]
         send = [client.send_request(self.session, self.endpoint, r) for r in reqs]
         first = asyncio.create_task(send[0])
         if len(reqs) > 1:

@@ -6,6 +6,7 @@ import time
 
 from expresslane.config import EngineConfig
 from expresslane.engine.core import EngineCore
+from expresslane.engine.lanes import resolve_lane
 from expresslane.engine.output_processor import OutputProcessor, child_params
 from expresslane.engine.request import EngineCoreRequest, check_prompt_length
 from expresslane.outputs import RequestOutput
@@ -53,14 +54,15 @@ class LLMEngine:
         self.outputs = OutputProcessor(self.tokenizer)
 
     def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams, priority: int = 0,
-                    arrival_time: float | None = None) -> None:
+                    arrival_time: float | None = None, lane: str | None = None) -> None:
+        lane = resolve_lane(lane, priority)
         text, ids = self.inputs.tokenize(prompt)
         self.inputs.check(ids, params)
         arrival = time.monotonic() if arrival_time is None else arrival_time
         child_ids = self.outputs.add_request(request_id, text, ids, params, arrival)
         for i, cid in enumerate(child_ids):
             sp = params if params.n == 1 else child_params(params, i)
-            self.core.add_request(EngineCoreRequest(cid, ids, sp, self.inputs.eos, arrival, priority))
+            self.core.add_request(EngineCoreRequest(cid, ids, sp, self.inputs.eos, arrival, priority, lane))
 
     def abort(self, request_id: str) -> RequestOutput | None:
         self.core.abort(self.outputs.child_ids(request_id))

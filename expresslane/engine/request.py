@@ -19,6 +19,7 @@ class EngineCoreRequest:
     eos_token_ids: tuple[int, ...]
     arrival_time: float
     priority: int = 0
+    lane: str = "interactive"  # resolved by the frontend (engine/lanes.py)
 
 
 @dataclass(slots=True)
@@ -63,6 +64,7 @@ class Request:
     priority: int
     max_tokens: int  # resolved: never None here
     max_model_len: int
+    lane: str
     # prompt + generated tokens; KV exists for the first `num_computed_tokens` of them.
     all_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0  # advanced when scheduled (the GPU computes them in order)
@@ -90,6 +92,7 @@ class Request:
             priority=req.priority,
             max_tokens=max_tokens,
             max_model_len=max_model_len,
+            lane=req.lane,
             all_token_ids=list(req.prompt_token_ids),
         )
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from expresslane.config import SchedulerConfig
 from expresslane.engine.kv_cache import KVCacheManager
+from expresslane.engine.lanes import parse_lane_slo
 from expresslane.engine.request import EngineCoreOutput, Request, RequestStatus
 from expresslane.sampling_params import SamplingParams
 
@@ -62,11 +63,16 @@ class Scheduler:
         self._num_waiting = 0
         self._finished_ids: list[str] = []
         self.num_preemptions = 0
+        self.lanes = parse_lane_slo(config.lane_slo)
+        self._lanes_on = config.scheduling_policy == "deadline"
+        self._waiting_by_lane = dict.fromkeys(self.lanes, 0)
 
     # -- queue -------------------------------------------------------------------------
     def _key(self, req: Request) -> tuple:
         if self.config.scheduling_policy == "priority":
             return (req.priority, req.arrival_time, req.seq)
+        if self._lanes_on:  # earliest TTFT deadline first
+            return (req.arrival_time + self.lanes[req.lane].ttft, req.seq)
         return (req.arrival_time, req.seq)
 
     def add_request(self, req: Request) -> None:
@@ -79,6 +85,7 @@ class Scheduler:
         req.status = RequestStatus.WAITING
         heapq.heappush(self._waiting, (self._key(req), req))
         self._num_waiting += 1
+        self._waiting_by_lane[req.lane] += 1
 
     def _peek_waiting(self) -> Request | None:
         while self._waiting and self._waiting[0][1].is_finished:
@@ -123,17 +130,34 @@ class Scheduler:
         back to the capped prompts at the end (alone, a long prompt loses nothing)."""
         budget = self.config.max_num_batched_tokens
         cap = self._prefill_cap if self._peek_waiting() is not None else budget
-        scheduled, budget, preempted = self._schedule_running(budget, cap)
+        lanes = self._lane_budget(budget)
+        batch_held = lanes is not None and lanes["batch"] < budget
+        scheduled, budget, preempted = self._schedule_running(budget, cap, lanes)
         if not preempted:
-            budget = self._admit(scheduled, budget, self.config.max_num_seqs, cap)
+            budget = self._admit(scheduled, budget, self.config.max_num_seqs, cap, lanes)
             if cap < self.config.max_num_batched_tokens:
-                self._top_up(scheduled, budget)
+                self._top_up(scheduled, budget, "batch" if batch_held else None)
         return scheduled
 
-    def _top_up(self, scheduled: list[tuple[Request, int]], budget: int) -> None:
+    def _lane_budget(self, budget: int) -> dict[str, int] | None:
+        """Under `deadline`: tokens each lane may take this step. A lane with work keeps its
+        share from the other; while interactive work is waiting or running, the batch lane
+        gets only its share, so the steps that carry interactive tokens stay short."""
+        if not self._lanes_on:
+            return None
+        busy = {lane for lane, n in self._waiting_by_lane.items() if n}
+        busy |= {r.lane for r in self.running.values()}
+        batch_share = int(self.lanes["batch"].share * budget)
+        if "interactive" not in busy:
+            return {"interactive": budget, "batch": budget}
+        return {"interactive": budget - (batch_share if "batch" in busy else 0), "batch": batch_share}
+
+    def _top_up(self, scheduled: list[tuple[Request, int]], budget: int, held_lane: str | None) -> None:
         for i, (req, n) in enumerate(scheduled):
             if budget == 0:
                 break
+            if req.lane == held_lane:
+                continue  # the batch lane is held to its share while interactive work is on
             extra = min(req.num_tokens_with_pending - req.num_computed_tokens - n, budget)
             if extra > 0 and self.kv.allocate_slots(req, n + extra):
                 scheduled[i] = (req, n + extra)
@@ -160,7 +184,8 @@ class Scheduler:
             return True
         return self.clock() - head.arrival_time >= self.config.batch_timeout_ms / 1000
 
-    def _schedule_running(self, budget: int, cap: int) -> tuple[list[tuple[Request, int]], int, bool]:
+    def _schedule_running(self, budget: int, cap: int, lanes: dict[str, int] | None = None
+                          ) -> tuple[list[tuple[Request, int]], int, bool]:
         """Running requests in policy order; preempt from the lowest-ranked end when blocks run out."""
         scheduled: list[tuple[Request, int]] = []
         preempted = False
@@ -173,6 +198,10 @@ class Scheduler:
             if req.num_pending and req.will_finish_by_length():
                 continue  # its last token is being sampled now
             n = min(req.num_tokens_with_pending - req.num_computed_tokens, budget, cap)
+            if lanes is not None:
+                n = min(n, lanes[req.lane])
+                if n <= 0:
+                    continue  # its lane's share of this step is spent
             while not self.kv.allocate_slots(req, n):
                 if tail > i:
                     tail -= 1
@@ -186,21 +215,39 @@ class Scheduler:
             else:
                 scheduled.append((req, n))
                 budget -= n
+                if lanes is not None:
+                    lanes[req.lane] -= n
         return scheduled, budget, preempted
 
-    def _admit(self, scheduled: list[tuple[Request, int]], budget: int, max_running: int, cap: int) -> int:
+    def _admit(self, scheduled: list[tuple[Request, int]], budget: int, max_running: int, cap: int,
+               lanes: dict[str, int] | None = None) -> int:
         """Waiting requests in policy order while budget, seats and blocks allow."""
-        while budget > 0 and len(self.running) < max_running:
+        while budget > 0:
             req = self._peek_waiting()
             if req is None or req.num_pending:
                 break  # (a preempted request waits until its in-flight token has landed)
+            if len(self.running) >= max_running:
+                freed = self._make_room(req, scheduled, lanes)
+                if freed is None:
+                    break
+                budget += freed
+                continue
             cached = self.kv.find_cached_prefix(req)
             num_cached = len(cached) * self.kv.block_size
             n = min(req.num_tokens - num_cached, budget, cap)
+            if lanes is not None:
+                n = min(n, lanes[req.lane])
+                if n <= 0:
+                    break  # the head's lane has spent its share of this step
             if not self.kv.allocate_slots(req, n, cached):
-                break  # the head waits for blocks; later requests do not overtake it
+                freed = self._make_room(req, scheduled, lanes)
+                if freed is None:
+                    break  # the head waits for blocks; later requests do not overtake it
+                budget += freed
+                continue
             heapq.heappop(self._waiting)
             self._num_waiting -= 1
+            self._waiting_by_lane[req.lane] -= 1
             self.kv.record_lookup(req.num_tokens, num_cached)
             req.num_computed_tokens = num_cached
             if req.first_scheduled_time is None:
@@ -210,7 +257,30 @@ class Scheduler:
             self.running[req.request_id] = req
             scheduled.append((req, n))
             budget -= n
+            if lanes is not None:
+                lanes[req.lane] -= n
         return budget
+
+    def _make_room(self, req: Request, scheduled: list[tuple[Request, int]],
+                   lanes: dict[str, int] | None) -> int | None:
+        """Under `deadline`, a waiting interactive request preempts the lowest-ranked running
+        batch request (taking it out of this step if it was in). Returns the step budget
+        given back, or None when there is no such victim."""
+        if lanes is None or req.lane != "interactive":
+            return None
+        victims = [r for r in self.running.values() if r.lane == "batch"]
+        if not victims:
+            return None
+        victim = max(victims, key=self._key)
+        freed = 0
+        for i, (r, n) in enumerate(scheduled):
+            if r is victim:
+                del scheduled[i]
+                freed = n
+                lanes[victim.lane] += n
+                break
+        self._preempt(victim)
+        return freed
 
     def _describe(self, req: Request, n: int) -> ScheduledSeq:
         start = req.num_computed_tokens
@@ -270,6 +340,7 @@ class Scheduler:
             del self.running[req.request_id]
         else:
             self._num_waiting -= 1
+            self._waiting_by_lane[req.lane] -= 1
         self.kv.free(req)
         del self.requests[req.request_id]
         self._finished_ids.append(req.request_id)

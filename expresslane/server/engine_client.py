@@ -28,9 +28,9 @@ import zmq
 import zmq.asyncio
 
 from expresslane.engine.core import resolve_model_dir
+from expresslane.engine.lanes import resolve_lane
 from expresslane.engine.llm_engine import InputProcessor
-from expresslane.engine.output_processor import child_params
-from expresslane.engine.output_processor import OutputProcessor, child_request_ids
+from expresslane.engine.output_processor import OutputProcessor, child_params, child_request_ids
 from expresslane.engine.request import EngineCoreRequest
 from expresslane.models.loader import load_hf_config
 from expresslane.outputs import RequestOutput
@@ -264,15 +264,16 @@ class EngineClient:
                                      "retry later", "overloaded")
 
     def submit(self, request_id: str, prompts: list[tuple[str | None, list[int]]], params: SamplingParams, *,
-               priority: int, lane: str, timeout: float | None) -> RequestGroup:
+               priority: int, lane: str | None, timeout: float | None) -> RequestGroup:
         """Admit and send one HTTP request's prompts (already validated); raises APIError 503 when full."""
         self.check_accepting()
+        lane = resolve_lane(lane, priority)
         n = params.n
         self._admit(n * len(prompts), n * sum(len(ids) for _, ids in prompts))
         arrival = time.monotonic()
         rids = [request_id] if len(prompts) == 1 else [f"{request_id}-{i}" for i in range(len(prompts))]
         batch = [EngineCoreRequest(cid, ids, params if n == 1 else child_params(params, j), self.inputs.eos,
-                                   arrival, priority)
+                                   arrival, priority, lane)
                  for rid, (_, ids) in zip(rids, prompts) for j, cid in enumerate(child_request_ids(rid, n))]
         message = self._encode(Add(batch))  # before any state changes: a failure here leaves no trace
         queue: asyncio.Queue = asyncio.Queue()

@@ -55,7 +55,7 @@ class SamplingRequest(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     priority: int = Field(0, ge=-INT32, le=INT32)  # lower runs first under --scheduling-policy priority
-    lane: Literal["interactive", "batch"] = "interactive"
+    lane: Literal["interactive", "batch"] | None = None  # None: picked by priority
     return_metrics: bool = False
 
     @field_validator("presence_penalty", "frequency_penalty")

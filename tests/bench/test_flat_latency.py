@@ -35,12 +35,12 @@ def one_thread():
 
 
 def test_in_process_static_batching_shows_flat_latency(tmp_path, capsys, one_thread):
-    r = run(tmp_path, capsys, "--modes", "static,continuous", "--repeats", "5",
+    r = run(tmp_path, capsys, "--modes", "static,continuous,continuous-lanes", "--repeats", "5",
             "--input-lens", "8,4096", "--device", "cpu")
     assert r["kind"] == "flat-latency" and r["target"] == "in-process"
     assert r["input_lens"] == [8, 2048 - 4]  # capped: prompt and 4 output tokens fit the context
     rows = {row["mode"]: row for row in r["rows"]}
-    assert list(rows) == ["static", "continuous"]
+    assert list(rows) == ["static", "continuous", "continuous-lanes"]
     for row in rows.values():
         assert all(key in row for key in ROW_KEYS)
         assert row["failed"] == 0 and len(row["short_mixed_ttfts"]) == 5 * 8
@@ -53,6 +53,9 @@ def test_in_process_static_batching_shows_flat_latency(tmp_path, capsys, one_thr
     # Continuous batching caps the long prompt's chunk while the short ones wait
     # (long_prefill_token_threshold), so they share its first step instead of queueing.
     assert flat["static"] > 2 * flat["continuous"]
+    # Lanes (deadline policy): the short requests go first and the long one is held to the
+    # batch lane's share while they run, so their steps are the shortest of all rows.
+    assert flat["continuous-lanes"] < flat["continuous"] and flat["continuous-lanes"] < flat["static"]
 
 
 def test_against_a_server(server, tmp_path, capsys):

@@ -1,0 +1,79 @@
+"""Lanes: classes of requests with their own latency targets (torch-free).
+
+A request runs in the ``interactive`` lane (the default) or the ``batch`` lane; one
+without an explicit lane picks it by priority (<= 0 interactive, > 0 batch). Each lane
+has SLO targets and a share of every step's token budget: while interactive work is
+waiting or running, the batch lane takes only its share of a step (the steps that
+carry interactive tokens stay short) and interactive work never takes it away. Under the ``deadline`` policy a request's rank is its TTFT
+deadline (arrival + its lane's TTFT target), so interactive work goes first without
+starving old batch work, and a waiting interactive request may preempt running batch
+requests when blocks or seats run out.
+
+Spec (``--lane-slo``): ``interactive:ttft=200ms,tpot=50ms;batch:ttft=30s,share=0.25``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+LANES = ("interactive", "batch")
+
+
+@dataclass(frozen=True, slots=True)
+class LaneSLO:
+    ttft: float  # seconds
+    tpot: float  # seconds
+    share: float  # batch: its fraction of a step while interactive work is on (interactive: unused)
+
+
+DEFAULT_LANE_SLO = "interactive:ttft=200ms,tpot=50ms;batch:ttft=30s,tpot=500ms,share=0.25"
+
+
+def resolve_lane(lane: str | None, priority: int) -> str:
+    if lane is None:
+        return "interactive" if priority <= 0 else "batch"
+    if lane not in LANES:
+        raise ValueError(f"lane must be one of {', '.join(LANES)}, got {lane!r}")
+    return lane
+
+
+def _seconds(text: str, where: str) -> float:
+    for suffix, scale in (("ms", 1e-3), ("s", 1.0)):
+        if text.endswith(suffix):
+            try:
+                return float(text[:-len(suffix)]) * scale
+            except ValueError:
+                break
+    raise ValueError(f"{where}: expected a duration like 200ms or 2s, got {text!r}")
+
+
+def parse_lane_slo(spec: str) -> dict[str, LaneSLO]:
+    """A lane spec laid over the defaults, key by key; unknown lanes or keys are errors."""
+    values: dict[str, dict[str, float]] = {lane: {"share": 0.0} for lane in LANES}
+    for layer in (_parse(DEFAULT_LANE_SLO), _parse(spec)):
+        for lane, given in layer.items():
+            values[lane].update(given)
+    return {lane: LaneSLO(**v) for lane, v in values.items()}
+
+
+def _parse(spec: str) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {}
+    for part in filter(None, (p.strip() for p in spec.split(";"))):
+        lane, _, items = part.partition(":")
+        if lane not in LANES:
+            raise ValueError(f"lane_slo: unknown lane {lane!r} (lanes: {', '.join(LANES)})")
+        given = out.setdefault(lane, {})
+        for item in filter(None, (i.strip() for i in items.split(","))):
+            key, _, value = item.partition("=")
+            if key in ("ttft", "tpot"):
+                given[key] = _seconds(value, f"lane_slo {lane}.{key}")
+            elif key == "share":
+                try:
+                    given[key] = float(value)
+                except ValueError:
+                    given[key] = -1.0
+                if not 0.0 <= given[key] <= 1.0:
+                    raise ValueError(f"lane_slo {lane}.share must be in [0, 1], got {value!r}")
+            else:
+                raise ValueError(f"lane_slo: unknown key {key!r} for lane {lane} (keys: ttft, tpot, share)")
+    return out
