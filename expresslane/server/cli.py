@@ -22,6 +22,9 @@ def add_serve_parser(subparsers) -> None:
                    help="admission cap: requests admitted but not yet producing tokens; over it, 503 + Retry-After")
     s.add_argument("--max-waiting-tokens", type=int, default=None,
                    help="admission cap: prompt tokens of those requests; over it, 503 + Retry-After")
+    s.add_argument("--slo-admission", action="store_true",
+                   help="refuse (503 + Retry-After) interactive requests that cannot get their first token "
+                        "within the interactive lane's TTFT target (--lane-slo) given the prompts ahead")
     s.add_argument("--request-timeout", type=float, default=None,
                    help="seconds a request may take from arrival; then it is aborted, its KV freed (504)")
     s.add_argument("--shutdown-timeout", type=float, default=30.0,

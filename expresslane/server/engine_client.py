@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import multiprocessing
 import os
 import shutil
@@ -52,6 +53,7 @@ class Admission:
 
     max_waiting_requests: int | None = None
     max_waiting_tokens: int | None = None
+    slo_ttft: float | None = None  # SLO admission: refuse interactive work that cannot start in time
 
 
 @dataclass(slots=True)
@@ -120,6 +122,8 @@ class EngineClient:
         self._requests: dict[str, _Tracked] = {}
         self._waiting_requests = 0
         self._waiting_tokens = 0
+        self._waiting_interactive_tokens = 0
+        self._prefill_rate: float | None = None  # tokens/s the engine's steps process (moving average)
         self._encode = msgspec.msgpack.Encoder().encode
         self._decode = msgspec.msgpack.Decoder(FromEngine).decode
         self._proc: multiprocessing.Process | None = None
@@ -236,7 +240,7 @@ class EngineClient:
             t.queue.put_nowait(errors.engine_dead())
         self._requests.clear()
         self.outputs = OutputProcessor(self.tokenizer)
-        self._waiting_requests = self._waiting_tokens = 0
+        self._waiting_requests = self._waiting_tokens = self._waiting_interactive_tokens = 0
         self.metrics.engine_stopped()
         if self._proc is not None and self._proc.is_alive():
             self._proc.kill()
@@ -251,11 +255,19 @@ class EngineClient:
             raise errors.unavailable("the server is shutting down", "shutting_down")
         raise errors.unavailable("the engine is not running", "engine_dead", retry_after=None)
 
-    def _admit(self, num_requests: int, num_tokens: int) -> None:
+    def _admit(self, num_requests: int, num_tokens: int, lane: str) -> None:
         # An empty queue always admits, so a request bigger than a cap is not refused forever.
         if self._waiting_requests == 0:
             return
         a = self.admission
+        if a.slo_ttft is not None and lane == "interactive" and self._prefill_rate:
+            # the interactive prefill ahead of this request, at the rate the engine processes tokens
+            eta = (self._waiting_interactive_tokens + num_tokens) / self._prefill_rate
+            if eta > a.slo_ttft:
+                raise errors.unavailable(
+                    f"the interactive lane cannot meet its TTFT target of {a.slo_ttft * 1e3:.0f} ms: "
+                    f"about {eta * 1e3:.0f} ms of prompt processing is ahead of this request; retry later",
+                    "slo_unattainable", retry_after=max(1, math.ceil(eta - a.slo_ttft)))
         if a.max_waiting_requests is not None and self._waiting_requests + num_requests > a.max_waiting_requests:
             raise errors.unavailable(f"the server is overloaded ({self._waiting_requests} requests waiting); "
                                      "retry later", "overloaded")
@@ -269,7 +281,7 @@ class EngineClient:
         self.check_accepting()
         lane = resolve_lane(lane, priority)
         n = params.n
-        self._admit(n * len(prompts), n * sum(len(ids) for _, ids in prompts))
+        self._admit(n * len(prompts), n * sum(len(ids) for _, ids in prompts), lane)
         arrival = time.monotonic()
         rids = [request_id] if len(prompts) == 1 else [f"{request_id}-{i}" for i in range(len(prompts))]
         batch = [EngineCoreRequest(cid, ids, params if n == 1 else child_params(params, j), self.inputs.eos,
@@ -283,6 +295,8 @@ class EngineClient:
             t = tracked[rid] = self._requests[rid] = _Tracked(queue, lane, n, n * len(ids))
             self._waiting_requests += t.num_requests
             self._waiting_tokens += t.num_prompt_tokens
+            if lane == "interactive":
+                self._waiting_interactive_tokens += t.num_prompt_tokens
         self._in.send(message)
         return RequestGroup(self, tracked, queue, None if timeout is None else arrival + timeout, timeout)
 
@@ -303,6 +317,8 @@ class EngineClient:
             t.started = True
             self._waiting_requests -= t.num_requests
             self._waiting_tokens -= t.num_prompt_tokens
+            if t.lane == "interactive":
+                self._waiting_interactive_tokens -= t.num_prompt_tokens
 
     # -- outputs ------------------------------------------------------------------------------
     async def _read_outputs(self) -> None:
@@ -319,6 +335,10 @@ class EngineClient:
 
     def _handle(self, msg: Outputs) -> None:
         self.metrics.engine_step(msg.stats)
+        st = msg.stats
+        if st.num_batched_tokens and st.step_duration > 0:
+            rate = st.num_batched_tokens / st.step_duration
+            self._prefill_rate = rate if self._prefill_rate is None else 0.8 * self._prefill_rate + 0.2 * rate
         for cid, when in msg.received.items():
             t = self._requests.get(cid.partition("#")[0])
             if t is not None and t.engine_arrival_time is None:

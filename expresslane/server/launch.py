@@ -17,6 +17,7 @@ import uvicorn
 
 from expresslane.config import EngineConfig, engine_kwargs_from_args
 from expresslane.server.api import ServerSettings, build_app
+from expresslane.engine.lanes import DEFAULT_LANE_SLO, parse_lane_slo
 from expresslane.server.engine_client import Admission, EngineClient
 from expresslane.server.metrics import Metrics
 
@@ -74,8 +75,11 @@ def serve(args: argparse.Namespace) -> int:
     EngineConfig.from_kwargs(**engine_kwargs)  # bad flags fail here, before any process starts
     log_level = args.log_level.upper()
     metrics = Metrics(settings.served_model_name)
-    client = EngineClient(engine_kwargs, metrics, Admission(settings.max_waiting_requests,
-                                                            settings.max_waiting_tokens), log_level)
+    slo_ttft = None
+    if args.slo_admission:
+        slo_ttft = parse_lane_slo(getattr(args, "lane_slo", DEFAULT_LANE_SLO))["interactive"].ttft
+    admission = Admission(settings.max_waiting_requests, settings.max_waiting_tokens, slo_ttft)
+    client = EngineClient(engine_kwargs, metrics, admission, log_level)
     config = uvicorn.Config(build_app(client, settings, metrics), host=settings.host, port=settings.port,
                             log_level=log_level.lower(), access_log=log_level in ("DEBUG", "INFO"), lifespan="off",
                             timeout_graceful_shutdown=2)

@@ -125,10 +125,19 @@ def request_metrics(group: RequestGroup, finals: list[RequestOutput]) -> dict | 
     out = []
     for o in finals:
         m = o.metrics
-        out.append({"arrival_time": m.arrival_time, "engine_arrival_time": group.engine_arrival_time(o.request_id),
-                    "first_scheduled_time": m.first_scheduled_time, "first_token_time": m.first_token_time,
-                    "finished_time": m.finished_time})
+        row = {"arrival_time": m.arrival_time, "engine_arrival_time": group.engine_arrival_time(o.request_id),
+               "first_scheduled_time": m.first_scheduled_time, "first_token_time": m.first_token_time,
+               "finished_time": m.finished_time}
+        # the latency breakdown, in seconds: waiting for a seat, prompt processing, generation
+        row.update(queue_time=_span(m.arrival_time, m.first_scheduled_time),
+                   prefill_time=_span(m.first_scheduled_time, m.first_token_time),
+                   decode_time=_span(m.first_token_time, m.finished_time))
+        out.append(row)
     return out[0] if len(out) == 1 else out
+
+
+def _span(start: float | None, end: float | None) -> float | None:
+    return None if start is None or end is None else end - start
 
 
 @dataclass(slots=True)

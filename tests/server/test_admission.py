@@ -119,3 +119,44 @@ def test_clients_gone_while_queued_are_aborted_before_running(small_server):
     assert metric(m, "expresslane:request_success_total", finished_reason="abort") == before + 3
     assert metric(m, "expresslane:num_requests_waiting") == 0
     assert metric(m, "expresslane:num_requests_running") == 1
+
+
+def test_slo_admission_refuses_interactive_work_that_cannot_start_in_time():
+    """A 1 ms interactive TTFT target: with long prompts queued ahead, new interactive
+    requests are refused early (503 + Retry-After); batch-lane ones are not."""
+    s = Server("--slo-admission", "--scheduling-policy", "deadline", "--lane-slo", "interactive:ttft=1ms",
+               "--max-num-seqs", "1", "--max-model-len", "2048").wait_ready()
+    try:
+        long_prompt = " ".join(["word"] * 600)
+
+        async def one(http: httpx.AsyncClient, lane: str) -> httpx.Response:
+            return await http.post("/v1/completions", json={"prompt": long_prompt, "max_tokens": 2,
+                                                            "ignore_eos": True, "lane": lane})
+
+        async def main():
+            async with httpx.AsyncClient(base_url=s.url, headers=s.headers, timeout=120,
+                                         limits=httpx.Limits(max_connections=None)) as http:
+                await one(http, "interactive")  # the server learns its prefill rate
+                return await asyncio.gather(*(one(http, lane) for lane in ["interactive"] * 8 + ["batch"] * 4))
+
+        responses = asyncio.run(main())
+        interactive, batch = responses[:8], responses[8:]
+        refused = [r for r in interactive if r.status_code == 503]
+        assert refused, [r.status_code for r in interactive]
+        for r in refused:
+            err = r.json()["error"]
+            assert err["code"] == "slo_unattainable" and "TTFT target of 1 ms" in err["message"]
+            assert int(r.headers["Retry-After"]) >= 1
+        assert all(r.status_code == 200 for r in batch)  # the batch lane has no TTFT promise to keep
+        assert any(r.status_code == 200 for r in interactive)  # the first of the burst always gets in
+    finally:
+        s.stop()
+
+
+def test_return_metrics_has_the_latency_breakdown(server):
+    r = httpx.post(server.url + "/v1/completions", headers=server.headers, timeout=60,
+                   json={"prompt": "breakdown", "max_tokens": 3, "return_metrics": True})
+    m = r.json()["metrics"]
+    assert m["queue_time"] >= 0 and m["prefill_time"] >= 0 and m["decode_time"] >= 0
+    total = m["finished_time"] - m["arrival_time"]
+    assert m["queue_time"] + m["prefill_time"] + m["decode_time"] == pytest.approx(total, abs=1e-6)
