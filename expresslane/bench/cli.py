@@ -175,9 +175,9 @@ def add_flat_latency_parser(sub) -> None:
                    help="tokens generated per request (EOS ignored)")
     p.add_argument("--repeats", type=int, default=3,
                    help="runs of each scenario; TTFTs are medians")
-    p.add_argument("--modes", type=str_list, default=["static", "dynamic", "continuous"],
+    p.add_argument("--modes", type=str_list, default=["static", "dynamic", "continuous", "continuous-lanes"],
                    metavar="M1,M2,...",
-                   help="in-process rows, each a fresh engine: static, dynamic, continuous (fcfs)")
+                   help="in-process rows, each a fresh engine: static, dynamic, continuous (fcfs), continuous-lanes (deadline policy; the long prompt in the batch lane)")
     p.add_argument("--baseline", choices=("hf",),
                    help="add a row of transformers generate (one left-padded static batch) on "
                         "the same prompts")
