@@ -297,3 +297,18 @@ def test_lane_slo_spec_errors():
                      ("batch:share=2", "share"), ("batch:speed=1", "unknown key")):
         with pytest.raises(ValueError, match=msg):
             parse_lane_slo(bad)
+
+
+def test_decodes_keep_their_place_while_a_long_prompt_is_chunked():
+    kv = KVCacheManager(400, 4)
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=32, long_prefill_token_threshold=8), kv)
+    sched.add_request(make_request("long", list(range(10, 400)), 2, t=0.0))  # first in line
+    plan = sched.schedule()
+    sched.update(plan, {})
+    sched.add_request(make_request("dec", [1, 2, 3], 50, t=1.0))
+    for step in range(10):  # nothing waits after the first step: only the two running requests
+        plan = sched.schedule()
+        sizes = {s.request_id: len(s.token_ids) for s in plan.seqs}
+        assert sizes.get("dec") == (3 if step == 0 else 1), sizes  # in every step: its ITL holds
+        assert sum(sizes.values()) == 32  # and the long prompt gets all the rest
+        sched.update(plan, {s.request_id: 9 for s in plan.seqs if s.sample})

@@ -125,11 +125,13 @@ class Scheduler:
         return t or self.config.max_num_batched_tokens
 
     def _schedule_continuous(self) -> list[tuple[Request, int]]:
-        """While others wait, a long prompt takes at most `_prefill_cap` tokens, so short
-        requests share its step instead of queueing behind it; leftover budget is given
-        back to the capped prompts at the end (alone, a long prompt loses nothing)."""
+        """While others need tokens (queued, or running: their decodes), a long prompt takes
+        at most `_prefill_cap` tokens, so short requests and decodes share its step instead
+        of waiting behind it; leftover budget is given back to the capped prompts at the
+        end (alone, a long prompt loses nothing)."""
         budget = self.config.max_num_batched_tokens
-        cap = self._prefill_cap if self._peek_waiting() is not None else budget
+        others = self._peek_waiting() is not None or len(self.running) > 1
+        cap = self._prefill_cap if others else budget
         lanes = self._lane_budget(budget)
         batch_held = lanes is not None and lanes["batch"] < budget
         scheduled, budget, preempted = self._schedule_running(budget, cap, lanes)
