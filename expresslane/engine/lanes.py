@@ -9,7 +9,8 @@ deadline (arrival + its lane's TTFT target), so interactive work goes first with
 starving old batch work, and a waiting interactive request may preempt running batch
 requests when blocks or seats run out.
 
-Spec (``--lane-slo``): ``interactive:ttft=200ms,tpot=50ms;batch:ttft=30s,share=0.25``.
+Spec (``--lane-slo``): ``interactive:ttft=200ms,tpot=50ms;batch:ttft=30s,share=0.25,queue=64``
+(``queue``: the server refuses new requests of a lane with that many already waiting).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ class LaneSLO:
     ttft: float  # seconds
     tpot: float  # seconds
     share: float  # batch: its fraction of a step while interactive work is on (interactive: unused)
+    queue: int = 0  # the server's cap on this lane's waiting requests (0 = none; over it: 503)
 
 
 DEFAULT_LANE_SLO = "interactive:ttft=200ms,tpot=50ms;batch:ttft=30s,tpot=500ms,share=0.25"
@@ -49,7 +51,7 @@ def _seconds(text: str, where: str) -> float:
 
 def parse_lane_slo(spec: str) -> dict[str, LaneSLO]:
     """A lane spec laid over the defaults, key by key; unknown lanes or keys are errors."""
-    values: dict[str, dict[str, float]] = {lane: {"share": 0.0} for lane in LANES}
+    values: dict[str, dict[str, float]] = {lane: {"share": 0.0, "queue": 0} for lane in LANES}
     for layer in (_parse(DEFAULT_LANE_SLO), _parse(spec)):
         for lane, given in layer.items():
             values[lane].update(given)
@@ -67,6 +69,10 @@ def _parse(spec: str) -> dict[str, dict[str, float]]:
             key, _, value = item.partition("=")
             if key in ("ttft", "tpot"):
                 given[key] = _seconds(value, f"lane_slo {lane}.{key}")
+            elif key == "queue":
+                if not value.isdigit():
+                    raise ValueError(f"lane_slo {lane}.queue must be a whole number, got {value!r}")
+                given[key] = int(value)
             elif key == "share":
                 try:
                     given[key] = float(value)
@@ -75,5 +81,5 @@ def _parse(spec: str) -> dict[str, dict[str, float]]:
                 if not 0.0 <= given[key] <= 1.0:
                     raise ValueError(f"lane_slo {lane}.share must be in [0, 1], got {value!r}")
             else:
-                raise ValueError(f"lane_slo: unknown key {key!r} for lane {lane} (keys: ttft, tpot, share)")
+                raise ValueError(f"lane_slo: unknown key {key!r} for lane {lane} (keys: ttft, tpot, share, queue)")
     return out

@@ -20,7 +20,7 @@ import os
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, AsyncIterator
 
@@ -54,6 +54,7 @@ class Admission:
     max_waiting_requests: int | None = None
     max_waiting_tokens: int | None = None
     slo_ttft: float | None = None  # SLO admission: refuse interactive work that cannot start in time
+    lane_queue: dict[str, int] = field(default_factory=dict)  # lane -> cap on its waiting requests (0: none)
 
 
 @dataclass(slots=True)
@@ -123,6 +124,7 @@ class EngineClient:
         self._waiting_requests = 0
         self._waiting_tokens = 0
         self._waiting_interactive_tokens = 0
+        self._waiting_by_lane: dict[str, int] = {}
         self._prefill_rate: float | None = None  # tokens/s the engine's steps process (moving average)
         self._encode = msgspec.msgpack.Encoder().encode
         self._decode = msgspec.msgpack.Decoder(FromEngine).decode
@@ -241,6 +243,7 @@ class EngineClient:
         self._requests.clear()
         self.outputs = OutputProcessor(self.tokenizer)
         self._waiting_requests = self._waiting_tokens = self._waiting_interactive_tokens = 0
+        self._waiting_by_lane.clear()
         self.metrics.engine_stopped()
         if self._proc is not None and self._proc.is_alive():
             self._proc.kill()
@@ -260,6 +263,11 @@ class EngineClient:
         if self._waiting_requests == 0:
             return
         a = self.admission
+        cap = a.lane_queue.get(lane, 0)
+        waiting = self._waiting_by_lane.get(lane, 0)
+        if cap and waiting and waiting + num_requests > cap:
+            raise errors.unavailable(f"the {lane} lane's queue is full ({waiting} requests waiting); retry later",
+                                     "lane_queue_full")
         if a.slo_ttft is not None and lane == "interactive" and self._prefill_rate:
             # the interactive prefill ahead of this request, at the rate the engine processes tokens
             eta = (self._waiting_interactive_tokens + num_tokens) / self._prefill_rate
@@ -295,6 +303,7 @@ class EngineClient:
             t = tracked[rid] = self._requests[rid] = _Tracked(queue, lane, n, n * len(ids))
             self._waiting_requests += t.num_requests
             self._waiting_tokens += t.num_prompt_tokens
+            self._waiting_by_lane[lane] = self._waiting_by_lane.get(lane, 0) + t.num_requests
             if lane == "interactive":
                 self._waiting_interactive_tokens += t.num_prompt_tokens
         self._in.send(message)
@@ -317,6 +326,7 @@ class EngineClient:
             t.started = True
             self._waiting_requests -= t.num_requests
             self._waiting_tokens -= t.num_prompt_tokens
+            self._waiting_by_lane[t.lane] -= t.num_requests
             if t.lane == "interactive":
                 self._waiting_interactive_tokens -= t.num_prompt_tokens
 

@@ -75,10 +75,10 @@ def serve(args: argparse.Namespace) -> int:
     EngineConfig.from_kwargs(**engine_kwargs)  # bad flags fail here, before any process starts
     log_level = args.log_level.upper()
     metrics = Metrics(settings.served_model_name)
-    slo_ttft = None
-    if args.slo_admission:
-        slo_ttft = parse_lane_slo(getattr(args, "lane_slo", DEFAULT_LANE_SLO))["interactive"].ttft
-    admission = Admission(settings.max_waiting_requests, settings.max_waiting_tokens, slo_ttft)
+    lanes = parse_lane_slo(getattr(args, "lane_slo", DEFAULT_LANE_SLO))
+    slo_ttft = lanes["interactive"].ttft if args.slo_admission else None
+    admission = Admission(settings.max_waiting_requests, settings.max_waiting_tokens, slo_ttft,
+                          {lane: slo.queue for lane, slo in lanes.items()})
     client = EngineClient(engine_kwargs, metrics, admission, log_level)
     config = uvicorn.Config(build_app(client, settings, metrics), host=settings.host, port=settings.port,
                             log_level=log_level.lower(), access_log=log_level in ("DEBUG", "INFO"), lifespan="off",

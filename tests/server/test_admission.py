@@ -160,3 +160,32 @@ def test_return_metrics_has_the_latency_breakdown(server):
     assert m["queue_time"] >= 0 and m["prefill_time"] >= 0 and m["decode_time"] >= 0
     total = m["finished_time"] - m["arrival_time"]
     assert m["queue_time"] + m["prefill_time"] + m["decode_time"] == pytest.approx(total, abs=1e-6)
+
+
+def test_a_lane_queue_cap_refuses_that_lane_only():
+    s = Server("--scheduling-policy", "deadline", "--lane-slo", "batch:queue=2", "--max-num-seqs", "1",
+               "--max-model-len", "2048").wait_ready()
+    try:
+        async def one(http: httpx.AsyncClient, lane: str, i: int) -> httpx.Response:
+            return await http.post("/v1/completions", json={"prompt": f"{lane} {i}", "max_tokens": 8,
+                                                            "ignore_eos": True, "lane": lane})
+
+        async def main():
+            async with httpx.AsyncClient(base_url=s.url, headers=s.headers, timeout=120,
+                                         limits=httpx.Limits(max_connections=None)) as http:
+                blocker = await hold_the_slot(http)  # keeps the others waiting
+                try:
+                    return await asyncio.gather(*(one(http, lane, i) for i in range(6)
+                                                  for lane in ("batch", "interactive")))
+                finally:
+                    blocker.cancel()
+
+        responses = asyncio.run(main())
+        batch = [r for i, r in enumerate(responses) if i % 2 == 0]
+        interactive = [r for i, r in enumerate(responses) if i % 2 == 1]
+        assert all(r.status_code == 200 for r in interactive)
+        refused = [r for r in batch if r.status_code == 503]
+        assert refused and sum(r.status_code == 200 for r in batch) >= 2
+        assert all(r.json()["error"]["code"] == "lane_queue_full" for r in refused)
+    finally:
+        s.stop()
