@@ -156,6 +156,7 @@ class ModelRunner:
         sampling = [i for i, s in enumerate(seqs) if s.sample]
         logits = self._logits(seqs, sampling)
         if logits is None:
+            self._prev_rows = {}  # nothing sampled: no next-step input comes from this step
             return StepResult([], None, None)
         batch = SamplingBatch(
             params=[seqs[i].sampling_params for i in sampling],
