@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Everything that needs a GPU, in one call: install, GPU tests, benchmarks; a table last.
-# Usage (device machine, repo root):  bash benchmarks/gpu.sh [quick|full|8b]
+# Usage (device machine, repo root):  bash benchmarks/gpu.sh [quick|full|8b|lanes]
 #   quick: tests + small-model checks;  full (default): + Llama-3-8B and Qwen2.5-7B shapes;
-#   8b: tests + the Llama-3-8B shape only (expresslane and transformers).
+#   8b: tests + the Llama-3-8B shape only (expresslane and transformers);
+#   lanes: tests + issue #6's scenario (16 short requests arriving while an 8k prompt and
+#   32 batch requests run) under static, continuous-fcfs and continuous-lanes, 8B shape.
 # Results: JSON lines in ${OUT:-out}/gpu-results.jsonl, logs beside them.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" TOKENIZERS_PARALLELISM=false
@@ -30,6 +32,12 @@ run() {  # a benchmark; its JSON lines go to the results file
   "$@" --out "$RES" 2> >(grep -v -e Warning -e '^Loading' -e 'regex pattern' >&2) || status=1
 }
 
+if [ "$MODE" = lanes ]; then
+  model llama-3-8b
+  echo "== lanes scenario (llama-3-8b)"
+  python3 benchmarks/lanes_scenario.py --model "$MODELS/llama-3-8b" --dtype bfloat16 --out "$RES" || status=1
+  exit $status
+fi
 if [ "$MODE" = 8b ]; then
   model llama-3-8b
   echo "== llama-3-8b: expresslane"; run python3 benchmarks/gpu_bench.py --model "$MODELS/llama-3-8b" --only engine

@@ -1,0 +1,121 @@
+"""Issue #6's acceptance scenario, in-process: short interactive requests arrive while a
+long prompt and a crowd of batch-lane requests are running.
+
+    python benchmarks/lanes_scenario.py --model DIR [--long-len 8000 --num-batch 32 --num-short 16]
+
+For each mode (static, continuous-fcfs, continuous-lanes) a fresh engine: measure the
+short requests alone and the long one alone, then the mix: start the long prompt and
+the batch requests, step until they all run, then add the short ones. Reports P50/P99
+TTFT of the short requests (mixed vs alone), the long request's TTFT growth, and the
+targets of #6 (short P99 <= 2x alone and <= 50 ms on GPU; long TTFT growth <= 1.5x).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import random
+import statistics
+
+import torch
+
+MODES = {
+    "static": {"batching": "static", "scheduling_policy": "fcfs"},
+    "continuous-fcfs": {"batching": "continuous", "scheduling_policy": "fcfs"},
+    "continuous-lanes": {"batching": "continuous", "scheduling_policy": "deadline"},
+}
+
+
+def p99(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, round(0.99 * (len(xs) - 1)))]
+
+
+def run_mode(args, mode: str) -> dict:
+    from expresslane import LLM, SamplingParams
+
+    n_all = args.num_batch + args.num_short + 1
+    llm = LLM(args.model, dtype=args.dtype, max_num_seqs=max(n_all, 8), max_batch_size=n_all,
+              max_num_batched_tokens=args.max_num_batched_tokens, **MODES[mode])
+    eng = llm.engine
+    vocab = llm.engine.core.hf_config.vocab_size
+    rng = random.Random(0)
+    ids = lambda n: {"prompt_token_ids": [rng.randrange(min(vocab, 30000)) for _ in range(n)]}  # noqa: E731
+    short_sp = SamplingParams(temperature=0, max_tokens=args.short_out, ignore_eos=True)
+    long_sp = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    batch_sp = SamplingParams(temperature=0, max_tokens=args.batch_out, ignore_eos=True)
+
+    def ttft(o) -> float:
+        return o.metrics.first_token_time - o.metrics.arrival_time
+
+    llm.generate([ids(args.short_len), ids(256)], short_sp, use_tqdm=False)  # warm-up
+    alone_short = [ttft(o) for o in llm.generate([ids(args.short_len) for _ in range(args.num_short)], short_sp,
+                                                  lane="interactive", use_tqdm=False)]
+    [long_alone] = llm.generate([ids(args.long_len)], long_sp, lane="batch", use_tqdm=False)
+
+    # the mix: the long prompt and the batch crowd first, then the short ones while they run
+    eng.add_request("long", ids(args.long_len), long_sp, lane="batch")
+    for i in range(args.num_batch):
+        eng.add_request(f"batch{i}", ids(args.batch_len), batch_sp, lane="batch")
+    done = {}
+    for _ in range(args.warm_steps):
+        for out in eng.step():
+            if out.finished:
+                done[out.request_id] = out
+    for i in range(args.num_short):
+        eng.add_request(f"short{i}", ids(args.short_len), short_sp, lane="interactive")
+    while eng.has_unfinished():
+        for out in eng.step():
+            if out.finished:
+                done[out.request_id] = out
+    mixed_short = [ttft(done[f"short{i}"]) for i in range(args.num_short)]
+    row = {
+        "mode": mode, "short_alone_p50_ms": 1e3 * statistics.median(alone_short),
+        "short_alone_p99_ms": 1e3 * p99(alone_short), "short_mixed_p50_ms": 1e3 * statistics.median(mixed_short),
+        "short_mixed_p99_ms": 1e3 * p99(mixed_short), "long_alone_ms": 1e3 * ttft(long_alone),
+        "long_mixed_ms": 1e3 * ttft(done["long"]), "preemptions": eng.core.scheduler.num_preemptions,
+    }
+    row["short_p99_ratio"] = row["short_mixed_p99_ms"] / row["short_alone_p99_ms"]
+    row["long_growth"] = row["long_mixed_ms"] / row["long_alone_ms"]
+    del llm, eng
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None, help="model directory (default: the built-in tiny model)")
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--long-len", type=int, default=8000)
+    ap.add_argument("--num-batch", type=int, default=32)
+    ap.add_argument("--batch-len", type=int, default=512)
+    ap.add_argument("--batch-out", type=int, default=256)
+    ap.add_argument("--num-short", type=int, default=16)
+    ap.add_argument("--short-len", type=int, default=64)
+    ap.add_argument("--short-out", type=int, default=4)
+    ap.add_argument("--warm-steps", type=int, default=2, help="steps of the long/batch work before shorts arrive")
+    ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    rows = [run_mode(args, m) for m in args.modes.split(",")]
+    for r in rows:
+        line = json.dumps({"bench": "lanes_scenario", "model": (args.model or "tiny").rstrip("/").split("/")[-1],
+                           **r})
+        print(line, flush=True)
+        if args.out:
+            with open(args.out, "a") as f:
+                f.write(line + "\n")
+    print(f"{'mode':<18}{'short alone p99':>16}{'short mixed p99':>16}{'ratio':>7}{'long alone':>11}"
+          f"{'long mixed':>11}{'growth':>7}")
+    for r in rows:
+        print(f"{r['mode']:<18}{r['short_alone_p99_ms']:>14.1f}ms{r['short_mixed_p99_ms']:>14.1f}ms"
+              f"{r['short_p99_ratio']:>7.2f}{r['long_alone_ms']:>9.1f}ms{r['long_mixed_ms']:>9.1f}ms"
+              f"{r['long_growth']:>7.2f}")
+
+
+if __name__ == "__main__":
+    main()
