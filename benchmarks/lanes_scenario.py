@@ -52,10 +52,10 @@ def run_mode(args, mode: str) -> dict:
     llm.generate([ids(args.short_len), ids(256)], short_sp, use_tqdm=False)  # warm-up
     alone_short = [ttft(o) for o in llm.generate([ids(args.short_len) for _ in range(args.num_short)], short_sp,
                                                   lane="interactive", use_tqdm=False)]
-    [long_alone] = llm.generate([ids(args.long_len)], long_sp, lane="batch", use_tqdm=False)
+    [long_alone] = llm.generate([ids(args.long_len)], long_sp, lane=args.long_lane, use_tqdm=False)
 
     # the mix: the long prompt and the batch crowd first, then the short ones while they run
-    eng.add_request("long", ids(args.long_len), long_sp, lane="batch")
+    eng.add_request("long", ids(args.long_len), long_sp, lane=args.long_lane)
     for i in range(args.num_batch):
         eng.add_request(f"batch{i}", ids(args.batch_len), batch_sp, lane="batch")
     done = {}
@@ -90,6 +90,8 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="model directory (default: the built-in tiny model)")
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--long-len", type=int, default=8000)
+    ap.add_argument("--long-lane", default="interactive", choices=("interactive", "batch"),
+                    help="the long prompt's lane (the issue names only the crowd as batch work)")
     ap.add_argument("--num-batch", type=int, default=32)
     ap.add_argument("--batch-len", type=int, default=512)
     ap.add_argument("--batch-out", type=int, default=256)
