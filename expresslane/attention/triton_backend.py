@@ -9,11 +9,10 @@ head); the tile list is built once per step in `prepare`.
 from __future__ import annotations
 
 import torch
-import triton
 
 from expresslane.attention.backend import AttentionMetadata
-from expresslane.device import to_device
 from expresslane.attention.triton_kernels import paged_attention_kernel, reduce_splits_kernel, write_kv_kernel
+from expresslane.device import to_device
 
 MAX_SPLITS = 16
 _PREFILL_ROWS = 64  # query rows (tokens x heads of a group) per prefill program

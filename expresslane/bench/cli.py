@@ -287,8 +287,7 @@ def one_batch_command(args: argparse.Namespace) -> int:
 
 def flat_latency_command(args: argparse.Namespace) -> int:
     from expresslane.bench import records
-    from expresslane.bench.flat_latency import (FlatLatencyConfig, format_flat_latency,
-                                                run_flat_latency)
+    from expresslane.bench.flat_latency import FlatLatencyConfig, format_flat_latency, run_flat_latency
 
     try:
         result = run_flat_latency(FlatLatencyConfig(

@@ -19,8 +19,7 @@ import torch
 from expresslane import LLM, SamplingParams
 from expresslane.bench import client
 from expresslane.bench.datasets import SampleRequest, word_prompt
-from expresslane.bench.inprocess import (random_prompts, record_from_output, release_memory,
-                                         synchronize)
+from expresslane.bench.inprocess import random_prompts, record_from_output, release_memory, synchronize
 from expresslane.bench.records import RequestRecord
 
 

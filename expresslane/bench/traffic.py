@@ -110,7 +110,7 @@ async def simulate(cfg: TrafficConfig) -> dict:
             rng = np.random.default_rng([cfg.seed, uid])
             in_len, out_len = ((cfg.batch_input_len, cfg.batch_output_len) if lane == "batch"
                                else (cfg.input_len, cfg.output_len))
-            while (now := time.perf_counter()) < deadline:
+            while time.perf_counter() < deadline:
                 n_in = int(uniform_lengths(rng, in_len, cfg.range_ratio, 1)[0])
                 n_out = int(uniform_lengths(rng, out_len, cfg.range_ratio, 1)[0])
                 req = make_request(spec, word_prompt(rng, n_in, ratio), n_in, n_out, lane=lane)

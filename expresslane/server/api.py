@@ -23,10 +23,25 @@ from expresslane import __version__
 from expresslane.server import errors
 from expresslane.server.engine_client import EngineClient
 from expresslane.server.metrics import Metrics
-from expresslane.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, GenerateRequest,
-                                         SamplingRequest, TokenizeRequest, parse)
-from expresslane.server.serving import Chat, Completions, Generate, chat_prompt, new_id, prepare_chat, \
-    prepare_completion, prepare_generate
+from expresslane.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    GenerateRequest,
+    SamplingRequest,
+    TokenizeRequest,
+    parse,
+)
+from expresslane.server.serving import (
+    Chat,
+    Completions,
+    Generate,
+    chat_prompt,
+    new_id,
+    prepare_chat,
+    prepare_completion,
+    prepare_generate,
+)
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ import time
 import uvicorn
 
 from expresslane.config import EngineConfig, engine_kwargs_from_args
-from expresslane.server.api import ServerSettings, build_app
 from expresslane.engine.lanes import DEFAULT_LANE_SLO, parse_lane_slo
+from expresslane.server.api import ServerSettings, build_app
 from expresslane.server.engine_client import Admission, EngineClient
 from expresslane.server.metrics import Metrics
 
