@@ -14,10 +14,6 @@ class RequestMetrics:
     first_token_time: float | None = None
     finished_time: float | None = None
 
-    @property
-    def ttft(self) -> float | None:
-        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
-
 
 @dataclass(slots=True)
 class CompletionOutput:

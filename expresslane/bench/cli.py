@@ -177,7 +177,8 @@ def add_flat_latency_parser(sub) -> None:
                    help="runs of each scenario; TTFTs are medians")
     p.add_argument("--modes", type=str_list, default=["static", "dynamic", "continuous", "continuous-lanes"],
                    metavar="M1,M2,...",
-                   help="in-process rows, each a fresh engine: static, dynamic, continuous (fcfs), continuous-lanes (deadline policy; the long prompt in the batch lane)")
+                   help="in-process rows, each a fresh engine: static, dynamic, continuous (fcfs), "
+                        "continuous-lanes (deadline policy; the long prompt in the batch lane)")
     p.add_argument("--baseline", choices=("hf",),
                    help="add a row of transformers generate (one left-padded static batch) on "
                         "the same prompts")

@@ -16,6 +16,7 @@ from expresslane.engine.kv_cache import KVCacheManager
 from expresslane.engine.request import EngineCoreOutput, EngineCoreRequest, Request, check_prompt_length
 from expresslane.engine.scheduler import Scheduler
 from expresslane.models.loader import check_model_dir, load_hf_config
+from expresslane.runner.model_runner import ModelRunner
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +58,6 @@ def resolve_max_model_len(requested: int | None, hf_config) -> int:
 
 class EngineCore:
     def __init__(self, config: EngineConfig):
-        from expresslane.runner.model_runner import ModelRunner  # torch stays out of scheduler imports
-
         self.model_dir = resolve_model_dir(config.model.model)
         self.hf_config = load_hf_config(self.model_dir)
         config = config.replace(max_model_len=resolve_max_model_len(config.model.max_model_len, self.hf_config))

@@ -90,11 +90,6 @@ class BlockPool:
             block.block_hash = block_hash
             self._cached[block_hash] = block
 
-    def reset_prefix_cache(self) -> None:
-        for block in self._cached.values():
-            block.block_hash = None
-        self._cached.clear()
-
 
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):

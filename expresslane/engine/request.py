@@ -109,10 +109,6 @@ class Request:
         return len(self.all_token_ids) - len(self.prompt_token_ids)
 
     @property
-    def output_token_ids(self) -> list[int]:
-        return self.all_token_ids[len(self.prompt_token_ids):]
-
-    @property
     def is_finished(self) -> bool:
         return self.status is RequestStatus.FINISHED
 
