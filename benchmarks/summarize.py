@@ -19,6 +19,17 @@ def fmt(r: dict) -> str:
     if b == "bf16_top1_agreement":
         return (f"bf16 top-1 agreement  {100 * r['agreement']:.2f}% of {r['positions']} positions, "
                 f"{100 * r['agreement_clear']:.2f}% where the top-2 margin is clear")
+    if b == "lanes_scenario":
+        return (f"lanes {r['mode']:<17} long={r['long_lane']:<11} short P99 {r['short_mixed_p99_ms']:6.1f} ms "
+                f"({r['short_p99_ratio']:.2f}x alone)  long TTFT {r['long_mixed_ms']:6.1f} ms "
+                f"({r['long_growth']:.2f}x background, {r['long_vs_alone']:.2f}x alone)")
+    if b == "decode_profile":
+        kinds = "  ".join(f"{k.split()[0]} {v:.2f}" for k, v in r["ms_by_kind"].items())
+        return (f"decode profile b={r['batch']:<3} step {r['step_ms']:.2f} ms, graph replay {r['replay_ms']:.2f} ms "
+                f"(floor {r['floor_ms']:.2f}), busy {r['busy_ms_per_step']:.2f} ms/step; {kinds}")
+    if b == "ttft_profile":
+        return (f"TTFT profile 128     {r['ttft_ms']:.2f} ms: host {r['host_before_first_kernel_ms']:.2f} + GPU span "
+                f"{r['gpu_span_ms']:.2f} (busy {r['gpu_busy_ms']:.2f}) + host {r['host_after_last_kernel_ms']:.2f}")
     return json.dumps(r)
 
 

@@ -41,17 +41,20 @@ def drive(seed, num_blocks, budget, max_seqs, policy, caching, steps=4000, pipel
     tokens are applied, as the engine does to overlap host and GPU work."""
     rng = random.Random(seed)
     kv = KVCacheManager(num_blocks, 4, enable_prefix_caching=caching)
+    now = [0.0]  # one step = 10 ms: deadline's long prompts step aside for a while, then not
     sched = Scheduler(SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget,
-                                      scheduling_policy=policy), kv)
+                                      scheduling_policy=policy), kv, clock=lambda: now[0])
     shared = [rng.randrange(1, 50) for _ in range(12)]
     submitted, finished, aborted = set(), set(), set()
     next_id = 0
     prev_plan, prev_sampled = SchedulerOutput([], 0), {}
     for step in range(steps):
+        now[0] = step / 100
         if next_id < 60 and rng.random() < 0.4:
             n = rng.randint(1, 30)
             prompt = (shared[:rng.randint(0, 12)] if rng.random() < 0.5 else []) + [rng.randrange(1, 50) for _ in range(n)]
-            sched.add_request(make_request(str(next_id), prompt, rng.randint(1, 20), rng.randint(0, 3), float(step)))
+            sched.add_request(make_request(str(next_id), prompt, rng.randint(1, 20), rng.randint(0, 3), now[0],
+                                           lane=rng.choice(("interactive", "batch"))))
             submitted.add(str(next_id))
             next_id += 1
         if sched.requests and rng.random() < 0.03:
@@ -85,7 +88,7 @@ def drive(seed, num_blocks, budget, max_seqs, policy, caching, steps=4000, pipel
 
 
 @pytest.mark.parametrize("seed", range(6))
-@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+@pytest.mark.parametrize("policy", ["fcfs", "priority", "deadline"])
 @pytest.mark.parametrize("caching", [True, False])
 @pytest.mark.parametrize("pipelined", [False, True])
 def test_random_workload_invariants(seed, policy, caching, pipelined):
@@ -312,3 +315,35 @@ def test_decodes_keep_their_place_while_a_long_prompt_is_chunked():
         assert sizes.get("dec") == (3 if step == 0 else 1), sizes  # in every step: its ITL holds
         assert sum(sizes.values()) == 32  # and the long prompt gets all the rest
         sched.update(plan, {s.request_id: 9 for s in plan.seqs if s.sample})
+
+
+def test_deadline_caps_a_long_prompt_beside_others_without_top_up():
+    sched, _ = lanes_scheduler(max_num_seqs=8, long_prefill_token_threshold=16)
+    sched.add_request(make_request("dec", [1, 2, 3], 50, lane="batch"))
+    sched.update(sched.schedule(), {"dec": 5})
+    sched.add_request(make_request("long", list(range(10, 400)), 2))
+    for _ in range(5):  # beside a decode the long prompt never takes more than the cap
+        plan = sched.schedule()
+        assert {s.request_id: len(s.token_ids) for s in plan.seqs} == {"dec": 1, "long": 16}
+        sched.update(plan, {s.request_id: 5 for s in plan.seqs if s.sample})
+
+
+def test_long_interactive_prefill_steps_aside_for_short_ones_until_its_deadline():
+    now = [0.0]
+    sched, _ = lanes_scheduler(max_num_seqs=8, long_prefill_token_threshold=16,
+                               lane_slo="interactive:ttft=200ms")
+    sched.clock = lambda: now[0]
+    sched.add_request(make_request("long", list(range(10, 400)), 2))
+    sched.update(sched.schedule(), {})
+    now[0] = 0.05
+    sched.add_request(make_request("short", [7] * 10, 2, t=0.05))
+    plan = sched.schedule()  # the short prompt's step carries no long chunk
+    assert {s.request_id: len(s.token_ids) for s in plan.seqs} == {"short": 10}
+    sched.update(plan, {"short": 5})
+    plan = sched.schedule()  # then the long one goes on, capped beside the short one's decode
+    assert {s.request_id: len(s.token_ids) for s in plan.seqs} == {"short": 1, "long": 16}
+    sched.update(plan, {"short": 5})
+    now[0] = 0.25  # past the long prompt's own TTFT deadline: it no longer steps aside
+    sched.add_request(make_request("late", [8] * 10, 2, t=0.25))
+    plan = sched.schedule()
+    assert {s.request_id for s in plan.seqs} == {"long", "late"}

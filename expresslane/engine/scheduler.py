@@ -127,18 +127,23 @@ class Scheduler:
     def _schedule_continuous(self) -> list[tuple[Request, int]]:
         """While others need tokens (queued, or running: their decodes), a long prompt takes
         at most `_prefill_cap` tokens, so short requests and decodes share its step instead
-        of waiting behind it; leftover budget is given back to the capped prompts at the
-        end (alone, a long prompt loses nothing)."""
+        of waiting behind it. Under fcfs/priority the leftover budget is given back to the
+        capped prompts at the end (alone, a long prompt loses nothing); under `deadline` it
+        is not: the cap then bounds every step beside others, so running decodes keep their
+        ITL and a new interactive request never waits behind a big step."""
         budget = self.config.max_num_batched_tokens
-        others = self._peek_waiting() is not None or len(self.running) > 1
+        head = self._peek_waiting()
+        others = head is not None or len(self.running) > 1
         cap = self._prefill_cap if others else budget
         lanes = self._lane_budget(budget)
-        batch_held = lanes is not None and lanes["batch"] < budget
-        scheduled, budget, preempted = self._schedule_running(budget, cap, lanes)
+        # deadline: a waiting short interactive prompt makes long interactive prefills step aside
+        yield_to = head if lanes is not None and head is not None and head.lane == "interactive" \
+            and head.num_tokens <= cap else None
+        scheduled, budget, preempted = self._schedule_running(budget, cap, lanes, yield_to)
         if not preempted:
             budget = self._admit(scheduled, budget, self.config.max_num_seqs, cap, lanes)
-            if cap < self.config.max_num_batched_tokens:
-                self._top_up(scheduled, budget, "batch" if batch_held else None)
+            if cap < self.config.max_num_batched_tokens and lanes is None:
+                self._top_up(scheduled, budget)
         return scheduled
 
     def _lane_budget(self, budget: int) -> dict[str, int] | None:
@@ -154,12 +159,21 @@ class Scheduler:
             return {"interactive": budget, "batch": budget}
         return {"interactive": budget - (batch_share if "batch" in busy else 0), "batch": batch_share}
 
-    def _top_up(self, scheduled: list[tuple[Request, int]], budget: int, held_lane: str | None) -> None:
+    def _steps_aside(self, req: Request, cap: int, yield_to: Request | None) -> bool:
+        """Shortest prefill first within the interactive lane: a long interactive prompt
+        (more than `cap` tokens left) skips the step that admits a short one, so the short
+        one's first step is short (it saves the short ones a chunk's time; it costs the
+        long one a step). Never past the long one's own TTFT deadline: no starvation."""
+        if yield_to is None or req.lane != "interactive":
+            return False
+        if req.num_prompt_tokens - req.num_computed_tokens <= cap:
+            return False  # a decode, or a prompt whose rest fits this step
+        return self.clock() < req.arrival_time + self.lanes["interactive"].ttft
+
+    def _top_up(self, scheduled: list[tuple[Request, int]], budget: int) -> None:
         for i, (req, n) in enumerate(scheduled):
             if budget == 0:
                 break
-            if req.lane == held_lane:
-                continue  # the batch lane is held to its share while interactive work is on
             extra = min(req.num_tokens_with_pending - req.num_computed_tokens - n, budget)
             if extra > 0 and self.kv.allocate_slots(req, n + extra):
                 scheduled[i] = (req, n + extra)
@@ -186,8 +200,8 @@ class Scheduler:
             return True
         return self.clock() - head.arrival_time >= self.config.batch_timeout_ms / 1000
 
-    def _schedule_running(self, budget: int, cap: int, lanes: dict[str, int] | None = None
-                          ) -> tuple[list[tuple[Request, int]], int, bool]:
+    def _schedule_running(self, budget: int, cap: int, lanes: dict[str, int] | None = None,
+                          yield_to: Request | None = None) -> tuple[list[tuple[Request, int]], int, bool]:
         """Running requests in policy order; preempt from the lowest-ranked end when blocks run out."""
         scheduled: list[tuple[Request, int]] = []
         preempted = False
@@ -199,6 +213,8 @@ class Scheduler:
             i += 1
             if req.num_pending and req.will_finish_by_length():
                 continue  # its last token is being sampled now
+            if self._steps_aside(req, cap, yield_to):
+                continue
             n = min(req.num_tokens_with_pending - req.num_computed_tokens, budget, cap)
             if lanes is not None:
                 n = min(n, lanes[req.lane])

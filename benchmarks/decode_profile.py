@@ -1,0 +1,166 @@
+"""Where a decode step's time goes on the GPU: one decode-graph replay alone against the
+weight-read floor, kernels by kind, and the idle time between kernels in steady decode.
+
+    python benchmarks/decode_profile.py --model DIR [--batches 1,64] [--out results.jsonl]
+
+For each batch size B (every sequence decoding at ~--context tokens):
+- step_ms: wall time per engine step (the pipelined loop, as the benchmarks see it);
+- replay_ms: the captured decode graph for B replayed back to back, nothing else;
+- per step, from a torch.profiler trace of steady decode: kernel time by kind (matmul,
+  attention, norm/rope/act, sampling and copies) and the GPU's idle time, with the
+  matmuls' achieved bandwidth on the weights they read.
+Then the TTFT path of one 128-token prompt: host time before the first kernel, GPU
+span, and host time after the last kernel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from collections import defaultdict
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+PEAK_BW = 4.27e12  # B/s, measured device copy (DESIGN §8)
+KINDS = (("matmul", ("gemm", "gemv", "nvjet", "cutlass", "sm90", "splitk")),
+         ("attention", ("paged_attention", "write_kv", "reduce_splits")),
+         ("norm/rope/act", ("rmsnorm", "rope", "silu")))
+
+
+def kind_of(name: str) -> str:
+    low = name.lower()
+    for kind, keys in KINDS:
+        if any(k in low for k in keys):
+            return kind
+    return "other (sampling, copies, embedding)"
+
+
+def kernels(prof) -> list[tuple[float, float, str]]:
+    out = [(e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+           if e.device_type == torch.autograd.DeviceType.CUDA]
+    return sorted(out)
+
+
+def union_us(ks) -> float:
+    busy, end = 0.0, float("-inf")
+    for s, e, _ in ks:
+        if e > end:
+            busy += e - max(s, end)
+            end = e
+    return busy
+
+
+def emit(out, row) -> None:
+    print(json.dumps(row), flush=True)
+    if out:
+        with open(out, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+def decode_profile(llm, batch: int, context: int, weight_bytes: int, out) -> None:
+    from expresslane import SamplingParams
+
+    eng, core = llm.engine, llm.engine.core
+    vocab = core.hf_config.vocab_size
+    rng = random.Random(batch)
+    sp = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
+    for i in range(batch):
+        eng.add_request(f"p{batch}-{i}", {"prompt_token_ids": [rng.randrange(min(vocab, 30000))
+                                                               for _ in range(context)]}, sp)
+    while core.scheduler.num_waiting or any(r.num_computed_tokens < r.num_prompt_tokens
+                                            for r in core.scheduler.running.values()):
+        eng.step()
+    for _ in range(5):
+        eng.step()
+    torch.cuda.synchronize()
+    t0, steps = time.perf_counter(), 40
+    for _ in range(steps):
+        eng.step()
+    torch.cuda.synchronize()
+    step_ms = (time.perf_counter() - t0) / steps * 1e3
+
+    graphs = core.runner.decode_graphs
+    size = min(s for s in graphs.sizes if s >= batch)
+    graph = graphs.graphs[size]  # re-running the in-flight step's graph rewrites the same KV slots
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(50):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    replay_ms = start.elapsed_time(end) / 50
+
+    n = 10
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        torch.cuda.synchronize()
+        w0 = time.perf_counter()
+        for _ in range(n):
+            eng.step()
+        torch.cuda.synchronize()
+        wall_us = (time.perf_counter() - w0) * 1e6
+    ks = kernels(prof)
+    by_kind, by_name = defaultdict(float), defaultdict(lambda: [0.0, 0])
+    for s, e, name in ks:
+        by_kind[kind_of(name)] += (e - s) / n / 1e3
+        by_name[name][0] += (e - s) / n / 1e3
+        by_name[name][1] += 1
+    span_us = ks[-1][1] - ks[0][0] if ks else 0.0
+    row = dict(bench="decode_profile", batch=batch, context=context, step_ms=step_ms, replay_ms=replay_ms,
+               floor_ms=weight_bytes / PEAK_BW * 1e3, kernels_per_step=len(ks) / n,
+               busy_ms_per_step=union_us(ks) / n / 1e3, idle_in_span_ms_per_step=(span_us - union_us(ks)) / n / 1e3,
+               profiled_wall_ms_per_step=wall_us / n / 1e3, ms_by_kind={k: round(v, 4) for k, v in by_kind.items()},
+               matmul_gb_per_s=weight_bytes / (by_kind["matmul"] / 1e3) / 1e9 if by_kind["matmul"] else None,
+               top_kernels=[(name[:60], round(t, 4), c // n) for name, (t, c) in
+                            sorted(by_name.items(), key=lambda kv: -kv[1][0])[:12]])
+    emit(out, row)
+    while eng.has_unfinished():
+        eng.step()
+
+
+def ttft_profile(llm, out) -> None:
+    from expresslane import SamplingParams
+
+    sp = SamplingParams(temperature=0, max_tokens=1)
+    prompt = {"prompt_token_ids": list(range(100, 228))}
+    for _ in range(3):
+        llm.generate([prompt], sp, use_tqdm=False)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        [o] = llm.generate([prompt], sp, use_tqdm=False)
+        wall = (time.perf_counter() - t0) * 1e3
+    ks = kernels(prof)
+    cpu = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CPU]
+    first_cpu = min(e.time_range.start for e in cpu)
+    last_cpu = max(e.time_range.end for e in cpu)
+    emit(out, dict(bench="ttft_profile", prompt_len=128, ttft_ms=1e3 * (o.metrics.first_token_time
+                                                                        - o.metrics.arrival_time),
+                   generate_wall_ms=wall, host_before_first_kernel_ms=(ks[0][0] - first_cpu) / 1e3,
+                   gpu_span_ms=(ks[-1][1] - ks[0][0]) / 1e3, gpu_busy_ms=union_us(ks) / 1e3,
+                   host_after_last_kernel_ms=(last_cpu - ks[-1][1]) / 1e3, kernels=len(ks)))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--batches", type=lambda s: [int(x) for x in s.split(",")], default=[1, 64])
+    ap.add_argument("--context", type=int, default=1024)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    from expresslane import LLM
+
+    llm = LLM(args.model, max_num_seqs=max(args.batches), gpu_memory_utilization=0.85)
+    model = llm.engine.core.runner.model
+    wbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    if model.lm_head is not None:  # the embedding table: only rows are read
+        wbytes -= model.embed_tokens.weight.numel() * model.embed_tokens.weight.element_size()
+    for b in args.batches:
+        decode_profile(llm, b, args.context, wbytes, args.out)
+    ttft_profile(llm, args.out)
+
+
+if __name__ == "__main__":
+    main()
