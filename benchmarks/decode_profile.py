@@ -40,7 +40,8 @@ def kind_of(name: str) -> str:
 
 def kernels(prof) -> list[tuple[float, float, str]]:
     out = [(e.time_range.start, e.time_range.end, e.name) for e in prof.events()
-           if e.device_type == torch.autograd.DeviceType.CUDA]
+           if e.device_type == torch.autograd.DeviceType.CUDA and not getattr(e, "is_user_annotation", False)
+           and e.name != "generate"]
     return sorted(out)
 
 
