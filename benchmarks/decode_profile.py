@@ -139,7 +139,19 @@ def ttft_profile(llm, out) -> None:
                                                                         - o.metrics.arrival_time),
                    generate_ms=(gen.end - gen.start) / 1e3, host_before_first_kernel_ms=(ks[0][0] - gen.start) / 1e3,
                    gpu_span_ms=(ks[-1][1] - ks[0][0]) / 1e3, gpu_busy_ms=union_us(ks) / 1e3,
-                   host_after_last_kernel_ms=(gen.end - ks[-1][1]) / 1e3, kernels=len(ks)))
+                   host_after_last_kernel_ms=(gen.end - ks[-1][1]) / 1e3, kernels=len(ks),
+                   largest_gaps=largest_gaps(ks, 4)))
+
+
+def largest_gaps(ks, n: int) -> list[tuple[float, str, str]]:
+    """The n longest idle stretches between kernels: (ms, kernel before, kernel after)."""
+    gaps, end, last = [], ks[0][1], ks[0][2]
+    for s, e, name in ks[1:]:
+        if s > end:
+            gaps.append((round((s - end) / 1e3, 3), last[:40], name[:40]))
+        if e > end:
+            end, last = e, name
+    return sorted(gaps, reverse=True)[:n]
 
 
 def main() -> None:

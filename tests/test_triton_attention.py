@@ -8,6 +8,7 @@ import torch
 
 from expresslane.attention.backend import AttentionMetadata
 from expresslane.attention.torch_backend import TorchAttentionBackend
+from expresslane.layers.rotary import RotaryEmbedding
 
 triton_backend = pytest.importorskip("expresslane.attention.triton_backend")
 
@@ -22,11 +23,12 @@ def make_step(seqs, num_heads, num_kv_heads, head_dim, block_size, dtype, seed):
     num_blocks = sum(blocks_per_seq) + 3
     ids = list(range(num_blocks))
     rng.shuffle(ids)  # blocks of a seq are scattered, as in a real cache
-    tables, slots, starts, lens = [], [], [0], []
+    tables, slots, starts, lens, positions = [], [], [0], [], []
     for (c, n), nb in zip(seqs, blocks_per_seq):
         table = [ids.pop() for _ in range(nb)]
         tables.append(table)
         slots += [table[p // block_size] * block_size + p % block_size for p in range(c, c + n)]
+        positions += range(c, c + n)
         starts.append(starts[-1] + n)
         lens.append(c + n)
     t = starts[-1]
@@ -43,7 +45,13 @@ def make_step(seqs, num_heads, num_kv_heads, head_dim, block_size, dtype, seed):
         seq_lens=torch.tensor(lens, dtype=torch.int32, device=dev),
         query_start_loc=torch.tensor(starts, dtype=torch.int32, device=dev),
         num_decodes=nd, seq_lens_cpu=lens, query_start_loc_cpu=starts, max_decode_seq_len=max(lens[:nd], default=0))
-    return q.to(dev), k.to(dev), v.to(dev), kv.to(dev), meta
+    return q.to(dev), k.to(dev), v.to(dev), kv.to(dev), meta, torch.tensor(positions, device=dev)
+
+
+def run(backend, q, k, v, kv, meta, positions, scale):
+    """One layer's attention as the model runs it: store (RoPE + KV write), then attend."""
+    rotary = RotaryEmbedding(q.shape[-1], 512, 10000.0).to(q.device)
+    return backend.attend(backend.store(positions, q, k, v, rotary, kv, meta), kv, meta, scale)
 
 
 CASES = [  # (heads, kv_heads, head_dim, block_size, seqs)
@@ -60,14 +68,16 @@ def test_triton_matches_torch(case, dtype):
     if DEVICE.type == "cpu" and dtype == torch.float16:
         pytest.skip("float16 dot products are a GPU matter")
     heads, kv_heads, dim, bs, seqs = CASES[case]
-    q, k, v, kv, meta = make_step(seqs, heads, kv_heads, dim, bs, dtype, seed=case)
+    q, k, v, kv, meta, pos = make_step(seqs, heads, kv_heads, dim, bs, dtype, seed=case)
     scale = dim ** -0.5
     kv_ref = kv.float().clone()
-    ref = TorchAttentionBackend().forward(q.float(), k.float(), v.float(), kv_ref, meta, scale)
+    ref = run(TorchAttentionBackend(), q.float(), k.float(), v.float(), kv_ref, meta, pos, scale)
     backend = triton_backend.TritonAttentionBackend(heads, kv_heads, dim, DEVICE)
     backend.prepare(meta)
-    out = backend.forward(q, k, v, kv, meta, scale).float()
-    assert torch.equal(kv.float(), kv_ref), "KV-cache write differs"
+    out = run(backend, q, k, v, kv, meta, pos, scale).float()
+    # the reference rotates k in float32; the kernel rounds it to the cache dtype
+    tol = 1e-6 if dtype == torch.float32 else 1e-3
+    torch.testing.assert_close(kv.float(), kv_ref, rtol=tol, atol=tol, msg="KV-cache write differs")
     err = (out - ref).norm() / ref.norm()
     assert err < (1e-5 if dtype == torch.float32 else 2e-3), f"relative error {err:.2e}"
     assert torch.isfinite(out).all()
@@ -75,13 +85,14 @@ def test_triton_matches_torch(case, dtype):
 
 def test_every_output_element_written():
     heads, kv_heads, dim, bs, seqs = CASES[1]
-    q, k, v, kv, meta = make_step(seqs, heads, kv_heads, dim, bs, torch.float32, seed=9)
+    q, k, v, kv, meta, pos = make_step(seqs, heads, kv_heads, dim, bs, torch.float32, seed=9)
     backend = triton_backend.TritonAttentionBackend(heads, kv_heads, dim, DEVICE)
     backend.prepare(meta)
-    real_empty = torch.empty_like
+    real_empty, real_alloc = torch.empty_like, torch.empty
     try:  # poison the output buffer the backend allocates
         torch.empty_like = lambda x, **kw: real_empty(x, **kw).fill_(float("nan"))
-        out = backend.forward(q, k, v, kv, meta, dim ** -0.5)
+        torch.empty = lambda *a, **kw: real_alloc(*a, **kw).fill_(float("nan"))
+        out = run(backend, q, k, v, kv, meta, pos, dim ** -0.5)
     finally:
-        torch.empty_like = real_empty
+        torch.empty_like, torch.empty = real_empty, real_alloc
     assert torch.isfinite(out).all()

@@ -14,9 +14,10 @@ head_dim]; token t of a seq lives in block ``block_tables[seq, t // block_size]`
 offset ``t % block_size``, and ``slot_mapping`` holds ``block * block_size + offset``
 for every new token.
 
-Invariant for every backend: a layer writes the step's new k/v of *all* seqs before
-any seq reads the cache, because a prefix-cache hit may point at blocks that another
-seq computes in this very step.
+A layer calls ``store`` (RoPE on q and k, the new k/v of every token into the cache),
+then ``attend``. Invariant for every backend: the step's new k/v of *all* seqs are
+written before any seq reads the cache, because a prefix-cache hit may point at
+blocks that another seq computes in this very step.
 """
 
 from __future__ import annotations
@@ -50,9 +51,14 @@ class AttentionBackend(Protocol):
         """Once per step, before the model runs: derive backend-specific metadata."""
         ...
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
-                meta: AttentionMetadata, scale: float) -> torch.Tensor:
-        """q [T, Hq, D], k/v [T, Hk, D]: write k/v into the cache, return [T, Hq, D]."""
+    def store(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rotary,
+              kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """q [T, Hq, D], k/v [T, Hk, D]: rotate q and k by `rotary` (a RotaryEmbedding) at
+        `positions`, write k/v into the cache; returns the rotated q."""
+        ...
+
+    def attend(self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        """Attention of the step's (rotated) queries over the cache: [T, Hq, D]."""
         ...
 
 

@@ -33,8 +33,12 @@ class TorchAttentionBackend:
     def prepare(self, meta: AttentionMetadata) -> None:
         pass
 
-    def forward(self, q, k, v, kv_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    def store(self, positions, q, k, v, rotary, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
+        q, k = rotary(positions, q, k)
         write_kv(kv_cache, k, v, meta.slot_mapping)
+        return q
+
+    def attend(self, q, kv_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         out = torch.empty_like(q)
         nd = meta.num_decodes
         if nd:

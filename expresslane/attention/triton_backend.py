@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from expresslane.attention.backend import AttentionMetadata
-from expresslane.attention.triton_kernels import paged_attention_kernel, reduce_splits_kernel, write_kv_kernel
+from expresslane.attention.triton_kernels import paged_attention_kernel, reduce_splits_kernel, rope_store_kernel
 from expresslane.device import to_device
 
 MAX_SPLITS = 16
@@ -61,12 +61,23 @@ class TritonAttentionBackend:
         meta.prefill_work = (to_device(work, torch.int32, meta.seq_lens.device)
                              if work else None)
 
-    def forward(self, q, k, v, kv_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    def store(self, positions, q, k, v, rotary, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
+        """RoPE on q and k and the KV-cache write in one kernel (one program per token)."""
         t = q.shape[0]
+        q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        if t:
+            cs = rotary.cos_sin
+            half = self.head_dim // 2
+            rope_store_kernel[(t,)](
+                q, k, v, positions, meta.slot_mapping, cs, q_out, kv_cache,
+                q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cs.stride(0),
+                kv_cache.stride(0), kv_cache.stride(2), kv_cache.stride(3),
+                HQ=self.num_heads, HK=self.num_kv_heads, HALF=half, HQ_PAD=_pow2(self.num_heads),
+                HK_PAD=_pow2(self.num_kv_heads), HALF_PAD=_pow2(half))
+        return q_out
+
+    def attend(self, q, kv_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         hk, d = self.num_kv_heads, self.head_dim
-        row = hk * d
-        write_kv_kernel[(t,)](k, v, kv_cache, meta.slot_mapping, k.stride(0), v.stride(0), kv_cache.stride(0),
-                              kv_cache.stride(2), ROW=row, ROW_PAD=_pow2(row))
         out = torch.empty_like(q)
         kc, vc = kv_cache[0], kv_cache[1]
         common = dict(G=self.group, G_PAD=self.g_pad, BLOCK_N=_BLOCK_N, HEAD_DIM=d, D_PAD=self.d_pad,

@@ -1,4 +1,4 @@
-"""Triton kernels for paged attention: KV-cache write, paged prefill over a cached
+"""Triton kernels for paged attention: RoPE + KV-cache write, paged prefill over a cached
 prefix, split-KV decode, and the reduction of split partials.
 
 Grouped-query attention is packed: one program owns one KV head and a tile of
@@ -20,17 +20,46 @@ import triton.language as tl
 
 
 @triton.jit
-def write_kv_kernel(k_ptr, v_ptr, cache_ptr, slot_ptr, stride_kt, stride_vt, stride_c_kv, stride_c_slot,
-                    ROW: tl.constexpr, ROW_PAD: tl.constexpr):
-    """One program per new token: copy its k and v rows (all KV heads) into their slot."""
-    t = tl.program_id(0)
+def _rotate_half(x1, x2, cos, sin):
+    """NeoX-layout RoPE of the two halves, in float32, rounded back to the input dtype."""
+    x1f, x2f = x1.to(tl.float32), x2.to(tl.float32)
+    return (x1f * cos - x2f * sin).to(x1.dtype), (x2f * cos + x1f * sin).to(x1.dtype)
+
+
+@triton.jit
+def rope_store_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, slot_ptr, cos_sin_ptr, q_out_ptr, cache_ptr,
+                      stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cs,
+                      stride_c_kv, stride_c_slot, stride_c_head,
+                      HQ: tl.constexpr, HK: tl.constexpr, HALF: tl.constexpr, HQ_PAD: tl.constexpr,
+                      HK_PAD: tl.constexpr, HALF_PAD: tl.constexpr):
+    """One program per new token: rotate its q heads into q_out ([T, HQ, 2*HALF]), rotate
+    its k heads and write them with its v heads into the token's cache slot."""
+    t = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + t)
+    d = tl.arange(0, HALF_PAD)[None, :]
+    dm = d < HALF
+    cos = tl.load(cos_sin_ptr + pos * stride_cs + d, mask=dm, other=0.0)
+    sin = tl.load(cos_sin_ptr + pos * stride_cs + HALF + d, mask=dm, other=0.0)
+    h = tl.arange(0, HQ_PAD)[:, None]
+    m = (h < HQ) & dm
+    src = q_ptr + t * stride_qt + h * stride_qh + d
+    r1, r2 = _rotate_half(tl.load(src, mask=m, other=0.0), tl.load(src + HALF, mask=m, other=0.0), cos, sin)
+    dst = q_out_ptr + t * (HQ * 2 * HALF) + h * (2 * HALF) + d
+    tl.store(dst, r1, mask=m)
+    tl.store(dst + HALF, r2, mask=m)
     slot = tl.load(slot_ptr + t)
     if slot >= 0:  # padding tokens of a CUDA-graph batch carry slot -1
-        i = tl.arange(0, ROW_PAD)
-        m = i < ROW
-        tl.store(cache_ptr + slot * stride_c_slot + i, tl.load(k_ptr + t * stride_kt + i, mask=m), mask=m)
-        tl.store(cache_ptr + stride_c_kv + slot * stride_c_slot + i, tl.load(v_ptr + t * stride_vt + i, mask=m),
-                 mask=m)
+        h = tl.arange(0, HK_PAD)[:, None]
+        m = (h < HK) & dm
+        src = k_ptr + t * stride_kt + h * stride_kh + d
+        r1, r2 = _rotate_half(tl.load(src, mask=m, other=0.0), tl.load(src + HALF, mask=m, other=0.0), cos, sin)
+        dst = cache_ptr + slot * stride_c_slot + h * stride_c_head + d
+        tl.store(dst, r1, mask=m)
+        tl.store(dst + HALF, r2, mask=m)
+        src = v_ptr + t * stride_vt + h * stride_vh + d
+        dst += stride_c_kv
+        tl.store(dst, tl.load(src, mask=m), mask=m)
+        tl.store(dst + HALF, tl.load(src + HALF, mask=m), mask=m)
 
 
 @triton.jit

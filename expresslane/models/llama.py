@@ -43,8 +43,8 @@ class Attention(nn.Module):
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(positions, q, k)
-        o = self.backend.forward(q, k, v, self.kv_cache, meta, self.scale)
+        q = self.backend.store(positions, q, k, v, self.rotary, self.kv_cache, meta)
+        o = self.backend.attend(q, self.kv_cache, meta, self.scale)
         return self.o_proj(o.flatten(1))
 
 
@@ -99,9 +99,11 @@ class LlamaForCausalLM(nn.Module):
         x, _ = self.norm(x, residual)
         return x
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """float32 logits; into `out` when given (a CUDA graph's static output)."""
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+        logits = F.linear(hidden, weight)
+        return logits.float() if out is None else out.copy_(logits)
 
     # -- weights ---------------------------------------------------------------------------
     def load_weights(self, weights) -> None:

@@ -37,8 +37,9 @@ class _Graphs:
     """Static buffers, capture, replay; subclasses define the metadata of a bucket."""
 
     def __init__(self, model, backend, sizes: list[int], max_tokens: int, max_seqs: int, max_blocks: int,
-                 device: torch.device):
+                 device: torch.device, logits_out: torch.Tensor):
         self.model, self.backend, self.sizes = model, backend, sizes
+        self.logits_out = logits_out  # [rows, vocab] float32, shared by every graph: outputs of one step
         self.device = device
         self.input_ids = torch.zeros(max_tokens, dtype=torch.int64, device=device)
         self.positions = torch.zeros(max_tokens, dtype=torch.int64, device=device)
@@ -48,7 +49,6 @@ class _Graphs:
         self.query_start_loc = torch.arange(max_seqs + 1, dtype=torch.int32, device=device)
         self.logits_rows = torch.zeros(max_seqs, dtype=torch.int64, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.logits: dict[int, torch.Tensor] = {}
 
     @property
     def max_size(self) -> int:
@@ -62,7 +62,8 @@ class _Graphs:
 
     def _forward(self, size: int) -> torch.Tensor:
         hidden = self.model(self.input_ids[:size], self.positions[:size], self._meta(size))
-        return self.model.compute_logits(hidden[self.logits_rows[:self._num_logit_rows(size)]])
+        rows = self._num_logit_rows(size)
+        return self.model.compute_logits(hidden[self.logits_rows[:rows]], out=self.logits_out[:rows])
 
     @torch.inference_mode()
     def capture(self, pool) -> None:
@@ -72,7 +73,7 @@ class _Graphs:
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                self.logits[size] = self._forward(size)
+                self._forward(size)
             self.graphs[size] = graph
         torch.cuda.synchronize()
         log.info("captured %d %s (sizes %d..%d) in %.1fs", len(self.sizes), type(self).__name__, self.sizes[0],
@@ -98,16 +99,17 @@ class _Graphs:
     def _replay(self, size: int, rows: int) -> torch.Tensor:
         if size in self.graphs:
             self.graphs[size].replay()
-            return self.logits[size][:rows]
+            return self.logits_out[:rows]
         return self._forward(size)[:rows]  # not captured (CPU tests): same buffers, run eagerly
 
 
 class DecodeGraphs(_Graphs):
     """Batches where every seq computes exactly one token (split-KV decode attention)."""
 
-    def __init__(self, model, backend, max_num_seqs: int, max_blocks: int, device: torch.device):
+    def __init__(self, model, backend, max_num_seqs: int, max_blocks: int, device: torch.device,
+                 logits_out: torch.Tensor):
         sizes = bucket_sizes(max_num_seqs)
-        super().__init__(model, backend, sizes, sizes[-1], sizes[-1] + 1, max_blocks, device)
+        super().__init__(model, backend, sizes, sizes[-1], sizes[-1] + 1, max_blocks, device, logits_out)
         self.logits_rows[:] = torch.arange(sizes[-1] + 1, device=device)
 
     def _meta(self, size: int) -> AttentionMetadata:
@@ -135,10 +137,11 @@ class DecodeGraphs(_Graphs):
 class MixedGraphs(_Graphs):
     """Steps of at most `max_tokens` tokens of any composition, all on the prefill path."""
 
-    def __init__(self, model, backend, max_tokens: int, max_num_seqs: int, max_blocks: int, device: torch.device):
+    def __init__(self, model, backend, max_tokens: int, max_num_seqs: int, max_blocks: int, device: torch.device,
+                 logits_out: torch.Tensor):
         sizes = bucket_sizes(max_tokens, small=(8, 16, 32, 64), step=128)
         self.max_seqs = min(sizes[-1], max_num_seqs)
-        super().__init__(model, backend, sizes, sizes[-1], self.max_seqs + 1, max_blocks, device)
+        super().__init__(model, backend, sizes, sizes[-1], self.max_seqs + 1, max_blocks, device, logits_out)
         self.work = torch.zeros(backend.max_prefill_work(sizes[-1], self.max_seqs), 2, dtype=torch.int32,
                                 device=device)
 

@@ -24,7 +24,9 @@ from expresslane.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
 
-MIXED_GRAPH_TOKENS = 512  # steps up to this many tokens replay a graph (launch costs dominate them)
+# steps up to this many tokens replay a graph: eager launches cost ~40 us each (Triton) and a
+# step of a few hundred tokens is otherwise launch-bound; the default budget (2048) is covered
+MIXED_GRAPH_TOKENS = 2048
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -136,10 +138,13 @@ class ModelRunner:
             return
         max_blocks = -(-max_model_len // self.block_size)
         s = self.config.scheduler
-        self.decode_graphs = DecodeGraphs(self.model, self.attn_backend, s.max_num_seqs, max_blocks, self.device)
-        self.mixed_graphs = MixedGraphs(self.model, self.attn_backend,
-                                        min(MIXED_GRAPH_TOKENS, s.max_num_batched_tokens), s.max_num_seqs,
-                                        max_blocks, self.device)
+        mixed_tokens = min(MIXED_GRAPH_TOKENS, s.max_num_batched_tokens)
+        vocab = (self.model.embed_tokens if self.model.lm_head is None else self.model.lm_head).weight.shape[0]
+        logits_out = torch.empty(s.max_num_seqs, vocab, dtype=torch.float32, device=self.device)
+        self.decode_graphs = DecodeGraphs(self.model, self.attn_backend, s.max_num_seqs, max_blocks, self.device,
+                                          logits_out)
+        self.mixed_graphs = MixedGraphs(self.model, self.attn_backend, mixed_tokens, s.max_num_seqs, max_blocks,
+                                        self.device, logits_out)
         if capture:
             pool = torch.cuda.graph_pool_handle()
             self.decode_graphs.capture(pool)
