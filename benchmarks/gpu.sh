@@ -24,7 +24,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 python3 -c 'import torch, triton, transformers; print("torch", torch.__version__, "triton", triton.__version__, "transformers", transformers.__version__)' | tee -a "$OUT/gpu.txt"
 
 echo "== GPU tests"
-python3 -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 | tee "$OUT/gpu-tests.log" | tail -15 || status=1
+python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider 2>&1 | tee "$OUT/gpu-tests.log" | tail -15 || status=1
 python3 -m pytest -q tests/test_triton_attention.py tests/test_triton_ops.py -p no:cacheprovider 2>&1 \
   | tee -a "$OUT/gpu-tests.log" | tail -3 || status=1
 

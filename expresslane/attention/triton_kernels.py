@@ -49,17 +49,17 @@ def rope_store_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, slot_ptr, cos_sin_ptr, q_out
     tl.store(dst + HALF, r2, mask=m)
     slot = tl.load(slot_ptr + t)
     if slot >= 0:  # padding tokens of a CUDA-graph batch carry slot -1
-        h = tl.arange(0, HK_PAD)[:, None]
-        m = (h < HK) & dm
-        src = k_ptr + t * stride_kt + h * stride_kh + d
-        r1, r2 = _rotate_half(tl.load(src, mask=m, other=0.0), tl.load(src + HALF, mask=m, other=0.0), cos, sin)
-        dst = cache_ptr + slot * stride_c_slot + h * stride_c_head + d
-        tl.store(dst, r1, mask=m)
-        tl.store(dst + HALF, r2, mask=m)
-        src = v_ptr + t * stride_vt + h * stride_vh + d
-        dst += stride_c_kv
-        tl.store(dst, tl.load(src, mask=m), mask=m)
-        tl.store(dst + HALF, tl.load(src + HALF, mask=m), mask=m)
+        hk = tl.arange(0, HK_PAD)[:, None]
+        mk = (hk < HK) & dm
+        k_src = k_ptr + t * stride_kt + hk * stride_kh + d
+        k1, k2 = _rotate_half(tl.load(k_src, mask=mk, other=0.0), tl.load(k_src + HALF, mask=mk, other=0.0),
+                              cos, sin)
+        k_dst = cache_ptr + slot * stride_c_slot + hk * stride_c_head + d
+        tl.store(k_dst, k1, mask=mk)
+        tl.store(k_dst + HALF, k2, mask=mk)
+        v_src = v_ptr + t * stride_vt + hk * stride_vh + d
+        tl.store(k_dst + stride_c_kv, tl.load(v_src, mask=mk), mask=mk)
+        tl.store(k_dst + stride_c_kv + HALF, tl.load(v_src + HALF, mask=mk), mask=mk)
 
 
 @triton.jit
