@@ -12,8 +12,7 @@ import torch
 
 def host_tensor(data, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A CPU tensor to copy from: pinned when the destination is a GPU."""
-    t = torch.tensor(data, dtype=dtype)
-    return t.pin_memory() if device.type == "cuda" else t
+    return torch.tensor(data, dtype=dtype, pin_memory=device.type == "cuda")
 
 
 def to_device(data, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
