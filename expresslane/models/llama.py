@@ -93,11 +93,17 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = None if self.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
 
     def forward(self, input_ids, positions, meta: AttentionMetadata) -> torch.Tensor:
-        x, residual = self.embed_tokens(input_ids), None
-        for layer in self.layers:
+        x, residual = self.run_layers(positions, self.embed_tokens(input_ids), None, meta, 0, len(self.layers))
+        return self.final_norm(x, residual)
+
+    def run_layers(self, positions, x, residual, meta: AttentionMetadata, start: int, end: int):
+        """Layers [start, end): (hidden, residual) in and out; residual is None before layer 0."""
+        for layer in self.layers[start:end]:
             x, residual = layer(positions, x, residual, meta)
-        x, _ = self.norm(x, residual)
-        return x
+        return x, residual
+
+    def final_norm(self, x, residual) -> torch.Tensor:
+        return self.norm(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """float32 logits; into `out` when given (a CUDA graph's static output)."""

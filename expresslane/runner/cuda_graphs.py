@@ -34,7 +34,13 @@ def bucket_sizes(limit: int, small: tuple[int, ...] = (1, 2, 4, 8), step: int = 
 
 
 class _Graphs:
-    """Static buffers, capture, replay; subclasses define the metadata of a bucket."""
+    """Static buffers, capture, replay; subclasses define the metadata of a bucket.
+
+    A bucket's forward is captured as `num_pieces` graphs over consecutive layer ranges,
+    replayed in order: launching a graph costs host time per kernel node, and with pieces
+    the GPU starts the first while the host still launches the rest."""
+
+    num_pieces = 1
 
     def __init__(self, model, backend, sizes: list[int], max_tokens: int, max_seqs: int, max_blocks: int,
                  device: torch.device, logits_out: torch.Tensor):
@@ -48,7 +54,8 @@ class _Graphs:
         self.seq_lens = torch.zeros(max_seqs, dtype=torch.int32, device=device)
         self.query_start_loc = torch.arange(max_seqs + 1, dtype=torch.int32, device=device)
         self.logits_rows = torch.zeros(max_seqs, dtype=torch.int64, device=device)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.graphs: dict[int, list[torch.cuda.CUDAGraph]] = {}
+        self._carried: dict[int, dict] = {}  # per bucket: hidden states passed between pieces
         self._staging: torch.Tensor | None = None  # all inputs of a step, one host->device copy
 
     @property
@@ -61,24 +68,50 @@ class _Graphs:
     def _num_logit_rows(self, size: int) -> int:
         raise NotImplementedError
 
+    def _pieces(self, size: int) -> list:
+        """The forward of bucket `size` as `num_pieces` callables over consecutive layer
+        ranges; the last returns the logits. Hidden states pass between them in `carry`."""
+        model, meta, carry = self.model, self._meta(size), {}
+        n = len(model.layers)
+        bounds = [n * i // self.num_pieces for i in range(self.num_pieces + 1)]
+        positions = self.positions[:size]
+
+        def piece(i: int):
+            def run():
+                x, res = (model.embed_tokens(self.input_ids[:size]), None) if i == 0 else carry["hidden"]
+                x, res = model.run_layers(positions, x, res, meta, bounds[i], bounds[i + 1])
+                if i + 1 < self.num_pieces:
+                    carry["hidden"] = x, res
+                    return None
+                rows = self._num_logit_rows(size)
+                hidden = model.final_norm(x, res)
+                return model.compute_logits(hidden[self.logits_rows[:rows]], out=self.logits_out[:rows])
+            return run
+        self._carried[size] = carry  # captured pieces read and write these tensors' memory: keep them
+        return [piece(i) for i in range(self.num_pieces)]
+
     def _forward(self, size: int) -> torch.Tensor:
-        hidden = self.model(self.input_ids[:size], self.positions[:size], self._meta(size))
-        rows = self._num_logit_rows(size)
-        return self.model.compute_logits(hidden[self.logits_rows[:rows]], out=self.logits_out[:rows])
+        for run in self._pieces(size):
+            out = run()
+        return out
 
     @torch.inference_mode()
     def capture(self, pool) -> None:
         t0 = time.monotonic()
         for size in reversed(self.sizes):  # largest first: later graphs reuse its memory
-            self._forward(size)  # warm-up: compile kernels, settle the allocator
+            pieces = self._pieces(size)
+            for run in pieces:  # warm-up: compile kernels, settle the allocator
+                run()
             torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self._forward(size)
-            self.graphs[size] = graph
+            self.graphs[size] = []
+            for run in pieces:
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    run()
+                self.graphs[size].append(graph)
         torch.cuda.synchronize()
-        log.info("captured %d %s (sizes %d..%d) in %.1fs", len(self.sizes), type(self).__name__, self.sizes[0],
-                 self.sizes[-1], time.monotonic() - t0)
+        log.info("captured %d %s (sizes %d..%d, %d piece(s) each) in %.1fs", len(self.sizes), type(self).__name__,
+                 self.sizes[0], self.sizes[-1], self.num_pieces, time.monotonic() - t0)
 
     def _load(self, fields: list[tuple[torch.Tensor, list[int]]], patch=None) -> None:
         """Copy one step's inputs into the static buffers: `fields` are (buffer view, its
@@ -109,7 +142,8 @@ class _Graphs:
 
     def _replay(self, size: int, rows: int) -> torch.Tensor:
         if size in self.graphs:
-            self.graphs[size].replay()
+            for graph in self.graphs[size]:
+                graph.replay()
             return self.logits_out[:rows]
         return self._forward(size)[:rows]  # not captured (CPU tests): same buffers, run eagerly
 
@@ -147,7 +181,11 @@ class DecodeGraphs(_Graphs):
 
 
 class MixedGraphs(_Graphs):
-    """Steps of at most `max_tokens` tokens of any composition, all on the prefill path."""
+    """Steps of at most `max_tokens` tokens of any composition, all on the prefill path.
+    In pieces: a short prompt's TTFT has the graph launch on its critical path (a decode's
+    launch overlaps the step before it)."""
+
+    num_pieces = 4
 
     def __init__(self, model, backend, max_tokens: int, max_num_seqs: int, max_blocks: int, device: torch.device,
                  logits_out: torch.Tensor):
