@@ -5,7 +5,9 @@
 Both models read the same random token sequences in one forward pass; at every
 position the argmax of the next-token logits is compared. Also reported: agreement
 on positions where transformers' top-2 logit margin exceeds 1% of its logit range
-(a near-tie can flip on any bf16 rounding difference).
+(a near-tie can flip on any bf16 rounding difference). Control, same positions:
+transformers bf16 and expresslane bf16 each against transformers float32: how often
+bf16 rounding alone moves the argmax, for the reference itself.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ def main() -> None:
     llm = LLM(args.model, dtype="bfloat16", gpu_memory_utilization=0.3, enforce_eager=True)
     runner = llm.engine.core.runner
     hf = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16).cuda().eval()
+    hf32 = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).cuda().eval()
+    hf_vs_32 = ours_vs_32 = 0
     rng = random.Random(0)
     vocab = hf.config.vocab_size
     agree = total = agree_clear = total_clear = 0
@@ -41,11 +45,14 @@ def main() -> None:
         for _ in range(args.num_seqs):
             ids = [rng.randrange(min(vocab, 30000)) for _ in range(args.seq_len)]
             ref = hf(torch.tensor([ids], device="cuda")).logits[0].float()
+            top1_32 = hf32(torch.tensor([ids], device="cuda")).logits[0].argmax(-1)
             blocks = list(range(-(-len(ids) // runner.block_size)))  # the engine is idle: any blocks will do
             seq = ScheduledSeq("agree", ids, 0, blocks, False, SamplingParams(), frozenset())
             input_ids, positions, meta = runner._prepare(*runner._host_inputs([seq]), seqs=[seq])
             ours = runner.model.compute_logits(runner.model(input_ids, positions, meta))
             same = ours.argmax(-1) == ref.argmax(-1)
+            hf_vs_32 += int((ref.argmax(-1) == top1_32).sum())
+            ours_vs_32 += int((ours.argmax(-1) == top1_32).sum())
             top2 = ref.topk(2, dim=-1).values
             clear = (top2[:, 0] - top2[:, 1]) > 0.01 * (ref.max(-1).values - ref.min(-1).values)
             agree += int(same.sum())
@@ -54,7 +61,8 @@ def main() -> None:
             total_clear += int(clear.sum())
     row = dict(bench="bf16_top1_agreement", model=args.model.rstrip("/").split("/")[-1], positions=total,
                agreement=agree / total, clear_positions=total_clear,
-               agreement_clear=agree_clear / max(1, total_clear))
+               agreement_clear=agree_clear / max(1, total_clear), control_hf_bf16_vs_fp32=hf_vs_32 / total,
+               ours_bf16_vs_hf_fp32=ours_vs_32 / total)
     print(json.dumps(row))
     if args.out:
         with open(args.out, "a") as f:
