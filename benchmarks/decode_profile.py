@@ -126,9 +126,11 @@ def ttft_profile(llm, out) -> None:
     from expresslane import SamplingParams
 
     sp = SamplingParams(temperature=0, max_tokens=1)
-    prompt = {"prompt_token_ids": list(range(100, 228))}
+    rng = random.Random(128)
+    fresh = lambda: {"prompt_token_ids": [rng.randrange(1000, 30000) for _ in range(128)]}  # noqa: E731 (no cache hit)
     for _ in range(3):
-        llm.generate([prompt], sp, use_tqdm=False)
+        llm.generate([fresh()], sp, use_tqdm=False)
+    prompt = fresh()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         torch.cuda.synchronize()
         with record_function("generate"):

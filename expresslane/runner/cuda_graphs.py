@@ -55,7 +55,6 @@ class _Graphs:
         self.query_start_loc = torch.arange(max_seqs + 1, dtype=torch.int32, device=device)
         self.logits_rows = torch.zeros(max_seqs, dtype=torch.int64, device=device)
         self.graphs: dict[int, list[torch.cuda.CUDAGraph]] = {}
-        self._carried: dict[int, dict] = {}  # per bucket: hidden states passed between pieces
         self._staging: torch.Tensor | None = None  # all inputs of a step, one host->device copy
 
     @property
@@ -70,7 +69,9 @@ class _Graphs:
 
     def _pieces(self, size: int) -> list:
         """The forward of bucket `size` as `num_pieces` callables over consecutive layer
-        ranges; the last returns the logits. Hidden states pass between them in `carry`."""
+        ranges; the last returns the logits. Hidden states pass between them in `carry`:
+        once captured, each is written by one piece and read by the next in the same
+        step, so (like any temporary) its memory may serve other graphs of the pool."""
         model, meta, carry = self.model, self._meta(size), {}
         n = len(model.layers)
         bounds = [n * i // self.num_pieces for i in range(self.num_pieces + 1)]
@@ -87,7 +88,6 @@ class _Graphs:
                 hidden = model.final_norm(x, res)
                 return model.compute_logits(hidden[self.logits_rows[:rows]], out=self.logits_out[:rows])
             return run
-        self._carried[size] = carry  # captured pieces read and write these tensors' memory: keep them
         return [piece(i) for i in range(self.num_pieces)]
 
     def _forward(self, size: int) -> torch.Tensor:
