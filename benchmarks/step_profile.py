@@ -44,12 +44,12 @@ def main() -> None:
 
     llm = LLM(args.model, max_num_seqs=64, gpu_memory_utilization=0.5)
     sp = SamplingParams(temperature=0, max_tokens=1)
-    prompt = {"prompt_token_ids": list(range(100, 228))}
-    for _ in range(3):
-        llm.generate([prompt], sp, use_tqdm=False)
+    fresh = lambda i: {"prompt_token_ids": [1000 + 128 * i + j for j in range(128)]}  # noqa: E731 (no cache hit)
+    for i in range(3):
+        llm.generate([fresh(i)], sp, use_tqdm=False)
     prof = cProfile.Profile()
     prof.enable()
-    [o] = llm.generate([prompt], sp, use_tqdm=False)
+    [o] = llm.generate([fresh(3)], sp, use_tqdm=False)
     prof.disable()
     print("ttft_ms", 1e3 * (o.metrics.first_token_time - o.metrics.arrival_time))
     pstats.Stats(prof).sort_stats("tottime").print_stats(25)
