@@ -137,9 +137,9 @@ class Scheduler:
         cap = self._prefill_cap if others else budget
         lanes = self._lane_budget(budget)
         # deadline: a waiting short interactive prompt makes long interactive prefills step aside
-        yield_to = head if lanes is not None and head is not None and head.lane == "interactive" \
-            and head.num_tokens <= cap else None
-        scheduled, budget, preempted = self._schedule_running(budget, cap, lanes, yield_to)
+        short_waiting = lanes is not None and head is not None and head.lane == "interactive" \
+            and head.num_tokens <= cap
+        scheduled, budget, preempted = self._schedule_running(budget, cap, lanes, short_waiting)
         if not preempted:
             budget = self._admit(scheduled, budget, self.config.max_num_seqs, cap, lanes)
             if cap < self.config.max_num_batched_tokens and lanes is None:
@@ -159,14 +159,12 @@ class Scheduler:
             return {"interactive": budget, "batch": budget}
         return {"interactive": budget - (batch_share if "batch" in busy else 0), "batch": batch_share}
 
-    def _steps_aside(self, req: Request, cap: int, yield_to: Request | None) -> bool:
+    def _steps_aside(self, req: Request, cap: int) -> bool:
         """Shortest prefill first within the interactive lane: a long interactive prompt
         (more than `cap` tokens left) skips the step that admits a short one, so the short
         one's first step is short (it saves the short ones a chunk's time; it costs the
         long one a step). Never past the long one's own TTFT deadline: no starvation."""
-        if yield_to is None or req.lane != "interactive":
-            return False
-        if req.num_prompt_tokens - req.num_computed_tokens <= cap:
+        if req.lane != "interactive" or req.num_tokens - req.num_computed_tokens <= cap:
             return False  # a decode, or a prompt whose rest fits this step
         return self.clock() < req.arrival_time + self.lanes["interactive"].ttft
 
@@ -201,7 +199,7 @@ class Scheduler:
         return self.clock() - head.arrival_time >= self.config.batch_timeout_ms / 1000
 
     def _schedule_running(self, budget: int, cap: int, lanes: dict[str, int] | None = None,
-                          yield_to: Request | None = None) -> tuple[list[tuple[Request, int]], int, bool]:
+                          short_waiting: bool = False) -> tuple[list[tuple[Request, int]], int, bool]:
         """Running requests in policy order; preempt from the lowest-ranked end when blocks run out."""
         scheduled: list[tuple[Request, int]] = []
         preempted = False
@@ -213,7 +211,7 @@ class Scheduler:
             i += 1
             if req.num_pending and req.will_finish_by_length():
                 continue  # its last token is being sampled now
-            if self._steps_aside(req, cap, yield_to):
+            if short_waiting and self._steps_aside(req, cap):
                 continue
             n = min(req.num_tokens_with_pending - req.num_computed_tokens, budget, cap)
             if lanes is not None:
