@@ -13,10 +13,10 @@ bf16 rounding alone moves the argmax, for the reference itself.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 
 import torch
+from _shared import emit
 
 
 def main() -> None:
@@ -63,10 +63,7 @@ def main() -> None:
                agreement=agree / total, clear_positions=total_clear,
                agreement_clear=agree_clear / max(1, total_clear), control_hf_bf16_vs_fp32=hf_vs_32 / total,
                ours_bf16_vs_hf_fp32=ours_vs_32 / total)
-    print(json.dumps(row))
-    if args.out:
-        with open(args.out, "a") as f:
-            f.write(json.dumps(row) + "\n")
+    emit(args.out, **row)
 
 
 if __name__ == "__main__":

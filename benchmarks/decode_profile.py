@@ -16,15 +16,14 @@ span, and host time after the last kernel.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import time
 from collections import defaultdict
 
 import torch
+from _shared import PEAK_BW, busy_us, emit, kernel_intervals, weight_bytes
 from torch.profiler import ProfilerActivity, profile, record_function
 
-PEAK_BW = 4.27e12  # B/s, measured device copy (DESIGN §8)
 KINDS = (("matmul", ("gemm", "gemv", "nvjet", "cutlass", "sm90", "splitk")),
          ("attention", ("paged_attention", "write_kv", "reduce_splits")),
          ("norm/rope/act", ("rmsnorm", "rope", "silu")))
@@ -36,29 +35,6 @@ def kind_of(name: str) -> str:
         if any(k in low for k in keys):
             return kind
     return "other (sampling, copies, embedding)"
-
-
-def kernels(prof) -> list[tuple[float, float, str]]:
-    out = [(e.time_range.start, e.time_range.end, e.name) for e in prof.events()
-           if e.device_type == torch.autograd.DeviceType.CUDA and not getattr(e, "is_user_annotation", False)
-           and e.name != "generate"]
-    return sorted(out)
-
-
-def union_us(ks) -> float:
-    busy, end = 0.0, float("-inf")
-    for s, e, _ in ks:
-        if e > end:
-            busy += e - max(s, end)
-            end = e
-    return busy
-
-
-def emit(out, row) -> None:
-    print(json.dumps(row), flush=True)
-    if out:
-        with open(out, "a") as f:
-            f.write(json.dumps(row) + "\n")
 
 
 def decode_profile(llm, batch: int, context: int, weight_bytes: int, out) -> None:
@@ -103,7 +79,7 @@ def decode_profile(llm, batch: int, context: int, weight_bytes: int, out) -> Non
             eng.step()
         torch.cuda.synchronize()
         wall_us = (time.perf_counter() - w0) * 1e6
-    ks = kernels(prof)
+    ks = kernel_intervals(prof)
     by_kind, by_name = defaultdict(float), defaultdict(lambda: [0.0, 0])
     for s, e, name in ks:
         by_kind[kind_of(name)] += (e - s) / n / 1e3
@@ -112,12 +88,12 @@ def decode_profile(llm, batch: int, context: int, weight_bytes: int, out) -> Non
     span_us = ks[-1][1] - ks[0][0] if ks else 0.0
     row = dict(bench="decode_profile", batch=batch, context=context, step_ms=step_ms, replay_ms=replay_ms,
                floor_ms=weight_bytes / PEAK_BW * 1e3, kernels_per_step=len(ks) / n,
-               busy_ms_per_step=union_us(ks) / n / 1e3, idle_in_span_ms_per_step=(span_us - union_us(ks)) / n / 1e3,
+               busy_ms_per_step=busy_us(ks) / n / 1e3, idle_in_span_ms_per_step=(span_us - busy_us(ks)) / n / 1e3,
                profiled_wall_ms_per_step=wall_us / n / 1e3, ms_by_kind={k: round(v, 4) for k, v in by_kind.items()},
                matmul_gb_per_s=weight_bytes / (by_kind["matmul"] / 1e3) / 1e9 if by_kind["matmul"] else None,
                top_kernels=[(name[:60], round(t, 4), c // n) for name, (t, c) in
                             sorted(by_name.items(), key=lambda kv: -kv[1][0])[:12]])
-    emit(out, row)
+    emit(out, **row)
     while eng.has_unfinished():
         eng.step()
 
@@ -135,17 +111,16 @@ def ttft_profile(llm, out) -> None:
         torch.cuda.synchronize()
         with record_function("generate"):
             [o] = llm.generate([prompt], sp, use_tqdm=False)
-    ks = kernels(prof)
+    ks = [k for k in kernel_intervals(prof) if k[2] != "generate"]
     cpu = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CPU]
     [gen] = [e.time_range for e in cpu if e.name == "generate"]
     launches = [e.time_range for e in cpu if e.name == "cudaGraphLaunch"]
-    emit(out, dict(bench="ttft_profile", prompt_len=128, ttft_ms=1e3 * (o.metrics.first_token_time
-                                                                        - o.metrics.arrival_time),
-                   generate_ms=(gen.end - gen.start) / 1e3, host_before_first_kernel_ms=(ks[0][0] - gen.start) / 1e3,
-                   gpu_span_ms=(ks[-1][1] - ks[0][0]) / 1e3, gpu_busy_ms=union_us(ks) / 1e3,
-                   host_after_last_kernel_ms=(gen.end - ks[-1][1]) / 1e3, kernels=len(ks),
-                   largest_gaps=largest_gaps(ks, 4), graph_launches=len(launches),
-                   graph_launch_host_ms=[round((r.end - r.start) / 1e3, 3) for r in launches]))
+    ttft_ms = 1e3 * (o.metrics.first_token_time - o.metrics.arrival_time)
+    emit(out, bench="ttft_profile", prompt_len=128, ttft_ms=ttft_ms, generate_ms=(gen.end - gen.start) / 1e3,
+         host_before_first_kernel_ms=(ks[0][0] - gen.start) / 1e3, gpu_span_ms=(ks[-1][1] - ks[0][0]) / 1e3,
+         gpu_busy_ms=busy_us(ks) / 1e3, host_after_last_kernel_ms=(gen.end - ks[-1][1]) / 1e3, kernels=len(ks),
+         largest_gaps=largest_gaps(ks, 4), graph_launches=len(launches),
+         graph_launch_host_ms=[round((r.end - r.start) / 1e3, 3) for r in launches])
 
 
 def largest_gaps(ks, n: int) -> list[tuple[float, str, str]]:
@@ -170,9 +145,7 @@ def main() -> None:
 
     llm = LLM(args.model, max_num_seqs=max(args.batches), gpu_memory_utilization=0.85)
     model = llm.engine.core.runner.model
-    wbytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    if model.lm_head is not None:  # the embedding table: only rows are read
-        wbytes -= model.embed_tokens.weight.numel() * model.embed_tokens.weight.element_size()
+    wbytes = weight_bytes(model)
     for b in args.batches:
         decode_profile(llm, b, args.context, wbytes, args.out)
     ttft_profile(llm, args.out)

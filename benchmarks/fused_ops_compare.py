@@ -14,27 +14,18 @@ its failures are printed and reported as "error" rows, and the rest still runs.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from functools import partial
 
 import torch
 import torch.nn.functional as F
+from _shared import PEAK_BW, emit
 
 from expresslane.layers.rotary import RotaryEmbedding, _rotate
 
 HIDDEN, INTER, HQ, HKV, HEAD_DIM, EPS = 4096, 14336, 32, 8, 128, 1e-5
-PEAK_BW = 4.27e12  # B/s, measured device copy (DESIGN §8)
 CALLS = 20  # calls captured per CUDA graph
-
-
-def emit(out, **row) -> None:
-    line = json.dumps(row)
-    print(line, flush=True)
-    if out:
-        with open(out, "a") as f:
-            f.write(line + "\n")
 
 
 # Eager references = the CPU paths of norm.py (forward + _norm), activation.py and rotary.py.

@@ -11,36 +11,16 @@ for transformers where it applies.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import time
 
 import torch
-
-PEAK_BW = 4.27e12  # B/s, measured device copy (DESIGN §8)
-PEAK_FLOPS = 805e12  # bf16 matmul (DESIGN §8)
-
-
-def emit(out, **row) -> None:
-    line = json.dumps(row)
-    print(line, flush=True)
-    if out:
-        with open(out, "a") as f:
-            f.write(line + "\n")
-
+from _shared import PEAK_BW, PEAK_FLOPS, busy_us, emit, kernel_intervals, weight_bytes
 
 def prompts_of(n: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
     rng = random.Random(seed)
     return [[rng.randrange(min(vocab, 30000)) for _ in range(length)] for _ in range(n)]
-
-
-def weight_bytes(model: torch.nn.Module) -> int:
-    """Bytes read per decode step: every weight except the embedding table (only rows are read)."""
-    total = sum(p.numel() * p.element_size() for p in model.parameters())
-    if model.lm_head is not None:
-        total -= model.embed_tokens.weight.numel() * model.embed_tokens.weight.element_size()
-    return total
 
 
 def forward_flops(cfg, tokens: int) -> float:
@@ -132,14 +112,7 @@ def gpu_kernel_time(eng, steps: int) -> tuple[float, float]:
             eng.step()
         sync()
         wall = time.perf_counter() - t0
-    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
-                   if e.device_type == torch.autograd.DeviceType.CUDA)
-    busy_us, end = 0.0, float("-inf")
-    for s, e in spans:
-        if e > end:
-            busy_us += e - max(s, end)
-            end = e
-    return busy_us / 1e6 / steps, wall / steps
+    return busy_us(kernel_intervals(prof)) / 1e6 / steps, wall / steps
 
 
 def hf_benchmarks(args, out) -> None:

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import random
 import statistics
 
 import torch
+from _shared import emit
 
 MODES = {
     "static": {"batching": "static", "scheduling_policy": "fcfs"},
@@ -121,13 +121,9 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     rows = [run_fresh(args, m) for m in args.modes.split(",")]
+    model = (args.model or "tiny").rstrip("/").split("/")[-1]
     for r in rows:
-        line = json.dumps({"bench": "lanes_scenario", "model": (args.model or "tiny").rstrip("/").split("/")[-1],
-                           "long_lane": args.long_lane, **r})
-        print(line, flush=True)
-        if args.out:
-            with open(args.out, "a") as f:
-                f.write(line + "\n")
+        emit(args.out, bench="lanes_scenario", model=model, long_lane=args.long_lane, **r)
     print(f"{'mode':<18}{'short alone p99':>16}{'short mixed p99':>16}{'ratio':>7}{'long alone':>11}"
           f"{'long bg':>11}{'long mixed':>11}{'growth':>7}")
     for r in rows:

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import json
 import pstats
 import time
 
 import torch
+from _shared import emit
 
 
 def per_call_us(fn, n: int = 300) -> float:
@@ -38,9 +38,7 @@ def main() -> None:
                triton_rms_norm=per_call_us(lambda: triton_ops.rms_norm(x, w, 1e-6)),
                torch_add=per_call_us(lambda: x + x),
                torch_rms_norm_eager=per_call_us(lambda: x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6).to(x.dtype) * w))
-    print(json.dumps(row))
-    if args.out:
-        open(args.out, "a").write(json.dumps(row) + "\n")
+    emit(args.out, **row)
 
     llm = LLM(args.model, max_num_seqs=64, gpu_memory_utilization=0.5)
     sp = SamplingParams(temperature=0, max_tokens=1)
