@@ -339,8 +339,10 @@ class Scheduler:
             first = req.first_token_time is None
             if first:
                 req.first_token_time = now
+            # A step's logprobs has a row for every request, None where that request asked for none.
+            lp = logprobs.get(req.request_id) if logprobs else None
             out = EngineCoreOutput(req.request_id, [token], num_cached_tokens=req.num_cached_tokens,
-                                   new_logprobs=[logprobs[req.request_id]] if logprobs else None)
+                                   new_logprobs=None if lp is None else [lp])
             if first:
                 out.first_scheduled_time, out.first_token_time = req.first_scheduled_time, now
             if req.finish_reason is not None:

@@ -32,14 +32,14 @@ from expresslane.engine.core import resolve_model_dir
 from expresslane.engine.lanes import resolve_lane
 from expresslane.engine.llm_engine import InputProcessor
 from expresslane.engine.output_processor import OutputProcessor, child_params, child_request_ids
-from expresslane.engine.request import EngineCoreRequest
+from expresslane.engine.request import EngineCoreOutput, EngineCoreRequest
 from expresslane.models.loader import load_hf_config
 from expresslane.outputs import RequestOutput
 from expresslane.sampling_params import SamplingParams
 from expresslane.server import errors
 from expresslane.server.engine_proc import run_engine
 from expresslane.server.metrics import Metrics
-from expresslane.server.wire import Abort, Add, Failed, FromEngine, Outputs, Shutdown
+from expresslane.server.wire import Abort, Add, Failed, FromEngine, OutputId, OutputsIn, Shutdown
 from expresslane.tokenizer import eos_token_ids, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -128,6 +128,8 @@ class EngineClient:
         self._prefill_rate: float | None = None  # tokens/s the engine's steps process (moving average)
         self._encode = msgspec.msgpack.Encoder().encode
         self._decode = msgspec.msgpack.Decoder(FromEngine).decode
+        self._decode_output = msgspec.msgpack.Decoder(EngineCoreOutput).decode
+        self._decode_id = msgspec.msgpack.Decoder(OutputId).decode
         self._proc: multiprocessing.Process | None = None
         self._reader: asyncio.Task | None = None
         self._sockets: list[zmq.Socket] = []
@@ -335,15 +337,40 @@ class EngineClient:
         try:
             while True:
                 msg = self._decode(await self._out.recv())
-                if isinstance(msg, Outputs):
+                if isinstance(msg, OutputsIn):
                     self._handle(msg)
         except asyncio.CancelledError:
             raise
-        except Exception as e:  # a bug here must not leave requests hanging
+        except Exception as e:  # an undecodable message or a bug here must not leave requests hanging
             log.exception("output loop failed")
             self._die(f"internal error in the output loop: {e!r}")
 
-    def _handle(self, msg: Outputs) -> None:
+    def _fail(self, request_id: str, error: errors.APIError) -> None:
+        """End one request with an error (its other prompts' and completions' work is aborted too)."""
+        t = self._requests.get(request_id)
+        if t is not None:
+            self.abort(request_id)
+            t.queue.put_nowait(error)
+
+    def _decode_outputs(self, raws: list[msgspec.Raw]) -> dict[str, list[EngineCoreOutput]]:
+        """The step's outputs by request id; a malformed one fails its request, never the others."""
+        by_request: dict[str, list[EngineCoreOutput]] = {}
+        for raw in raws:
+            try:
+                out = self._decode_output(raw)
+            except msgspec.ValidationError as e:
+                try:
+                    rid = self._decode_id(raw).request_id.partition("#")[0]
+                except msgspec.ValidationError:
+                    log.error("the engine sent an output without a request id (%s); dropped", e)
+                    continue
+                log.error("the engine sent a malformed output for request %s (%s); failing that request", rid, e)
+                self._fail(rid, errors.internal(f"internal error: malformed engine output for this request: {e}"))
+                continue
+            by_request.setdefault(out.request_id.partition("#")[0], []).append(out)
+        return by_request
+
+    def _handle(self, msg: OutputsIn) -> None:
         self.metrics.engine_step(msg.stats)
         st = msg.stats
         if st.num_batched_tokens and st.step_duration > 0:
@@ -354,23 +381,29 @@ class EngineClient:
             if t is not None and t.engine_arrival_time is None:
                 t.engine_arrival_time = when
         for cid, why in msg.rejected.items():
-            rid = cid.partition("#")[0]
-            t = self._requests.get(rid)
-            if t is not None:
-                self.abort(rid)
-                t.queue.put_nowait(errors.bad_request(why))
-        results, to_abort = self.outputs.process(msg.outputs)
+            self._fail(cid.partition("#")[0], errors.bad_request(why))
+        to_abort: list[str] = []
+        for rid, outs in self._decode_outputs(msg.outputs).items():
+            try:
+                self._deliver(outs, msg.timestamp, to_abort)
+            except Exception as e:  # a bug in one request's processing fails that request only
+                log.exception("processing the outputs of request %s failed", rid)
+                self._fail(rid, errors.internal(f"internal error: {e!r}"))
         if to_abort:  # stop strings, found here after detokenization
             self._in.send(self._encode(Abort(to_abort)))
+
+    def _deliver(self, outs: list[EngineCoreOutput], timestamp: float, to_abort: list[str]) -> None:
+        results, stopped = self.outputs.process(outs)
+        to_abort += stopped
         for out in results:
             t = self._requests.get(out.request_id)
             if t is None:
                 continue
             num_tokens = sum(len(c.token_ids) for c in out.outputs)
             if num_tokens > t.num_tokens:
-                gap = None if t.last_token_time is None else msg.timestamp - t.last_token_time
+                gap = None if t.last_token_time is None else timestamp - t.last_token_time
                 self.metrics.new_tokens(t.lane, num_tokens - t.num_tokens, gap)
-                t.num_tokens, t.last_token_time = num_tokens, msg.timestamp
+                t.num_tokens, t.last_token_time = num_tokens, timestamp
             if not t.started and out.metrics.first_token_time is not None:
                 self._started(t)
                 self.metrics.first_token(t.lane, out)

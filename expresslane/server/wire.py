@@ -39,5 +39,22 @@ class Outputs(msgspec.Struct, tag=True):
     rejected: dict[str, str] = {}  # request id -> why add_request refused it
 
 
+class OutputsIn(msgspec.Struct, tag="Outputs"):
+    """``Outputs`` as the API process reads it: each output is decoded on its own, so a
+    malformed one fails its request only (``EngineCoreOutput`` bytes, see ``outputs``)."""
+
+    outputs: list[msgspec.Raw]
+    stats: StepStats
+    timestamp: float
+    received: dict[str, float] = {}
+    rejected: dict[str, str] = {}
+
+
+class OutputId(msgspec.Struct):
+    """The one field of an output that names its request: enough to fail it when the rest is malformed."""
+
+    request_id: str
+
+
 ToEngine = Add | Abort | Shutdown
-FromEngine = Ready | Failed | Outputs
+FromEngine = Ready | Failed | OutputsIn  # what the API process decodes (the engine encodes Outputs)
