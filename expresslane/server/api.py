@@ -97,21 +97,24 @@ def build_app(client: EngineClient, settings: ServerSettings, metrics: Metrics) 
     app = FastAPI(title="expresslane", version=__version__)
     model_name = settings.served_model_name
 
+    def error_response(e: errors.APIError) -> JSONResponse:
+        return JSONResponse(metrics.error_body(e), status_code=e.status, headers=e.headers)
+
     @app.exception_handler(errors.APIError)
     async def _api_error(request: Request, e: errors.APIError) -> JSONResponse:
-        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+        return error_response(e)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
         kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
-        return JSONResponse({"error": {"message": f"{request.method} {request.url.path}: {e.detail}", "type": kind,
-                                       "param": None, "code": None}}, status_code=e.status_code)
+        code = {404: "not_found", 405: "method_not_allowed"}.get(e.status_code, "http_error")
+        return error_response(errors.APIError(e.status_code, f"{request.method} {request.url.path}: {e.detail}",
+                                              kind, None, code))
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, e: Exception) -> JSONResponse:
         log.exception("%s %s failed", request.method, request.url.path)
-        err = errors.internal(f"internal error: {e!r}")
-        return JSONResponse(err.body(), status_code=500)
+        return error_response(errors.internal(f"internal error: {e!r}"))
 
     async def authorize(request: Request) -> None:  # async: a sync dependency would cost a thread hop
         if settings.api_key is None:

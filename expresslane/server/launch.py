@@ -19,6 +19,7 @@ from expresslane.config import EngineConfig, engine_kwargs_from_args
 from expresslane.engine.lanes import DEFAULT_LANE_SLO, parse_lane_slo
 from expresslane.server.api import ServerSettings, build_app
 from expresslane.server.engine_client import Admission, EngineClient
+from expresslane.server.gpu_metrics import GpuSampler
 from expresslane.server.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -74,8 +75,8 @@ def serve(args: argparse.Namespace) -> int:
     engine_kwargs = {**engine_kwargs_from_args(args), "model": args.model}
     EngineConfig.from_kwargs(**engine_kwargs)  # bad flags fail here, before any process starts
     log_level = args.log_level.upper()
-    metrics = Metrics(settings.served_model_name)
     lanes = parse_lane_slo(getattr(args, "lane_slo", DEFAULT_LANE_SLO))
+    metrics = Metrics(settings.served_model_name, lanes)
     slo_ttft = lanes["interactive"].ttft if args.slo_admission else None
     admission = Admission(settings.max_waiting_requests, settings.max_waiting_tokens, slo_ttft,
                           {lane: slo.queue for lane, slo in lanes.items()})
@@ -84,9 +85,15 @@ def serve(args: argparse.Namespace) -> int:
                             log_level=log_level.lower(), access_log=log_level in ("DEBUG", "INFO"), lifespan="off",
                             timeout_graceful_shutdown=2)
     server = DrainingServer(config, client, settings.shutdown_timeout)
-    # uvicorn's loop choice: uvloop when installed (uvicorn[standard]), as `uvicorn.run` would.
-    with asyncio.Runner(loop_factory=config.get_loop_factory()) as runner:
-        return runner.run(_serve(server, client, settings))
+    gpu = GpuSampler(metrics)
+    if engine_kwargs.get("device") != "cpu":
+        gpu.start()
+    try:
+        # uvicorn's loop choice: uvloop when installed (uvicorn[standard]), as `uvicorn.run` would.
+        with asyncio.Runner(loop_factory=config.get_loop_factory()) as runner:
+            return runner.run(_serve(server, client, settings))
+    finally:
+        gpu.stop()
 
 
 async def _serve(server: DrainingServer, client: EngineClient, settings: ServerSettings) -> int:

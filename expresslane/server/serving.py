@@ -232,11 +232,11 @@ class _Endpoint:
                 if self.return_metrics:
                     chunk["metrics"] = request_metrics(self.group, self.ordered(finals))
                 yield sse(chunk)
-        except errors.APIError as e:
-            yield sse(e.body())
         except Exception as e:  # never end a stream without telling the client why
-            log.exception("stream %s failed", self.id)
-            yield sse(errors.internal(f"internal error: {e!r}").body())
+            if not isinstance(e, errors.APIError):
+                log.exception("stream %s failed", self.id)
+                e = errors.internal(f"internal error: {e!r}")
+            yield sse(self.client.metrics.error_body(e))
         yield DONE
 
     def ordered(self, finals: dict[str, RequestOutput]) -> list[RequestOutput]:

@@ -34,6 +34,7 @@ def sse_events(r: httpx.Response) -> list:
 def test_request_timeout_aborts_and_frees(failing_server):
     s = failing_server
     aborts = metric(s.metrics(), "expresslane:request_success_total", finished_reason="abort")
+    timeouts = metric(s.metrics(), "expresslane:request_errors_total", status="504", reason="request_timeout")
     t0 = time.monotonic()
     r = httpx.post(s.url + "/v1/completions", json={"prompt": "slow", **LONG}, headers=s.headers, timeout=30)
     assert r.status_code == 504 and r.json()["error"]["code"] == "request_timeout"
@@ -46,6 +47,9 @@ def test_request_timeout_aborts_and_frees(failing_server):
     assert any(e.get("choices") for e in events[:-2])  # tokens came before the deadline
     wait_idle(s, 2.0)
     assert metric(s.metrics(), "expresslane:request_success_total", finished_reason="abort") == aborts + 2
+    # both counted as errors: the JSON 504 and the error event that ended the stream
+    assert metric(s.metrics(), "expresslane:request_errors_total", status="504", reason="request_timeout") == \
+        timeouts + 2
 
 
 def test_engine_death_fails_in_flight_requests_and_health(failing_server):
