@@ -175,6 +175,15 @@ def build_app(client: EngineClient, settings: ServerSettings, metrics: Metrics) 
         req = parse(GenerateRequest, await request.body())
         return await run(request, req, prepare_generate, Generate, "gen")
 
+    @app.post("/start_profile", dependencies=auth)
+    async def start_profile() -> dict:
+        await client.profile(start=True)
+        return {"status": "profiling", "profile_dir": client.profile_dir}
+
+    @app.post("/stop_profile", dependencies=auth)
+    async def stop_profile() -> dict:
+        return {"status": "stopped", "trace": (await client.profile(start=False)).trace}
+
     @app.post("/tokenize", dependencies=auth)
     async def tokenize(request: Request) -> dict:
         req = parse(TokenizeRequest, await request.body())

@@ -29,6 +29,9 @@ def add_serve_parser(subparsers) -> None:
                    help="seconds a request may take from arrival; then it is aborted, its KV freed (504)")
     s.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="on SIGTERM: refuse new requests and give in-flight ones this many seconds to finish")
+    s.add_argument("--profile-dir", default=None,
+                   help="enable POST /start_profile and /stop_profile: torch profiler traces of the engine "
+                        "process, written here as Chrome trace JSON")
     add_cli_args(p)
     p.set_defaults(func=_serve)
 

@@ -13,6 +13,7 @@ A request id ``X`` with ``n > 1`` runs in the engine as ``X#0 .. X#{n-1}``.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import math
 import multiprocessing
@@ -39,7 +40,7 @@ from expresslane.sampling_params import SamplingParams
 from expresslane.server import errors
 from expresslane.server.engine_proc import run_engine
 from expresslane.server.metrics import Metrics
-from expresslane.server.wire import Abort, Add, Failed, FromEngine, OutputId, OutputsIn, Shutdown
+from expresslane.server.wire import Abort, Add, Failed, FromEngine, OutputId, OutputsIn, Profile, Profiled, Shutdown
 from expresslane.tokenizer import eos_token_ids, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -112,7 +113,7 @@ class RequestGroup:
 
 class EngineClient:
     def __init__(self, engine_kwargs: dict[str, Any], metrics: Metrics, admission: Admission,
-                 log_level: str = "WARNING"):
+                 log_level: str = "WARNING", profile_dir: str | None = None):
         self.state = "starting"
         self.model_dir: Path | None = None
         self.max_model_len: int | None = None
@@ -135,6 +136,8 @@ class EngineClient:
         self._sockets: list[zmq.Socket] = []
         self._contexts: list[zmq.Context] = []
         self._tmp: str | None = None
+        self.profile_dir = profile_dir
+        self._profile_replies: collections.deque[asyncio.Future] = collections.deque()  # the engine answers in order
 
     # -- life cycle ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -158,8 +161,8 @@ class EngineClient:
         # spawned engine inherits the environment; a user's own setting wins.
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         self._proc = multiprocessing.get_context("spawn").Process(
-            target=run_engine, args=(kwargs, in_addr, out_addr, self._log_level), name="expresslane-engine",
-            daemon=True)
+            target=run_engine, args=(kwargs, in_addr, out_addr, self._log_level, self.profile_dir),
+            name="expresslane-engine", daemon=True)
         self._proc.start()
         self._exited = loop.create_future()
         loop.add_reader(self._proc.sentinel, self._on_engine_exit)
@@ -247,8 +250,26 @@ class EngineClient:
         self._waiting_requests = self._waiting_tokens = self._waiting_interactive_tokens = 0
         self._waiting_by_lane.clear()
         self.metrics.engine_stopped()
+        while self._profile_replies:
+            self._profile_replies.popleft().set_exception(errors.engine_dead())
         if self._proc is not None and self._proc.is_alive():
             self._proc.kill()
+
+    async def profile(self, start: bool) -> Profiled:
+        """Start or stop the engine's torch profiler (``--profile-dir``); raises APIError when refused."""
+        if self.profile_dir is None:
+            raise errors.APIError(404, "profiling is off: start the server with --profile-dir DIR",
+                                  "not_found_error", None, "profiling_disabled")
+        self.check_accepting()
+        reply = asyncio.get_running_loop().create_future()
+        self._profile_replies.append(reply)
+        self._in.send(self._encode(Profile(start)))
+        msg = await reply
+        if msg.error is not None:
+            raise errors.APIError(msg.status, msg.error, "invalid_request_error" if msg.status == 400
+                                  else "internal_error", None, "profile_state" if msg.status == 400
+                                  else "profile_failed")
+        return msg
 
     # -- requests -----------------------------------------------------------------------------
     def check_accepting(self) -> None:
@@ -339,6 +360,8 @@ class EngineClient:
                 msg = self._decode(await self._out.recv())
                 if isinstance(msg, OutputsIn):
                     self._handle(msg)
+                elif isinstance(msg, Profiled):
+                    self._profile_replies.popleft().set_result(msg)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # an undecodable message or a bug here must not leave requests hanging

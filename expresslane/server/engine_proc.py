@@ -19,12 +19,14 @@ import zmq
 
 from expresslane.config import EngineConfig
 from expresslane.engine.core import EngineCore
-from expresslane.server.wire import Abort, Add, Failed, Outputs, Ready, Shutdown, ToEngine
+from expresslane.server.profiler import EngineProfiler, ProfileError
+from expresslane.server.wire import Abort, Add, Failed, Outputs, Profile, Profiled, Ready, Shutdown, ToEngine
 
 log = logging.getLogger(__name__)
 
 
-def run_engine(engine_kwargs: dict[str, Any], in_addr: str, out_addr: str, log_level: str) -> None:
+def run_engine(engine_kwargs: dict[str, Any], in_addr: str, out_addr: str, log_level: str,
+               profile_dir: str | None = None) -> None:
     """Process entry point (multiprocessing spawn target)."""
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s engine %(name)s: %(message)s")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the API process decides
@@ -43,14 +45,29 @@ def run_engine(engine_kwargs: dict[str, Any], in_addr: str, out_addr: str, log_l
         raise SystemExit(1) from e
     out.send(encode(Ready(core.max_model_len, core.config.cache.num_kv_blocks)))
     try:
-        _loop(core, inp, out, encode)
+        _loop(core, inp, out, encode, EngineProfiler(profile_dir) if profile_dir else None)
     finally:
         out.close()
         inp.close(linger=0)
         ctx.term()
 
 
-def _loop(core: EngineCore, inp: zmq.Socket, out: zmq.Socket, encode) -> None:
+def _profile(profiler: EngineProfiler | None, start: bool) -> Profiled:
+    if profiler is None:  # the API process refuses first; this is a backstop
+        return Profiled(error="profiling is off: start the server with --profile-dir DIR", status=400)
+    try:
+        if start:
+            profiler.start()
+            return Profiled()
+        return Profiled(trace=profiler.stop())
+    except ProfileError as e:
+        return Profiled(error=str(e), status=400)
+    except Exception as e:  # e.g. the trace could not be written: the engine goes on serving
+        log.exception("profile %s failed", "start" if start else "stop")
+        return Profiled(error=f"{type(e).__name__}: {e}", status=500)
+
+
+def _loop(core: EngineCore, inp: zmq.Socket, out: zmq.Socket, encode, profiler: EngineProfiler | None) -> None:
     decode = msgspec.msgpack.Decoder(ToEngine).decode
     parent = multiprocessing.parent_process()
     poller = zmq.Poller()
@@ -76,6 +93,8 @@ def _loop(core: EngineCore, inp: zmq.Socket, out: zmq.Socket, encode) -> None:
                         rejected[req.request_id] = str(e)
             elif isinstance(msg, Abort):
                 outputs += core.abort(msg.request_ids)
+            elif isinstance(msg, Profile):
+                out.send(encode(_profile(profiler, msg.start)))
             elif isinstance(msg, Shutdown):
                 return
         if not (busy or handled):

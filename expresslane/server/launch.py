@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 import time
 
@@ -80,7 +81,16 @@ def serve(args: argparse.Namespace) -> int:
     slo_ttft = lanes["interactive"].ttft if args.slo_admission else None
     admission = Admission(settings.max_waiting_requests, settings.max_waiting_tokens, slo_ttft,
                           {lane: slo.queue for lane, slo in lanes.items()})
-    client = EngineClient(engine_kwargs, metrics, admission, log_level)
+    profile_dir = None
+    if args.profile_dir is not None:
+        profile_dir = os.path.abspath(args.profile_dir)
+        try:
+            os.makedirs(profile_dir, exist_ok=True)
+        except OSError as e:  # before any process starts
+            raise ValueError(f"--profile-dir {args.profile_dir!r}: cannot create it ({e.strerror})") from None
+        if not os.access(profile_dir, os.W_OK):
+            raise ValueError(f"--profile-dir {args.profile_dir!r}: not writable")
+    client = EngineClient(engine_kwargs, metrics, admission, log_level, profile_dir)
     config = uvicorn.Config(build_app(client, settings, metrics), host=settings.host, port=settings.port,
                             log_level=log_level.lower(), access_log=log_level in ("DEBUG", "INFO"), lifespan="off",
                             timeout_graceful_shutdown=2)

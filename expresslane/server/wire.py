@@ -20,6 +20,18 @@ class Shutdown(msgspec.Struct, tag=True):
     pass
 
 
+class Profile(msgspec.Struct, tag=True):
+    start: bool  # True: start recording; False: stop and write the trace
+
+
+class Profiled(msgspec.Struct, tag=True):
+    """The engine's answer to ``Profile``: the trace written (on stop), or why it refused."""
+
+    trace: str | None = None
+    error: str | None = None
+    status: int = 200  # the HTTP status the API answers with: 400 (wrong state) or 500 (the trace failed)
+
+
 class Ready(msgspec.Struct, tag=True):
     max_model_len: int
     num_kv_blocks: int
@@ -56,5 +68,5 @@ class OutputId(msgspec.Struct):
     request_id: str
 
 
-ToEngine = Add | Abort | Shutdown
-FromEngine = Ready | Failed | OutputsIn  # what the API process decodes (the engine encodes Outputs)
+ToEngine = Add | Abort | Shutdown | Profile
+FromEngine = Ready | Failed | OutputsIn | Profiled  # what the API process decodes (the engine encodes Outputs)
