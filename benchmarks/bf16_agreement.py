@@ -30,7 +30,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     from expresslane import LLM
-    from expresslane.engine.scheduler import ScheduledSeq
+    from expresslane.engine.contract import NewRequest, ScheduledSeq, StepPlan
     from expresslane.sampling_params import SamplingParams
 
     llm = LLM(args.model, dtype="bfloat16", gpu_memory_utilization=0.3, enforce_eager=True)
@@ -47,8 +47,10 @@ def main() -> None:
             ref = hf(torch.tensor([ids], device="cuda")).logits[0].float()
             top1_32 = hf32(torch.tensor([ids], device="cuda")).logits[0].argmax(-1)
             blocks = list(range(-(-len(ids) // runner.block_size)))  # the engine is idle: any blocks will do
-            seq = ScheduledSeq("agree", ids, 0, blocks, False, SamplingParams(), frozenset())
-            input_ids, positions, meta = runner._prepare(*runner._host_inputs([seq]), seqs=[seq])
+            plan = StepPlan(0, [ScheduledSeq("agree", ids, 0, blocks, False)], len(ids),
+                            [NewRequest("agree", SamplingParams())])
+            input_ids, positions, meta = runner._prepare(runner.batch.apply(plan))
+            runner.batch.apply(StepPlan(1, [], 0, finished_request_ids=["agree"]))
             ours = runner.model.compute_logits(runner.model(input_ids, positions, meta))
             same = ours.argmax(-1) == ref.argmax(-1)
             hf_vs_32 += int((ref.argmax(-1) == top1_32).sum())

@@ -7,9 +7,10 @@ import sys
 import pytest
 
 from expresslane.config import SchedulerConfig
+from expresslane.engine.contract import EngineCoreRequest, StepPlan
 from expresslane.engine.kv_cache import KVCacheManager
-from expresslane.engine.request import EngineCoreRequest, Request
-from expresslane.engine.scheduler import Scheduler, SchedulerOutput
+from expresslane.engine.request import Request
+from expresslane.engine.scheduler import Scheduler
 from expresslane.sampling_params import SamplingParams
 
 EOS = 0
@@ -47,7 +48,8 @@ def drive(seed, num_blocks, budget, max_seqs, policy, caching, steps=4000, pipel
     shared = [rng.randrange(1, 50) for _ in range(12)]
     submitted, finished, aborted = set(), set(), set()
     next_id = 0
-    prev_plan, prev_sampled = SchedulerOutput([], 0), {}
+    prev_plan, prev_sampled = StepPlan(-1, [], 0), {}
+    tables: dict[str, list[int]] = {}  # the runner's view: block tables rebuilt from the plans alone
     for step in range(steps):
         now[0] = step / 100
         if next_id < 60 and rng.random() < 0.4:
@@ -67,9 +69,16 @@ def drive(seed, num_blocks, budget, max_seqs, policy, caching, steps=4000, pipel
         assert sum(len(s.token_ids) for s in plan.seqs) == plan.num_batched_tokens
         assert len(sched.running) <= max_seqs
         assert len({s.request_id for s in plan.seqs}) == len(plan.seqs)
+        if plan.seqs:
+            for rid in plan.finished_request_ids + plan.preempted_request_ids:
+                tables.pop(rid, None)
+            for new in plan.new_requests:
+                assert new.request_id not in tables
+                tables[new.request_id] = []
         for s in plan.seqs:
-            need = -(-(s.start_pos + len(s.token_ids)) // kv.block_size)
-            assert len(s.block_ids) >= need
+            tables[s.request_id] += s.new_block_ids
+            assert tables[s.request_id] == kv.block_ids(s.request_id)
+            assert len(tables[s.request_id]) * kv.block_size >= s.start_pos + len(s.token_ids)
         for s in plan.seqs:
             assert s.from_previous == (pipelined and s.request_id in prev_sampled), "input token source"
         sampled = {s.request_id: rng.choice([EOS] + list(range(1, 50)) * 8) for s in plan.seqs if s.sample}

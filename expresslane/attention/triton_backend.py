@@ -8,6 +8,7 @@ head); the tile list is built once per step in `prepare`.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from expresslane.attention.backend import AttentionMetadata
@@ -46,10 +47,13 @@ class TritonAttentionBackend:
         want = -(-2 * self.sms // max(1, num_decodes * self.num_kv_heads))
         return max(1, min(MAX_SPLITS, want))
 
-    def plan_prefill(self, query_start_loc: list[int], first_seq: int) -> list[tuple[int, int]]:
-        """One (seq, first query token) work item per tile of `prefill_q` query tokens."""
-        return [(i, off) for i in range(first_seq, len(query_start_loc) - 1)
-                for off in range(0, query_start_loc[i + 1] - query_start_loc[i], self.prefill_q)]
+    def plan_prefill(self, query_start_loc, first_seq: int) -> np.ndarray:
+        """One (seq, first query token) work item per tile of `prefill_q` query tokens: [W, 2] int32."""
+        qsl = np.asarray(query_start_loc, dtype=np.int64)[first_seq:]
+        tiles = -(-(qsl[1:] - qsl[:-1]) // self.prefill_q)
+        seq = np.repeat(np.arange(first_seq, first_seq + len(tiles)), tiles)
+        first_tile = np.repeat(np.cumsum(tiles) - tiles, tiles)
+        return np.stack([seq, (np.arange(len(seq)) - first_tile) * self.prefill_q], axis=1).astype(np.int32)
 
     def max_prefill_work(self, num_tokens: int, num_seqs: int) -> int:
         return num_tokens // self.prefill_q + num_seqs
@@ -58,8 +62,7 @@ class TritonAttentionBackend:
         """Per-step, host-side: the prefill work list and the decode split count."""
         meta.num_splits = self.num_splits(meta.num_decodes)
         work = self.plan_prefill(meta.query_start_loc_cpu, meta.num_decodes)
-        meta.prefill_work = (to_device(work, torch.int32, meta.seq_lens.device)
-                             if work else None)
+        meta.prefill_work = to_device(work, torch.int32, meta.seq_lens.device) if len(work) else None
 
     def store(self, positions, q, k, v, rotary, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
         """RoPE on q and k and the KV-cache write in one kernel (one program per token)."""

@@ -8,32 +8,17 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from expresslane.config import EngineConfig
+from expresslane.engine.contract import EngineCoreOutput, EngineCoreRequest, StepStats
 from expresslane.engine.kv_cache import KVCacheManager
-from expresslane.engine.request import EngineCoreOutput, EngineCoreRequest, Request, check_prompt_length
+from expresslane.engine.request import Request, check_prompt_length
 from expresslane.engine.scheduler import Scheduler
 from expresslane.models.loader import check_model_dir, load_hf_config
 from expresslane.runner.model_runner import ModelRunner
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class StepStats:
-    """What the last step did and the engine's state after it (for metrics)."""
-
-    num_running: int
-    num_waiting: int
-    kv_cache_usage: float
-    num_batched_tokens: int = 0
-    batch_size: int = 0
-    step_duration: float = 0.0
-    prefix_cache_queries: int = 0  # cumulative, tokens
-    prefix_cache_hits: int = 0  # cumulative, tokens
-    num_preemptions: int = 0  # cumulative
 
 
 def resolve_model_dir(model: str | None) -> Path:

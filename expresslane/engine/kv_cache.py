@@ -106,8 +106,9 @@ class KVCacheManager:
     def usage(self) -> float:
         return 1.0 - self.pool.num_free / self.pool.num_blocks
 
-    def block_ids(self, request_id: str) -> list[int]:
-        return [b.block_id for b in self._req_blocks.get(request_id, ())]
+    def block_ids(self, request_id: str, start: int = 0) -> list[int]:
+        """The request's block ids from its `start`-th block on."""
+        return [b.block_id for b in self._req_blocks.get(request_id, ())[start:]]
 
     def _block_hashes(self, req: Request) -> list[bytes]:
         hashes = self._req_hashes.setdefault(req.request_id, [])

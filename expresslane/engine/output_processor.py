@@ -12,8 +12,8 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 
+from expresslane.engine.contract import EngineCoreOutput
 from expresslane.engine.detokenizer import IncrementalDetokenizer
-from expresslane.engine.request import EngineCoreOutput
 from expresslane.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from expresslane.sampling_params import SamplingParams
 

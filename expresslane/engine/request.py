@@ -1,4 +1,4 @@
-"""Request state inside the engine core, and the messages in and out of it (torch-free)."""
+"""Request state inside the engine core (torch-free; the messages in and out are in contract.py)."""
 
 from __future__ import annotations
 
@@ -6,35 +6,8 @@ import enum
 import itertools
 from dataclasses import dataclass, field
 
+from expresslane.engine.contract import EngineCoreRequest, NewRequest
 from expresslane.sampling_params import SamplingParams
-
-
-@dataclass(slots=True)
-class EngineCoreRequest:
-    """A tokenized request, as a frontend (offline LLM or the API server) hands it to the core."""
-
-    request_id: str
-    prompt_token_ids: list[int]
-    sampling_params: SamplingParams
-    eos_token_ids: tuple[int, ...]
-    arrival_time: float
-    priority: int = 0
-    lane: str = "interactive"  # resolved by the frontend (engine/lanes.py)
-
-
-@dataclass(slots=True)
-class EngineCoreOutput:
-    """New tokens of one request after one step; ``finish_reason`` set on its last."""
-
-    request_id: str
-    new_token_ids: list[int]
-    finish_reason: str | None = None
-    stop_reason: int | None = None
-    num_cached_tokens: int = 0
-    first_scheduled_time: float | None = None
-    first_token_time: float | None = None
-    finished_time: float | None = None
-    new_logprobs: list[dict[int, float]] | None = None
 
 
 class RequestStatus(enum.Enum):
@@ -71,6 +44,7 @@ class Request:
     num_pending: int = 0  # sampled by a step in flight, not yet known here (0 or 1)
     num_cached_tokens: int = -1  # prefix-cache hit at first scheduling; -1 until then
     num_preemptions: int = 0
+    num_blocks_sent: int = 0  # KV block ids the runner has (0: it does not know the request)
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: str | None = None
     stop_reason: int | None = None
@@ -121,11 +95,14 @@ class Request:
         n_out = self.num_output_tokens + self.num_pending
         return n_out >= self.max_tokens or self.num_tokens_with_pending >= self.max_model_len
 
-    def banned_token_ids(self) -> frozenset[int]:
-        """Tokens that may not be sampled yet: EOS and stop tokens before `min_tokens`."""
-        if self.num_output_tokens + self.num_pending >= self.sampling_params.min_tokens:
-            return frozenset()
-        return self.eos_token_ids | frozenset(self.sampling_params.stop_token_ids)
+    def runner_state(self) -> NewRequest:
+        """What the runner keeps while the request runs. EOS and stop tokens are banned for
+        the samples before `min_tokens` (none is in flight when a request is admitted)."""
+        sp = self.sampling_params
+        left = sp.min_tokens - self.num_output_tokens - self.num_pending
+        if left <= 0:
+            return NewRequest(self.request_id, sp)
+        return NewRequest(self.request_id, sp, tuple(sorted(self.eos_token_ids | set(sp.stop_token_ids))), left)
 
     def append_token(self, token_id: int) -> None:
         """Record a sampled token and decide whether the request is done."""

@@ -14,42 +14,14 @@ freed and it is recomputed later, helped by the prefix cache).
 from __future__ import annotations
 
 import heapq
+import itertools
 import time
-from dataclasses import dataclass, field
 
 from expresslane.config import SchedulerConfig
+from expresslane.engine.contract import EngineCoreOutput, ScheduledSeq, StepPlan
 from expresslane.engine.kv_cache import KVCacheManager
 from expresslane.engine.lanes import parse_lane_slo
-from expresslane.engine.request import EngineCoreOutput, Request, RequestStatus
-from expresslane.sampling_params import SamplingParams
-
-
-@dataclass(slots=True)
-class ScheduledSeq:
-    """One request's share of a step, all the runner needs to execute it."""
-
-    request_id: str
-    token_ids: list[int]  # the tokens to compute now
-    start_pos: int  # position of token_ids[0] = tokens already in the KV cache
-    block_ids: list[int]  # the request's whole block table
-    sample: bool  # True when this step reaches the request's last token: sample the next
-    sampling_params: SamplingParams
-    banned_token_ids: frozenset[int]
-    # the (single) input token is the one this request sampled in the previous step, still
-    # on the device: the runner takes it from there (token_ids holds a placeholder)
-    from_previous: bool = False
-
-
-@dataclass(slots=True)
-class SchedulerOutput:
-    seqs: list[ScheduledSeq]
-    num_batched_tokens: int
-    finished_request_ids: list[str] = field(default_factory=list)  # since the last step
-    entries: list[tuple[Request, int]] = field(default_factory=list, repr=False)  # for update()
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.seqs
+from expresslane.engine.request import Request, RequestStatus
 
 
 class Scheduler:
@@ -61,7 +33,10 @@ class Scheduler:
         self.running: dict[str, Request] = {}  # insertion-ordered; O(1) removal
         self._waiting: list[tuple[tuple, Request]] = []  # heap by policy key; aborted ones removed lazily
         self._num_waiting = 0
-        self._finished_ids: list[str] = []
+        self._finished_ids: list[str] = []  # for the runner: since the last plan it saw
+        self._preempted_ids: list[str] = []
+        self._step_ids = itertools.count()
+        self._in_flight: dict[int, list[tuple[Request, int]]] = {}  # step id -> its (request, tokens)
         self.num_preemptions = 0
         self.lanes = parse_lane_slo(config.lane_slo)
         self._lanes_on = config.scheduling_policy == "deadline"
@@ -104,18 +79,26 @@ class Scheduler:
         return bool(self.requests)
 
     # -- one step ------------------------------------------------------------------------
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self) -> StepPlan:
         if self.config.batching == "continuous":
             scheduled = self._schedule_continuous()
         else:
             scheduled = self._schedule_fixed_batch()
-        finished, self._finished_ids = self._finished_ids, []
-        seqs = [self._describe(req, n) for req, n in scheduled]
-        for req, n in scheduled:  # the step will compute them: later plans build on that
+        plan = StepPlan(next(self._step_ids), [], sum(n for _, n in scheduled))
+        if not scheduled:
+            return plan  # (an empty plan is not executed: the runner hears of finished ones later)
+        plan.finished_request_ids, self._finished_ids = self._finished_ids, []
+        plan.preempted_request_ids, self._preempted_ids = self._preempted_ids, []
+        for req, n in scheduled:
+            if req.num_blocks_sent == 0:
+                plan.new_requests.append(req.runner_state())
+            plan.seqs.append(self._describe(req, n))
+            # the step will compute them: later plans build on that
             req.num_computed_tokens += n
             if req.num_computed_tokens == req.num_tokens_with_pending:
                 req.num_pending += 1
-        return SchedulerOutput(seqs, sum(n for _, n in scheduled), finished, scheduled)
+        self._in_flight[plan.step_id] = scheduled
+        return plan
 
     @property
     def _prefill_cap(self) -> int:
@@ -301,14 +284,14 @@ class Scheduler:
     def _describe(self, req: Request, n: int) -> ScheduledSeq:
         start = req.num_computed_tokens
         known = req.all_token_ids[start:start + n]
+        new_blocks = self.kv.block_ids(req.request_id, req.num_blocks_sent)
+        req.num_blocks_sent += len(new_blocks)
         return ScheduledSeq(
             request_id=req.request_id,
             token_ids=known if len(known) == n else known + [0],
             start_pos=start,
-            block_ids=self.kv.block_ids(req.request_id),
+            new_block_ids=new_blocks,
             sample=start + n == req.num_tokens_with_pending,
-            sampling_params=req.sampling_params,
-            banned_token_ids=req.banned_token_ids(),
             from_previous=len(known) < n,
         )
 
@@ -318,17 +301,20 @@ class Scheduler:
         del self.running[req.request_id]
         self.kv.free(req)
         req.num_computed_tokens = 0
+        if req.num_blocks_sent:
+            req.num_blocks_sent = 0
+            self._preempted_ids.append(req.request_id)
         req.num_preemptions += 1
         self.num_preemptions += 1
         self._push_waiting(req)
 
-    def update(self, plan: SchedulerOutput, sampled: dict[str, int],
+    def update(self, plan: StepPlan, sampled: dict[str, int],
                logprobs: dict[str, dict[int, float]] | None = None) -> list[EngineCoreOutput]:
         """Apply a finished step's sampled tokens. Later plans may already be in flight: a
         request finished or aborted since then ignores its token, a preempted one keeps it."""
         now = self.clock()
         outputs = []
-        for req, _ in plan.entries:
+        for req, _ in self._in_flight.pop(plan.step_id, ()):
             token = sampled.get(req.request_id)
             if token is None:
                 continue  # a prompt chunk that does not reach the end yet

@@ -18,10 +18,12 @@ from __future__ import annotations
 import logging
 import time
 
+import numpy as np
 import torch
 
 from expresslane.attention.backend import AttentionMetadata
-from expresslane.device import host_tensor
+from expresslane.device import stage
+from expresslane.runner.input_batch import StepInputs
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +57,6 @@ class _Graphs:
         self.query_start_loc = torch.arange(max_seqs + 1, dtype=torch.int32, device=device)
         self.logits_rows = torch.zeros(max_seqs, dtype=torch.int64, device=device)
         self.graphs: dict[int, list[torch.cuda.CUDAGraph]] = {}
-        self._staging: torch.Tensor | None = None  # all inputs of a step, one host->device copy
 
     @property
     def max_size(self) -> int:
@@ -113,32 +114,23 @@ class _Graphs:
         log.info("captured %d %s (sizes %d..%d, %d piece(s) each) in %.1fs", len(self.sizes), type(self).__name__,
                  self.sizes[0], self.sizes[-1], self.num_pieces, time.monotonic() - t0)
 
-    def _load(self, fields: list[tuple[torch.Tensor, list[int]]], patch=None) -> None:
+    def _load(self, fields: list[tuple[torch.Tensor, np.ndarray]], patch: Patch | None) -> None:
         """Copy one step's inputs into the static buffers: `fields` are (buffer view, its
-        values, flattened). One host->device copy for all of them, then a device copy into
-        each buffer: a copy from the host costs ~50 us of host time, a device copy ~5.
-        `patch` then fills input ids that live on the device."""
-        if self._staging is None:  # (sized once every subclass buffer exists) room for all of them
-            inputs = [b for b in vars(self).values() if isinstance(b, torch.Tensor) and b is not self.logits_out]
-            self._staging = torch.empty(sum(b.numel() for b in inputs), dtype=torch.int64, device=self.device)
-        flat = [x for _, values in fields for x in values]
-        staged = self._staging[:len(flat)]
-        staged.copy_(host_tensor(flat, torch.int64, self.device), non_blocking=True)
-        offset = 0
-        for buffer, values in fields:
-            buffer.copy_(staged[offset:offset + len(values)].view(buffer.shape))
-            offset += len(values)
+        values). One host->device copy for all of them (and the patch's indices), then a
+        device copy into each buffer. `patch` then fills input ids that live on the device."""
+        arrays = [values for _, values in fields] + (list(patch.indices) if patch else [])
+        staged = stage(arrays, self.device)
+        for (buffer, _), values in zip(fields, staged):
+            buffer.copy_(values)
         if patch is not None:
-            patch(self.input_ids)
+            patch.apply(self.input_ids, *staged[len(fields):])
 
-    def _token_fields(self, token_ids, positions, slots, seq_lens, block_tables, padded: int) -> list:
+    def _token_fields(self, inputs: StepInputs, padded: int, seq_lens: np.ndarray) -> list:
         """Tokens (padding up to `padded`: no KV write), context lengths and block tables."""
-        t, b = len(token_ids), len(seq_lens)
-        width = max(len(x) for x in block_tables)
-        table = [i for x in block_tables for i in x + [0] * (width - len(x))]
-        return [(self.input_ids[:t], token_ids), (self.positions[:t], positions),
-                (self.slot_mapping[:padded], slots + [-1] * (padded - t)), (self.seq_lens[:b], seq_lens),
-                (self.block_tables[:len(block_tables), :width], table)]
+        t, (b, width) = inputs.num_tokens, inputs.block_tables.shape
+        return [(self.input_ids[:t], inputs.token_ids), (self.positions[:t], inputs.positions),
+                (self.slot_mapping[:padded], np.pad(inputs.slot_mapping, (0, padded - t), constant_values=-1)),
+                (self.seq_lens[:len(seq_lens)], seq_lens), (self.block_tables[:b, :width], inputs.block_tables)]
 
     def _replay(self, size: int, rows: int) -> torch.Tensor:
         if size in self.graphs:
@@ -171,12 +163,11 @@ class DecodeGraphs(_Graphs):
     def fits(self, num_tokens: int, num_seqs: int) -> bool:
         return num_tokens == num_seqs and num_seqs <= self.max_size
 
-    def run(self, token_ids, positions, slots, seq_lens, block_tables, patch=None) -> torch.Tensor:
-        n = len(token_ids)
+    def run(self, inputs: StepInputs, patch: Patch | None) -> torch.Tensor:
+        n = inputs.num_tokens
         size = next(s for s in self.sizes if s >= n)
         # padding seqs: no context (query_start_loc stays 0..size: one padding token each)
-        self._load(self._token_fields(token_ids, positions, slots, seq_lens + [0] * (size - n), block_tables, size),
-                   patch)
+        self._load(self._token_fields(inputs, size, np.pad(inputs.seq_lens, (0, size - n))), patch)
         return self._replay(size, n)
 
 
@@ -212,17 +203,29 @@ class MixedGraphs(_Graphs):
     def fits(self, num_tokens: int, num_seqs: int) -> bool:
         return num_tokens <= self.max_size and num_seqs <= self._seqs(num_tokens)
 
-    def run(self, token_ids, positions, slots, seq_lens, block_tables, query_start_loc, patch=None) -> torch.Tensor:
+    def run(self, inputs: StepInputs, patch: Patch | None) -> torch.Tensor:
         """Logits at each seq's last token, [num_seqs, vocab]."""
-        t, b = len(token_ids), len(seq_lens)
+        t, b = inputs.num_tokens, len(inputs.seq_lens)
         size = next(s for s in self.sizes if s >= t and self._seqs(s) >= b)
         seqs = self._seqs(size)
-        rows = [query_start_loc[i + 1] - 1 for i in range(b)] + [0] * (seqs - b)
-        work = self.backend.plan_prefill(query_start_loc, 0)
+        qsl = inputs.query_start_loc
+        rows = np.pad(qsl[1:] - 1, (0, seqs - b))
+        work = self.backend.plan_prefill(qsl, 0)
         capacity = self.backend.max_prefill_work(size, seqs)
-        work += [(b, 0)] * (capacity - len(work))  # the padding seq b: no tokens, no context
-        fields = self._token_fields(token_ids, positions, slots, seq_lens + [0], block_tables, size)
-        fields += [(self.query_start_loc[:b + 2], query_start_loc + [t]), (self.logits_rows[:seqs], rows),
-                   (self.work[:capacity], [x for item in work for x in item])]
+        padding = np.tile(np.array([b, 0], dtype=np.int32), (capacity - len(work), 1))  # seq b: no tokens
+        fields = self._token_fields(inputs, size, np.append(inputs.seq_lens, 0))
+        fields += [(self.query_start_loc[:b + 2], np.append(qsl, t)), (self.logits_rows[:seqs], rows),
+                   (self.work[:capacity], np.concatenate([work, padding]))]
         self._load(fields, patch)
         return self._replay(size, b)
+
+
+class Patch:
+    """Input tokens sampled by the previous step, copied on the device (no host round
+    trip): `input_ids[dst] = previous[src]`."""
+
+    def __init__(self, dst: np.ndarray, src: np.ndarray, previous: torch.Tensor):
+        self.indices, self.previous = (dst, src), previous
+
+    def apply(self, input_ids: torch.Tensor, dst: torch.Tensor, src: torch.Tensor) -> None:
+        input_ids.index_copy_(0, dst, self.previous[src])

@@ -1,7 +1,8 @@
-"""ModelRunner: loads the model, owns the KV-cache memory, executes one SchedulerOutput.
+"""ModelRunner: loads the model, owns the KV-cache memory, executes one StepPlan.
 
-It never decides policy: it turns the scheduler's plan into tensors, runs the model,
-samples, and returns the sampled token of every seq that asked for one.
+It never decides policy: it applies the scheduler's plan to its per-request state
+(`InputBatch`), turns it into tensors, runs the model, samples, and returns the sampled
+token of every seq that asked for one.
 """
 
 from __future__ import annotations
@@ -10,15 +11,17 @@ import logging
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from expresslane.attention.backend import AttentionMetadata, get_backend
 from expresslane.config import EngineConfig
-from expresslane.device import to_device
-from expresslane.engine.scheduler import ScheduledSeq, SchedulerOutput
+from expresslane.device import stage, to_device
+from expresslane.engine.contract import NewRequest, ScheduledSeq, StepPlan
 from expresslane.models.loader import iter_weights
 from expresslane.models.registry import model_class
-from expresslane.runner.cuda_graphs import DecodeGraphs, MixedGraphs
+from expresslane.runner.cuda_graphs import DecodeGraphs, MixedGraphs, Patch
+from expresslane.runner.input_batch import InputBatch, StepInputs
 from expresslane.runner.sampler import Sampler, SamplingBatch
 from expresslane.sampling_params import SamplingParams
 
@@ -74,6 +77,9 @@ class ModelRunner:
         log.info("loaded %s in %.1fs on %s (%s)", model_dir, time.monotonic() - t0, self.device, self.dtype)
         self.sampler = Sampler(self.device, config.model.seed)
         self._generators: dict[str, torch.Generator] = {}
+        s = config.scheduler
+        longest = max(config.model.max_model_len or 0, s.max_num_batched_tokens)  # (the profiling step's)
+        self.batch = InputBatch(s.max_num_seqs, -(-longest // self.block_size), self.block_size)
         self.kv_caches: list[torch.Tensor] = []
         self._prev_tokens: torch.Tensor | None = None  # ids sampled by the last launched step
         self._prev_rows: dict[str, int] = {}
@@ -113,14 +119,13 @@ class ModelRunner:
     def _dummy_step(self, num_tokens: int, num_seqs: int) -> None:
         """A forward over `num_tokens` spread across `num_seqs` prompts, logits for each."""
         per_seq = num_tokens // num_seqs
-        self.allocate_kv_cache(num_seqs * -(-per_seq // self.block_size) + 1)
-        seqs, next_block = [], 0
-        for i in range(num_seqs):
-            nblocks = -(-per_seq // self.block_size)
-            seqs.append(ScheduledSeq(f"profile-{i}", [0] * per_seq, 0, list(range(next_block, next_block + nblocks)),
-                                     True, _GREEDY, frozenset()))
-            next_block += nblocks
-        self.execute(SchedulerOutput(seqs, per_seq * num_seqs)).get()
+        nblocks = -(-per_seq // self.block_size)
+        self.allocate_kv_cache(num_seqs * nblocks + 1)
+        ids = [f"profile-{i}" for i in range(num_seqs)]
+        seqs = [ScheduledSeq(rid, [0] * per_seq, 0, list(range(i * nblocks, (i + 1) * nblocks)), True)
+                for i, rid in enumerate(ids)]
+        self.execute(StepPlan(-1, seqs, per_seq * num_seqs, [NewRequest(rid, _GREEDY) for rid in ids])).get()
+        self.batch.apply(StepPlan(-1, [], 0, finished_request_ids=ids))
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
         attn = self.model.layers[0].self_attn
@@ -152,105 +157,75 @@ class ModelRunner:
 
     # -- one step ------------------------------------------------------------------------------
     @torch.inference_mode()
-    def execute(self, step: SchedulerOutput) -> "StepResult":
+    def execute(self, plan: StepPlan) -> "StepResult":
         """Launch a step; its sampled ids stay on the device until `StepResult.get()`."""
-        for rid in step.finished_request_ids:
+        for rid in plan.finished_request_ids:
             self._generators.pop(rid, None)
-        # decodes (one query token) first: the attention backend batches them
-        seqs = sorted(step.seqs, key=lambda s: len(s.token_ids) != 1)
-        sampling = [i for i, s in enumerate(seqs) if s.sample]
-        logits = self._logits(seqs, sampling)
+        inputs = self.batch.apply(plan)
+        logits = self._logits(inputs)
         if logits is None:
             self._prev_rows = {}  # nothing sampled: no next-step input comes from this step
             return StepResult([], None, None)
-        batch = SamplingBatch(
-            params=[seqs[i].sampling_params for i in sampling],
-            banned=[seqs[i].banned_token_ids for i in sampling],
-            generators=[self._generator(seqs[i]) for i in sampling],
-        )
+        ids = [inputs.seqs[i].request_id for i in inputs.sampling]
+        params, banned = self.batch.sampling_rows(inputs)
+        batch = SamplingBatch(params, banned, [self._generator(rid, p) for rid, p in zip(ids, params)])
         tokens, logprobs = self.sampler(logits, batch)
-        ids = [seqs[i].request_id for i in sampling]
         self._prev_tokens, self._prev_rows = tokens, {rid: i for i, rid in enumerate(ids)}
         return StepResult(ids, tokens, logprobs)
 
-    def _logits(self, seqs: list[ScheduledSeq], sampling: list[int]) -> torch.Tensor | None:
-        """Run the model; logits of the seqs in `sampling` (None if none samples)."""
-        host = self._host_inputs(seqs)
-        tokens, positions, slots, starts, seq_lens = host
-        patch = self._previous_tokens_patch(seqs, starts)
-        tables = [s.block_ids for s in seqs]
-        if self.decode_graphs is not None and self.decode_graphs.fits(len(tokens), len(seqs)):
-            logits = self.decode_graphs.run(tokens, positions, slots, seq_lens, tables, patch)
-        elif self.mixed_graphs is not None and self.mixed_graphs.fits(len(tokens), len(seqs)):
-            logits = self.mixed_graphs.run(tokens, positions, slots, seq_lens, tables, starts, patch)
+    def _logits(self, inputs: StepInputs) -> torch.Tensor | None:
+        """Run the model; logits of the seqs that sample (None if none does)."""
+        patch = self._previous_tokens_patch(inputs)
+        num_tokens, num_seqs = inputs.num_tokens, len(inputs.seqs)
+        if self.decode_graphs is not None and self.decode_graphs.fits(num_tokens, num_seqs):
+            logits = self.decode_graphs.run(inputs, patch)
+        elif self.mixed_graphs is not None and self.mixed_graphs.fits(num_tokens, num_seqs):
+            logits = self.mixed_graphs.run(inputs, patch)
         else:
-            input_ids, pos, meta = self._prepare(*host, seqs=seqs)
-            if patch is not None:
-                patch(input_ids)
-            hidden = self.model(input_ids, pos, meta)
-            if not sampling:
+            input_ids, positions, meta = self._prepare(inputs, patch)
+            hidden = self.model(input_ids, positions, meta)
+            if not len(inputs.sampling):
                 return None
-            last = to_device([starts[i + 1] - 1 for i in sampling], torch.int64, self.device)
+            last = to_device(inputs.query_start_loc[1:][inputs.sampling] - 1, torch.int64, self.device)
             return self.model.compute_logits(hidden[last])
-        if not sampling:
+        if not len(inputs.sampling):
             return None
-        return logits if len(sampling) == len(seqs) else logits[to_device(sampling, torch.int64, self.device)]
+        if len(inputs.sampling) == num_seqs:
+            return logits
+        return logits[to_device(inputs.sampling, torch.int64, self.device)]
 
-    def _previous_tokens_patch(self, seqs: list[ScheduledSeq], starts: list[int]):
+    def _previous_tokens_patch(self, inputs: StepInputs) -> Patch | None:
         """Input tokens sampled by the previous step are copied on the device, no host round trip."""
-        pairs = [(starts[i], self._prev_rows[s.request_id]) for i, s in enumerate(seqs) if s.from_previous]
-        if not pairs:
+        if not len(inputs.from_previous):
             return None
-        dst = to_device([d for d, _ in pairs], torch.int64, self.device)
-        src = self._prev_tokens[to_device([r for _, r in pairs], torch.int64, self.device)]
-        return lambda input_ids: input_ids.index_copy_(0, dst, src)
+        src = np.array([self._prev_rows[inputs.seqs[i].request_id] for i in inputs.from_previous], dtype=np.int64)
+        return Patch(inputs.query_start_loc[inputs.from_previous].astype(np.int64), src, self._prev_tokens)
 
-    def _generator(self, seq: ScheduledSeq) -> torch.Generator | None:
-        seed = seq.sampling_params.seed
-        if seed is None or seq.sampling_params.greedy:
+    def _generator(self, request_id: str, params: SamplingParams) -> torch.Generator | None:
+        if params.seed is None or params.greedy:
             return None
-        gen = self._generators.get(seq.request_id)
+        gen = self._generators.get(request_id)
         if gen is None:
-            gen = self._generators[seq.request_id] = torch.Generator(device=self.device)
-            gen.manual_seed(seed)
+            gen = self._generators[request_id] = torch.Generator(device=self.device)
+            gen.manual_seed(params.seed)
         return gen
 
-    def _host_inputs(self, seqs: list[ScheduledSeq]):
-        """Flat token ids, positions and KV slots; per-seq query starts and context lengths."""
-        bs = self.block_size
-        token_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        starts = [0]
-        seq_lens: list[int] = []
-        for s in seqs:
-            n = len(s.token_ids)
-            token_ids.extend(s.token_ids)
-            pos = range(s.start_pos, s.start_pos + n)
-            positions.extend(pos)
-            slots.extend(s.block_ids[p // bs] * bs + p % bs for p in pos)
-            starts.append(starts[-1] + n)
-            seq_lens.append(s.start_pos + n)
-        return token_ids, positions, slots, starts, seq_lens
-
-    def _prepare(self, token_ids, positions, slots, starts, seq_lens, *, seqs: list[ScheduledSeq]):
-        """Eager-path tensors and attention metadata."""
-        num_decodes = sum(1 for s in seqs if len(s.token_ids) == 1)
-        max_blocks = max(len(s.block_ids) for s in seqs)
-        table = [s.block_ids + [0] * (max_blocks - len(s.block_ids)) for s in seqs]
-        dev = self.device
+    def _prepare(self, inputs: StepInputs, patch: Patch | None = None):
+        """Eager-path tensors and attention metadata, in one host->device copy."""
+        arrays = [inputs.token_ids, inputs.positions, inputs.slot_mapping, inputs.block_tables, inputs.seq_lens,
+                  inputs.query_start_loc]
+        staged = stage(arrays + (list(patch.indices) if patch else []), self.device)
+        input_ids, positions, slots, tables, seq_lens, qsl = staged[:6]
+        if patch is not None:
+            patch.apply(input_ids, *staged[6:])
+        nd = inputs.num_decodes
         meta = AttentionMetadata(
-            slot_mapping=to_device(slots, torch.int64, dev),
-            block_tables=to_device(table, torch.int32, dev),
-            seq_lens=to_device(seq_lens, torch.int32, dev),
-            query_start_loc=to_device(starts, torch.int32, dev),
-            num_decodes=num_decodes,
-            seq_lens_cpu=seq_lens,
-            query_start_loc_cpu=starts,
-            max_decode_seq_len=max(seq_lens[:num_decodes], default=0),
-        )
+            slot_mapping=slots, block_tables=tables.to(torch.int32), seq_lens=seq_lens.to(torch.int32),
+            query_start_loc=qsl.to(torch.int32), num_decodes=nd, seq_lens_cpu=inputs.seq_lens.tolist(),
+            query_start_loc_cpu=inputs.query_start_loc.tolist(),
+            max_decode_seq_len=int(inputs.seq_lens[:nd].max()) if nd else 0)
         self.attn_backend.prepare(meta)
-        return to_device(token_ids, torch.int64, dev), to_device(positions, torch.int64, dev), meta
+        return input_ids, positions, meta
 
 
 _GREEDY = SamplingParams(temperature=0.0, max_tokens=1)

@@ -18,7 +18,7 @@ from expresslane.sampling_params import SamplingParams
 @dataclass(slots=True)
 class SamplingBatch:
     params: list[SamplingParams]
-    banned: list[frozenset[int]]
+    banned: list[tuple[int, ...]]  # per row: token ids it may not sample now
     generators: list[torch.Generator | None]  # per row; None = the engine's shared generator
 
 

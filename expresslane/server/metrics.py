@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from expresslane.engine.core import StepStats
+from expresslane.engine.contract import StepStats
 from expresslane.engine.lanes import LaneSLO
 from expresslane.outputs import RequestOutput
 from expresslane.server.errors import APIError

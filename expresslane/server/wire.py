@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from expresslane.engine.core import StepStats
-from expresslane.engine.request import EngineCoreOutput, EngineCoreRequest
+from expresslane.engine.contract import EngineCoreOutput, EngineCoreRequest, StepStats
 
 
 class Add(msgspec.Struct, tag=True):

@@ -1,0 +1,110 @@
+"""The engine core's contracts, as plain data (torch-free, a leaf: imports nothing of ours
+but `SamplingParams`).
+
+- Messages in and out of the core: ``EngineCoreRequest`` (a tokenized request from a
+  frontend), ``EngineCoreOutput`` (a request's new tokens after a step) and ``StepStats``
+  (the engine's state after a step, for metrics). The API process imports these, and
+  only these, from the engine.
+- The step plan, scheduler -> runner: ``StepPlan``. It names requests by id and carries
+  only what changed since the request's previous step (new token ids, new KV block ids);
+  the runner keeps each running request's state (block table, sampling parameters)
+  between steps. A request the runner sees for the first time, or again after being
+  preempted, comes with a ``NewRequest``. Everything is ints, strings and lists, so a
+  plan can be sent to other processes (tensor parallelism) as it is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from expresslane.sampling_params import SamplingParams
+
+
+# -- messages in and out of the engine core -----------------------------------------------
+@dataclass(slots=True)
+class EngineCoreRequest:
+    """A tokenized request, as a frontend (offline LLM or the API server) hands it to the core."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    eos_token_ids: tuple[int, ...]
+    arrival_time: float
+    priority: int = 0
+    lane: str = "interactive"  # resolved by the frontend (engine/lanes.py)
+
+
+@dataclass(slots=True)
+class EngineCoreOutput:
+    """New tokens of one request after one step; ``finish_reason`` set on its last."""
+
+    request_id: str
+    new_token_ids: list[int]
+    finish_reason: str | None = None
+    stop_reason: int | None = None
+    num_cached_tokens: int = 0
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finished_time: float | None = None
+    new_logprobs: list[dict[int, float]] | None = None
+
+
+@dataclass(slots=True)
+class StepStats:
+    """What the last step did and the engine's state after it (for metrics)."""
+
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float
+    num_batched_tokens: int = 0
+    batch_size: int = 0
+    step_duration: float = 0.0
+    prefix_cache_queries: int = 0  # cumulative, tokens
+    prefix_cache_hits: int = 0  # cumulative, tokens
+    num_preemptions: int = 0  # cumulative
+
+
+# -- the step plan: scheduler -> runner -------------------------------------------------------
+@dataclass(slots=True)
+class NewRequest:
+    """What the runner keeps about a request from its first step until it finishes or is
+    preempted (then it comes again, as new, when it is readmitted)."""
+
+    request_id: str
+    sampling_params: SamplingParams
+    # EOS and stop token ids, banned for this request's next `num_banned_samples` samples
+    # (`min_tokens` not reached yet); the runner counts the samples down itself
+    banned_token_ids: tuple[int, ...] = ()
+    num_banned_samples: int = 0
+
+
+@dataclass(slots=True)
+class ScheduledSeq:
+    """One request's share of a step."""
+
+    request_id: str
+    token_ids: list[int]  # the tokens to compute now (a placeholder where `from_previous`)
+    start_pos: int  # position of token_ids[0] = tokens already in the KV cache
+    new_block_ids: list[int]  # appended to the request's block table (all of it when it is new)
+    sample: bool  # this step reaches the request's last token: sample the next one
+    # the (single) input token is the one this request sampled in the previous step, still
+    # on the device: the runner takes it from there
+    from_previous: bool = False
+
+
+@dataclass(slots=True)
+class StepPlan:
+    """One step, as the runner executes it. Applied in order: the runner first forgets
+    `finished_request_ids` and `preempted_request_ids` (either may name a request it never
+    saw), then takes in `new_requests`, then runs `seqs`."""
+
+    step_id: int
+    seqs: list[ScheduledSeq]
+    num_batched_tokens: int
+    new_requests: list[NewRequest] = field(default_factory=list)
+    finished_request_ids: list[str] = field(default_factory=list)  # since the last plan
+    preempted_request_ids: list[str] = field(default_factory=list)  # since the last plan
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.seqs

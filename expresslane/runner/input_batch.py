@@ -1,0 +1,126 @@
+"""The runner's persistent per-request state, and one step's host inputs built from it.
+
+A request gets a row when the runner first sees it (``NewRequest``) and keeps it until
+it finishes or is preempted. The row holds its block table (a numpy array, extended by
+each plan's new block ids), its sampling parameters and how many more samples must ban
+EOS and stop tokens. A step's inputs are then gathered with array operations: host
+work per step is O(the step's tokens + new blocks), never O(context).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from expresslane.engine.contract import NewRequest, ScheduledSeq, StepPlan
+from expresslane.sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class StepInputs:
+    """One step's flattened inputs (decodes first), as numpy arrays."""
+
+    seqs: list[ScheduledSeq]  # in the step's order
+    rows: np.ndarray  # [B] the seqs' rows
+    token_ids: np.ndarray  # [T] int64 (placeholders where a token comes from the previous step)
+    positions: np.ndarray  # [T] int64
+    slot_mapping: np.ndarray  # [T] int64
+    query_start_loc: np.ndarray  # [B + 1] int32
+    seq_lens: np.ndarray  # [B] int32, context after this step
+    block_tables: np.ndarray  # [B, width] int32, padded with 0
+    num_decodes: int
+    sampling: np.ndarray  # indices of the seqs that sample, in the step's order
+    from_previous: np.ndarray  # indices of the seqs whose input token is on the device
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+class InputBatch:
+    def __init__(self, max_rows: int, max_blocks: int, block_size: int):
+        self.block_size = block_size
+        self.block_table = np.zeros((max_rows, max_blocks), dtype=np.int32)
+        self.num_blocks = np.zeros(max_rows, dtype=np.int64)
+        self.rows: dict[str, int] = {}
+        self._free_rows = list(range(max_rows - 1, -1, -1))
+        self.params: list[SamplingParams | None] = [None] * max_rows
+        self.banned: list[tuple[int, ...]] = [()] * max_rows
+        self.num_banned_samples = [0] * max_rows
+
+    def apply(self, plan: StepPlan) -> StepInputs:
+        """Forget, take in, then gather the step's inputs (the plan's order of application)."""
+        for rid in plan.finished_request_ids:
+            self._remove(rid)
+        for rid in plan.preempted_request_ids:
+            self._remove(rid)
+        for new in plan.new_requests:
+            self._add(new)
+        # decodes (one query token) first: the attention backends batch them
+        seqs = sorted(plan.seqs, key=lambda s: len(s.token_ids) != 1)
+        return self._gather(seqs)
+
+    def _add(self, new: NewRequest) -> None:
+        if new.request_id in self.rows:
+            raise RuntimeError(f"request {new.request_id!r} is already in the runner")
+        row = self.rows[new.request_id] = self._free_rows.pop()
+        self.num_blocks[row] = 0
+        self.params[row] = new.sampling_params
+        self.banned[row] = new.banned_token_ids
+        self.num_banned_samples[row] = new.num_banned_samples
+
+    def _remove(self, request_id: str) -> None:
+        row = self.rows.pop(request_id, None)
+        if row is not None:
+            self.params[row] = None
+            self._free_rows.append(row)
+
+    def _gather(self, seqs: list[ScheduledSeq]) -> StepInputs:
+        num = len(seqs)
+        rows = np.empty(num, dtype=np.int64)
+        counts = np.empty(num, dtype=np.int64)
+        starts = np.empty(num, dtype=np.int64)
+        token_ids: list[int] = []
+        sampling, from_previous = [], []
+        num_decodes = 0
+        for i, s in enumerate(seqs):
+            row = rows[i] = self.rows[s.request_id]
+            n = counts[i] = len(s.token_ids)
+            starts[i] = s.start_pos
+            token_ids += s.token_ids
+            num_decodes += n == 1
+            if s.new_block_ids:
+                have = self.num_blocks[row]
+                self.block_table[row, have:have + len(s.new_block_ids)] = s.new_block_ids
+                self.num_blocks[row] = have + len(s.new_block_ids)
+            if s.sample:
+                sampling.append(i)
+            if s.from_previous:
+                from_previous.append(i)
+        qsl = np.zeros(num + 1, dtype=np.int32)
+        np.cumsum(counts, out=qsl[1:])
+        seq_of_token = np.repeat(np.arange(num), counts)
+        positions = np.arange(qsl[-1], dtype=np.int64) + np.repeat(starts - qsl[:-1], counts)
+        bs = self.block_size
+        slots = self.block_table[rows[seq_of_token], positions // bs].astype(np.int64) * bs + positions % bs
+        width = int(self.num_blocks[rows].max()) if num else 0
+        return StepInputs(
+            seqs=seqs, rows=rows, token_ids=np.array(token_ids, dtype=np.int64), positions=positions,
+            slot_mapping=slots, query_start_loc=qsl, seq_lens=(starts + counts).astype(np.int32),
+            block_tables=self.block_table[rows, :width], num_decodes=num_decodes,
+            sampling=np.array(sampling, dtype=np.int64), from_previous=np.array(from_previous, dtype=np.int64))
+
+    def sampling_rows(self, inputs: StepInputs) -> tuple[list[SamplingParams], list[tuple[int, ...]]]:
+        """Parameters and banned tokens of the sampling seqs; counts this sample against
+        each row's `min_tokens` ban."""
+        params, banned = [], []
+        for i in inputs.sampling:
+            row = inputs.rows[i]
+            params.append(self.params[row])
+            if self.num_banned_samples[row] > 0:
+                self.num_banned_samples[row] -= 1
+                banned.append(self.banned[row])
+            else:
+                banned.append(())
+        return params, banned
