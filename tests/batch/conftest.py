@@ -1,0 +1,33 @@
+"""Stores of each kind: SQLite in a temporary file, and Redis on a real redis-server."""
+
+from __future__ import annotations
+
+import pytest
+from redis_proc import RedisServer
+
+from expresslane.batch.store import open_store
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory):
+    s = RedisServer(tmp_path_factory.mktemp("redis"))
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def store_url(request, tmp_path):
+    if request.param == "sqlite":
+        return f"sqlite:{tmp_path / 'batches.db'}"
+    return request.getfixturevalue("redis_server").store_url()
+
+
+@pytest.fixture
+def store(store_url):
+    s = open_store(store_url)
+    try:
+        yield s
+    finally:
+        s.close()
