@@ -18,7 +18,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
-from expresslane.batch.records import Item, ItemResult
+from expresslane.batch.records import BatchRecord, Item, ItemResult
 from expresslane.batch.store import BatchStore
 
 log = logging.getLogger(__name__)
@@ -42,14 +42,16 @@ def worker_name() -> str:
 class BatchWorker:
     def __init__(self, store: BatchStore, execute: Executor, *, concurrency: int = 256, lease: float = 60.0,
                  poll: float = 1.0, name: str | None = None, clock: Callable[[], float] = time.time,
-                 on_result: Callable[[Item, ItemResult], None] | None = None):
+                 on_result: Callable[[Item, ItemResult], None] | None = None,
+                 on_sweep: Callable[[list[BatchRecord]], None] | None = None):
         if concurrency < 1 or lease <= 0 or poll <= 0:
             raise ValueError("concurrency, lease and poll must be positive")
         self.store, self.execute = store, execute
         self.concurrency, self.lease, self.poll = concurrency, lease, poll
         self.name = name or worker_name()
         self.clock = clock
-        self.on_result = on_result
+        self.on_result = on_result  # after each result this worker wrote
+        self.on_sweep = on_sweep  # every poll interval, with the unfinished batches (progress)
         self._running: dict[asyncio.Task, Item] = {}
         self._resume_at = 0.0  # no claims before this (the server said it is busy)
         self._wrote = False  # a result was written since the last finalize sweep
@@ -78,6 +80,8 @@ class BatchWorker:
                     self._wrote = False
                     for batch_id in await self._store(self.store.finalize_due, int(now), self.lease):
                         log.info("batch %s finished", batch_id)
+                    if now >= sweep_at and self.on_sweep is not None:
+                        self.on_sweep(await self._store(self.store.open_batches))
                     sweep_at = now + self.poll
                 await self._wait(now)
         finally:
