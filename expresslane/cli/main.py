@@ -1,4 +1,4 @@
-"""`expresslane` command line: make-model, generate, serve, bench."""
+"""`expresslane` command line: make-model, generate, serve, batch, bench."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 
+from expresslane.batch.cli import add_batch_parser
 from expresslane.bench.cli import add_bench_parser
 from expresslane.config import add_cli_args, engine_kwargs_from_args
 from expresslane.server.cli import add_serve_parser
@@ -70,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_generate)
 
     add_serve_parser(sub)  # these import no server or plotting libraries until they run
+    add_batch_parser(sub)
     add_bench_parser(sub)
     return parser
 

@@ -21,6 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from expresslane import __version__
 from expresslane.server import errors
+from expresslane.server.batch_routes import BatchService
 from expresslane.server.engine_client import EngineClient
 from expresslane.server.metrics import Metrics
 from expresslane.server.protocol import (
@@ -93,7 +94,8 @@ async def _unless_client_gone(request: Request, work: Awaitable[dict], on_gone: 
     return JSONResponse(task.result())
 
 
-def build_app(client: EngineClient, settings: ServerSettings, metrics: Metrics) -> FastAPI:
+def build_app(client: EngineClient, settings: ServerSettings, metrics: Metrics,
+              batches: BatchService | None = None) -> FastAPI:
     app = FastAPI(title="expresslane", version=__version__)
     model_name = settings.served_model_name
 
@@ -117,7 +119,7 @@ def build_app(client: EngineClient, settings: ServerSettings, metrics: Metrics) 
         return error_response(errors.internal(f"internal error: {e!r}"))
 
     async def authorize(request: Request) -> None:  # async: a sync dependency would cost a thread hop
-        if settings.api_key is None:
+        if settings.api_key is None or (batches is not None and batches.is_worker(request)):
             return
         scheme, _, key = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), settings.api_key.encode()):
@@ -207,4 +209,6 @@ def build_app(client: EngineClient, settings: ServerSettings, metrics: Metrics) 
             raise errors.bad_request(f"token ids must be in [0, {vocab})", "tokens")
         return {"prompt": client.tokenizer.decode(req.tokens)}
 
+    if batches is not None:
+        app.include_router(batches.router(auth))
     return app

@@ -10,6 +10,7 @@ the request back in the queue for later; any other answer is its result.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 import secrets
@@ -22,6 +23,7 @@ from fastapi.responses import Response
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from expresslane.batch.cli import default_store_url
 from expresslane.batch.records import FileRecord, Item, ItemResult, new_id
 from expresslane.batch.store import BatchStore, StoreError, check_upload, open_store
 from expresslane.batch.worker import BatchWorker, Outcome
@@ -257,3 +259,13 @@ class BatchService:
 
         return r
 
+
+
+def service_from_args(args: argparse.Namespace, registry: CollectorRegistry, model_name: str) -> BatchService | None:
+    if args.batch_store == "none":
+        return None
+    if args.batch_concurrency < 1 or args.batch_lease_seconds <= 0:
+        raise ValueError("--batch-concurrency and --batch-lease-seconds must be positive")
+    return BatchService(args.batch_store or default_store_url(model_name), concurrency=args.batch_concurrency,
+                        lease=args.batch_lease_seconds, poll=min(1.0, args.batch_lease_seconds / 3),
+                        registry=registry, model_name=model_name)

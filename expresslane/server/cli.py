@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from expresslane.batch.cli import add_batch_args
 from expresslane.config import add_cli_args
 
 
@@ -32,6 +33,7 @@ def add_serve_parser(subparsers) -> None:
     s.add_argument("--profile-dir", default=None,
                    help="enable POST /start_profile and /stop_profile: torch profiler traces of the engine "
                         "process, written here as Chrome trace JSON")
+    add_batch_args(p.add_argument_group("batch API"))
     add_cli_args(p)
     p.set_defaults(func=_serve)
 

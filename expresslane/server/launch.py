@@ -19,6 +19,7 @@ import uvicorn
 from expresslane.config import EngineConfig, engine_kwargs_from_args
 from expresslane.engine.lanes import DEFAULT_LANE_SLO, parse_lane_slo
 from expresslane.server.api import ServerSettings, build_app
+from expresslane.server.batch_routes import BatchService, service_from_args
 from expresslane.server.engine_client import Admission, EngineClient
 from expresslane.server.gpu_metrics import GpuSampler
 from expresslane.server.metrics import Metrics
@@ -91,7 +92,8 @@ def serve(args: argparse.Namespace) -> int:
         if not os.access(profile_dir, os.W_OK):
             raise ValueError(f"--profile-dir {args.profile_dir!r}: not writable")
     client = EngineClient(engine_kwargs, metrics, admission, log_level, profile_dir)
-    config = uvicorn.Config(build_app(client, settings, metrics), host=settings.host, port=settings.port,
+    batches = service_from_args(args, metrics.registry, settings.served_model_name)
+    config = uvicorn.Config(build_app(client, settings, metrics, batches), host=settings.host, port=settings.port,
                             log_level=log_level.lower(), access_log=log_level in ("DEBUG", "INFO"), lifespan="off",
                             timeout_graceful_shutdown=2)
     server = DrainingServer(config, client, settings.shutdown_timeout)
@@ -101,12 +103,13 @@ def serve(args: argparse.Namespace) -> int:
     try:
         # uvicorn's loop choice: uvloop when installed (uvicorn[standard]), as `uvicorn.run` would.
         with asyncio.Runner(loop_factory=config.get_loop_factory()) as runner:
-            return runner.run(_serve(server, client, settings))
+            return runner.run(_serve(server, client, settings, batches))
     finally:
         gpu.stop()
 
 
-async def _serve(server: DrainingServer, client: EngineClient, settings: ServerSettings) -> int:
+async def _serve(server: DrainingServer, client: EngineClient, settings: ServerSettings,
+                 batches: BatchService | None) -> int:
     def started(task: asyncio.Task) -> None:
         if task.cancelled():
             return
@@ -115,6 +118,8 @@ async def _serve(server: DrainingServer, client: EngineClient, settings: ServerS
             server.exit_code = 1
             server.should_exit = True
         else:
+            if batches is not None:  # batch work starts once the engine is ready
+                batches.start(server.config.app)
             print(f"expresslane: serving {settings.served_model_name!r} on http://{settings.host}:{settings.port}",
                   file=sys.stderr, flush=True)
 
@@ -125,5 +130,7 @@ async def _serve(server: DrainingServer, client: EngineClient, settings: ServerS
         await server.serve()
     finally:
         start.cancel()
+        if batches is not None:
+            await batches.stop()  # unanswered batch requests go back to the queue
         await client.close()
     return server.exit_code
