@@ -24,7 +24,7 @@ from tqdm import tqdm
 from expresslane.batch.records import TERMINAL, FileRecord, jsonl, parse_input
 from expresslane.batch.store import BatchStore
 from expresslane.config import EngineConfig, engine_kwargs_from_args
-from expresslane.engine.lanes import parse_lane_slo
+from expresslane.engine.lanes import DEFAULT_LANE_SLO, parse_lane_slo
 from expresslane.server.api import ServerSettings, build_app
 from expresslane.server.batch_routes import BatchService
 from expresslane.server.engine_client import Admission, EngineClient
@@ -48,12 +48,13 @@ def run_batch(args: argparse.Namespace) -> int:
 
 
 def _find_or_create(store: BatchStore, content: bytes, name: str, endpoint: str) -> str:
-    """The unfinished batch of this very input in the store (a resumed run), else a new one."""
+    """This very input's batch in the store, unfinished (a resumed run) or completed (nothing to run), else a
+    new one."""
     file_id = "file-" + hashlib.sha256(content).hexdigest()[:24]
     if store.get_file(file_id) is None:
         store.put_file(FileRecord(file_id, len(content), int(time.time()), name, "batch"), content)
-    for b in store.open_batches():
-        if b.input_file_id == file_id and b.status == "in_progress":
+    for b in store.open_batches() + store.list_batches(None, 100):
+        if b.input_file_id == file_id and b.status in ("in_progress", "completed"):
             return b.id
     return store.create_batch(file_id, endpoint, "24h", None, int(time.time())).id
 
@@ -61,7 +62,7 @@ def _find_or_create(store: BatchStore, content: bytes, name: str, endpoint: str)
 async def _run(args: argparse.Namespace, engine_kwargs: dict, url: str, content: bytes, endpoint: str,
                total: int) -> int:
     name = args.served_model_name or args.model or "tiny"
-    lanes = parse_lane_slo(engine_kwargs.get("lane_slo") or args.lane_slo)
+    lanes = parse_lane_slo(engine_kwargs.get("lane_slo", DEFAULT_LANE_SLO))
     metrics = Metrics(name, lanes)
     client = EngineClient(engine_kwargs, metrics, Admission(), args.log_level.upper())
     batches = BatchService(url, concurrency=args.batch_concurrency, lease=args.batch_lease_seconds,

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import secrets
 import time
 from typing import Callable
 
-import httpx
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -97,35 +97,67 @@ class BatchMetrics:
             self.open.labels(self.model_name, status).set(sum(b.status == status for b in open_batches))
 
 
+async def asgi_post(app, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
+    """One POST through an ASGI app, in-process: (status, headers, body)."""
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                         *((k.encode(), v.encode()) for k, v in headers.items())],
+             "client": ("127.0.0.1", 0), "server": ("expresslane-batch", 0)}
+    finished = asyncio.Event()
+    state = {"status": 500, "headers": {}, "sent": False}
+    chunks: list[bytes] = []
+
+    async def receive() -> dict:
+        if not state["sent"]:
+            state["sent"] = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await finished.wait()  # the app watches for a disconnect: there is none until it answered
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        if message["type"] == "http.response.start":
+            state["status"] = message["status"]
+            state["headers"] = {k.decode().lower(): v.decode() for k, v in message.get("headers", [])}
+        elif message["type"] == "http.response.body":
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body"):
+                finished.set()
+
+    try:
+        await app(scope, receive, send)
+    finally:
+        finished.set()
+    return state["status"], state["headers"], b"".join(chunks)
+
+
 class AppExecutor:
     """Runs a batch request through the app in-process, in the batch lane."""
 
     def __init__(self, app, secret: str):
-        self.http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://expresslane",
-                                      timeout=None)
+        self.app = app
         self.headers = {WORKER_HEADER: secret}
 
     async def __call__(self, item: Item) -> Outcome:
         if item.body.get("stream"):
             return Outcome(ItemResult(item.custom_id, item.index, 400, errors.bad_request(
                 "'stream' is not supported in a batch", "stream").body()))
-        r = await self.http.post(item.url, json={**item.body, "lane": "batch"}, headers=self.headers)
+        status, headers, raw = await asgi_post(self.app, item.url, json.dumps({**item.body, "lane": "batch"}).encode(),
+                                               self.headers)
         try:
-            body = r.json()
+            body = json.loads(raw)
         except ValueError:
-            body = {"error": {"message": r.text[:500], "type": "internal_error", "param": None, "code": None}}
+            body = {"error": {"message": raw.decode(errors="replace")[:500], "type": "internal_error", "param": None,
+                              "code": None}}
         code = (body.get("error") or {}).get("code") if isinstance(body, dict) else None
-        if r.status_code in _RETRY_STATUS or code == "engine_dead":
+        if status in _RETRY_STATUS or code == "engine_dead":
             try:
-                delay = float(r.headers.get("retry-after", 1))
+                delay = float(headers.get("retry-after", 1))
             except ValueError:
                 delay = 1.0
             return Outcome(retry_after=max(delay, 0.1))
         rid = body.get("id") if isinstance(body, dict) else None
-        return Outcome(ItemResult(item.custom_id, item.index, r.status_code, body, request_id=rid))
-
-    async def close(self) -> None:
-        await self.http.aclose()
+        return Outcome(ItemResult(item.custom_id, item.index, status, body, request_id=rid))
 
 
 class BatchService:
@@ -165,8 +197,6 @@ class BatchService:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
-        if self._executor is not None:
-            await self._executor.close()
         await asyncio.to_thread(self.store.close)
 
     async def _call(self, fn, *args):
