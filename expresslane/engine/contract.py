@@ -62,6 +62,10 @@ class StepStats:
     prefix_cache_queries: int = 0  # cumulative, tokens
     prefix_cache_hits: int = 0  # cumulative, tokens
     num_preemptions: int = 0  # cumulative
+    # the step that completed during this call: its time (completion to completion, when it
+    # ran right behind the one before; 0 otherwise) and what the step-cost model predicted
+    step_time: float = 0.0
+    predicted_step_time: float = 0.0
 
 
 # -- the step plan: scheduler -> runner -------------------------------------------------------

@@ -8,17 +8,29 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from expresslane.config import EngineConfig
-from expresslane.engine.contract import EngineCoreOutput, EngineCoreRequest, StepStats
+from expresslane.engine.contract import EngineCoreOutput, EngineCoreRequest, StepPlan, StepStats
+from expresslane.engine.cost_model import StepCostModel, StepShape
 from expresslane.engine.kv_cache import KVCacheManager
 from expresslane.engine.request import Request, check_prompt_length
 from expresslane.engine.scheduler import Scheduler
 from expresslane.models.loader import check_model_dir, load_hf_config
-from expresslane.runner.model_runner import ModelRunner
+from expresslane.runner.model_runner import ModelRunner, StepResult
+from expresslane.runner.step_timing import calibration_steps, time_steps
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _InFlight:
+    plan: StepPlan
+    result: StepResult
+    shape: StepShape
+    index: int  # the step() call that launched it
+    done: float = 0.0  # when its results were known on the host
 
 
 def resolve_model_dir(model: str | None) -> Path:
@@ -56,11 +68,21 @@ class EngineCore:
                              "more memory (num_kv_blocks, gpu_memory_utilization, cpu_kv_cache_space_gb)")
         self.runner.allocate_kv_cache(num_blocks)
         self.runner.build_graphs(config.model.max_model_len)
+        s = config.scheduler
+        cuda = self.runner.device.type == "cuda"
+        steps = calibration_steps(s.max_num_batched_tokens, s.max_num_seqs, num_blocks, bs,
+                                  config.model.max_model_len, light=not cuda)
+        self.cost_model = StepCostModel.fit(time_steps(self.runner, steps, repeats=3 if cuda else 1),
+                                            s.max_num_batched_tokens)
+        log.info("step cost model (%s): %s", self.runner.device, self.cost_model.describe())
         self.config = config.replace(num_kv_blocks=num_blocks)
         self.kv = KVCacheManager(num_blocks, bs, config.cache.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler, self.kv)
         self._last = StepStats(0, 0, 0.0)
-        self._in_flight = None  # (plan, StepResult) of the step the GPU may still be running
+        self._in_flight: _InFlight | None = None  # the step the GPU may still be running
+        self._sync_launch = not cuda  # execute() returns when the step is done
+        self._calls = 0
+        self._last_done: tuple[float, int] | None = None  # (done, index) of the last completed step
         log.info("KV cache: %d blocks of %d tokens (%.2f GiB)", num_blocks, bs,
                  num_blocks * self.runner.kv_block_bytes() / 2**30)
 
@@ -83,19 +105,40 @@ class EngineCore:
         launches step N+1 while the GPU still runs step N (a decode's input token is taken
         on the device from the step that sampled it)."""
         t0 = time.monotonic()
+        self._calls += 1
         plan = self.scheduler.schedule()
-        launched = None if plan.is_empty else (plan, self.runner.execute(plan))
+        launched = None
+        if not plan.is_empty:
+            shape = StepShape.of((s.start_pos, len(s.token_ids)) for s in plan.seqs)
+            launched = _InFlight(plan, self.runner.execute(plan), shape, self._calls)
+            if self._sync_launch:
+                launched.done = time.monotonic()
         outputs: list[EngineCoreOutput] = []
-        if self._in_flight is not None:
-            prev_plan, result = self._in_flight
-            outputs = self.scheduler.update(prev_plan, *result.get())
+        measured = predicted = 0.0
+        if (prev := self._in_flight) is not None:
+            outputs = self.scheduler.update(prev.plan, *prev.result.get())
+            if not self._sync_launch:
+                prev.done = time.monotonic()
+            measured, predicted = self._time_step(prev)
         self._in_flight = launched
         self._last = StepStats(
             num_running=self.scheduler.num_running, num_waiting=self.scheduler.num_waiting,
             kv_cache_usage=self.kv.usage, num_batched_tokens=plan.num_batched_tokens, batch_size=len(plan.seqs),
             step_duration=time.monotonic() - t0, prefix_cache_queries=self.kv.prefix_cache_queries,
-            prefix_cache_hits=self.kv.prefix_cache_hits, num_preemptions=self.scheduler.num_preemptions)
+            prefix_cache_hits=self.kv.prefix_cache_hits, num_preemptions=self.scheduler.num_preemptions,
+            step_time=measured, predicted_step_time=predicted)
         return outputs
+
+    def _time_step(self, step: _InFlight) -> tuple[float, float]:
+        """A completed step's time and prediction; the time is known only when it ran right
+        behind the step before (no idle gap), and then refines the cost model."""
+        last, self._last_done = self._last_done, (step.done, step.index)
+        if last is None or last[1] != step.index - 1:
+            return 0.0, 0.0
+        measured = step.done - last[0]
+        predicted = self.cost_model.predict(step.shape)
+        self.cost_model.observe(step.shape, measured)
+        return measured, predicted
 
     def stats(self) -> StepStats:
         return self._last

@@ -1,0 +1,125 @@
+"""The step-cost model on synthetic timings (no wall clock): fit, predict, invert, refine."""
+
+import random
+
+import numpy as np
+import pytest
+
+from expresslane.engine.cost_model import StepCostModel, StepShape
+from expresslane.runner.step_timing import calibration_steps
+
+# The H200 8B shape's linear layers (issue #20): flat while memory-bound, then compute-bound.
+H200_LINEAR = {16: 3.9e-3, 64: 4.2e-3, 128: 4.4e-3, 256: 5.6e-3, 512: 9.5e-3}
+
+
+def h200_step(shape: StepShape, scale: float = 1.0) -> float:
+    t = shape.num_tokens
+    knots = sorted(H200_LINEAR)
+    if t >= knots[-1]:
+        linear = H200_LINEAR[512] + (t - 512) * (9.5e-3 - 5.6e-3) / 256
+    else:
+        linear = float(np.interp(t, knots, [H200_LINEAR[k] for k in knots]))
+    attention = 2e-9 * shape.decode_context + 1e-12 * shape.prefill_pairs
+    return scale * (linear + attention + (0.3e-3 if shape.has_prefill else 0.0))
+
+
+def calibration(truth=h200_step) -> list[tuple[StepShape, float]]:
+    steps = calibration_steps(2048, 256, 100_000, 16, 8192)
+    return [(StepShape.of(s), truth(StepShape.of(s))) for s in steps]
+
+
+def random_shapes(rng: random.Random, n: int) -> list[StepShape]:
+    shapes = []
+    for _ in range(n):
+        chunks = [(rng.randint(1, 4000), 1) for _ in range(rng.randint(0, 64))]
+        if rng.random() < 0.5 or not chunks:
+            chunks.append((rng.randint(0, 4000), rng.randint(2, 1500)))
+        shapes.append(StepShape.of(chunks))
+    return shapes
+
+
+def test_shape_counts_tokens_context_and_pairs():
+    shape = StepShape.of([(10, 1), (20, 1), (100, 4)])
+    assert shape.num_tokens == 6
+    assert shape.decode_context == 11 + 21  # a decode reads its context and its own token
+    assert shape.prefill_pairs == 4 * 100 + (1 + 2 + 3 + 4)
+    assert shape.has_prefill
+    assert StepShape.of([(5, 1)]).plus_chunk(100, 4) == StepShape(5, 6, shape.prefill_pairs, True)
+    assert not StepShape.of([(5, 1)]).has_prefill
+
+
+def test_fit_recovers_the_step_times_it_was_calibrated_on():
+    model = StepCostModel.fit(calibration(), max_tokens=2048)
+    for shape in random_shapes(random.Random(0), 300):
+        assert model.predict(shape) == pytest.approx(h200_step(shape), rel=0.05)
+    assert model.k_decode == pytest.approx(2e-9, rel=0.1)
+
+
+def test_linear_part_never_decreases_and_attention_terms_are_not_negative():
+    rng = random.Random(1)
+    noisy = [(s, t * rng.uniform(0.8, 1.25)) for s, t in calibration(lambda s: 1e-3 + 1e-6 * s.num_tokens)]
+    model = StepCostModel.fit(noisy, max_tokens=2048)
+    assert np.all(np.diff(model.token_times) >= 0)
+    assert model.k_decode >= 0 and model.k_prefill >= 0
+    times = [model.predict(StepShape(n)) for n in range(1, 2049, 7)]
+    assert times == sorted(times)
+
+
+def test_max_chunk_is_the_largest_chunk_within_the_target():
+    model = StepCostModel.fit(calibration(), max_tokens=2048)
+    decodes = StepShape.of([(1000, 1)] * 16)
+    target = 4.6e-3  # a TPOT target a little above a 16-decode step's 3.9 ms + attention
+    n = model.max_chunk(decodes, start=2000, limit=8192, target=target)
+    assert 0 < n < 256  # prefill rides in the slack: tens to a couple hundred tokens, not thousands
+    assert model.predict(decodes.plus_chunk(2000, n)) <= target
+    assert model.predict(decodes.plus_chunk(2000, n + 1)) > target
+    assert model.max_chunk(decodes, 2000, limit=10, target=target) == 10
+    assert model.max_chunk(decodes, 2000, limit=8192, target=1e-4) == 0
+
+
+def test_observed_steps_refine_the_model_toward_the_machine_it_runs_on():
+    model = StepCostModel.fit(calibration(), max_tokens=2048)
+    model.refit_every = 64
+    rng = random.Random(2)
+    probe = StepShape.of([(500, 1)] * 32)
+    before = model.predict(probe)
+    for shape in random_shapes(rng, 512):  # the machine is busier than at start-up: 1.5x slower
+        model.observe(shape, h200_step(shape, scale=1.5))
+    assert model.num_observed == 512
+    assert model.predict(probe) == pytest.approx(1.5 * before, rel=0.1)
+
+
+def test_fit_needs_samples():
+    with pytest.raises(ValueError, match="no samples"):
+        StepCostModel.fit([])
+
+
+def test_calibration_steps_fit_the_engine_limits():
+    for light in (False, True):
+        steps = calibration_steps(budget=512, max_seqs=8, num_blocks=200, block_size=16, max_model_len=1024,
+                                  light=light)
+        assert steps
+        for step in steps:
+            assert sum(n for _, n in step) <= 512 and len(step) <= 8
+            assert all(s + n < 1024 for s, n in step)
+            assert sum(-(-(s + n) // 16) for s, n in step) <= 200
+
+
+def test_engine_calibrates_at_start_and_times_the_steps_it_runs(llama_dir):
+    from expresslane import LLM, SamplingParams
+
+    llm = LLM(str(llama_dir), max_model_len=256, max_num_seqs=8)
+    core = llm.engine.core
+    assert core.cost_model.predict(StepShape(64)) > 0
+    llm.generate(["a b c"] * 4, SamplingParams(max_tokens=12, ignore_eos=True), use_tqdm=False)
+    # every step of a busy engine ran right behind the one before: each was timed and predicted
+    assert core.cost_model.num_observed >= 10
+    stats = core.stats()
+    assert stats.step_time > 0 and stats.predicted_step_time > 0
+
+
+def test_engine_starts_with_a_tiny_kv_cache(llama_dir):
+    from expresslane import LLM
+
+    llm = LLM(str(llama_dir), num_kv_blocks=2, max_model_len=16, max_num_batched_tokens=8)
+    assert llm.engine.core.cost_model.predict(StepShape(1)) >= 0
