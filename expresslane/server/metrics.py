@@ -60,6 +60,10 @@ class Metrics:
                                      eng)
         self.batch_size = hist("batch_size", "Requests per engine step.", COUNT_BUCKETS, eng)
         self.step_duration = hist("step_duration_seconds", "Wall time of one engine step.", LATENCY_BUCKETS, eng)
+        self.step_time = hist("step_time_seconds", "Time of a step that ran right behind the one before "
+                              "(completion to completion).", LATENCY_BUCKETS, eng)
+        self.step_time_predicted = hist("step_time_predicted_seconds", "The step-cost model's prediction for "
+                                        "the same steps as step_time_seconds.", LATENCY_BUCKETS, eng)
         self.running = gauge("num_requests_running", "Requests in the running batch.")
         self.waiting = gauge("num_requests_waiting", "Requests waiting to be scheduled.")
         self.kv_usage = gauge("kv_cache_usage_perc", "Fraction of KV blocks in use (1 = full).")
@@ -115,6 +119,9 @@ class Metrics:
             self.iteration_tokens.labels(m).observe(s.num_batched_tokens)
             self.batch_size.labels(m).observe(s.batch_size)
             self.step_duration.labels(m).observe(s.step_duration)
+        if s.step_time:
+            self.step_time.labels(m).observe(s.step_time)
+            self.step_time_predicted.labels(m).observe(s.predicted_step_time)
 
     def engine_stopped(self) -> None:
         for g in (self.running, self.waiting, self.kv_usage):

@@ -157,7 +157,8 @@ def test_metrics_names_lanes_and_return_metrics(server, openai_client):
         assert f'expresslane:{name}_bucket{{lane="batch",le="0.001",model_name="tiny"}}' in after, name
     for name in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc", "prefix_cache_queries_total",
                  "prefix_cache_hits_total", "num_preemptions_total", "prompt_tokens_total", "iteration_tokens_total_count",
-                 "batch_size_count", "step_duration_seconds_count"):
+                 "batch_size_count", "step_duration_seconds_count", "step_time_seconds_count",
+                 "step_time_predicted_seconds_count"):
         assert any(k.startswith(f"expresslane:{name}") for k in after), name
 
 
