@@ -24,6 +24,8 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.02, 0.04, 0.06, 0.08, 0
 REQUEST_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.3, 0.6, 1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
                    50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+# The server-side errors (status, reason) whose series exist from the start
+SERVER_ERRORS = (("500", "internal_error"), ("500", "engine_dead"), ("503", "overloaded"), ("504", "request_timeout"))
 TOKEN_BUCKETS = tuple(m * 10**e for e in range(6) for m in (1, 2, 5))  # 1, 2, 5, 10, ... 500000
 
 
@@ -91,6 +93,8 @@ class Metrics:
                 self.success.labels(model_name, lane, reason)
             self.prompt_tokens.labels(model_name, lane)
             self.generation_tokens.labels(model_name, lane)
+        for status, reason in SERVER_ERRORS:  # the error-ratio rule and alert see 0, not "no data"
+            self.errors.labels(model_name, status, reason)
         for g in (self.running, self.waiting, self.kv_usage):
             g.labels(model_name).set(0)
         for lane, slo in (lane_slo or {}).items():
