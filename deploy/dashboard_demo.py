@@ -33,6 +33,7 @@ import httpx
 DEPLOY = Path(__file__).resolve().parent
 DASHBOARD = DEPLOY / "grafana" / "expresslane.json"
 RULES = DEPLOY / "prometheus" / "rules.yml"
+ADAPTER = DEPLOY / "kubernetes" / "prometheus-adapter-values.yaml"
 PREFIXES = ["You are a helpful assistant. Answer briefly. ", "Summarise the following text in one line: ",
             "Translate to French: "]
 
@@ -64,6 +65,19 @@ def dashboard_queries(rate_interval: str) -> list[tuple[str, str]]:
         for t in panel["targets"]:
             out.append((panel["title"], t["expr"].replace("$__rate_interval", rate_interval)
                         .replace('"$model_name"', '".*"'), t.get("legendFormat", "")))
+    return out
+
+
+def adapter_queries() -> list[tuple[str, str]]:
+    """(custom metric, PromQL) as prometheus-adapter sends them for the demo's pod."""
+    import yaml
+
+    out = []
+    for rule in yaml.safe_load(ADAPTER.read_text())["rules"]["custom"]:
+        series = rule["seriesQuery"].partition("{")[0]
+        query = (rule["metricsQuery"].replace("<<.Series>>", series).replace("<<.GroupBy>>", "pod")
+                 .replace("<<.LabelMatchers>>", 'namespace="demo",pod=~"expresslane-0"'))
+        out.append((rule["name"]["as"], query))
     return out
 
 
@@ -253,7 +267,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def evaluate(prom: Prometheus, at: float, rate_interval: str) -> dict:
-    """Series with a finite value per dashboard query and recording rule; which lack them; rule health."""
+    """Series with a finite value per dashboard query, recording rule and prometheus-adapter query; which
+    lack them; rule health."""
     def finite(results: list[dict]) -> int:
         return sum(math.isfinite(float(r["value"][1])) for r in results)
 
@@ -261,12 +276,16 @@ def evaluate(prom: Prometheus, at: float, rate_interval: str) -> dict:
     panels = [{"panel": title, "expr": expr, "series": finite(prom.query(expr, at))}
               for title, expr, _ in dashboard_queries(rate_interval)]
     rules = [{"record": name, "series": finite(prom.query(name, at))} for name in recorded_names()]
+    adapter = [{"metric": name, "expr": expr, "series": finite(prom.query(expr, at))}
+               for name, expr in adapter_queries()]
     groups = httpx.get(prom.url + "/api/v1/rules", timeout=30).json()["data"]["groups"]
     health = {r["name"]: r["health"] for g in groups for r in g["rules"]}
     missing = [q["expr"] for q in panels if not q["series"] and (gpu or "gpu_" not in q["expr"])]
     missing += [r["record"] for r in rules if not r["series"]]
+    missing += [a["expr"] for a in adapter if not a["series"]]
     missing += [f"rule {n}: {h}" for n, h in health.items() if h != "ok"]
-    return {"gpu_metrics": gpu, "panels": panels, "rules": rules, "rule_health": health, "missing": missing}
+    return {"gpu_metrics": gpu, "panels": panels, "rules": rules, "adapter": adapter, "rule_health": health,
+            "missing": missing}
 
 
 if __name__ == "__main__":

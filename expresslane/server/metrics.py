@@ -97,6 +97,8 @@ class Metrics:
             self.errors.labels(model_name, status, reason)
         for g in (self.running, self.waiting, self.kv_usage):
             g.labels(model_name).set(0)
+        for c in (self.prefix_queries, self.prefix_hits, self.preemptions):
+            c.labels(model_name)
         for lane, slo in (lane_slo or {}).items():
             self.slo_ttft.labels(model_name, lane).set(slo.ttft)
             self.slo_tpot.labels(model_name, lane).set(slo.tpot)
