@@ -9,7 +9,6 @@ is queued, in prefill or in decode.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 from dataclasses import dataclass
 from typing import Awaitable, Callable
@@ -21,6 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from expresslane import __version__
 from expresslane.server import errors
+from expresslane.server.api_keys import KeyRing, token_cost
 from expresslane.server.batch_routes import BatchService
 from expresslane.server.engine_client import EngineClient
 from expresslane.server.metrics import Metrics
@@ -52,6 +52,7 @@ class ServerSettings:
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None
+    api_key_file: str | None = None  # TOML: several keys with rate limits (server/api_keys.py)
     served_model_name: str = "tiny"
     max_waiting_requests: int | None = None
     max_waiting_tokens: int | None = None
@@ -118,12 +119,14 @@ def build_app(client: EngineClient, settings: ServerSettings, metrics: Metrics,
         log.exception("%s %s failed", request.method, request.url.path)
         return error_response(errors.internal(f"internal error: {e!r}"))
 
+    keys = KeyRing.from_settings(settings.api_key, settings.api_key_file, metrics.registry)
+
     async def authorize(request: Request) -> None:  # async: a sync dependency would cost a thread hop
-        if settings.api_key is None or (batches is not None and batches.is_worker(request)):
+        if keys is None or (batches is not None and batches.is_worker(request)):
             return
-        scheme, _, key = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), settings.api_key.encode()):
-            raise errors.unauthorized()
+        key = keys.authenticate(request.headers.get("authorization"))
+        keys.charge_request(key)  # 429 + Retry-After over the key's requests/s
+        request.state.api_key = key
 
     def check_model(name: str | None) -> None:
         if name is not None and name != model_name:
@@ -154,6 +157,8 @@ def build_app(client: EngineClient, settings: ServerSettings, metrics: Metrics,
         check_model(req.model)
         client.check_accepting()
         prompts, params = prepare(client, req)
+        if getattr(request.state, "api_key", None) is not None:  # 429 + Retry-After over the key's tokens/min
+            keys.charge_tokens(request.state.api_key, token_cost(prompts, params, client.max_model_len))
         rid = new_id(prefix)
         group = client.submit(rid, prompts, params, priority=req.priority, lane=req.lane,
                               timeout=settings.request_timeout)

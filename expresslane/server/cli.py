@@ -17,6 +17,9 @@ def add_serve_parser(subparsers) -> None:
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*, /generate, "
                    "/tokenize")
+    s.add_argument("--api-key-file", default=None,
+                   help="TOML file of API keys, each with optional rate limits ([keys.NAME] key = ..., "
+                        "requests_per_second = ..., tokens_per_minute = ...); over a limit: 429 + Retry-After")
     s.add_argument("--served-model-name", default=None,
                    help="the model name clients send and see (default: the model argument, or 'tiny')")
     s.add_argument("--max-waiting-requests", type=int, default=None,

@@ -66,7 +66,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         raise ValueError(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
     if not 0 <= args.port < 65536:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
-    return ServerSettings(host=args.host, port=args.port, api_key=args.api_key,
+    return ServerSettings(host=args.host, port=args.port, api_key=args.api_key, api_key_file=args.api_key_file,
                           served_model_name=args.served_model_name or args.model or "tiny",
                           max_waiting_requests=args.max_waiting_requests, max_waiting_tokens=args.max_waiting_tokens,
                           request_timeout=args.request_timeout, shutdown_timeout=args.shutdown_timeout)
