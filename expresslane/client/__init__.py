@@ -12,6 +12,6 @@ client-side merging of small non-interactive completions. Needs ``httpx``
 
 from expresslane.client.client import APIStatusError, Client, StreamInterrupted
 from expresslane.client.merging import CompletionMerger
-from expresslane.client.retry import Backoff, parse_retry_after
+from expresslane.backoff import Backoff, parse_retry_after
 
 __all__ = ["APIStatusError", "Backoff", "Client", "CompletionMerger", "StreamInterrupted", "parse_retry_after"]

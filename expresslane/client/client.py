@@ -20,7 +20,7 @@ from typing import AsyncIterator, Awaitable, Callable
 
 import httpx
 
-from expresslane.client.retry import RETRY_STATUS, Backoff
+from expresslane.backoff import RETRY_STATUS, Backoff
 
 DEFAULT_TIMEOUTS = {"interactive": 60.0, "batch": 1800.0}  # seconds per attempt
 

@@ -3,7 +3,8 @@
 A server that says how long to wait (``Retry-After: 7`` or an HTTP date, on a 429 or
 503) is believed, up to ``max_wait``, plus a little jitter so that the clients it
 turned away do not all come back in the same instant. Without it, "full jitter"
-backoff: a uniform draw in [0, min(cap, base * 2**attempt)].
+backoff: a uniform draw in [0, min(cap, base * 2**attempt)]. Shared by ``expresslane.client``
+and the benchmark client (stdlib only).
 """
 
 from __future__ import annotations
