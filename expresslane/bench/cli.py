@@ -14,6 +14,7 @@ import argparse
 import math
 import sys
 
+from expresslane.bench.slo import DEFAULT_SLO
 from expresslane.config import add_cli_args, engine_kwargs_from_args
 
 
@@ -29,6 +30,9 @@ def int_list(text: str) -> list[int]:
         return [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+
+
+MODE_NAMES = ("static", "dynamic", "continuous", "continuous-lanes")  # = inprocess.MODES (tested)
 
 
 def str_list(text: str) -> list[str]:
@@ -47,18 +51,52 @@ def add_bench_parser(subparsers) -> None:
     add_flat_latency_parser(sub)
 
 
-def add_server_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--base-url", required=True, help="server root, e.g. http://127.0.0.1:8000")
-    p.add_argument("--model", help="model name to request (default: first of GET /v1/models)")
-    p.add_argument("--endpoint", choices=("completions", "chat"), default="completions",
+def add_client_args(p: argparse.ArgumentParser, base_url_required: bool = True) -> None:
+    """How to reach and query the server: shared by every ``--base-url`` subcommand."""
+    g = p.add_argument_group("server (OpenAI-compatible)")
+    g.add_argument("--base-url", required=base_url_required,
+                   help="server root, e.g. http://127.0.0.1:8000"
+                        + ("" if base_url_required else "; without it, the run is in-process"))
+    g.add_argument("--endpoint", choices=("completions", "chat"), default="completions",
                    help="/v1/completions or /v1/chat/completions")
-    p.add_argument("--ignore-eos", action="store_true",
+    g.add_argument("--api-key", default=None,
+                   help="sent as 'Authorization: Bearer KEY' (default: $OPENAI_API_KEY if set)")
+    g.add_argument("--header", action="append", default=[], metavar="NAME:VALUE",
+                   help="extra HTTP header (repeatable)")
+    g.add_argument("--extra-body", default=None, metavar="JSON",
+                   help="JSON object merged into every request body, last")
+    g.add_argument("--tokenizer", default=None, metavar="DIR",
+                   help="local tokenizer for exact prompt lengths (default: the server's /tokenize "
+                        "and /detokenize; without either, lengths are estimates)")
+    s = p.add_argument_group("sampling (sent in every request)")
+    s.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
+    s.add_argument("--top-p", type=float, default=None, help="not sent unless given")
+    s.add_argument("--top-k", type=int, default=None, help="not sent unless given")
+    s.add_argument("--min-p", type=float, default=None, help="not sent unless given")
+    s.add_argument("--ignore-eos", action="store_true",
                    help="send ignore_eos=true so every request generates all its tokens")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--slo", default=None,
-                   help="targets METRIC:VALUE,... (default mean_e2el_ms:500,p99_e2el_ms:2000,"
-                        "requests_per_min:50,failure_rate:0.01); *_ms keys and failure_rate "
-                        "are upper bounds, throughputs lower bounds")
+
+
+def client_options(args: argparse.Namespace, model: str | None):
+    from expresslane.bench.client import ClientOptions, api_key_from_env, parse_extra_body, parse_header
+
+    return ClientOptions(
+        base_url=args.base_url, model=model, endpoint=args.endpoint, ignore_eos=args.ignore_eos,
+        api_key=api_key_from_env(args.api_key),
+        headers=dict(parse_header(h) for h in args.header),
+        extra_body=parse_extra_body(args.extra_body),
+        sampling={"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
+                  "min_p": args.min_p},
+        tokenizer=args.tokenizer)
+
+
+def add_server_args(p: argparse.ArgumentParser) -> None:
+    add_client_args(p)
+    p.add_argument("--model", help="model name to request (default: the first of GET /v1/models)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the lengths and prompts")
+    p.add_argument("--slo", default=DEFAULT_SLO, metavar="METRIC:VALUE,...",
+                   help="targets; *_ms keys and failure_rate are upper bounds, throughputs "
+                        "(requests_per_min, request_throughput, output_throughput) lower bounds")
     p.add_argument("--output", help="write the result JSON here")
     p.add_argument("--disable-tqdm", action="store_true", help="no progress bar")
 
@@ -67,8 +105,8 @@ def add_serving_parser(sub) -> None:
     p = sub.add_parser("serving", help="open-loop serving benchmark (vllm bench serve style)")
     add_server_args(p)
     p.add_argument("--dataset", default="random",
-                   help="random | sharegpt-like | mixed | FILE.jsonl (prompt, output_len, "
-                        "lane, priority)")
+                   help="random | sharegpt-like | mixed | prefix-repetition | FILE.jsonl (prompt, "
+                        "output_len, lane, priority)")
     p.add_argument("--num-prompts", type=int, help="default 1000, or every line of FILE.jsonl")
     p.add_argument("--input-len", type=int, default=1024,
                    help="prompt tokens (of the short ones if mixed)")
@@ -79,6 +117,10 @@ def add_serving_parser(sub) -> None:
     p.add_argument("--long-input-len", type=int, default=4096, help="mixed: long prompt tokens")
     p.add_argument("--long-threshold", type=int, default=1024,
                    help="prompts longer than this count as class 'long'")
+    p.add_argument("--prefix-len", type=int, default=256,
+                   help="prefix-repetition: the first tokens of each prompt, shared with others")
+    p.add_argument("--num-prefixes", type=int, default=10,
+                   help="prefix-repetition: distinct shared prefixes (requests take them in turn)")
     p.add_argument("--class-lanes", action="store_true",
                    help="send lane=interactive for short prompts and lane=batch for long")
     p.add_argument("--request-rate", type=float, default=math.inf,
@@ -160,11 +202,8 @@ def add_flat_latency_parser(sub) -> None:
     p.add_argument("model", nargs="?", default=None,
                    help="model directory (default: the built-in tiny model); with --base-url, the "
                         "model name to request (default: the first of GET /v1/models)")
-    p.add_argument("--base-url",
-                   help="run against this OpenAI-compatible server instead of in-process")
-    p.add_argument("--endpoint", choices=("completions", "chat"), default="completions",
-                   help="with --base-url: /v1/completions or /v1/chat/completions")
-    p.add_argument("--input-lens", type=int_list, default=[8, 32, 128, 512, 2048],
+    add_client_args(p, base_url_required=False)
+    p.add_argument("--input-lens", type=int_list, default=[8, 64, 512, 1536],
                    metavar="N1,N2,...",
                    help="(a) prompt lengths sent alone, capped by the model's context")
     p.add_argument("--num-short", type=int, default=8, help="(b) short prompts sent together")
@@ -175,21 +214,22 @@ def add_flat_latency_parser(sub) -> None:
                    help="tokens generated per request (EOS ignored)")
     p.add_argument("--repeats", type=int, default=3,
                    help="runs of each scenario; TTFTs are medians")
-    p.add_argument("--modes", type=str_list, default=["static", "dynamic", "continuous", "continuous-lanes"],
-                   metavar="M1,M2,...",
+    p.add_argument("--modes", type=str_list, default=list(MODE_NAMES), metavar="M1,M2,...",
                    help="in-process rows, each a fresh engine: static, dynamic, continuous (fcfs), "
                         "continuous-lanes (deadline policy; the long prompt in the batch lane)")
     p.add_argument("--baseline", choices=("hf",),
                    help="add a row of transformers generate (one left-padded static batch) on "
                         "the same prompts")
     p.add_argument("--output", help="write the result JSON here")
-    add_cli_args(p, skip=("model", "batching", "scheduling_policy"))
+    p.add_argument("--disable-tqdm", action="store_true", help="no progress bar")
+    add_cli_args(p, skip=("model", "batching", "scheduling_policy", "tokenizer"))
     p.set_defaults(func=flat_latency_command)
 
 
 def engine_flags(args: argparse.Namespace) -> dict:
-    """Engine flags the user gave (they default to SUPPRESS); the positional model is not one."""
-    return {k: v for k, v in engine_kwargs_from_args(args).items() if k != "model"}
+    """Engine flags the user gave (they default to SUPPRESS); the positional model is not one,
+    nor --tokenizer, which the HTTP runs take for prompt lengths."""
+    return {k: v for k, v in engine_kwargs_from_args(args).items() if k not in ("model", "tokenizer")}
 
 
 def fail(message: str) -> int:
@@ -205,13 +245,13 @@ def serving_command(args: argparse.Namespace) -> int:
 
     try:
         cfg = ServingConfig(
-            base_url=args.base_url, model=args.model, endpoint=args.endpoint,
+            client=client_options(args, args.model),
             dataset=DatasetSpec(args.dataset, args.num_prompts, args.input_len, args.output_len,
                                 args.range_ratio, args.long_fraction, args.long_input_len,
-                                args.long_threshold, args.class_lanes, args.seed),
+                                args.long_threshold, args.class_lanes, args.prefix_len,
+                                args.num_prefixes, args.seed),
             request_rate=args.request_rate, burstiness=args.burstiness,
-            max_concurrency=args.concurrency, warmup=args.warmup,
-            alone_probes=args.alone_probes, ignore_eos=args.ignore_eos,
+            max_concurrency=args.concurrency, warmup=args.warmup, alone_probes=args.alone_probes,
             goodput=stats.parse_goodput(args.goodput), slo=slo.parse_slo(args.slo),
             disable_tqdm=args.disable_tqdm)
         if args.sweep_rates or args.sweep_concurrency:
@@ -241,12 +281,12 @@ def traffic_command(args: argparse.Namespace) -> int:
 
     try:
         cfg = TrafficConfig(
-            base_url=args.base_url, model=args.model, endpoint=args.endpoint,
+            client=client_options(args, args.model),
             num_users=args.num_users, duration=args.duration, think_time=args.think_time,
             mix=parse_mix(args.mix), input_len=args.input_len, output_len=args.output_len,
             batch_input_len=args.batch_input_len, batch_output_len=args.batch_output_len,
             range_ratio=args.range_ratio, long_threshold=args.long_threshold,
-            ignore_eos=args.ignore_eos, seed=args.seed, slo=slo.parse_slo(args.slo),
+            seed=args.seed, slo=slo.parse_slo(args.slo),
             disable_tqdm=args.disable_tqdm)
         result = run_traffic(cfg)
     except (ValueError, RuntimeError) as e:
@@ -291,11 +331,13 @@ def flat_latency_command(args: argparse.Namespace) -> int:
     from expresslane.bench.flat_latency import FlatLatencyConfig, format_flat_latency, run_flat_latency
 
     try:
+        http = client_options(args, args.model) if args.base_url else None
         result = run_flat_latency(FlatLatencyConfig(
-            model=args.model, base_url=args.base_url, endpoint=args.endpoint,
+            model=None if http else args.model, http=http,
             input_lens=tuple(args.input_lens), num_short=args.num_short, short_len=args.short_len,
             long_len=args.long_len, output_len=args.output_len, repeats=args.repeats,
-            modes=tuple(args.modes), baseline=args.baseline, engine_args=engine_flags(args)))
+            modes=tuple(args.modes), baseline=args.baseline, engine_args=engine_flags(args),
+            disable_tqdm=args.disable_tqdm))
     except (ValueError, RuntimeError, FileNotFoundError) as e:
         return fail(str(e))
     print(format_flat_latency(result))

@@ -5,21 +5,28 @@ the gaps between content chunks, latency send -> last content chunk. Chunks with
 content (role headers, the finish marker, the usage report) carry no token, so they
 never start or split a timing interval.
 
+Every request asks for ``stream_options: {include_usage, continuous_usage_stats}``
+(vLLM's names). A server that reports usage in every chunk (vLLM does) gives exact
+per-token ITL: a chunk that carries k tokens after a gap g counts as k gaps of g/k.
+Otherwise each content chunk counts as one token for ITL, and the final usage report
+gives the exact output count (without one: the tokenizer's count of the text, else
+the number of chunks; ``output_counts`` in the result says which).
+
 A request succeeds only when the stream says it is finished (a ``finish_reason`` or
-``data: [DONE]``) after at least one token; anything else is a failure with a reason
+``data: [DONE]``) after at least one token (a finish chunk counts as the first token when
+no text came before it: the tokens decoded to nothing); anything else is a failure with a reason
 "Kind: detail" (``HTTP 500: ...``, ``ClientPayloadError: ...``, ``IncompleteStream``).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import aiohttp
-import numpy as np
 
-from expresslane.bench.datasets import SampleRequest, word_prompt
 from expresslane.bench.records import RequestRecord
 
 ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
@@ -28,11 +35,39 @@ TIMEOUT = aiohttp.ClientTimeout(total=6 * 60 * 60)
 
 
 @dataclass(frozen=True, slots=True)
-class Endpoint:
+class ClientOptions:
+    """How to talk to the server: the flags every ``--base-url`` subcommand shares."""
+
     base_url: str  # server root; a trailing /v1 is accepted and removed
-    model: str
-    kind: str = "completions"  # "completions" | "chat"
+    model: str | None = None  # None: the first model of GET /v1/models
+    endpoint: str = "completions"  # "completions" | "chat"
     ignore_eos: bool = False
+    api_key: str | None = None  # sent as "Authorization: Bearer KEY"
+    headers: dict[str, str] = field(default_factory=dict)
+    extra_body: dict = field(default_factory=dict)  # merged into every request body, last
+    sampling: dict = field(default_factory=dict)  # temperature, top_p, ... (None values left out)
+    tokenizer: str | None = None  # local tokenizer for exact prompt lengths (else the server's)
+
+    def __post_init__(self) -> None:
+        if self.endpoint not in ENDPOINTS:
+            raise ValueError(f"endpoint must be one of {', '.join(ENDPOINTS)}, got {self.endpoint!r}")
+
+    def http_headers(self) -> dict[str, str]:
+        auth = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        return {**auth, **self.headers}
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """A resolved target: the model is known, the server's context length if it said."""
+
+    base_url: str
+    model: str
+    kind: str = "completions"
+    ignore_eos: bool = False
+    headers: dict[str, str] = field(default_factory=dict)
+    body: dict = field(default_factory=dict)  # sampling, then --extra-body
+    max_model_len: int | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in ENDPOINTS:
@@ -49,30 +84,87 @@ def server_root(base_url: str) -> str:
     return root[:-3] if root.endswith("/v1") else root
 
 
+def parse_header(item: str) -> tuple[str, str]:
+    """``Name:value`` (curl) or ``Name=value`` (vLLM); a header name holds neither sign."""
+    cut = min((i for i in (item.find(":"), item.find("=")) if i > 0), default=-1)
+    if cut < 0 or not item[:cut].strip():
+        raise ValueError(f"bad header {item!r}: expected NAME:VALUE")
+    return item[:cut].strip(), item[cut + 1:].strip()
+
+
+def parse_extra_body(text: str | None) -> dict:
+    if not text:
+        return {}
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--extra-body is not JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise ValueError(f"--extra-body must be a JSON object, got {text!r}")
+    return body
+
+
+def api_key_from_env(given: str | None) -> str | None:
+    return given if given is not None else os.environ.get("OPENAI_API_KEY") or None
+
+
 def make_session() -> aiohttp.ClientSession:
     # limit=0: the benchmark, not the connection pool, decides how many are in flight.
     return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=TIMEOUT)
 
 
-def request_body(ep: Endpoint, req: SampleRequest) -> dict:
+async def connect(session: aiohttp.ClientSession, opts: ClientOptions) -> Endpoint:
+    """Resolve the model and the context length from ``GET /v1/models``."""
+    headers = opts.http_headers()
+    root = server_root(opts.base_url)
+    try:
+        card = await model_card(session, root, headers, opts.model)
+    except RuntimeError:
+        if opts.model is None:
+            raise
+        card = {}  # the model is given: run, and let the requests report what fails
+    model = opts.model or card["id"]
+    max_len = card.get("max_model_len")
+    body = {**{k: v for k, v in opts.sampling.items() if v is not None}, **opts.extra_body}
+    return Endpoint(root, model, opts.endpoint, opts.ignore_eos, headers, body,
+                    max_len if isinstance(max_len, int) and max_len > 0 else None)
+
+
+async def model_card(session: aiohttp.ClientSession, root: str, headers: dict,
+                     model: str | None) -> dict:
+    """The ``/v1/models`` entry of ``model`` (default: the first listed)."""
+    url = root + "/v1/models"
+    try:
+        async with session.get(url, headers=headers) as resp:
+            if resp.status in (401, 403):
+                raise RuntimeError(f"{url}: HTTP {resp.status}: {error_message(await resp.text())}; "
+                                   "pass --api-key KEY (or set OPENAI_API_KEY)")
+            resp.raise_for_status()
+            cards = (await resp.json())["data"]
+            return next((c for c in cards if c["id"] == model), cards[0])
+    except (aiohttp.ClientError, KeyError, IndexError, TypeError, ValueError) as e:
+        raise RuntimeError(f"cannot list models at {url} ({e}); pass --model") from None
+
+
+def request_body(ep: Endpoint, prompt: str, output_len: int, lane: str | None = None,
+                 priority: int | None = None) -> dict:
     body: dict = {
         "model": ep.model,
-        "max_tokens": req.output_len,
-        "temperature": 0.0,
+        "max_tokens": output_len,
         "stream": True,
-        "stream_options": {"include_usage": True},
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
     }
     if ep.kind == "chat":
-        body["messages"] = [{"role": "user", "content": req.prompt}]
+        body["messages"] = [{"role": "user", "content": prompt}]
     else:
-        body["prompt"] = req.prompt
+        body["prompt"] = prompt
     if ep.ignore_eos:
         body["ignore_eos"] = True  # vLLM-style extra field; others ignore it
-    if req.lane is not None:
-        body["lane"] = req.lane
-    if req.priority is not None:
-        body["priority"] = req.priority
-    return body
+    if lane is not None:
+        body["lane"] = lane
+    if priority is not None:
+        body["priority"] = priority
+    return body | ep.body
 
 
 def chunk_text(ep: Endpoint, choice: dict) -> str:
@@ -82,12 +174,14 @@ def chunk_text(ep: Endpoint, choice: dict) -> str:
     return choice.get("text") or ""
 
 
-async def send_request(session: aiohttp.ClientSession, ep: Endpoint,
-                       req: SampleRequest) -> RequestRecord:
-    rec = RequestRecord(input_len=req.prompt_len, length_class=req.length_class, lane=req.lane)
+async def send_request(session: aiohttp.ClientSession, ep: Endpoint, prompt: str, prompt_len: int,
+                       output_len: int, length_class: str = "short", lane: str | None = None,
+                       priority: int | None = None) -> RequestRecord:
+    rec = RequestRecord(input_len=prompt_len, length_class=length_class, lane=lane)
+    body = request_body(ep, prompt, output_len, lane, priority)
     rec.start = time.perf_counter()
     try:
-        async with session.post(ep.url, json=request_body(ep, req)) as resp:
+        async with session.post(ep.url, json=body, headers=ep.headers) as resp:
             if resp.status != 200:
                 rec.error = f"HTTP {resp.status}: {error_message(await resp.text())}"
             else:
@@ -96,7 +190,7 @@ async def send_request(session: aiohttp.ClientSession, ep: Endpoint,
         rec.error = f"{type(e).__name__}: {e}"
     rec.end = time.perf_counter()
     if rec.error:  # a failed request keeps its reason, not partial counts or timings
-        rec.success, rec.output_len, rec.ttft, rec.itl = False, 0, 0.0, []
+        rec.success, rec.output_len, rec.ttft, rec.itl, rec.text = False, 0, 0.0, [], ""
     return rec
 
 
@@ -105,7 +199,9 @@ async def read_stream(resp: aiohttp.ClientResponse, ep: Endpoint, rec: RequestRe
     chunks = 0
     finished = False
     last = rec.start
+    counted: int | None = None  # completion tokens so far, from per-chunk usage
     usage_out: int | None = None
+    text: list[str] = []
     async for raw in resp.content:
         line = raw.decode("utf-8").strip()
         if not line.startswith("data:"):
@@ -118,18 +214,27 @@ async def read_stream(resp: aiohttp.ClientResponse, ep: Endpoint, rec: RequestRe
         if "error" in data:
             rec.error = f"StreamError: {error_message(payload)}"
             return
-        if usage := data.get("usage"):
+        usage = data.get("usage") or {}
+        if usage:
             usage_out = usage.get("completion_tokens", usage_out)
             rec.input_len = usage.get("prompt_tokens") or rec.input_len
         for choice in data.get("choices") or []:
-            if chunk_text(ep, choice):
+            piece = chunk_text(ep, choice)
+            # A finish with no text before it still reports generated tokens (ones that
+            # decode to nothing): their first arrival is this chunk.
+            if piece or (chunks == 0 and choice.get("finish_reason") is not None):
                 now = time.perf_counter()
+                new = 1
+                if isinstance(usage.get("completion_tokens"), int):  # continuous usage stats
+                    new = max(1, usage["completion_tokens"] - (counted or 0))
+                    counted = usage["completion_tokens"]
                 if chunks == 0:
                     rec.ttft = now - rec.start
                 else:
-                    rec.itl.append(now - last)
+                    rec.itl.extend([(now - last) / new] * new)
                 last = now
                 chunks += 1
+                text.append(piece)
             finished = finished or choice.get("finish_reason") is not None
     if not finished:
         rec.error = f"IncompleteStream: stream ended after {chunks} token chunks without finishing"
@@ -138,7 +243,9 @@ async def read_stream(resp: aiohttp.ClientResponse, ep: Endpoint, rec: RequestRe
     else:
         rec.success = True
         rec.latency = last - rec.start
-        rec.output_len = usage_out if usage_out else chunks
+        rec.text = "".join(text)
+        rec.output_len, rec.output_count = ((usage_out, "usage") if usage_out
+                                            else (chunks, "chunks"))
 
 
 def error_message(body: str) -> str:
@@ -148,34 +255,4 @@ def error_message(body: str) -> str:
         msg = err.get("message") if isinstance(err, dict) else err
     except (json.JSONDecodeError, AttributeError):
         msg = None
-    return str(msg or body.strip() or "no body")[:200]
-
-
-async def fetch_model(session: aiohttp.ClientSession, base_url: str) -> str:
-    """The first model the server lists (``GET /v1/models``)."""
-    url = server_root(base_url) + "/v1/models"
-    try:
-        async with session.get(url) as resp:
-            resp.raise_for_status()
-            return (await resp.json())["data"][0]["id"]
-    except (aiohttp.ClientError, KeyError, IndexError, ValueError) as e:
-        raise RuntimeError(f"cannot list models at {url} ({e}); pass --model") from None
-
-
-async def tokens_per_word(session: aiohttp.ClientSession, base_url: str,
-                          model: str) -> float | None:
-    """Tokens per synthetic word from the server's ``/tokenize``; None if unsupported."""
-    n_words = 256
-    prompt = word_prompt(np.random.default_rng(0), n_words, 1.0)
-    try:
-        async with session.post(server_root(base_url) + "/tokenize",
-                                json={"model": model, "prompt": prompt}) as resp:
-            if resp.status != 200:
-                return None
-            data = await resp.json()
-    except (aiohttp.ClientError, ValueError):
-        return None
-    count = data.get("count") if isinstance(data, dict) else None
-    if count is None and isinstance(data, dict) and isinstance(data.get("tokens"), list):
-        count = len(data["tokens"])
-    return count / n_words if count else None
+    return str(msg or body.strip() or "no body")[:300]

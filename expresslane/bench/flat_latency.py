@@ -23,30 +23,25 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 import torch
+from tqdm import tqdm
 
+from expresslane.bench.client import ClientOptions
+from expresslane.bench.inprocess import MODES
 from expresslane.bench.records import RequestRecord
 from expresslane.bench.stats import distribution
-from expresslane.bench.tables import fmt, text_table
+from expresslane.bench.tables import fmt, notify, text_table
 
-# Engine settings of each in-process row. In the mixed scenario the long prompt is sent
-# in the batch lane and the short ones in the interactive lane; only the `deadline`
-# policy (continuous-lanes) acts on lanes.
-MODES = {
-    "static": {"batching": "static"},
-    "dynamic": {"batching": "dynamic"},
-    "continuous": {"batching": "continuous", "scheduling_policy": "fcfs"},
-    "continuous-lanes": {"batching": "continuous", "scheduling_policy": "deadline"},
-}
+# In the mixed scenario the long prompt is sent in the batch lane and the short ones in
+# the interactive lane; only the `deadline` policy (continuous-lanes) acts on lanes.
 BASELINES = ("hf",)
 PROMPT_SEED = 0  # every row draws the same prompts in the same order
 
 
 @dataclass(frozen=True, slots=True)
 class FlatLatencyConfig:
-    model: str | None = None  # in-process: model directory; with base_url: model name to request
-    base_url: str | None = None
-    endpoint: str = "completions"  # with base_url: completions | chat
-    input_lens: tuple[int, ...] = (8, 32, 128, 512, 2048)  # (a); capped by the model's context
+    model: str | None = None  # in-process: model directory (over HTTP: http.model)
+    http: ClientOptions | None = None  # run against this server instead of in-process
+    input_lens: tuple[int, ...] = (8, 64, 512, 1536)  # (a); capped by the model's context
     num_short: int = 8
     short_len: int = 16
     long_len: int = 1536
@@ -55,6 +50,7 @@ class FlatLatencyConfig:
     modes: tuple[str, ...] = tuple(MODES)
     baseline: str | None = None  # "hf": add transformers generate on the same prompts
     engine_args: dict = field(default_factory=dict)  # engine flags the user gave
+    disable_tqdm: bool = False
 
     def validate(self) -> None:
         for name in ("num_short", "short_len", "long_len", "output_len", "repeats"):
@@ -68,9 +64,9 @@ class FlatLatencyConfig:
         if self.baseline not in (None, *BASELINES):
             raise ValueError(f"baseline must be one of {', '.join(BASELINES)}, "
                              f"got {self.baseline!r}")
-        if self.base_url is None and not self.modes:
+        if self.http is None and not self.modes:
             raise ValueError("no mode to run")
-        if self.base_url is not None and (self.engine_args or self.baseline):
+        if self.http is not None and (self.engine_args or self.baseline):
             raise ValueError("engine flags and --baseline apply to in-process runs; the server at "
                              "--base-url has its own settings")
 
@@ -85,16 +81,30 @@ def engine_args(cfg: FlatLatencyConfig, mode: str) -> dict:
     return {**defaults, **cfg.engine_args, **MODES[mode]}
 
 
-def capped_lens(cfg: FlatLatencyConfig, max_model_len: int | None) -> list[int]:
-    """(a)'s lengths, each at most what leaves room for ``output_len`` tokens."""
+def capped_lens(cfg: FlatLatencyConfig, max_model_len: int | None,
+                over_http: bool = False) -> tuple[list[int], FlatLatencyConfig, list[str]]:
+    """(a)'s lengths, each at most what leaves room for ``output_len`` tokens; over HTTP
+    the short and long prompts are capped too (in-process, a misfit is the user's flag)."""
     if max_model_len is None:
-        return sorted(set(cfg.input_lens))
+        return sorted(set(cfg.input_lens)), cfg, []
     cap = max_model_len - cfg.output_len
+    if cap < 1:
+        raise ValueError(f"{cfg.output_len} output tokens leave no room for a prompt in the "
+                         f"model's context of {max_model_len}")
+    notices = []
     longest = max(cfg.long_len, cfg.short_len)
     if longest > cap:
-        raise ValueError(f"prompts of {longest} tokens plus {cfg.output_len} output tokens do not "
-                         f"fit the model's context of {max_model_len}")
-    return sorted({min(n, cap) for n in cfg.input_lens})
+        if not over_http:
+            raise ValueError(f"prompts of {longest} tokens plus {cfg.output_len} output tokens do "
+                             f"not fit the model's context of {max_model_len}")
+        cfg = dataclasses.replace(cfg, long_len=min(cfg.long_len, cap), short_len=min(cfg.short_len, cap))
+        notices.append(f"the long prompt ({longest} tokens) does not fit the model's context "
+                       f"({max_model_len}) with {cfg.output_len} output tokens: capped to {cap}")
+    lens = sorted({min(n, cap) for n in cfg.input_lens})
+    if max(cfg.input_lens) > cap:
+        notices.append(f"(a) lengths over {cap} tokens are capped to {cap} (the model's context "
+                       f"{max_model_len} less {cfg.output_len} output tokens)")
+    return lens, cfg, notices
 
 
 def median_ms(records: list[RequestRecord]) -> float | None:
@@ -102,10 +112,12 @@ def median_ms(records: list[RequestRecord]) -> float | None:
     return distribution(ttfts)["median"] if ttfts else None
 
 
-def measure(target, cfg: FlatLatencyConfig, lens: list[int]) -> dict:
-    """Both scenarios on one target; TTFTs are medians over every repeat."""
+def measure(target, cfg: FlatLatencyConfig, lens: list[int], bar: tqdm) -> dict:
+    """Both scenarios on one target; TTFTs are medians over every repeat. Every
+    submission draws fresh prompts (the warm-up too), so none hits the prefix cache."""
     shorts = [cfg.short_len] * cfg.num_short
     target.submit([cfg.long_len, *shorts], cfg.output_len)  # warm-up: every shape below, untimed
+    bar.update(1)
     alone: dict[int, list[RequestRecord]] = {n: [] for n in lens}
     short_alone, short_mixed, long_mixed = [], [], []
     for _ in range(cfg.repeats):
@@ -116,6 +128,7 @@ def measure(target, cfg: FlatLatencyConfig, lens: list[int]) -> dict:
                                               lanes=["batch"] + ["interactive"] * len(shorts))
         long_mixed.append(long_rec)
         short_mixed += short_recs
+        bar.update(1)
     everything = [r for recs in alone.values() for r in recs]
     everything += short_alone + short_mixed + long_mixed
     s_alone, s_mixed = median_ms(short_alone), median_ms(short_mixed)
@@ -131,7 +144,7 @@ def measure(target, cfg: FlatLatencyConfig, lens: list[int]) -> dict:
         "short_mixed_ttfts": [r.ttft for r in short_mixed if r.success],
         "long_mixed_ttfts": [r.ttft for r in long_mixed if r.success],
         "failed": sum(not r.success for r in everything),
-        "errors": sorted({r.error for r in everything if not r.success}),
+        "errors": list(dict.fromkeys(r.error for r in everything if not r.success)),  # distinct
     }
 
 
@@ -139,30 +152,46 @@ def run_flat_latency(cfg: FlatLatencyConfig) -> dict:
     from expresslane.bench.targets import EngineTarget, HFTarget, HttpTarget
 
     cfg.validate()
-    settings = {k: v for k, v in dataclasses.asdict(cfg).items()
-                if k not in ("model", "modes", "engine_args")}  # rows carry modes and engine args
-    result = {"kind": "flat-latency", "date": datetime.now().strftime("%Y%m%d-%H%M%S"),
-              **settings, "num_threads": torch.get_num_threads()}
-    rows = []
-    if cfg.base_url is not None:
-        lens = capped_lens(cfg, None)
-        with closing(HttpTarget(cfg.base_url, cfg.model, cfg.endpoint, PROMPT_SEED)) as http:
-            rows.append({"mode": "server", **measure(http, cfg, lens)})
-        result |= {"target": "http", "base_url": http.endpoint.base_url,
-                   "model_id": http.endpoint.model, "device": None, "dtype": None}
+    names = ["server"] if cfg.http else [*cfg.modes, *([cfg.baseline] if cfg.baseline else [])]
+    bar = tqdm(total=len(names) * (1 + cfg.repeats), disable=cfg.disable_tqdm, unit="round",
+               desc="flat-latency")
+    result = {"kind": "flat-latency", "date": datetime.now().strftime("%Y%m%d-%H%M%S")}
+    rows, notices = [], []
+    if cfg.http is not None:
+        bar.set_postfix_str("server")
+        with closing(HttpTarget(cfg.http, PROMPT_SEED)) as http:
+            lens, cfg, notices = capped_lens(cfg, http.max_model_len, over_http=True)
+            notices = http.notices + notices
+            for line in notices:
+                notify(line)
+            rows.append({"mode": "server", **measure(http, cfg, lens, bar)})
+        ep = http.endpoint
+        facts = {"target": "http", "base_url": ep.base_url, "endpoint": ep.url, "model_id": ep.model,
+                 "max_model_len": ep.max_model_len, "prompt_lengths": http.maker.source,
+                 "device": None, "dtype": None}
     else:
         for mode in cfg.modes:
+            bar.set_postfix_str(mode)
             args = engine_args(cfg, mode)
             with closing(EngineTarget(cfg.model, args, PROMPT_SEED)) as engine:
-                lens = capped_lens(cfg, engine.max_model_len)
-                rows.append({"mode": mode, "engine_args": args, **measure(engine, cfg, lens)})
-        result |= {"target": "in-process", "model_id": str(engine.model_dir),
-                   "device": str(engine.device), "dtype": str(engine.dtype).removeprefix("torch.")}
+                lens, cfg, said = capped_lens(cfg, engine.max_model_len)
+                for line in said if not notices else []:  # every engine has the same context
+                    notify(line)
+                notices = notices or said
+                rows.append({"mode": mode, "engine_args": args, **measure(engine, cfg, lens, bar)})
+        facts = {"target": "in-process", "base_url": None, "model_id": str(engine.model_dir),
+                 "max_model_len": engine.max_model_len, "prompt_lengths": "exact (token ids)",
+                 "device": str(engine.device), "dtype": str(engine.dtype).removeprefix("torch.")}
         if cfg.baseline == "hf":  # after the engines are gone: it needs the memory they held
+            bar.set_postfix_str("hf")
             hf_target = HFTarget(engine.model_dir, engine.device, engine.dtype, PROMPT_SEED)
             with closing(hf_target) as hf:
-                rows.append({"mode": "hf", **measure(hf, cfg, lens)})
-    result |= {"input_lens": lens, "rows": rows}
+                rows.append({"mode": "hf", **measure(hf, cfg, lens, bar)})
+    bar.close()
+    settings = {k: v for k, v in dataclasses.asdict(cfg).items()
+                if k not in ("model", "modes", "engine_args", "http", "disable_tqdm")}
+    result |= {**settings, **facts, "num_threads": torch.get_num_threads(), "notices": notices,
+               "input_lens": lens, "rows": rows}
     return result
 
 
@@ -184,8 +213,9 @@ def format_flat_latency(r: dict) -> str:
                f"{lg}-token prompt sent first",
            text_table(mixed),
            "flatness = short TTFT mixed / alone (1.00x: the long prompt costs them nothing)"]
+    out += [f"notice: {line}" for line in r.get("notices") or []]
     if failed := sum(row["failed"] for row in r["rows"]):
-        first = next(e for row in r["rows"] for e in row["errors"])
-        out.append(f"{failed} requests failed (all messages in the JSON), e.g. {first}")
+        out.append(f"{failed} requests failed; the first distinct messages (all in the JSON):")
+        out += [f"  {e}" for e in dict.fromkeys(e for row in r["rows"] for e in row["errors"])][:5]
     out.append("=" * 72)
     return "\n".join(out)

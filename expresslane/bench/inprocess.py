@@ -14,6 +14,16 @@ import torch
 
 from expresslane.bench.records import RequestRecord
 
+# Engine settings of each in-process batching/policy mode, by the one name every
+# benchmark uses: continuous = continuous batching with the fcfs policy; continuous-lanes
+# = continuous batching with the deadline policy (lanes).
+MODES = {
+    "static": {"batching": "static", "scheduling_policy": "fcfs"},
+    "dynamic": {"batching": "dynamic", "scheduling_policy": "fcfs"},
+    "continuous": {"batching": "continuous", "scheduling_policy": "fcfs"},
+    "continuous-lanes": {"batching": "continuous", "scheduling_policy": "deadline"},
+}
+
 
 def random_prompts(rng: random.Random, vocab_size: int, lengths: list[int]) -> list[list[int]]:
     return [[rng.randrange(vocab_size) for _ in range(n)] for n in lengths]

@@ -26,6 +26,8 @@ class RequestRecord:
     error: str = ""  # "Kind: detail"; empty on success
     length_class: str = "short"  # "short" | "long"
     lane: str | None = None
+    text: str = ""  # the generated text (HTTP runs; not written to the result)
+    output_count: str = "exact"  # how output_len was counted: exact | usage | tokenizer | chunks
 
     @property
     def tpot(self) -> float | None:
@@ -50,12 +52,21 @@ def per_request_lists(records: list[RequestRecord], t0: float) -> dict:
         "output_lens": [r.output_len for r in records],
         "ttfts": [r.ttft for r in records],
         "itls": [r.itl for r in records],
-        "e2els": [r.latency for r in records],
+        "latencies": [r.latency for r in records],
         "start_times": [r.start - t0 for r in records],
         "classes": [r.length_class for r in records],
         "lanes": [r.lane for r in records],
         "errors": [r.error for r in records],
     }
+
+
+def first_errors(errors: list[str], limit: int = 5) -> list[tuple[str, int]]:
+    """The first ``limit`` distinct error messages, in order of first appearance, with counts."""
+    counts: dict[str, int] = {}
+    for e in errors:
+        if e:
+            counts[e] = counts.get(e, 0) + 1
+    return list(counts.items())[:limit]
 
 
 def json_number(x: float) -> float | str:

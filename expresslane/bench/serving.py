@@ -4,7 +4,9 @@ Arrivals follow vLLM: all at once (rate inf) or a gamma process at ``request_rat
 (burstiness 1 = Poisson; < 1 burstier, > 1 more regular); ``max_concurrency`` then
 caps how many are in flight. Before the measured run, ``warmup`` requests warm the
 server and ``alone_probes`` short requests, sent one at a time to an idle server,
-measure the TTFT a request gets alone: the yardstick for flat latency.
+measure the TTFT a request gets alone: the yardstick for flat latency. Warm-up,
+probes and each measured run (each sweep point) draw prompts of their own, so no
+measured TTFT is a prefix-cache hit on an earlier request.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import asyncio
 import math
 import statistics
 import time
-from dataclasses import dataclass, field, replace
+from collections import Counter
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 
 import aiohttp
@@ -21,24 +24,26 @@ import numpy as np
 from tqdm import tqdm
 
 from expresslane.bench import client, slo
-from expresslane.bench.client import Endpoint
-from expresslane.bench.datasets import DatasetSpec, SampleRequest, sample_requests
+from expresslane.bench.client import ClientOptions, Endpoint
+from expresslane.bench.datasets import (SYNTHETIC, DatasetSpec, SampleRequest, Shape, count_file_prompts,
+                                        draw_prompts, fit_context, sample_shapes)
+from expresslane.bench.prompts import PromptMaker, make_prompt_maker
 from expresslane.bench.records import RequestRecord, json_number
 from expresslane.bench.stats import measurement
+from expresslane.bench.tables import notify
+
+WARMUP_SALT, PROBE_SALT = 10_000, 20_000  # measured runs use salts 0, 1, ... (sweep points)
 
 
 @dataclass(frozen=True, slots=True)
 class ServingConfig:
-    base_url: str
-    model: str | None = None  # None: the first model of GET /v1/models
-    endpoint: str = "completions"
+    client: ClientOptions
     dataset: DatasetSpec = field(default_factory=DatasetSpec)
     request_rate: float = math.inf
     burstiness: float = 1.0
     max_concurrency: int | None = None
     warmup: int = 0
     alone_probes: int = 3
-    ignore_eos: bool = False
     goodput: dict[str, float] = field(default_factory=dict)
     slo: tuple[slo.SloTarget, ...] = field(default_factory=lambda: slo.parse_slo(None))
     disable_tqdm: bool = False
@@ -50,9 +55,9 @@ class Prepared:
 
     session: aiohttp.ClientSession
     endpoint: Endpoint
-    requests: list[SampleRequest]
-    tokens_per_word: float
-    calibrated: bool
+    maker: PromptMaker
+    shapes: list[Shape]
+    notices: list[str]
     alone_ttft_ms: float | None = None
 
 
@@ -67,79 +72,121 @@ def arrival_offsets(n: int, rate: float, burstiness: float, seed: int) -> np.nda
     return np.cumsum(gaps)
 
 
+async def connect(session: aiohttp.ClientSession, opts: ClientOptions) -> tuple[Endpoint, PromptMaker, list[str]]:
+    """The endpoint, a prompt maker with the best tokenizer there is, and notices so far."""
+    ep = await client.connect(session, opts)
+    maker, notices = await make_prompt_maker(session, ep, opts.tokenizer)
+    return ep, maker, notices
+
+
+async def chat_overhead(ep: Endpoint, maker: PromptMaker) -> int:
+    return await maker.tokenizer.chat_overhead() if ep.kind == "chat" and maker.exact else 0
+
+
 async def prepare(cfg: ServingConfig, session: aiohttp.ClientSession) -> Prepared:
-    model = cfg.model or await client.fetch_model(session, cfg.base_url)
-    ep = Endpoint(cfg.base_url, model, cfg.endpoint, cfg.ignore_eos)
-    ratio = await client.tokens_per_word(session, ep.base_url, model)
-    requests = sample_requests(cfg.dataset, ratio or 1.0)
-    prep = Prepared(session, ep, requests, ratio or 1.0, ratio is not None)
+    ep, maker, notices = await connect(session, cfg.client)
+    shapes = sample_shapes(cfg.dataset)
+    if cfg.dataset.name not in SYNTHETIC:
+        shapes = await count_file_prompts(cfg.dataset, shapes, maker)
+    shapes, more = fit_context(shapes, ep.max_model_len, await chat_overhead(ep, maker))
+    notices += more
+    for line in notices:
+        notify(line)
+    prep = Prepared(session, ep, maker, shapes, notices)
     if cfg.warmup:
-        warm = [requests[i % len(requests)] for i in range(cfg.warmup)]
-        await asyncio.gather(*(client.send_request(session, ep, r) for r in warm))
-    prep.alone_ttft_ms = await alone_ttft_ms(prep, cfg.alone_probes)
+        warm = [shapes[i % len(shapes)] for i in range(cfg.warmup)]
+        await asyncio.gather(*(send(prep, r) for r in await draw(prep, cfg, warm, WARMUP_SALT)))
+    prep.alone_ttft_ms = await alone_ttft_ms(prep, cfg)
     return prep
 
 
-async def alone_ttft_ms(prep: Prepared, probes: int) -> float | None:
-    """Median TTFT of the shortest prompt sent alone; None if no probe succeeded."""
-    if probes < 1:
+async def draw(prep: Prepared, cfg: ServingConfig, shapes: list[Shape], salt: int) -> list[SampleRequest]:
+    return await draw_prompts(shapes, prep.maker, cfg.dataset.seed, salt, cfg.dataset.prefix_len)
+
+
+async def send(prep: Prepared, req: SampleRequest) -> RequestRecord:
+    return await client.send_request(prep.session, prep.endpoint, req.prompt, req.prompt_len,
+                                     req.output_len, req.length_class, req.lane, req.priority)
+
+
+async def alone_ttft_ms(prep: Prepared, cfg: ServingConfig) -> float | None:
+    """Median TTFT of the shortest prompt length sent alone (a fresh prompt each time);
+    None if no probe succeeded."""
+    if cfg.alone_probes < 1:
         return None
-    shortest = replace(min(prep.requests, key=lambda r: r.prompt_len), output_len=2)
+    shortest = min(prep.shapes, key=lambda s: s.input_len)
+    # synthetic even for a file dataset: a file prompt sent again would hit the prefix cache
+    probe = Shape(shortest.input_len, 2, shortest.length_class, shortest.lane, shortest.priority)
     ttfts = []
-    for _ in range(probes):
-        rec = await client.send_request(prep.session, prep.endpoint, shortest)
+    for i in range(cfg.alone_probes):
+        [req] = await draw(prep, cfg, [probe], PROBE_SALT + i)
+        rec = await send(prep, req)
         if rec.success:
             ttfts.append(rec.ttft * 1000.0)
     return statistics.median(ttfts) if ttfts else None
 
 
-async def measure(prep: Prepared, rate: float, burstiness: float, concurrency: int | None,
-                  seed: int, disable_tqdm: bool) -> tuple[list[RequestRecord], float, float]:
+async def measure(prep: Prepared, requests: list[SampleRequest], rate: float, burstiness: float,
+                  concurrency: int | None, seed: int,
+                  disable_tqdm: bool) -> tuple[list[RequestRecord], float, float]:
     """One measured run over all requests: (records, duration, start time)."""
-    offsets = arrival_offsets(len(prep.requests), rate, burstiness, seed)
+    offsets = arrival_offsets(len(requests), rate, burstiness, seed)
     limit = asyncio.Semaphore(concurrency) if concurrency else None
-    bar = tqdm(total=len(prep.requests), disable=disable_tqdm, unit="req")
+    bar = tqdm(total=len(requests), disable=disable_tqdm, unit="req", desc="requests")
 
     async def one(req: SampleRequest) -> RequestRecord:
         if limit is None:
-            rec = await client.send_request(prep.session, prep.endpoint, req)
+            rec = await send(prep, req)
         else:
             async with limit:
-                rec = await client.send_request(prep.session, prep.endpoint, req)
+                rec = await send(prep, req)
         bar.update(1)
         return rec
 
     t0 = time.perf_counter()
     tasks = []
-    for req, offset in zip(prep.requests, offsets):
+    for req, offset in zip(requests, offsets):
         if (wait := t0 + offset - time.perf_counter()) > 0:
             await asyncio.sleep(wait)
         tasks.append(asyncio.create_task(one(req)))
     records = await asyncio.gather(*tasks)
     duration = time.perf_counter() - t0
     bar.close()
+    await prep.maker.recount_outputs(records)
     return list(records), duration, t0
 
 
-def build_result(cfg: ServingConfig, prep: Prepared, records: list[RequestRecord],
-                 duration: float, t0: float, rate: float, concurrency: int | None) -> dict:
-    ep = prep.endpoint
-    result = {
-        "kind": "serving",
-        "date": datetime.now().strftime("%Y%m%d-%H%M%S"),
+def run_facts(ep: Endpoint, maker: PromptMaker, notices: list[str],
+              records: list[RequestRecord]) -> dict:
+    """What every HTTP result says about how it was measured."""
+    return {
         "backend": "openai-chat" if ep.kind == "chat" else "openai",
         "base_url": ep.base_url,
         "endpoint": ep.url,
         "model_id": ep.model,
-        "dataset": cfg.dataset.name,
+        "max_model_len": ep.max_model_len,
+        "request_body_extra": ep.body,
+        "ignore_eos": ep.ignore_eos,
+        "prompt_lengths": maker.source,
+        "output_counts": dict(Counter(r.output_count for r in records if r.success)),
+        "notices": notices,
+    }
+
+
+def build_result(cfg: ServingConfig, prep: Prepared, records: list[RequestRecord],
+                 duration: float, t0: float, rate: float, concurrency: int | None) -> dict:
+    spec = cfg.dataset
+    result = {
+        "kind": "serving",
+        "date": datetime.now().strftime("%Y%m%d-%H%M%S"),
+        **run_facts(prep.endpoint, prep.maker, prep.notices, records),
+        "dataset": spec.name,
+        "dataset_config": {k: v for k, v in asdict(spec).items() if k not in ("name", "seed")},
         "num_prompts": len(records),
         "request_rate": json_number(rate),
         "burstiness": cfg.burstiness,
         "max_concurrency": concurrency,
-        "seed": cfg.dataset.seed,
-        "ignore_eos": cfg.ignore_eos,
-        "tokens_per_word": prep.tokens_per_word,
-        "prompt_lengths": "tokenize" if prep.calibrated else "estimate",
+        "seed": spec.seed,
         "goodput_config": cfg.goodput or None,
         "alone_ttft_ms": prep.alone_ttft_ms,
         **measurement(records, duration, t0, cfg.goodput),
@@ -148,9 +195,10 @@ def build_result(cfg: ServingConfig, prep: Prepared, records: list[RequestRecord
     return result
 
 
-async def run_point(cfg: ServingConfig, prep: Prepared, rate: float,
-                    concurrency: int | None) -> dict:
-    records, duration, t0 = await measure(prep, rate, cfg.burstiness, concurrency,
+async def run_point(cfg: ServingConfig, prep: Prepared, rate: float, concurrency: int | None,
+                    salt: int = 0) -> dict:
+    requests = await draw(prep, cfg, prep.shapes, salt)
+    records, duration, t0 = await measure(prep, requests, rate, cfg.burstiness, concurrency,
                                           cfg.dataset.seed, cfg.disable_tqdm)
     return build_result(cfg, prep, records, duration, t0, rate, concurrency)
 
@@ -162,5 +210,5 @@ async def benchmark_serving(cfg: ServingConfig) -> dict:
 
 
 def run_serving(cfg: ServingConfig) -> dict:
-    """Run one serving benchmark and return its result (see DESIGN §5)."""
+    """Run one serving benchmark and return its result."""
     return asyncio.run(benchmark_serving(cfg))

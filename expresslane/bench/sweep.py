@@ -1,6 +1,7 @@
 """Sweep the offered load (request rates or concurrencies) until past saturation.
 
-Points run from lightest to heaviest load on the same requests. After each point the
+Points run from lightest to heaviest load on requests of the same shapes, each point
+with prompts of its own (no point hits the prefix cache on an earlier point's prompts). After each point the
 run stops when that point is *past saturation*, by the first rule that holds:
 
 1. failures: more than ``max_failure_rate`` of its requests failed;
@@ -61,11 +62,11 @@ async def sweep(cfg: ServingConfig, variable: str, values: list[float],
     reason = None
     async with client.make_session() as session:
         prep = await prepare(cfg, session)
-        for value in values:
+        for i, value in enumerate(values):  # each point draws its own prompts (salt i)
             if variable == "request_rate":
-                point = await run_point(cfg, prep, value, cfg.max_concurrency)
+                point = await run_point(cfg, prep, value, cfg.max_concurrency, salt=i)
             else:
-                point = await run_point(cfg, prep, cfg.request_rate, int(value))
+                point = await run_point(cfg, prep, cfg.request_rate, int(value), salt=i)
             points.append(point)
             if reason := saturation_reason(points, rule):
                 break

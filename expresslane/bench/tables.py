@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+
+from expresslane.bench.records import first_errors
 from expresslane.bench.stats import METRICS
 
 TITLES = {"ttft": "Time to First Token", "tpot": "Time per Output Token (excl. 1st token)",
@@ -12,6 +15,16 @@ LOAD_ROWS = (("request_rate", "Request rate (req/s)"), ("max_concurrency", "Max 
              ("num_users", "Users"), ("think_time", "Mean think time (s)"))
 CONSOLE_TITLES = {"serving": "Serving Benchmark Result", "traffic": "Traffic Simulation Result"}
 Table = tuple[list[str], list[list[str]]]
+
+
+def notify(line: str) -> None:
+    """A notice about how the run is measured (a capped prompt, estimated lengths...)."""
+    print(f"notice: {line}", file=sys.stderr, flush=True)
+
+
+def error_lines(r: dict, limit: int = 5) -> list[str]:
+    """The first distinct error messages of failed requests, with how often each came."""
+    return [f"x{n}  {msg}" for msg, n in first_errors(r.get("errors") or [], limit)]
 
 
 def fmt(x: object) -> str:
@@ -109,6 +122,11 @@ def format_console(r: dict) -> str:
     title = CONSOLE_TITLES.get(r["kind"], f"{r['kind']} result")
     out = [f"{' ' + title + ' ':=^60}"]
     out += [f"{label + ':':<44}{value:>16}" for label, value in headline_rows(r)]
+    if r.get("prompt_lengths"):
+        out.append(f"Prompt lengths: {r['prompt_lengths']}")
+    out += [f"Notice: {line}" for line in r.get("notices") or []]
+    if errors := error_lines(r):
+        out += [f"{' Errors (first distinct messages) ':-^60}"] + errors
     for m in METRICS:
         out.append(f"{' ' + TITLES[m] + ' ':-^60}")
         out += [f"{f'{s.capitalize()} {m.upper()} (ms):':<44}{r[f'{s}_{m}_ms']:>16.2f}"

@@ -12,13 +12,13 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from dataclasses import replace
 
 import numpy as np
 import torch
 
 from expresslane import LLM, SamplingParams
 from expresslane.bench import client
-from expresslane.bench.datasets import SampleRequest, word_prompt
 from expresslane.bench.inprocess import random_prompts, record_from_output, release_memory, synchronize
 from expresslane.bench.records import RequestRecord
 
@@ -88,42 +88,43 @@ class HFTarget:
 class HttpTarget:
     """Streaming requests to an OpenAI-compatible server, through the bench client.
 
-    The server's context limit is unknown here: a prompt that does not fit comes back
-    as a failed record with the server's message.
+    Prompts are fresh word prompts of exact lengths (the server's ``/tokenize``, or
+    ``--tokenizer``); ``max_model_len`` is what the server reports in ``/v1/models``.
     """
 
     # The first request of a submission leaves this much earlier, so that it is first in
     # the server's queue ("long first") even though the requests travel on separate connections.
     LEAD_S = 0.01
 
-    def __init__(self, base_url: str, model: str | None, endpoint: str, seed: int):
+    def __init__(self, opts: client.ClientOptions, seed: int):
+        from expresslane.bench.serving import connect
+
         self.loop = asyncio.new_event_loop()
         self.session = None
         try:
-            self.endpoint, self.tokens_per_word = self.loop.run_until_complete(
-                self._connect(base_url, model, endpoint))
+            self.session = self.loop.run_until_complete(self._session())
+            self.endpoint, self.maker, self.notices = self.loop.run_until_complete(
+                connect(self.session, replace(opts, ignore_eos=True)))
         except BaseException:
             self.close()
             raise
+        # ignore_eos: a first token that is EOS would carry no text, so no TTFT.
+        self.max_model_len = self.endpoint.max_model_len
         self.rng = np.random.default_rng(seed)
 
-    async def _connect(self, base_url: str, model: str | None, endpoint: str):
-        self.session = client.make_session()
-        model = model or await client.fetch_model(self.session, base_url)
-        # ignore_eos: a first token that is EOS would carry no text, so no TTFT.
-        ep = client.Endpoint(base_url, model, endpoint, ignore_eos=True)
-        ratio = await client.tokens_per_word(self.session, ep.base_url, model)
-        return ep, ratio or 1.0
+    @staticmethod
+    async def _session():
+        return client.make_session()
 
     def submit(self, lengths: list[int], output_len: int, lanes: list[str] | None = None) -> list[RequestRecord]:
         return self.loop.run_until_complete(self._submit(lengths, output_len, lanes or [None] * len(lengths)))
 
     async def _submit(self, lengths: list[int], output_len: int, lanes: list[str | None]) -> list[RequestRecord]:
-        reqs = [SampleRequest(word_prompt(self.rng, n, self.tokens_per_word), n, output_len, lane=lane)
-                for n, lane in zip(lengths, lanes)]
-        send = [client.send_request(self.session, self.endpoint, r) for r in reqs]
+        prompts = [await self.maker.prompt(self.rng, n) for n in lengths]  # before the clock starts
+        send = [client.send_request(self.session, self.endpoint, text, n, output_len, lane=lane)
+                for (text, n), lane in zip(prompts, lanes)]
         first = asyncio.create_task(send[0])
-        if len(reqs) > 1:
+        if len(send) > 1:
             await asyncio.sleep(self.LEAD_S)
         rest = await asyncio.gather(*send[1:])
         return [await first, *rest]

@@ -5,7 +5,8 @@ do: a slow server gets fewer requests. Each user belongs to one lane of the mix
 (``interactive:0.8,batch:0.2``) for the whole run; lane ``batch`` sends the batch
 lengths, every other lane the interactive ones, and the lane name travels in the
 request body. Think times are exponential with the given mean (seeded per user).
-No request starts after ``duration``; those in flight are waited for.
+No request starts after ``duration``; those in flight are waited for. Each request's
+prompt is fresh (drawn, with its exact length, just before it is sent).
 
 The result holds the serving statistics (per lane and length class too) and a time
 series in 1-second buckets: requests in flight (time-averaged), started, completed,
@@ -24,17 +25,17 @@ import numpy as np
 from tqdm import tqdm
 
 from expresslane.bench import client, slo
-from expresslane.bench.client import Endpoint
-from expresslane.bench.datasets import DatasetSpec, make_request, uniform_lengths, word_prompt
+from expresslane.bench.client import ClientOptions, Endpoint
+from expresslane.bench.datasets import DatasetSpec, Shape, fit_context, shape, uniform_lengths
 from expresslane.bench.records import RequestRecord
+from expresslane.bench.serving import chat_overhead, connect, run_facts
 from expresslane.bench.stats import measurement
+from expresslane.bench.tables import notify
 
 
 @dataclass(frozen=True, slots=True)
 class TrafficConfig:
-    base_url: str
-    model: str | None = None
-    endpoint: str = "completions"
+    client: ClientOptions
     num_users: int = 10
     duration: float = 60.0  # seconds during which users start requests
     think_time: float = 1.0  # mean seconds between a reply and the next request
@@ -45,7 +46,6 @@ class TrafficConfig:
     batch_output_len: int = 512
     range_ratio: float = 0.0
     long_threshold: int = 1024
-    ignore_eos: bool = False
     seed: int = 0
     slo: tuple[slo.SloTarget, ...] = field(default_factory=lambda: slo.parse_slo(None))
     disable_tqdm: bool = False
@@ -94,46 +94,74 @@ def time_series(records: list[RequestRecord], t0: float, duration: float) -> dic
     return series
 
 
+def lane_lengths(cfg: TrafficConfig, ep: Endpoint, overhead: int) -> tuple[dict, list[str]]:
+    """Lane -> (input, output) lengths, capped so that the longest draw fits the context."""
+    lanes = {"interactive": (cfg.input_len, cfg.output_len),
+             "batch": (cfg.batch_input_len, cfg.batch_output_len)}
+    notices: list[str] = []
+    for lane, (i, o) in lanes.items():
+        top_in, top_out = int(i * (1 + cfg.range_ratio)), int(o * (1 + cfg.range_ratio))
+        [fitted], said = fit_context([Shape(top_in, top_out)], ep.max_model_len, overhead)
+        if ep.max_model_len is None:
+            notices = said
+        elif fitted.input_len < top_in:
+            lanes[lane] = (max(1, int(fitted.input_len / (1 + cfg.range_ratio))), o)
+            notices.append(f"lane {lane}: prompts of {i} tokens do not fit the model's context "
+                           f"({ep.max_model_len}) with {top_out} output tokens: capped to "
+                           f"{lanes[lane][0]}")
+    return lanes, notices
+
+
 async def simulate(cfg: TrafficConfig) -> dict:
     if cfg.num_users < 1 or cfg.duration <= 0 or cfg.think_time < 0:
         raise ValueError("need num_users >= 1, duration > 0 and think_time >= 0")
     lanes = assign_lanes(cfg.mix, cfg.num_users)
     spec = DatasetSpec(long_threshold=cfg.long_threshold)
     records: list[RequestRecord] = []
-    bar = tqdm(disable=cfg.disable_tqdm, unit="req")
     async with client.make_session() as session:
-        model = cfg.model or await client.fetch_model(session, cfg.base_url)
-        ep = Endpoint(cfg.base_url, model, cfg.endpoint, cfg.ignore_eos)
-        ratio = await client.tokens_per_word(session, ep.base_url, model) or 1.0
+        ep, maker, notices = await connect(session, cfg.client)
+        lengths, more = lane_lengths(cfg, ep, await chat_overhead(ep, maker))
+        notices += more
+        for line in notices:
+            notify(line)
+        bar = tqdm(total=round(cfg.duration), disable=cfg.disable_tqdm, unit="s",
+                   desc="traffic", bar_format="{l_bar}{bar}| {n}/{total} s, {postfix}")
 
         async def user(uid: int, lane: str, deadline: float) -> None:
             rng = np.random.default_rng([cfg.seed, uid])
-            in_len, out_len = ((cfg.batch_input_len, cfg.batch_output_len) if lane == "batch"
-                               else (cfg.input_len, cfg.output_len))
+            in_len, out_len = lengths["batch" if lane == "batch" else "interactive"]
             while time.perf_counter() < deadline:
                 n_in = int(uniform_lengths(rng, in_len, cfg.range_ratio, 1)[0])
                 n_out = int(uniform_lengths(rng, out_len, cfg.range_ratio, 1)[0])
-                req = make_request(spec, word_prompt(rng, n_in, ratio), n_in, n_out, lane=lane)
-                records.append(await client.send_request(session, ep, req))
-                bar.update(1)
+                s = shape(spec, n_in, n_out, lane=lane)
+                text, n = await maker.prompt(rng, n_in)  # drawn before the clock starts
+                records.append(await client.send_request(session, ep, text, n, n_out,
+                                                         s.length_class, s.lane))
                 think = rng.exponential(cfg.think_time) if cfg.think_time else 0.0
                 await asyncio.sleep(min(think, max(0.0, deadline - time.perf_counter())))
 
+        async def ticker(t0: float) -> None:
+            while (left := t0 + cfg.duration - time.perf_counter()) > 0:
+                await asyncio.sleep(min(1.0, left))
+                bar.n = min(bar.total, round(time.perf_counter() - t0))
+                bar.set_postfix_str(f"{len(records)} requests done")
+
         t0 = time.perf_counter()
         deadline = t0 + cfg.duration
-        await asyncio.gather(*(user(u, lane, deadline) for u, lane in enumerate(lanes)))
+        await asyncio.gather(ticker(t0), *(user(u, lane, deadline) for u, lane in enumerate(lanes)))
         elapsed = time.perf_counter() - t0
-    bar.close()
+        bar.close()
+        await maker.recount_outputs(records)
     records.sort(key=lambda r: r.start)
     result = {
         "kind": "traffic",
         "date": datetime.now().strftime("%Y%m%d-%H%M%S"),
-        "base_url": ep.base_url,
-        "endpoint": ep.url,
-        "model_id": model,
+        **run_facts(ep, maker, notices, records),
         "num_users": cfg.num_users,
+        "duration_config": cfg.duration,
         "think_time": cfg.think_time,
         "mix": cfg.mix,
+        "lane_lengths": {lane: {"input_len": i, "output_len": o} for lane, (i, o) in lengths.items()},
         "users_per_lane": {lane: lanes.count(lane) for lane in cfg.mix},
         "seed": cfg.seed,
         "time_series": time_series(records, t0, cfg.duration),

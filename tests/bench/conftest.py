@@ -36,7 +36,7 @@ def result_files(server, tmp_path_factory):
                  "--input-len", "32", "--long-input-len", "1500", "--output-len", "6",
                  "--concurrency", "8", "--goodput", "ttft:80,e2el:200",
                  "--output", str(out / "serving.json")) == 0
-    server.configure(Behavior(ttft=0.03, itl=0.01, capacity=2))
+    server.configure(Behavior(ttft=0.03, itl=0.01, capacity=2, reject_over_capacity=True))
     assert bench("serving", *common, "--num-prompts", "16", "--input-len", "16",
                  "--output-len", "4", "--sweep-concurrency", "1,2,4,8,16",
                  "--output", str(out / "sweep.json")) == 0

@@ -7,6 +7,11 @@ Requests are numbered from 1 in arrival order: every ``fail_every``-th gets HTTP
 every ``drop_every``-th has its connection dropped after two tokens. With
 ``prefill_per_token``, prompts are first "prefilled" one at a time, first come first
 served, for that many seconds per prompt token: short prompts wait behind long ones.
+
+Its tokenizer is one token per word plus a BOS token (``/tokenize``, ``/detokenize``,
+usage, and a 400 when a prompt and its ``max_tokens`` exceed ``max_model_len``).
+``tokens_per_chunk`` sends that many tokens in each content chunk; ``continuous_usage``
+honours ``stream_options.continuous_usage_stats`` (usage in every chunk, as vLLM).
 """
 
 from __future__ import annotations
@@ -31,15 +36,21 @@ class Behavior:
     fail_every: int = 0
     drop_every: int = 0
     capacity: int = 0  # requests served at once; the rest wait (0: no limit)
+    reject_over_capacity: bool = False  # over capacity: 503 at once instead of waiting
     prefill_per_token: float = 0.0  # seconds per prompt token, one prompt at a time
-    tokens_per_word: float | None = 1.0  # /tokenize answers 404 when None
+    tokenize: bool = True  # /tokenize and /detokenize answer 404 when False
     usage: bool = True  # honour stream_options.include_usage
+    continuous_usage: bool = False  # honour stream_options.continuous_usage_stats
+    tokens_per_chunk: int = 1
+    max_model_len: int | None = 4096  # reported in /v1/models (None: not reported, not enforced)
+    api_key: str | None = None  # require "Authorization: Bearer KEY"
 
 
 @dataclass
 class FakeServer:
     behavior: Behavior = field(default_factory=Behavior)
     bodies: list[dict] = field(default_factory=list)  # every generation request received
+    headers: list[dict] = field(default_factory=list)  # their HTTP headers
 
     def __post_init__(self) -> None:
         self._loop = asyncio.new_event_loop()
@@ -47,12 +58,14 @@ class FakeServer:
         self._runner: web.AppRunner | None = None
         self._slots: asyncio.Semaphore | None = None
         self._prefill = asyncio.Lock()
+        self.vocab: dict[str, int] = {}  # word -> token id (0 is BOS)
         self.base_url = ""
 
     def configure(self, behavior: Behavior) -> None:
         """Change behaviour between runs; resets the request numbering."""
         self.behavior = behavior
         self.bodies.clear()
+        self.headers.clear()
         # asyncio primitives bind to the loop that first awaits them: the server's.
         self._slots = asyncio.Semaphore(behavior.capacity) if behavior.capacity else None
 
@@ -61,6 +74,7 @@ class FakeServer:
         app.router.add_post("/v1/completions", self.generate)
         app.router.add_post("/v1/chat/completions", self.generate)
         app.router.add_post("/tokenize", self.tokenize)
+        app.router.add_post("/detokenize", self.detokenize)
         app.router.add_get("/v1/models", self.models)
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
@@ -83,63 +97,127 @@ class FakeServer:
         self._thread.join()
         self._loop.close()
 
-    async def models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+    def authorized(self, request: web.Request) -> bool:
+        key = self.behavior.api_key
+        return key is None or request.headers.get("Authorization") == f"Bearer {key}"
 
-    def count_tokens(self, text: str) -> int:
-        return max(1, round(len(text.split()) * (self.behavior.tokens_per_word or 1.0)))
+    async def models(self, request: web.Request) -> web.Response:
+        if not self.authorized(request):
+            return error(401, "invalid API key")
+        card = {"id": MODEL, "object": "model"}
+        if self.behavior.max_model_len is not None:
+            card["max_model_len"] = self.behavior.max_model_len
+        return web.json_response({"object": "list", "data": [card]})
+
+    @staticmethod
+    def count_tokens(text: str) -> int:
+        """A prompt's tokens: one per word, and BOS."""
+        return 1 + len(text.split())
 
     async def tokenize(self, request: web.Request) -> web.Response:
-        if self.behavior.tokens_per_word is None:
+        if not self.behavior.tokenize:
             raise web.HTTPNotFound()
-        n = self.count_tokens((await request.json())["prompt"])
-        return web.json_response({"count": n, "tokens": list(range(n))})
+        if not self.authorized(request):
+            return error(401, "invalid API key")
+        body = await request.json()
+        if "messages" in body:
+            words, specials = body["messages"][0]["content"].split(), 1 + CHAT_TEMPLATE_TOKENS
+        else:
+            words, specials = body["prompt"].split(), int(body.get("add_special_tokens", True))
+        ids = [0] * specials + [self.vocab.setdefault(w, len(self.vocab) + 1) for w in words]
+        return web.json_response({"count": len(ids), "tokens": ids,
+                                  "max_model_len": self.behavior.max_model_len})
+
+    async def detokenize(self, request: web.Request) -> web.Response:
+        if not self.behavior.tokenize:
+            raise web.HTTPNotFound()
+        if not self.authorized(request):
+            return error(401, "invalid API key")
+        words = {i: w for w, i in self.vocab.items()}
+        ids = (await request.json())["tokens"]
+        return web.json_response({"prompt": " ".join(words[i] for i in ids if i in words)})
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.bodies.append(body)
+        self.headers.append(dict(request.headers))
         n, b = len(self.bodies), self.behavior
+        if not self.authorized(request):
+            return error(401, "invalid API key")
         if b.fail_every and n % b.fail_every == 0:
-            return web.json_response({"error": {"message": "injected failure", "type":
-                                                "InternalServerError", "param": None,
-                                                "code": 500}}, status=500)
+            return error(500, "injected failure")
+        prompt = body["messages"][0]["content"] if "messages" in body else body["prompt"]
+        prompt_tokens = self.count_tokens(prompt) + (CHAT_TEMPLATE_TOKENS if "messages" in body else 0)
+        if b.max_model_len is not None and prompt_tokens + body["max_tokens"] > b.max_model_len:
+            return error(400, f"This model's maximum context length is {b.max_model_len} tokens. "
+                              f"However, you requested {prompt_tokens + body['max_tokens']} tokens")
         drop = bool(b.drop_every and n % b.drop_every == 0)
+        if b.reject_over_capacity and self._slots is not None and self._slots.locked():
+            return error(503, "server at capacity")
         if self._slots is None:
-            return await self.stream(request, body, drop)
-        async with self._slots:
-            return await self.stream(request, body, drop)
+            return await self.stream(request, body, drop, prompt_tokens, lambda: None)
+        await self._slots.acquire()
+        released = False
 
-    async def stream(self, request: web.Request, body: dict, drop: bool) -> web.StreamResponse:
+        def release() -> None:  # before the last token leaves: the client may send again at once
+            nonlocal released
+            if not released:
+                released = True
+                self._slots.release()
+
+        try:
+            return await self.stream(request, body, drop, prompt_tokens, release)
+        finally:
+            release()
+
+    async def stream(self, request: web.Request, body: dict, drop: bool, prompt_tokens: int,
+                     release) -> web.StreamResponse:
         b = self.behavior
         chat = "messages" in body
-        prompt = body["messages"][0]["content"] if chat else body["prompt"]
         if b.prefill_per_token:
             async with self._prefill:
-                await asyncio.sleep(self.count_tokens(prompt) * b.prefill_per_token)
+                await asyncio.sleep(prompt_tokens * b.prefill_per_token)
         t0 = time.perf_counter()
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         max_tokens = body["max_tokens"]
-        for k in range(max_tokens):
+        options = body.get("stream_options") or {}
+        per_chunk_usage = b.usage and b.continuous_usage and options.get("continuous_usage_stats")
+
+        def usage(done: int) -> dict:
+            return {"prompt_tokens": prompt_tokens, "completion_tokens": done,
+                    "total_tokens": prompt_tokens + done}
+
+        done, k = 0, 0
+        while done < max_tokens:
             await asyncio.sleep(max(0.0, t0 + b.ttft + k * b.itl - time.perf_counter()))
-            text = f" tok{k}"
+            n = min(b.tokens_per_chunk, max_tokens - done)
+            if done + n == max_tokens:
+                release()
+            text = "".join(f" tok{done + i}" for i in range(n))
+            done, k = done + n, k + 1
             choice = ({"index": 0, "delta": {"content": text}, "finish_reason": None} if chat
                       else {"index": 0, "text": text, "finish_reason": None})
-            await send(resp, {"id": "x", "choices": [choice]})
-            if drop and k == 1:
+            chunk = {"id": "x", "choices": [choice]}
+            if per_chunk_usage:
+                chunk["usage"] = usage(done)
+            await send(resp, chunk)
+            if drop and k == 2:
                 request.transport.abort()  # the connection dies mid-stream
                 return resp
         last = ({"index": 0, "delta": {}, "finish_reason": "length"} if chat
                 else {"index": 0, "text": "", "finish_reason": "length"})
         await send(resp, {"id": "x", "choices": [last]})
-        if b.usage and (body.get("stream_options") or {}).get("include_usage"):
-            prompt_tokens = self.count_tokens(prompt) + (CHAT_TEMPLATE_TOKENS if chat else 0)
-            await send(resp, {"id": "x", "choices": [], "usage": {
-                "prompt_tokens": prompt_tokens, "completion_tokens": max_tokens,
-                "total_tokens": prompt_tokens + max_tokens}})
+        if b.usage and options.get("include_usage"):
+            await send(resp, {"id": "x", "choices": [], "usage": usage(max_tokens)})
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
+
+
+def error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": {"message": message, "type": "Error", "param": None,
+                                        "code": status}}, status=status)
 
 
 async def send(resp: web.StreamResponse, data: dict) -> None:

@@ -15,7 +15,7 @@ TOP = {
     "total_input_tokens": int, "total_output_tokens": int, "request_throughput": NUMBER,
     "request_goodput": (*NUMBER, type(None)), "output_throughput": NUMBER,
     "total_token_throughput": NUMBER, "per_class": dict, "slo": dict,
-    "input_lens": list, "output_lens": list, "ttfts": list, "itls": list, "e2els": list,
+    "input_lens": list, "output_lens": list, "ttfts": list, "itls": list, "latencies": list,
     "start_times": list, "classes": list, "lanes": list, "errors": list,
 }
 SERVING = {"backend": str, "dataset": str, "num_prompts": int, "request_rate": (*NUMBER, str),
@@ -38,11 +38,11 @@ def check(obj: dict, schema: dict, where: str) -> None:
 def check_result(r: dict, where: str) -> None:
     check(r, TOP | LATENCY, where)
     n = r["completed"] + r["failed"]
-    for key in ("input_lens", "output_lens", "ttfts", "itls", "e2els", "start_times",
+    for key in ("input_lens", "output_lens", "ttfts", "itls", "latencies", "start_times",
                 "classes", "lanes", "errors"):
         assert len(r[key]) == n, f"{where}.{key} has {len(r[key])} entries for {n} requests"
     assert all(isinstance(x, int) for x in r["input_lens"] + r["output_lens"])
-    assert all(isinstance(x, float) for x in r["ttfts"] + r["e2els"])
+    assert all(isinstance(x, float) for x in r["ttfts"] + r["latencies"])
     assert all(isinstance(g, float) for gaps in r["itls"] for g in gaps)
     assert sum(bool(e) for e in r["errors"]) == r["failed"]
     assert sum(r["failure_reasons"].values()) == r["failed"]

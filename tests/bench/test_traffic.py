@@ -27,7 +27,7 @@ def test_traffic_produces_a_time_series(result_files, server):
     # Time-averaged concurrency: never above the users, and it adds up to the time
     # requests spent in flight (failed ones are fast, so E2E latencies cover nearly all).
     assert 1.0 < ts["in_flight"][0] <= 4.0 and max(ts["in_flight"]) <= 4.0
-    assert sum(ts["in_flight"]) == pytest.approx(sum(r["e2els"]), rel=0.1)
+    assert sum(ts["in_flight"]) == pytest.approx(sum(r["latencies"]), rel=0.1)
     assert ts["mean_ttft_ms"][0] is not None
     assert {"lane:interactive", "lane:batch", "short", "long"} <= set(r["per_class"])
     assert r["failure_reasons"] == {"HTTP 500": r["failed"]}
