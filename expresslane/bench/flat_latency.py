@@ -10,7 +10,9 @@ server at ``--base-url``), with prompts of random tokens:
     flatness = median short TTFT mixed / median short TTFT alone
 
 1.0 means a short request does not notice the long one; a large value is flat latency:
-the short request waits about as long as the long one. Each row gets its own engine,
+the short request waits about as long as the long one. The row also keeps when each
+short request's first token came relative to the long one's (in-process these are the
+engine's step stamps: 0.0 is the same step, negative is ahead of it). Each row gets its own engine,
 warmed up by one untimed mixed submission; the scenarios are interleaved ``repeats``
 times so that drift in the machine's speed hits every scenario alike.
 """
@@ -119,7 +121,7 @@ def measure(target, cfg: FlatLatencyConfig, lens: list[int], bar: tqdm) -> dict:
     target.submit([cfg.long_len, *shorts], cfg.output_len)  # warm-up: every shape below, untimed
     bar.update(1)
     alone: dict[int, list[RequestRecord]] = {n: [] for n in lens}
-    short_alone, short_mixed, long_mixed = [], [], []
+    short_alone, short_mixed, long_mixed, vs_long = [], [], [], []
     for _ in range(cfg.repeats):
         for n in lens:
             alone[n] += target.submit([n], cfg.output_len)
@@ -128,6 +130,9 @@ def measure(target, cfg: FlatLatencyConfig, lens: list[int], bar: tqdm) -> dict:
                                               lanes=["batch"] + ["interactive"] * len(shorts))
         long_mixed.append(long_rec)
         short_mixed += short_recs
+        if long_rec.success:  # in-process: engine step stamps, so 0.0 means "the same step"
+            long_first = long_rec.start + long_rec.ttft
+            vs_long += [(r.start + r.ttft - long_first) * 1000.0 for r in short_recs if r.success]
         bar.update(1)
     everything = [r for recs in alone.values() for r in recs]
     everything += short_alone + short_mixed + long_mixed
@@ -143,6 +148,8 @@ def measure(target, cfg: FlatLatencyConfig, lens: list[int], bar: tqdm) -> dict:
         "short_alone_ttfts": [r.ttft for r in short_alone if r.success],
         "short_mixed_ttfts": [r.ttft for r in short_mixed if r.success],
         "long_mixed_ttfts": [r.ttft for r in long_mixed if r.success],
+        # mixed: each short request's first token, ms after (> 0) or before (< 0) the long one's
+        "short_first_token_vs_long_ms": vs_long,
         "failed": sum(not r.success for r in everything),
         "errors": list(dict.fromkeys(r.error for r in everything if not r.success)),  # distinct
     }

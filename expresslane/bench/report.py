@@ -1,9 +1,12 @@
 """Reports from result JSON files: one self-contained HTML page, or one PNG of charts.
 
-The HTML page holds every table of every result (summary, latency, per class, SLO
-verdict with causes, sweep points) and the charts as base64 PNGs, so it can be mailed
-or attached as it is. ``compare`` adds a table of key metrics side by side, as ratios
-to the first result. Charts always overlay all given results.
+Every result kind the bench writes is reported: serving, sweep, traffic, flat-latency
+and one-batch. The HTML page holds every table of every result (summary, latency, per
+class, SLO verdict with causes, sweep points; the flat-latency and one-batch tables as
+their runs print them) and the charts as base64 PNGs, so it can be mailed or attached
+as it is. The PNG opens with a title and, per result, its configuration, failure count
+and SLO verdict. ``compare`` adds a table of key metrics side by side, as ratios to the
+first result (serving, traffic and sweep points). Charts overlay all given results.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ padding:3px 8px;text-align:right}th{background:#f0f0f0}td:first-child{text-align
 .pass{color:#080;font-weight:bold}.fail{color:#b00;font-weight:bold}
 figure{display:inline-block;margin:0.5em}img{max-width:560px}"""
 
-REPORTED = ("serving", "sweep", "traffic")
+REPORTED = ("serving", "sweep", "traffic", "flat-latency", "one-batch")
+TITLE = "expresslane bench report"
 
 
 def load_labelled(paths: list[str], labels: list[str] | None = None) -> Labelled:
@@ -36,7 +40,7 @@ def load_labelled(paths: list[str], labels: list[str] | None = None) -> Labelled
         names = [f"{i + 1}:{n}" for i, n in enumerate(names)]
     results = [(name, load_result(p)) for name, p in zip(names, paths)]
     for p, (_, r) in zip(paths, results):
-        if r["kind"] not in REPORTED:  # one-batch, flat-latency: their run prints their tables
+        if r["kind"] not in REPORTED:
             raise ValueError(f"{p}: a {r['kind']} result; the report covers "
                              f"{', '.join(REPORTED)} results")
     return results
@@ -55,12 +59,19 @@ def chart_png(chart: charts.Chart, results: Labelled) -> bytes:
 
 
 def grid_png(results: Labelled) -> bytes:
-    """Every applicable chart in one image, two per row."""
+    """A header (title; per result its configuration, failures and verdict), then every
+    applicable chart, two per row."""
     todo = charts.applicable(results)
+    lines = [line for label, r in results for line in tables.run_summary(label, r)]
+    head = 0.6 + 0.22 * len(lines)
     rows = (len(todo) + 1) // 2
-    fig = Figure(figsize=(13, 4.4 * rows), layout="constrained")
+    fig = Figure(figsize=(13, head + 4.4 * rows), layout="constrained")
+    top, body = fig.subfigures(2, 1, height_ratios=[head, 4.4 * max(rows, 1)])
+    top.suptitle(TITLE, fontsize=15, fontweight="bold")
+    top.text(0.01, 0.98 - 0.6 / head, "\n".join(lines), va="top", ha="left", family="monospace",
+             fontsize=9, color="black")
     for i, chart in enumerate(todo):
-        charts.draw(chart, fig.add_subplot(rows, 2, i + 1), results)
+        charts.draw(chart, body.add_subplot(rows, 2, i + 1), results)
     return figure_png(fig)
 
 
@@ -76,13 +87,18 @@ def html_table(table: tables.Table) -> str:
 def result_section(label: str, r: dict) -> str:
     parts = [f"<h3>{html.escape(label)}</h3>",
              f"<p>{html.escape(r['kind'])} against {html.escape(r['endpoint'])}, model "
-             f"{html.escape(str(r['model_id']))}, {html.escape(r['date'])}</p>",
+             f"{html.escape(str(r['model_id']))}, {html.escape(r['date'])}; prompt lengths: "
+             f"{html.escape(str(r.get('prompt_lengths')))}</p>",
+             *[f"<p>notice: {html.escape(n)}</p>" for n in r.get("notices") or []],
              html_table((["summary", ""], [list(row) for row in tables.headline_rows(r)])),
              html_table(tables.latency_table(r)),
              html_table(tables.class_table(r))]
     verdict = "PASS" if r["slo"]["passed"] else "FAIL"
     parts += [f'<p>SLO: <span class="{verdict.lower()}">{verdict}</span></p>',
               html_table(tables.slo_table(r))]
+    if errors := tables.error_lines(r):
+        parts.append("<p>Errors (first distinct messages):</p><pre>"
+                     + html.escape("\n".join(errors)) + "</pre>")
     if r["slo"]["causes"]:
         items = "".join(
             f"<li><b>{html.escape(c['cause'])}</b>: {html.escape(c['evidence'])}<ul>"
@@ -103,15 +119,32 @@ def sweep_section(label: str, s: dict) -> str:
     return "\n".join(parts)
 
 
+def printed_section(label: str, r: dict) -> str:
+    """flat-latency and one-batch: the tables their run prints."""
+    if r["kind"] == "flat-latency":
+        from expresslane.bench.flat_latency import format_flat_latency as show
+    else:
+        from expresslane.bench.one_batch import format_one_batch as show
+    return f"<h3>{html.escape(label)}</h3><pre>{html.escape(show(r))}</pre>"
+
+
+def section(label: str, r: dict) -> str:
+    if r["kind"] == "sweep":
+        return sweep_section(label, r)
+    if r["kind"] in ("flat-latency", "one-batch"):
+        return printed_section(label, r)
+    return result_section(label, r)
+
+
 def html_page(results: Labelled, compare: bool = False) -> str:
-    body = ["<h1>expresslane bench report</h1>"]
-    if compare and len(results) > 1:
-        pts = charts.points(results)
+    summary = "\n".join(line for label, r in results for line in tables.run_summary(label, r))
+    body = [f"<h1>{TITLE}</h1>", f"<pre>{html.escape(summary)}</pre>"]
+    pts = charts.points(results)
+    if compare and len(pts) > 1:
         body += ["<h2>Comparison</h2>",
                  html_table(tables.compare_table([r for _, r in pts], [lb for lb, _ in pts]))]
     body.append("<h2>Results</h2>")
-    body += [sweep_section(lb, r) if r["kind"] == "sweep" else result_section(lb, r)
-             for lb, r in results]
+    body += [section(lb, r) for lb, r in results]
     body.append("<h2>Charts</h2>")
     for chart in charts.applicable(results):
         data = base64.b64encode(chart_png(chart, results)).decode("ascii")

@@ -109,6 +109,50 @@ def compare_table(results: list[dict], labels: list[str]) -> Table:
     return header, rows
 
 
+def verdict_text(r: dict) -> str:
+    """PASS, or FAIL with the targets missed."""
+    if r["slo"]["passed"]:
+        return "SLO PASS"
+    missed = [f"{i['metric']} {fmt(i['value'])} (target {i['op']} {i['target']:g})"
+              for i in r["slo"]["items"] if i["passed"] is False]
+    return "SLO FAIL: " + ", ".join(missed)
+
+
+def run_summary(label: str, r: dict) -> list[str]:
+    """A result in a few lines: what ran, against what, how many failed, the verdict."""
+    kind = r["kind"]
+    if kind == "sweep":
+        pts = r["results"]
+        first = run_summary(label, pts[0])[0].split(": ", 1)[1] if pts else ""
+        sat = (f"past saturation at {r['variable']}={r['saturated_at']:g} ({r['saturation_reason']})"
+               if r["saturated_at"] is not None else "not saturated")
+        verdicts = ", ".join(f"{v:g}: {'PASS' if p['slo']['passed'] else 'FAIL'}"
+                             for v, p in zip(r["values"], pts))
+        return [f"{label}: sweep of {r['variable']} over {', '.join(f'{v:g}' for v in r['values'])}; {sat}",
+                f"    {first}",
+                f"    {sum(p['failed'] for p in pts)} of {sum(p['failed'] + p['completed'] for p in pts)} "
+                f"requests failed; SLO per point: {verdicts}"]
+    if kind == "flat-latency":
+        where = r.get("base_url") or f"in-process {r['device']} {r['dtype']}"
+        flat = ", ".join(f"{row['mode']} {fmt(row['flatness'])}x" for row in r["rows"])
+        failed = sum(row["failed"] for row in r["rows"])
+        return [f"{label}: flat-latency, model {r['model_id']} ({where}); {r['num_short']} x "
+                f"{r['short_len']}-token prompts with one of {r['long_len']}, {r['output_len']} "
+                f"output tokens, median of {r['repeats']}",
+                f"    {failed} requests failed; flatness (short TTFT mixed / alone): {flat}"]
+    if kind == "one-batch":
+        return [f"{label}: one-batch, model {r['model_id']} ({r['device']}, {r['dtype']}); batch "
+                f"{r['batch_size']} x input {r['input_len']} x output {r['output_len']}",
+                f"    prefill {fmt(r['prefill_latency_ms'])} ms, median decode step "
+                f"{fmt(r['median_decode_step_ms'])} ms, {fmt(r['decode_throughput'])} tokens/s"]
+    load = (f"{r['num_users']} users, think {fmt(r['think_time'])} s" if kind == "traffic" else
+            f"dataset {r['dataset']}, {r['num_prompts']} prompts, rate {r['request_rate']} req/s, "
+            f"concurrency {fmt(r['max_concurrency'])}")
+    total = r["completed"] + r["failed"]
+    return [f"{label}: {kind}, model {r['model_id']} at {r['endpoint']}; {load}",
+            f"    {r['failed']} of {total} requests failed; {verdict_text(r)}"]
+
+
 def text_table(table: Table) -> str:
     header, rows = table
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]

@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 
+from expresslane import __version__
 from expresslane.batch.cli import add_batch_parser
 from expresslane.bench.cli import add_bench_parser
 from expresslane.config import add_cli_args, engine_kwargs_from_args
@@ -42,10 +43,33 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Help that ends each option with its default, unless it has none worth saying (None,
+    False, suppressed) or the help already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (default is None or default is False or default is argparse.SUPPRESS or default == []
+                or "default" in text or not (action.option_strings or action.nargs == "?")):
+            return text
+        shown = ",".join(map(str, default)) if isinstance(default, (list, tuple)) else "%(default)s"
+        return f"{text} (default: {shown})" if text else f"(default: {shown})"
+
+
+class Parser(argparse.ArgumentParser):
+    """Every (sub)command's parser shows defaults in its help."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="expresslane", description=__doc__)
+    parser = Parser(prog="expresslane", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("--log-level", default="WARNING", help="logging level (DEBUG, INFO, WARNING, ...)")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     p = sub.add_parser("make-model", help="write a model directory with random weights at a real architecture's shapes")
     p.add_argument("preset", help="tiny, qwen2.5-0.5b, llama-3.2-1b, llama-3-8b, qwen2.5-7b or mistral-7b")

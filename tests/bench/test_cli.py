@@ -25,13 +25,32 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-@pytest.mark.parametrize("argv", [["serving", "--base-url", "http://x"],
-                                  ["traffic", "--base-url", "http://x"],
-                                  ["report", "r.json", "--output", "o.html"],
-                                  ["one-batch", "--batch-size", "2"],
-                                  ["flat-latency", "--base-url", "http://x"]])
-def test_subcommands_set_a_handler(argv):
-    assert callable(parser().parse_args(["bench", *argv]).func)
+def test_version_and_help_with_defaults(capsys):
+    from expresslane import __version__
+    from expresslane.cli.main import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out.strip() == f"expresslane {__version__}"
+    for argv in (["bench", "serving"], ["bench", "flat-latency"], ["serve"]):
+        with pytest.raises(SystemExit):
+            main([*argv, "--help"])
+        text = " ".join(capsys.readouterr().out.split())  # unwrapped
+        if argv[-1] == "serving":
+            assert "(default: 1024)" in text and "(default: random)" in text
+            from expresslane.bench.slo import DEFAULT_SLO  # wrapped anywhere: compare without spaces
+            assert f"(default:{DEFAULT_SLO})" in text.replace(" ", "")
+        elif argv[-1] == "flat-latency":
+            assert "(default: 8,64,512,1536)" in text and "(default: 1536)" in text
+        else:
+            assert "(default: 127.0.0.1)" in text and "(default: 30.0)" in text
+
+
+def test_subcommands_share_the_client_flags():
+    for sub in ("serving", "traffic", "flat-latency"):
+        args = parser().parse_args(["bench", sub, "--base-url", "http://x", "--api-key", "k",
+                                    "--header", "A:b", "--extra-body", "{}", "--top-p", "0.5"])
+        assert (args.api_key, args.header, args.extra_body, args.top_p) == ("k", ["A:b"], "{}", 0.5)
 
 
 def test_one_sweep_at_a_time(capsys):
