@@ -218,6 +218,8 @@ async def read_stream(resp: aiohttp.ClientResponse, ep: Endpoint, rec: RequestRe
         if usage:
             usage_out = usage.get("completion_tokens", usage_out)
             rec.input_len = usage.get("prompt_tokens") or rec.input_len
+            cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+            rec.cached_tokens = cached if isinstance(cached, int) else rec.cached_tokens
         for choice in data.get("choices") or []:
             piece = chunk_text(ep, choice)
             # A finish with no text before it still reports generated tokens (ones that

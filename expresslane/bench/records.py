@@ -26,6 +26,7 @@ class RequestRecord:
     error: str = ""  # "Kind: detail"; empty on success
     length_class: str = "short"  # "short" | "long"
     lane: str | None = None
+    cached_tokens: int | None = None  # prompt tokens the server found in its prefix cache
     text: str = ""  # the generated text (HTTP runs; not written to the result)
     output_count: str = "exact"  # how output_len was counted: exact | usage | tokenizer | chunks
 
@@ -42,7 +43,8 @@ class RequestRecord:
 
 
 def per_request_lists(records: list[RequestRecord], t0: float) -> dict:
-    """Per-request columns, aligned by index, in vLLM's keys and units (seconds).
+    """Per-request columns, aligned by index, in vLLM's keys and units (seconds);
+    ``start_times`` count from the run's start (vLLM writes raw perf_counter readings).
 
     Failed requests stay in every list (zeros and a non-empty ``errors`` entry), so
     indices line up and nothing is silently dropped.
@@ -57,6 +59,8 @@ def per_request_lists(records: list[RequestRecord], t0: float) -> dict:
         "classes": [r.length_class for r in records],
         "lanes": [r.lane for r in records],
         "errors": [r.error for r in records],
+        # ours: usage.prompt_tokens_details.cached_tokens where the server reports it
+        "cached_tokens": [r.cached_tokens for r in records],
     }
 
 
