@@ -8,6 +8,8 @@
 #   lanes:   issue #6's scenario (16 short requests arriving while an 8k prompt and 32
 #            batch requests run) under static, continuous-fcfs and continuous-lanes, 8B
 #            shape, with the long prompt interactive and then in the batch lane
+#   metrics: the server's NVML gauges (utilisation, memory, power) idle, then under 32 streaming
+#            clients (llama-3-8b shape; needs the server wheels and nvidia-ml-py in .whl/)
 #   quick = small;  full = small 8b 7b.  The GPU tests run once, first, whatever the sections.
 # Results: JSON lines in ${OUT:-out}/gpu-results.jsonl, logs beside them.
 set -uo pipefail
@@ -69,6 +71,10 @@ for section in $SECTIONS; do
         echo "== lanes scenario (llama-3-8b, long prompt in the $lane lane)"
         run python3 benchmarks/lanes_scenario.py --model "$MODELS/llama-3-8b" --dtype bfloat16 --long-lane $lane
       done ;;
+    metrics)
+      model llama-3-8b
+      echo "== GPU metrics idle vs under load (llama-3-8b)"
+      run python3 benchmarks/gpu_metrics.py --model "$MODELS/llama-3-8b" --dtype bfloat16 ;;
     *) echo "unknown section: $section" >&2; status=1 ;;
   esac
 done

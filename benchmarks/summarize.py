@@ -30,6 +30,12 @@ def fmt(r: dict) -> str:
     if b == "ttft_profile":
         return (f"TTFT profile 128     {r['ttft_ms']:.2f} ms: host {r['host_before_first_kernel_ms']:.2f} + GPU span "
                 f"{r['gpu_span_ms']:.2f} (busy {r['gpu_busy_ms']:.2f}) + host {r['host_after_last_kernel_ms']:.2f}")
+    if b == "gpu_metrics" and r["load_gpu_utilization_perc"] is not None:
+        power = "" if r["idle_gpu_power_watts"] is None else \
+            f", power {r['idle_gpu_power_watts']:.0f} -> {r['load_gpu_power_watts']:.0f} W"
+        return (f"GPU metrics idle -> {r['clients']} clients: utilisation {100 * r['idle_gpu_utilization_perc']:.0f}% -> "
+                f"{100 * r['load_gpu_utilization_perc']:.0f}%, memory {r['idle_gpu_memory_used_bytes'] / 2**30:.1f} -> "
+                f"{r['load_gpu_memory_used_bytes'] / 2**30:.1f} GiB{power}")
     return json.dumps(r)
 
 
