@@ -29,6 +29,9 @@ class ModelConfig:
                        ("auto", "float32", "float16", "bfloat16"))
     max_model_len: int | None = _knob(None, "longest prompt + output in tokens (default: the model's limit)")
     seed: int = _knob(0, "seed of the random sampler for requests without their own seed")
+    quantization: str | None = _knob(None, "weight quantization: default the checkpoint's quantization_config; "
+                                     "fp8 also quantizes an unquantized checkpoint at load (W8A8)",
+                                     (None, "fp8", "awq", "gptq", "compressed-tensors"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +111,7 @@ class EngineConfig:
             for f in dataclasses.fields(section):
                 choices = f.metadata.get("choices")
                 if choices and getattr(section, f.name) not in choices:
-                    raise ValueError(f"{f.name} must be one of {', '.join(choices)}, got {getattr(section, f.name)!r}")
+                    raise ValueError(f"{f.name} must be one of {', '.join(map(str, choices))}, got {getattr(section, f.name)!r}")
 
     def replace(self, **kwargs: Any) -> "EngineConfig":
         """A copy with some flat fields changed (used when resolving discovered values)."""

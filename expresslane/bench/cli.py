@@ -191,7 +191,7 @@ def add_one_batch_parser(sub) -> None:
                    help="GPU memory bandwidth in B/s for the floor (default 4.27e12: one H200, "
                         "DESIGN §8)")
     p.add_argument("--output", help="write the result JSON here")
-    add_cli_args(p, skip=("model", "batching", "max_batch_size", "scheduling_policy"))
+    add_cli_args(p, skip=("model", "batching", "max_batch_size", "scheduling_policy", "quantization"))
     p.set_defaults(func=one_batch_command)
 
 
@@ -317,7 +317,8 @@ def one_batch_command(args: argparse.Namespace) -> int:
         result = run_one_batch(OneBatchConfig(
             model=args.model, batch_size=args.batch_size, input_len=args.input_len,
             output_len=args.output_len, quantization=args.quantization,
-            peak_bandwidth=args.peak_bandwidth, engine_args=engine_flags(args)))
+            peak_bandwidth=args.peak_bandwidth,
+            engine_args={k: v for k, v in engine_flags(args).items() if k != "quantization"}))
     except (ValueError, RuntimeError, FileNotFoundError) as e:
         return fail(str(e))
     print(format_one_batch(result))

@@ -16,8 +16,9 @@ from expresslane.server.cli import add_serve_parser
 def _make_model(args: argparse.Namespace) -> int:
     from expresslane.models.presets import make_model
 
-    path = make_model(args.preset, args.dir, seed=args.seed, device=args.device)
-    print(f"wrote {args.preset} (seed {args.seed}) to {path}")
+    path = make_model(args.preset, args.dir, seed=args.seed, device=args.device, quantization=args.quantization)
+    quant = f", {args.quantization}" if args.quantization else ""
+    print(f"wrote {args.preset} (seed {args.seed}{quant}) to {path}")
     return 0
 
 
@@ -76,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dir", help="output directory")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu", help="where to generate the weights (cuda is much faster)")
+    p.add_argument("--quantization", choices=("fp8", "awq", "gptq"), default=None,
+                   help="write the decoder layers' weights quantized: fp8 (compressed-tensors, per-channel "
+                        "e4m3), awq or gptq (4-bit, group size 128)")
     p.set_defaults(func=_make_model)
 
     p = sub.add_parser("generate", help="complete one prompt offline")

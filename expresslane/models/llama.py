@@ -15,10 +15,20 @@ from expresslane.attention.backend import AttentionBackend, AttentionMetadata
 from expresslane.layers.activation import silu_and_mul
 from expresslane.layers.norm import RMSNorm
 from expresslane.layers.rotary import RotaryEmbedding, rope_parameters
+from expresslane.quant import QuantConfig, QuantLinear
+
+
+def _linear(in_features: int, shard_sizes: list[int], bias: bool, quant: QuantConfig | None,
+            hf_modules: list[str]) -> nn.Module:
+    """A (merged) projection: quantized when the model is and the checkpoint does not skip it."""
+    if quant is not None and quant.quantizes(hf_modules):
+        return QuantLinear(in_features, shard_sizes, bias, quant.method)
+    return nn.Linear(in_features, sum(shard_sizes), bias=bias)
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg, backend: AttentionBackend, qkv_bias: bool, qk_norm: bool):
+    def __init__(self, cfg, backend: AttentionBackend, qkv_bias: bool, qk_norm: bool, quant: QuantConfig | None,
+                 prefix: str):
         super().__init__()
         self.num_heads = cfg.num_attention_heads
         self.num_kv_heads = cfg.num_key_value_heads or cfg.num_attention_heads
@@ -27,8 +37,9 @@ class Attention(nn.Module):
         self.kv_size = self.num_kv_heads * self.head_dim
         self.scale = self.head_dim ** -0.5
         o_bias = bool(getattr(cfg, "attention_bias", False))
-        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=qkv_bias or o_bias)
-        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=o_bias)
+        self.qkv_proj = _linear(cfg.hidden_size, [self.q_size, self.kv_size, self.kv_size], qkv_bias or o_bias, quant,
+                                [f"{prefix}.{p}_proj" for p in "qkv"])
+        self.o_proj = _linear(self.q_size, [cfg.hidden_size], o_bias, quant, [f"{prefix}.o_proj"])
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if qk_norm else None
         theta, scaling = rope_parameters(cfg)
@@ -49,21 +60,23 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg):
+    def __init__(self, cfg, quant: QuantConfig | None, prefix: str):
         super().__init__()
         bias = bool(getattr(cfg, "mlp_bias", False))
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=bias)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=bias)
+        inter = cfg.intermediate_size
+        self.gate_up_proj = _linear(cfg.hidden_size, [inter, inter], bias, quant,
+                                    [f"{prefix}.gate_proj", f"{prefix}.up_proj"])
+        self.down_proj = _linear(inter, [cfg.hidden_size], bias, quant, [f"{prefix}.down_proj"])
 
     def forward(self, x):
         return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg, backend, qkv_bias: bool, qk_norm: bool):
+    def __init__(self, cfg, backend, qkv_bias: bool, qk_norm: bool, quant: QuantConfig | None, prefix: str):
         super().__init__()
-        self.self_attn = Attention(cfg, backend, qkv_bias, qk_norm)
-        self.mlp = MLP(cfg)
+        self.self_attn = Attention(cfg, backend, qkv_bias, qk_norm, quant, f"{prefix}.self_attn")
+        self.mlp = MLP(cfg, quant, f"{prefix}.mlp")
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -81,13 +94,14 @@ class LlamaForCausalLM(nn.Module):
     qkv_bias = False
     qk_norm = False
 
-    def __init__(self, cfg, backend: AttentionBackend):
+    def __init__(self, cfg, backend: AttentionBackend, quant: QuantConfig | None = None):
         super().__init__()
         self.config = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         qkv_bias = self.qkv_bias or bool(getattr(cfg, "attention_bias", False))
         self.layers = nn.ModuleList(
-            DecoderLayer(cfg, backend, qkv_bias, self.qk_norm) for _ in range(cfg.num_hidden_layers))
+            DecoderLayer(cfg, backend, qkv_bias, self.qk_norm, quant, f"model.layers.{i}")
+            for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.tie_word_embeddings = bool(getattr(cfg, "tie_word_embeddings", False))
         self.lm_head = None if self.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
@@ -115,11 +129,16 @@ class LlamaForCausalLM(nn.Module):
     def load_weights(self, weights) -> None:
         """`weights`: iterable of (Hugging Face name, tensor). Every parameter must be set."""
         params = dict(self.named_parameters())
+        quantized = {n: m for n, m in self.named_modules() if isinstance(m, QuantLinear)}
         loaded: set[str] = set()
         for hf_name, tensor in weights:
             if "rotary_emb.inv_freq" in hf_name or (self.tie_word_embeddings and hf_name == "lm_head.weight"):
                 continue
             name, shard = self._map_name(hf_name)
+            module, _, part = name.rpartition(".")
+            if module in quantized and part != "bias":  # the method builds its own weights
+                quantized[module].load_part({None: 0, "q": 0, "k": 1, "v": 2}.get(shard, shard), part, tensor)
+                continue
             if name not in params:
                 raise ValueError(f"checkpoint tensor {hf_name!r} matches no parameter of {type(self).__name__}")
             _copy_shard(params[name], tensor, shard, self)
@@ -128,7 +147,7 @@ class LlamaForCausalLM(nn.Module):
                                                           "gate_up_proj.bias"))}
         expected |= {f"{n}#{s}" for n in params if "qkv_proj" in n for s in "qkv"}
         expected |= {f"{n}#{s}" for n in params if "gate_up_proj" in n for s in (0, 1)}
-        missing = sorted(expected - loaded)
+        missing = sorted(expected - loaded) + sorted(f"{n}{p}" for n, m in quantized.items() for p in m.missing())
         if missing:
             raise ValueError(f"checkpoint is missing {len(missing)} tensors, e.g. {missing[:3]}")
 

@@ -6,7 +6,8 @@ the real loading path without downloads. Weights are generated one tensor at a t
 each from its own generator seeded by (seed, parameter name), and streamed straight
 into the safetensors file: an 8B model never sits in memory, let alone twice. The
 same (preset, seed, device type) always gives identical bytes; CPU and CUDA random
-streams differ.
+streams differ. With ``quantization`` (fp8, awq, gptq) the decoder layers' projections
+are written in that checkpoint format, quantized from the same float weights.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from expresslane.models.tokenizer_builder import EOS, IM_END, save_tokenizer, special_token_ids
+from expresslane.quant import checkpoint
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +35,8 @@ FORMAT_VERSION = 1
 MARKER_FILE = "expresslane-make-model.json"
 MAX_SHARD_BYTES = 5 * 10**9  # transformers' default max_shard_size="5GB"
 _DTYPES = {"float32": (torch.float32, "F32"), "bfloat16": (torch.bfloat16, "BF16"), "float16": (torch.float16, "F16")}
+_ST_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.float8_e4m3fn: "F8_E4M3",
+              torch.int32: "I32"}
 
 
 def _config(arch: str, *, hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int, vocab: int,
@@ -123,22 +127,42 @@ def param_specs(config: dict) -> list[ParamSpec]:
 
 
 def _generate(spec: ParamSpec, seed: int, dtype: torch.dtype, device: str) -> torch.Tensor:
-    """One tensor on the CPU, a pure function of (seed, name) and the device's RNG."""
+    """One tensor on `device`, a pure function of (seed, name) and the device's RNG."""
     if spec.init == "ones":
         return torch.ones(spec.shape, dtype=dtype)
     digest = hashlib.sha256(f"{seed}:{spec.name}".encode()).digest()
     gen = torch.Generator(device=device)
     gen.manual_seed(int.from_bytes(digest[:8], "little") >> 1)  # manual_seed wants < 2**63
     std = 0.02 if spec.init == "normal" else 0.01
-    return torch.empty(spec.shape, dtype=dtype, device=device).normal_(0.0, std, generator=gen).cpu()
+    return torch.empty(spec.shape, dtype=dtype, device=device).normal_(0.0, std, generator=gen)
 
 
-def _plan_shards(specs: list[ParamSpec], itemsize: int) -> list[list[ParamSpec]]:
+def _entries(spec: ParamSpec, dtype: torch.dtype, quantization: str | None) -> list[tuple[str, torch.dtype, tuple]]:
+    """The checkpoint tensors (name, dtype, shape) that one parameter becomes."""
+    if quantization is None or not checkpoint.is_quantized(spec.name):
+        return [(spec.name, dtype, spec.shape)]
+    prefix = spec.name.removesuffix("weight")
+    return [(prefix + suffix, dt, shape) for suffix, dt, shape in checkpoint.plan(quantization, spec.shape, dtype)]
+
+
+def _tensors(spec: ParamSpec, seed: int, dtype: torch.dtype, device: str, quantization: str | None):
+    """The tensors of `_entries`, in order, on the CPU (quantized on `device` from the same float weights)."""
+    w = _generate(spec, seed, dtype, device)
+    if quantization is None or not checkpoint.is_quantized(spec.name):
+        return [w.cpu()]
+    return list(checkpoint.tensors(quantization, w).values())
+
+
+def _nbytes(entries) -> int:
+    return sum(dt.itemsize * math.prod(shape) for _, dt, shape in entries)
+
+
+def _plan_shards(specs: list[ParamSpec], entries: dict[str, list]) -> list[list[ParamSpec]]:
     """Greedy split in checkpoint order into shards of at most MAX_SHARD_BYTES (one huge tensor may exceed it)."""
     shards: list[list[ParamSpec]] = [[]]
     size = 0
     for spec in specs:
-        nbytes = itemsize * math.prod(spec.shape)
+        nbytes = _nbytes(entries[spec.name])
         if shards[-1] and size + nbytes > MAX_SHARD_BYTES:
             shards.append([])
             size = 0
@@ -147,36 +171,42 @@ def _plan_shards(specs: list[ParamSpec], itemsize: int) -> list[list[ParamSpec]]
     return shards
 
 
-def _write_safetensors(path: pathlib.Path, specs: list[ParamSpec], seed: int, dtype_name: str, device: str) -> None:
+def _write_safetensors(path: pathlib.Path, specs: list[ParamSpec], entries: dict[str, list], seed: int,
+                       dtype: torch.dtype, device: str, quantization: str | None) -> None:
     """Stream tensors into one safetensors file: header first (sizes are known), then data."""
-    dtype, st_dtype = _DTYPES[dtype_name]
     header, offset = {"__metadata__": {"format": "pt"}}, 0
     for spec in specs:
-        nbytes = dtype.itemsize * math.prod(spec.shape)
-        header[spec.name] = {"dtype": st_dtype, "shape": list(spec.shape), "data_offsets": [offset, offset + nbytes]}
-        offset += nbytes
+        for name, dt, shape in entries[spec.name]:
+            nbytes = dt.itemsize * math.prod(shape)
+            header[name] = {"dtype": _ST_DTYPES[dt], "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+            offset += nbytes
     header_bytes = json.dumps(header, separators=(",", ":")).encode()
     header_bytes += b" " * (-len(header_bytes) % 8)  # data must start 8-byte aligned
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(header_bytes)) + header_bytes)
         for spec in specs:
-            f.write(_generate(spec, seed, dtype, device).view(torch.uint8).numpy().data)
+            for (name, dt, shape), t in zip(entries[spec.name], _tensors(spec, seed, dtype, device, quantization),
+                                            strict=True):
+                if t.dtype != dt or tuple(t.shape) != tuple(shape):
+                    raise RuntimeError(f"{name}: made {t.dtype} {tuple(t.shape)}, planned {dt} {tuple(shape)}")
+                f.write(t.contiguous().view(torch.uint8).numpy().data)
 
 
-def _write_weights(out_dir: pathlib.Path, config: dict, seed: int, device: str) -> None:
-    dtype_name = config["torch_dtype"]
+def _write_weights(out_dir: pathlib.Path, config: dict, seed: int, device: str, quantization: str | None) -> None:
+    dtype = _DTYPES[config["torch_dtype"]][0]
     specs = param_specs(config)
-    shards = _plan_shards(specs, _DTYPES[dtype_name][0].itemsize)
+    entries = {spec.name: _entries(spec, dtype, quantization) for spec in specs}
+    shards = _plan_shards(specs, entries)
     if len(shards) == 1:
-        _write_safetensors(out_dir / "model.safetensors", specs, seed, dtype_name, device)
+        _write_safetensors(out_dir / "model.safetensors", specs, entries, seed, dtype, device, quantization)
         return
     weight_map = {}
     for i, shard in enumerate(shards, 1):
         name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
         logger.info("writing %s (%d tensors)", name, len(shard))
-        _write_safetensors(out_dir / name, shard, seed, dtype_name, device)
-        weight_map |= {spec.name: name for spec in shard}
-    total = sum(_DTYPES[dtype_name][0].itemsize * math.prod(s.shape) for s in specs)
+        _write_safetensors(out_dir / name, shard, entries, seed, dtype, device, quantization)
+        weight_map |= {entry[0]: name for spec in shard for entry in entries[spec.name]}
+    total = sum(_nbytes(e) for e in entries.values())
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
 
@@ -185,8 +215,10 @@ def _write_json(path: pathlib.Path, obj: dict) -> None:
     path.write_text(json.dumps(obj, indent=2) + "\n")
 
 
-def _build(out_dir: pathlib.Path, preset: str, seed: int, device: str) -> None:
+def _build(out_dir: pathlib.Path, preset: str, seed: int, device: str, quantization: str | None) -> None:
     config = PRESETS[preset]
+    if quantization is not None:
+        config = {**config, "quantization_config": checkpoint.quantization_config(quantization)}
     specials = special_token_ids(config["vocab_size"])
     _write_json(out_dir / "config.json", config)
     _write_json(out_dir / "generation_config.json", {
@@ -194,48 +226,52 @@ def _build(out_dir: pathlib.Path, preset: str, seed: int, device: str) -> None:
         "eos_token_id": [specials[EOS], specials[IM_END]],  # end of text, and end of a chat turn
     })
     save_tokenizer(config["vocab_size"], out_dir, config["max_position_embeddings"])
-    _write_weights(out_dir, config, seed, device)
+    _write_weights(out_dir, config, seed, device, quantization)
     # Written last: its presence means the directory is complete.
-    _write_json(out_dir / MARKER_FILE, _marker(preset, seed))
+    _write_json(out_dir / MARKER_FILE, _marker(preset, seed, quantization))
 
 
-def _marker(preset: str, seed: int) -> dict:
-    return {"preset": preset, "seed": seed, "format_version": FORMAT_VERSION}
+def _marker(preset: str, seed: int, quantization: str | None = None) -> dict:
+    marker = {"preset": preset, "seed": seed, "format_version": FORMAT_VERSION}
+    return marker if quantization is None else {**marker, "quantization": quantization}
 
 
-def _existing(out_dir: pathlib.Path, preset: str, seed: int) -> bool:
+def _existing(out_dir: pathlib.Path, preset: str, seed: int, quantization: str | None = None) -> bool:
     """True if out_dir already holds this model; False if absent or empty; raises if it holds anything else."""
     if not out_dir.exists() or (out_dir.is_dir() and not any(out_dir.iterdir())):
         return False
     marker = out_dir / MARKER_FILE
     found = json.loads(marker.read_text()) if marker.is_file() else None
-    if found == _marker(preset, seed):
+    if found == _marker(preset, seed, quantization):
         return True
     raise FileExistsError(f"{out_dir} is not empty and holds {found or 'something not made by make-model'}, "
-                          f"not {_marker(preset, seed)}; remove it or choose another directory")
+                          f"not {_marker(preset, seed, quantization)}; remove it or choose another directory")
 
 
-def make_model(preset: str, out_dir: str | os.PathLike, seed: int = 0, device: str = "cpu") -> pathlib.Path:
+def make_model(preset: str, out_dir: str | os.PathLike, seed: int = 0, device: str = "cpu",
+               quantization: str | None = None) -> pathlib.Path:
     """Write a random-weight model directory for ``preset`` and return its path.
 
-    Idempotent: a directory already made with the same preset and seed is returned as is.
+    Idempotent: a directory already made with the same preset, seed and quantization is returned as is.
     Built in a temporary sibling directory and renamed into place, so a crash leaves no
     half-written model and concurrent builders of the same directory both succeed.
     """
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose one of: {', '.join(PRESETS)}")
     out_dir = pathlib.Path(out_dir).expanduser().absolute()
-    if _existing(out_dir, preset, seed):
+    if quantization is not None and quantization not in checkpoint.FORMATS:
+        raise ValueError(f"unknown quantization {quantization!r}; choose one of: {', '.join(checkpoint.FORMATS)}")
+    if _existing(out_dir, preset, seed, quantization):
         return out_dir
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_dir.parent / f".{out_dir.name}.tmp-{uuid.uuid4().hex}"
     tmp.mkdir()  # not tempfile.mkdtemp: its mode 0700 would survive the rename
     try:
-        _build(tmp, preset, seed, device)
+        _build(tmp, preset, seed, device, quantization)
         try:
             os.rename(tmp, out_dir)  # atomic; replaces out_dir only if it is an empty directory
         except OSError:
-            if not _existing(out_dir, preset, seed):  # fine if a concurrent builder got there first
+            if not _existing(out_dir, preset, seed, quantization):  # fine if a concurrent builder got there first
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

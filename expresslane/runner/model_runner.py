@@ -20,6 +20,7 @@ from expresslane.device import stage, to_device
 from expresslane.engine.contract import NewRequest, ScheduledSeq, StepPlan
 from expresslane.models.loader import iter_weights
 from expresslane.models.registry import model_class
+from expresslane.quant import resolve_quantization
 from expresslane.runner.cuda_graphs import DecodeGraphs, MixedGraphs, Patch
 from expresslane.runner.input_batch import InputBatch, StepInputs
 from expresslane.runner.sampler import Sampler, SamplingBatch
@@ -65,16 +66,18 @@ class ModelRunner:
         kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
         head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
         self.attn_backend = get_backend(config.device.attention_backend, heads, kv_heads, head_dim, self.device)
+        self.quant = resolve_quantization(hf_config, config.model.quantization)
         with torch.device(self.device):
             prev = torch.get_default_dtype()
             torch.set_default_dtype(self.dtype)
             try:
-                self.model = model_class(hf_config)(hf_config, self.attn_backend)
+                self.model = model_class(hf_config)(hf_config, self.attn_backend, self.quant)
             finally:
                 torch.set_default_dtype(prev)
         self.model.load_weights(iter_weights(model_dir, self.device))
         self.model.eval()
-        log.info("loaded %s in %.1fs on %s (%s)", model_dir, time.monotonic() - t0, self.device, self.dtype)
+        log.info("loaded %s in %.1fs on %s (%s%s)", model_dir, time.monotonic() - t0, self.device, self.dtype,
+                 f", {self.quant.name} weights" if self.quant else "")
         self.sampler = Sampler(self.device, config.model.seed)
         self._generators: dict[str, torch.Generator] = {}
         s = config.scheduler

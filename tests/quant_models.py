@@ -1,0 +1,72 @@
+"""Quantized copies of the tests' tiny models, in each checkpoint format, and the float32
+references they stand for. Nothing is downloaded."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from expresslane.quant import checkpoint
+from expresslane.quant.fp8 import quantize_per_row
+from expresslane.quant.int4 import gptq_tensors
+
+GROUP = 32  # the tiny models have 64 or 128 inputs per layer
+
+
+def quantize_dir(src: Path, dst: Path, fmt: str, *, desc_act: bool = False) -> Path:
+    """`src` (an unquantized HF directory) with its decoder projections in format `fmt`:
+    fp8 (compressed-tensors, per channel), fp8-tensor (HF "fp8", per-tensor scales),
+    fp8-block (HF "fp8", 16 x 16 blocks), awq, gptq (desc_act: a random input order)."""
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.suffix != ".safetensors" and f.is_file():
+            shutil.copy(f, dst / f.name)
+    tensors = {}
+    gen = torch.Generator().manual_seed(0)
+    perms: dict[str, torch.Tensor] = {}
+    for f in sorted(src.glob("*.safetensors")):
+        for name, t in load_file(f).items():
+            if not checkpoint.is_quantized(name):
+                tensors[name] = t
+                continue
+            prefix = name.removesuffix("weight")
+            if fmt == "fp8-tensor":
+                scale = t.float().abs().max() / 448.0
+                parts = {"weight": (t.float() / scale).clamp(-448, 448).to(torch.float8_e4m3fn),
+                         "weight_scale": scale.reshape(()), "input_scale": torch.tensor(1.0)}
+            elif fmt == "fp8-block":
+                n, k = t.shape
+                blocks = t.float().reshape(n // 16, 16, k // 16, 16)
+                scale = blocks.abs().amax((1, 3)) / 448.0
+                q = (blocks / scale[:, None, :, None]).clamp(-448, 448).to(torch.float8_e4m3fn)
+                parts = {"weight": q.reshape(n, k), "weight_scale_inv": scale}
+            elif fmt == "gptq" and desc_act:  # projections of the same input share GPTQ's input order
+                kind = {"k_proj": "q_proj", "v_proj": "q_proj", "up_proj": "gate_proj"}.get(name.split(".")[-2])
+                key = name.rsplit(".", 2)[0] + "." + (kind or name.split(".")[-2])
+                perm = perms.setdefault(key, torch.randperm(t.shape[1], generator=gen))
+                parts = gptq_tensors(t, GROUP, perm=perm)
+            else:
+                parts = checkpoint.tensors(fmt, t, GROUP)
+            tensors |= {prefix + suffix: v.contiguous() for suffix, v in parts.items()}
+    save_file(tensors, str(dst / "model.safetensors"))
+    config = json.loads((src / "config.json").read_text())
+    if fmt == "fp8-tensor":
+        qc = {"quant_method": "fp8", "activation_scheme": "static"}
+    elif fmt == "fp8-block":
+        qc = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [16, 16]}
+    else:
+        qc = checkpoint.quantization_config(fmt, GROUP)
+        if desc_act:
+            qc["desc_act"] = True
+    (dst / "config.json").write_text(json.dumps({**config, "quantization_config": qc}, indent=2))
+    return dst
+
+
+def fake_quant_rows(x: torch.Tensor) -> torch.Tensor:
+    """Per-token e4m3 quantize-dequantize, in float32 (W8A8's activations)."""
+    q, s = quantize_per_row(x.reshape(-1, x.shape[-1]))
+    return (q.float() * s[:, None]).view(x.shape)

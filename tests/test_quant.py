@@ -1,0 +1,220 @@
+"""Quantized checkpoints (FP8, AWQ, GPTQ): the loaders against float32 references computed
+here from the raw checkpoint tensors (bit layouts written out independently of
+expresslane.quant), and the engine's greedy tokens against transformers running the
+dequantized weights."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from expresslane import LLM, SamplingParams
+from expresslane.quant import QuantLinear
+from expresslane.quant.int4 import pack_cols, pack_rows
+from models import _hf_model
+from quant_models import GROUP, fake_quant_rows, quantize_dir
+
+FORMATS = ["fp8", "fp8-tensor", "fp8-block", "awq", "gptq", "gptq-desc"]
+AWQ_SLOT = [0, 4, 1, 5, 2, 6, 3, 7]  # nibble holding column j of each 8 (AutoAWQ's pack order 0,2,4,6,1,3,5,7)
+
+
+def test_pack_orders_are_the_formats():
+    """The well-known words: AWQ packs columns 0..7 as 0x75316420, GPTQ rows 0..7 as 0x76543210,
+    and a symmetric GPTQ (v1) zero point 8 is stored as 7 in every nibble."""
+    vals = torch.arange(8, dtype=torch.int32)
+    assert pack_cols(vals[None, :], (0, 2, 4, 6, 1, 3, 5, 7)).item() == 0x75316420
+    assert pack_rows(vals[:, None]).item() == 0x76543210
+    assert pack_cols(torch.full((1, 8), 7)).item() == 0x77777777
+    assert pack_cols(torch.full((1, 8), 15)).item() == -1  # int32 bit pattern 0xFFFFFFFF
+
+
+def _nibbles(words: torch.Tensor) -> torch.Tensor:
+    """int32 [..., W] -> [..., W, 8]: nibble i of every word (bits 4i .. 4i+3)."""
+    w = words.to(torch.int64) & 0xFFFFFFFF
+    return torch.stack([(w >> (4 * i)) & 0xF for i in range(8)], -1)
+
+
+def reference_weight(parts: dict[str, torch.Tensor], fmt: str) -> torch.Tensor:
+    """float32 [N, K] of one linear from its checkpoint tensors, from the formats' definitions
+    (fmt "awq-128": AWQ with groups of 128 inputs; else GROUP)."""
+    fmt, _, group = fmt.partition("-")
+    group = int(group) if group.isdigit() else GROUP
+    if fmt.startswith("fp8"):
+        w = parts["weight"].float()
+        if "weight_scale_inv" in parts:  # block-wise
+            s = parts["weight_scale_inv"].float()
+            bn, bk = w.shape[0] // s.shape[0], w.shape[1] // s.shape[1]
+            return w * s.repeat_interleave(bn, 0).repeat_interleave(bk, 1)
+        s = parts["weight_scale"].float()
+        return w * (s.reshape(-1, 1) if s.numel() > 1 else s)
+    scales = parts["scales"].float()
+    if fmt == "awq":  # qweight [K, N/8], column j of word c at nibble AWQ_SLOT[j]
+        q = _nibbles(parts["qweight"])[:, :, AWQ_SLOT].flatten(1)
+        z = _nibbles(parts["qzeros"])[:, :, AWQ_SLOT].flatten(1)
+        g = torch.arange(q.shape[0]) // group
+    else:  # qweight [K/8, N], input 8r + j at nibble j of row r; zeros stored minus one
+        q = _nibbles(parts["qweight"].t()).flatten(1).t()
+        z = _nibbles(parts["qzeros"]).flatten(1) + 1
+        g = parts["g_idx"].long()
+    return ((q - z[g]).float() * scales[g]).t()
+
+
+def _checkpoint_layers(model_dir) -> dict[str, dict[str, torch.Tensor]]:
+    """HF module name -> its tensors (quantized linears only)."""
+    layers: dict[str, dict[str, torch.Tensor]] = {}
+    for name, t in load_file(model_dir / "model.safetensors").items():
+        module, _, part = name.rpartition(".")
+        if module.split(".")[-1].endswith("_proj") and part != "bias":
+            layers.setdefault(module, {})[part] = t
+    return layers
+
+
+@pytest.fixture(scope="module")
+def quant_dirs(llama_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("quant")
+    return {fmt: quantize_dir(llama_dir, root / fmt, fmt.removesuffix("-desc"), desc_act=fmt.endswith("-desc"))
+            for fmt in FORMATS}
+
+
+@pytest.fixture(scope="module")
+def references(quant_dirs):
+    return {fmt: {m: reference_weight(p, fmt.removesuffix("-desc")) for m, p in _checkpoint_layers(d).items()}
+            for fmt, d in quant_dirs.items()}
+
+
+def _merged(refs: dict[str, torch.Tensor], layer: str, parts: list[str]) -> torch.Tensor:
+    return torch.cat([refs[f"{layer}.{p}"] for p in parts])
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_loader_matches_float32_reference(quant_dirs, references, fmt):
+    llm = LLM(str(quant_dirs[fmt]), num_kv_blocks=64)
+    model = llm.engine.core.runner.model
+    refs = references[fmt]
+    checked = 0
+    for i, layer in enumerate(model.layers):
+        p = f"model.layers.{i}"
+        for module, want in ((layer.self_attn.qkv_proj, _merged(refs, f"{p}.self_attn", ["q_proj", "k_proj", "v_proj"])),
+                             (layer.self_attn.o_proj, refs[f"{p}.self_attn.o_proj"]),
+                             (layer.mlp.gate_up_proj, _merged(refs, f"{p}.mlp", ["gate_proj", "up_proj"])),
+                             (layer.mlp.down_proj, refs[f"{p}.mlp.down_proj"])):
+            assert isinstance(module, QuantLinear) and module.method.name == fmt.split("-")[0]
+            got = module.dequantized_weight()
+            if fmt == "fp8-block":
+                # requantized per channel: within one e4m3 rounding (3 mantissa bits: half a step is
+                # 2^-4 of the value) or, for subnormals, half the smallest step 2^-9 of the row scale
+                row_scale = want.abs().amax(1, keepdim=True) / 448
+                assert ((got - want).abs() <= want.abs() * 2**-4 + row_scale * 2**-9 + 1e-12).all()
+            else:  # the same integers and scales in float32: exact
+                assert torch.equal(got, want), f"layer {i}: {(got - want).abs().max()}"
+            checked += 1
+    assert checked == 4 * len(model.layers)
+
+
+def _reference_model(llm_dir, refs: dict[str, torch.Tensor], fake_quant_inputs: bool):
+    """transformers' float32 model with the dequantized weights (and per-token FP8 inputs for W8A8)."""
+    model = _hf_model(llm_dir)
+    saved = {}
+    hooks = []
+    for name, module in model.named_modules():
+        if name in refs:
+            saved[name] = module.weight.data.clone()
+            module.weight.data.copy_(refs[name])
+            if fake_quant_inputs:
+                hooks.append(module.register_forward_pre_hook(lambda m, args: (fake_quant_rows(args[0]),)))
+    return model, saved, hooks
+
+
+PROMPTS = [[(11 * i + 5 * j) % 500 for j in range(n)] for i, n in enumerate((1, 9, 33, 70, 130))]
+
+
+def _per_channel(w: torch.Tensor) -> torch.Tensor:
+    """What the engine keeps of a block-wise FP8 weight: requantized with one scale per row."""
+    scale = w.abs().amax(1, keepdim=True) / 448
+    return (w / scale).clamp(-448, 448).to(torch.float8_e4m3fn).float() * scale
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_engine_greedy_matches_dequantized_transformers(llama_dir, quant_dirs, references, fmt):
+    refs = references[fmt]
+    if fmt == "fp8-block":
+        refs = {name: _per_channel(w) for name, w in refs.items()}
+    model, saved, hooks = _reference_model(llama_dir, refs, fake_quant_inputs=fmt.startswith("fp8"))
+    try:
+        want = []
+        for p in PROMPTS:
+            out = model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                                 max_new_tokens=8, min_new_tokens=8, do_sample=False, eos_token_id=None,
+                                 pad_token_id=0)
+            want.append(out[0, len(p):].tolist())
+    finally:
+        for h in hooks:
+            h.remove()
+        for name, module in model.named_modules():
+            if name in saved:
+                module.weight.data.copy_(saved[name])
+    llm = LLM(str(quant_dirs[fmt]), max_num_batched_tokens=48, num_kv_blocks=128)
+    outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS],
+                        SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == want
+
+
+def test_fp8_at_load_equals_the_fp8_checkpoint(llama_dir, quant_dirs):
+    """--quantization fp8 on the float model builds the same weights as the per-channel checkpoint
+    (whose scales are stored in the model dtype, float32 here)."""
+    a = LLM(str(llama_dir), quantization="fp8", num_kv_blocks=64).engine.core.runner.model
+    b = LLM(str(quant_dirs["fp8"]), quantization="fp8", num_kv_blocks=64).engine.core.runner.model
+    for (na, pa), (nb, pb) in zip(a.named_parameters(), b.named_parameters(), strict=True):
+        assert na == nb and pa.dtype == pb.dtype and torch.equal(pa.float(), pb.float()), na
+    assert a.layers[0].mlp.down_proj.weight.dtype == torch.float8_e4m3fn
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    (dict(quantization="awq"), "needs a checkpoint in that format"),
+    (dict(quantization="int8"), "quantization must be one of"),
+])
+def test_bad_quantization_is_refused(llama_dir, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        LLM(str(llama_dir), **kwargs)
+
+
+def test_quantization_must_match_the_checkpoint(quant_dirs):
+    with pytest.raises(ValueError, match="quantized with 'awq'"):
+        LLM(str(quant_dirs["awq"]), quantization="gptq")
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "awq", "gptq"])
+def test_make_model_writes_the_format_from_the_same_weights(tmp_path, fmt):
+    """make-model --quantization X: the format's tensors and quantization_config, quantized from
+    the very weights of the unquantized preset (same seed), loadable by the engine."""
+    import json
+
+    from expresslane.cli.main import main
+    from expresslane.models.presets import make_model
+
+    plain = make_model("tiny", tmp_path / "plain")
+    assert main(["make-model", "tiny", str(tmp_path / fmt), "--quantization", fmt]) == 0
+    config = json.loads((tmp_path / fmt / "config.json").read_text())
+    kind = {"fp8": "compressed-tensors"}.get(fmt, fmt)
+    assert config["quantization_config"]["quant_method"] == kind
+    floats, quant = load_file(plain / "model.safetensors"), load_file(tmp_path / fmt / "model.safetensors")
+    name = "model.layers.1.mlp.down_proj"
+    want = floats[f"{name}.weight"].float()
+    got = reference_weight({k.removeprefix(name + "."): v for k, v in quant.items() if k.startswith(name + ".")},
+                           fmt if fmt == "fp8" else f"{fmt}-128")
+    if fmt == "fp8":  # one e4m3 rounding per weight (half a step: 2^-4 relative), subnormals 2^-9 of the scale
+        bound = want.abs() * 2**-4 + want.abs().amax(1, keepdim=True) / 448 * 2**-9
+    else:  # a group's step s: AWQ (asymmetric, s = (max - min) / 15) within one step, since its rounded
+        # zero point can push the largest value half a step past 15 where it is clipped; GPTQ
+        # (symmetric, s = max|w| / 7, zero 8) within half a step. Scales are fp16: 2^-11 relative.
+        groups = want.t().reshape(-1, 128, want.shape[0])
+        lo, hi = groups.amin(1).clamp(max=0), groups.amax(1).clamp(min=0)
+        step = ((hi - lo) / 15 if fmt == "awq" else groups.abs().amax(1) / 7).repeat_interleave(128, 0).t()
+        bound = step * (1.0 if fmt == "awq" else 0.5) + want.abs() * 2**-10 + 1e-7
+    assert ((got - want).abs() <= bound).all()
+    assert quant["model.embed_tokens.weight"].dtype == floats["model.embed_tokens.weight"].dtype
+    llm = LLM(str(tmp_path / fmt), num_kv_blocks=32, max_model_len=256)
+    [out] = llm.generate([{"prompt_token_ids": [1, 2, 3]}], SamplingParams(max_tokens=3, ignore_eos=True),
+                         use_tqdm=False)
+    assert len(out.outputs[0].token_ids) == 3
