@@ -49,6 +49,7 @@ def add_bench_parser(subparsers) -> None:
     add_report_parser(sub)
     add_one_batch_parser(sub)
     add_flat_latency_parser(sub)
+    add_scenario_parsers(sub)
 
 
 def add_client_args(p: argparse.ArgumentParser, base_url_required: bool = True) -> None:
@@ -224,6 +225,82 @@ def add_flat_latency_parser(sub) -> None:
     p.add_argument("--disable-tqdm", action="store_true", help="no progress bar")
     add_cli_args(p, skip=("model", "batching", "scheduling_policy", "tokenizer"))
     p.set_defaults(func=flat_latency_command)
+
+
+def add_scenario_parsers(sub) -> None:
+    """``scenarios`` (issue #20's measurements) and ``doctor`` (those, a diagnosis and flags)."""
+    scenarios = ("isolated", "beside-long", "mixed", "goodput")  # scenarios.SCENARIOS (heavy imports)
+    for name, help_text in (("scenarios", "flat-latency scenarios against a server: shorts beside a long "
+                                          "prompt, Poisson mixed load, goodput sweep, isolated TTFT"),
+                            ("doctor", "is the server flat? names the cause and prints the flags, with values, "
+                                       "that address it (expresslane, vLLM or SGLang names)")):
+        p = sub.add_parser(name, help=help_text)
+        add_client_args(p)
+        p.add_argument("--model", help="model name to request (default: the first of GET /v1/models)")
+        p.add_argument("--seed", type=int, default=0)
+        if name == "scenarios":
+            p.add_argument("--run", type=str_list, default=list(scenarios), metavar="S1,S2,...",
+                           help=f"which scenarios: {', '.join(scenarios)}")
+        p.add_argument("--short-len", type=int, default=64, help="tokens of a short prompt")
+        p.add_argument("--long-len", type=int, default=8192,
+                       help="tokens of a long prompt (cut to the server's context)")
+        p.add_argument("--output-len", type=int, default=64, help="tokens generated per request")
+        p.add_argument("--num-short", type=int, default=16, help="short prompts sent beside the long one")
+        p.add_argument("--lead-ms", type=float, default=5.0, help="the shorts leave this long after the long one")
+        p.add_argument("--repeats", type=int, default=3, help="runs of the burst and isolated scenarios")
+        p.add_argument("--rate", type=float, default=8.0, help="mixed: requests/s (Poisson)")
+        p.add_argument("--duration", type=float, default=20.0 if name == "scenarios" else 10.0,
+                       help="mixed: seconds of arrivals")
+        p.add_argument("--long-fraction", type=float, default=0.15, help="mixed and goodput: share of long prompts")
+        p.add_argument("--rates", type=float_list, default=[8.0, 16.0, 24.0, 32.0], metavar="R1,R2,...",
+                       help="goodput: offered rates")
+        p.add_argument("--sweep-duration", type=float, default=15.0, help="goodput: seconds per rate")
+        p.add_argument("--isolated-lens", type=int_list, default=[128, 2048, 8192], metavar="N1,N2,...",
+                       help="isolated: prompt lengths (cut to the server's context)")
+        p.add_argument("--long-lane", choices=("interactive", "batch"),
+                       help="send long prompts in this lane (expresslane's lanes; others ignore it)")
+        p.add_argument("--slo", default="100,25,1000", metavar="SHORT_TTFT,SHORT_TPOT,LONG_TTFT",
+                       help="goodput SLO in ms")
+        p.add_argument("--chart", help="write a PNG chart here")
+        p.add_argument("--output", help="write the result JSON here")
+        p.set_defaults(func=scenarios_command, bench_name=name)
+
+
+def scenario_config(args: argparse.Namespace):
+    from expresslane.bench.scenarios import SCENARIOS, ScenarioConfig
+
+    slo = float_list(args.slo)
+    if len(slo) != 3:
+        raise ValueError(f"--slo takes three numbers (short TTFT, short TPOT, long TTFT in ms), got {args.slo!r}")
+    return ScenarioConfig(
+        client=client_options(args, args.model), run=tuple(getattr(args, "run", SCENARIOS)),
+        short_len=args.short_len, long_len=args.long_len, output_len=args.output_len, num_short=args.num_short,
+        lead_ms=args.lead_ms, repeats=args.repeats, rate=args.rate, duration=args.duration,
+        long_fraction=args.long_fraction, rates=tuple(args.rates), sweep_duration=args.sweep_duration,
+        isolated_lens=tuple(args.isolated_lens), long_lane=args.long_lane, short_ttft_ms=slo[0],
+        short_tpot_ms=slo[1], long_ttft_ms=slo[2], seed=args.seed)
+
+
+def scenarios_command(args: argparse.Namespace) -> int:
+    from expresslane.bench import records
+    from expresslane.bench.doctor import DoctorConfig, format_doctor, run_doctor
+    from expresslane.bench.flat_report import format_scenarios, write_chart
+    from expresslane.bench.scenarios import run_scenarios
+
+    try:
+        if args.bench_name == "doctor":
+            result = run_doctor(DoctorConfig(scenario_config(args)))
+            print(format_doctor(result))
+        else:
+            result = run_scenarios(scenario_config(args))
+            print(format_scenarios(result))
+    except (ValueError, RuntimeError) as e:
+        return fail(str(e))
+    if args.chart:
+        print(f"wrote {write_chart(result, args.chart, result['base_url'])}")
+    if args.output:
+        records.save_result(result, args.output)
+    return 0
 
 
 def engine_flags(args: argparse.Namespace) -> dict:
