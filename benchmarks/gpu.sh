@@ -10,6 +10,9 @@
 #            shape, with the long prompt interactive and then in the batch lane
 #   metrics: the server's NVML gauges (utilisation, memory, power) idle, then under 32 streaming
 #            clients (llama-3-8b shape; needs the server wheels and nvidia-ml-py in .whl/)
+#   flat:    issue #20's acceptance through HTTP (bench doctor's scenarios, goodput sweep 8-32
+#            req/s x 10 s, throughput 256 x 512/256) for `serve MODEL --dtype bfloat16` with
+#            no other flags, then with --scheduling-policy fcfs, back to back (8B shape)
 #   quick = small;  full = small 8b 7b.  The GPU tests run once, first, whatever the sections.
 # Results: JSON lines in ${OUT:-out}/gpu-results.jsonl, logs beside them.
 set -uo pipefail
@@ -75,6 +78,11 @@ for section in $SECTIONS; do
       model llama-3-8b
       echo "== GPU metrics idle vs under load (llama-3-8b)"
       run python3 benchmarks/gpu_metrics.py --model "$MODELS/llama-3-8b" --dtype bfloat16 ;;
+    flat)
+      model llama-3-8b
+      echo "== flat latency through HTTP (llama-3-8b): default flags, then --scheduling-policy fcfs"
+      run python3 benchmarks/flat_acceptance.py --model "$MODELS/llama-3-8b" --dtype bfloat16 \
+        --config default= --config fcfs=--scheduling-policy=fcfs --duration 20 --sweep-duration 10 --logs "$OUT" ;;
     *) echo "unknown section: $section" >&2; status=1 ;;
   esac
 done

@@ -23,6 +23,13 @@ def fmt(r: dict) -> str:
         return (f"lanes {r['mode']:<17} long={r['long_lane']:<11} short P99 {r['short_mixed_p99_ms']:6.1f} ms "
                 f"({r['short_p99_ratio']:.2f}x alone)  long TTFT {r['long_mixed_ms']:6.1f} ms "
                 f"({r['long_growth']:.2f}x background, {r['long_vs_alone']:.2f}x alone)")
+    if b == "flat_acceptance":
+        def x(k):
+            return "-" if r.get(k) is None else f"{r[k]:.2f}"
+        return (f"flat {r['config']:<8} beside 8k: short TTFT {x('short_ttft_ratio')}x total {x('short_total_ratio')}x "
+                f"long {x('long_ttft_ratio')}x; mixed p99 {x('mixed_short_ttft_p99_ms')} ms ITL p99 "
+                f"{x('mixed_itl_p99_vs_batch1')}x; goodput {x('peak_good_per_s')}/s; HTTP/engine 8k "
+                f"{x('http_vs_engine_long')}; {x('output_tok_per_s')} tok/s")
     if b == "decode_profile":
         kinds = "  ".join(f"{k.split()[0]} {v:.2f}" for k, v in r["ms_by_kind"].items())
         return (f"decode profile b={r['batch']:<3} step {r['step_ms']:.2f} ms, graph replay {r['replay_ms']:.2f} ms "
