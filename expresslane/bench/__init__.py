@@ -3,7 +3,11 @@
 Layers (dependencies point down):
 
     cli.py          argparse hook: ``expresslane bench serving|traffic|report|one-batch|``
-                    ``flat-latency``
+                    ``flat-latency|scenarios|doctor``
+    doctor.py       issue #20's doctor: detect the server, measure with scenarios.py, name
+                    the causes of unflat latency and the flags that address them
+    scenarios.py    shorts beside a long prompt, Poisson mixed load, goodput sweep, isolated
+                    TTFT, against any server (flat_report.py: their tables and chart)
     flat_latency.py the flat-latency experiment (TTFT alone vs mixed, per batching mode),
                     on targets.py: in-process LLM, transformers, or any server via client.py
     one_batch.py    one static batch in-process, step by step, against the bandwidth floor
