@@ -23,6 +23,7 @@ from expresslane.server import errors
 from expresslane.server.api_keys import KeyRing, token_cost
 from expresslane.server.batch_routes import BatchService
 from expresslane.server.engine_client import EngineClient
+from expresslane.server.merging import RequestMerger
 from expresslane.server.metrics import Metrics
 from expresslane.server.protocol import (
     ChatCompletionRequest,
@@ -53,6 +54,7 @@ class ServerSettings:
     port: int = 8000
     api_key: str | None = None
     api_key_file: str | None = None  # TOML: several keys with rate limits (server/api_keys.py)
+    enable_request_merging: bool = False  # identical concurrent requests share a generation (server/merging.py)
     served_model_name: str = "tiny"
     max_waiting_requests: int | None = None
     max_waiting_tokens: int | None = None
@@ -119,6 +121,7 @@ def build_app(client: EngineClient, settings: ServerSettings, metrics: Metrics,
         log.exception("%s %s failed", request.method, request.url.path)
         return error_response(errors.internal(f"internal error: {e!r}"))
 
+    merger = RequestMerger(client, metrics.registry, model_name) if settings.enable_request_merging else None
     keys = KeyRing.from_settings(settings.api_key, settings.api_key_file, metrics.registry)
 
     async def authorize(request: Request) -> None:  # async: a sync dependency would cost a thread hop
@@ -160,8 +163,8 @@ def build_app(client: EngineClient, settings: ServerSettings, metrics: Metrics,
         if getattr(request.state, "api_key", None) is not None:  # 429 + Retry-After over the key's tokens/min
             keys.charge_tokens(request.state.api_key, token_cost(prompts, params, client.max_model_len))
         rid = new_id(prefix)
-        group = client.submit(rid, prompts, params, priority=req.priority, lane=req.lane,
-                              timeout=settings.request_timeout)
+        group = (merger or client).submit(rid, prompts, params, priority=req.priority, lane=req.lane,
+                                          timeout=settings.request_timeout)
         ep = endpoint(client, model_name, rid, group, params, req.include_usage, req.return_metrics)
         if req.stream:
             return SSEResponse(ep.stream(), group.close)

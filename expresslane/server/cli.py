@@ -31,6 +31,9 @@ def add_serve_parser(subparsers) -> None:
                         "within the interactive lane's TTFT target (--lane-slo) given the prompts ahead")
     s.add_argument("--request-timeout", type=float, default=None,
                    help="seconds a request may take from arrival; then it is aborted, its KV freed (504)")
+    s.add_argument("--enable-request-merging", action="store_true",
+                   help="identical concurrent requests (same prompt and parameters, greedy or seeded) share one "
+                        "generation; hit rate in /metrics (request_merge_hits_total / request_merge_queries_total)")
     s.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="on SIGTERM: refuse new requests and give in-flight ones this many seconds to finish")
     s.add_argument("--profile-dir", default=None,

@@ -69,7 +69,8 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     return ServerSettings(host=args.host, port=args.port, api_key=args.api_key, api_key_file=args.api_key_file,
                           served_model_name=args.served_model_name or args.model or "tiny",
                           max_waiting_requests=args.max_waiting_requests, max_waiting_tokens=args.max_waiting_tokens,
-                          request_timeout=args.request_timeout, shutdown_timeout=args.shutdown_timeout)
+                          request_timeout=args.request_timeout, shutdown_timeout=args.shutdown_timeout,
+                          enable_request_merging=args.enable_request_merging)
 
 
 def serve(args: argparse.Namespace) -> int:
