@@ -14,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from expresslane.engine.lanes import DEFAULT_LANE_SLO, parse_lane_slo
+from expresslane.lanes import DEFAULT_LANE_SLO, Lanes
 
 
 def _knob(default: Any, help: str, choices: tuple | None = None) -> Any:
@@ -50,8 +50,9 @@ class SchedulerConfig:
     scheduling_policy: str = _knob("fcfs", "order of requests: fcfs; priority (lower value first); deadline "
                                    "(lanes: earliest TTFT deadline first, budget shares, interactive preempts batch)",
                                    ("fcfs", "priority", "deadline"))
-    lane_slo: str = _knob(DEFAULT_LANE_SLO, "lane targets and budget shares, e.g. "
-                          "'interactive:ttft=200ms,tpot=50ms;batch:ttft=30s,share=0.25' (over the defaults)")
+    # a spec string (flag, keyword), parsed once into `Lanes` when the config is built
+    lane_slo: Lanes | str = _knob(DEFAULT_LANE_SLO, "lane targets and budget shares, e.g. "
+                                  "'interactive:ttft=200ms,tpot=50ms;batch:ttft=30s,share=0.25' (over the defaults)")
     long_prefill_token_threshold: int | None = _knob(
         None, "most prompt tokens one request may take in a step while other requests wait for the budget "
         "(leftover budget still goes to it); default: max_num_batched_tokens // 4; 0 = no cap")
@@ -61,6 +62,10 @@ class SchedulerConfig:
                           ("continuous", "static", "dynamic"))
     max_batch_size: int = _knob(8, "batch size of the static and dynamic batching modes")
     batch_timeout_ms: float = _knob(50.0, "dynamic batching: longest wait for a full batch")
+
+    def __post_init__(self) -> None:
+        if isinstance(self.lane_slo, str):
+            object.__setattr__(self, "lane_slo", Lanes.parse(self.lane_slo))
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +107,6 @@ class EngineConfig:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {c.gpu_memory_utilization}")
         if s.long_prefill_token_threshold is not None and s.long_prefill_token_threshold < 0:
             raise ValueError(f"long_prefill_token_threshold must be >= 0, got {s.long_prefill_token_threshold}")
-        parse_lane_slo(s.lane_slo)
         if s.batch_timeout_ms < 0:
             raise ValueError(f"batch_timeout_ms must be >= 0, got {s.batch_timeout_ms}")
         if m.max_model_len is not None and m.max_model_len < 1:

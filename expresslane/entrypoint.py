@@ -29,7 +29,7 @@ class LLM:
     def generate(self, prompts: Prompt | Sequence[Prompt], sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  *, priority: int | Sequence[int] | None = None, lane: str | Sequence[str] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
-        """`lane`: interactive or batch (engine/lanes.py); by default picked by priority."""
+        """`lane`: interactive or batch (lanes.py); by default picked by priority."""
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         prompts = list(prompts)

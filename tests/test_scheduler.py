@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from expresslane.config import SchedulerConfig
+from expresslane.engine.batching import make_scheduler
 from expresslane.engine.contract import EngineCoreRequest, StepPlan
 from expresslane.engine.kv_cache import KVCacheManager
 from expresslane.engine.request import Request
@@ -185,7 +186,7 @@ def test_scheduler_and_kv_cache_import_no_torch():
 def run_fixed_batches(batching, clock=None):
     kv = KVCacheManager(200, 4)
     cfg = SchedulerConfig(batching=batching, max_batch_size=3, batch_timeout_ms=100, max_num_batched_tokens=8)
-    sched = Scheduler(cfg, kv, clock=clock) if clock else Scheduler(cfg, kv)
+    sched = make_scheduler(cfg, kv, clock=clock) if clock else make_scheduler(cfg, kv)
     for i, n in enumerate((40, 2, 3, 4)):
         sched.add_request(make_request(str(i), list(range(1, n + 1)), 2 + i, t=0.0))
     return sched, kv
@@ -303,12 +304,14 @@ def test_lane_shares_keep_batch_work_moving_under_interactive_load():
 
 
 def test_lane_slo_spec_errors():
-    from expresslane.engine.lanes import parse_lane_slo
-    assert parse_lane_slo("interactive:ttft=100ms")["interactive"].ttft == pytest.approx(0.1)
+    from expresslane.lanes import Lanes
+    assert Lanes.parse("interactive:ttft=100ms")["interactive"].ttft == pytest.approx(0.1)
     for bad, msg in (("fast:ttft=1s", "unknown lane"), ("interactive:ttft=fast", "duration"),
                      ("batch:share=2", "share"), ("batch:speed=1", "unknown key")):
         with pytest.raises(ValueError, match=msg):
-            parse_lane_slo(bad)
+            Lanes.parse(bad)
+        with pytest.raises(ValueError, match=msg):
+            SchedulerConfig(lane_slo=bad)  # parsed once, when the config is built
 
 
 def test_decodes_keep_their_place_while_a_long_prompt_is_chunked():
@@ -356,3 +359,25 @@ def test_long_interactive_prefill_steps_aside_for_short_ones_until_its_deadline(
     sched.add_request(make_request("late", [8] * 10, 2, t=0.25))
     plan = sched.schedule()
     assert {s.request_id for s in plan.seqs} == {"long", "late"}
+
+
+def test_the_policy_sizes_each_step():
+    """The per-step budget is the policy's decision (the seam for a step-cost model)."""
+    from expresslane.engine.policy import SchedulingPolicy
+
+    class FiveTokenSteps(SchedulingPolicy):
+        def step_budget(self, head, running, waiting_by_lane):
+            budget = super().step_budget(head, running, waiting_by_lane)
+            budget.tokens = 5
+            return budget
+
+    kv = KVCacheManager(100, 4)
+    sched = Scheduler(SchedulerConfig(), kv)
+    sched.policy = FiveTokenSteps(sched.config)
+    sched.add_request(make_request("a", list(range(1, 13)), 2))
+    sizes = []
+    while sched.has_unfinished():
+        plan = sched.schedule()
+        sizes.append(plan.num_batched_tokens)
+        sched.update(plan, {s.request_id: 5 for s in plan.seqs if s.sample})
+    assert sizes == [5, 5, 2, 1]

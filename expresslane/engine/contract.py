@@ -31,7 +31,7 @@ class EngineCoreRequest:
     eos_token_ids: tuple[int, ...]
     arrival_time: float
     priority: int = 0
-    lane: str = "interactive"  # resolved by the frontend (engine/lanes.py)
+    lane: str = "interactive"  # resolved by the frontend (lanes.py)
 
 
 @dataclass(slots=True)

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from expresslane.config import EngineConfig
+from expresslane.engine.batching import make_scheduler
 from expresslane.engine.contract import EngineCoreOutput, EngineCoreRequest, StepPlan, StepStats
 from expresslane.engine.cost_model import StepCostModel, StepShape
 from expresslane.engine.kv_cache import KVCacheManager
 from expresslane.engine.request import Request, check_prompt_length
-from expresslane.engine.scheduler import Scheduler
 from expresslane.models.loader import check_model_dir, load_hf_config
 from expresslane.runner.model_runner import ModelRunner, StepResult
 from expresslane.runner.step_timing import calibration_steps, time_steps
@@ -77,7 +77,7 @@ class EngineCore:
         log.info("step cost model (%s): %s", self.runner.device, self.cost_model.describe())
         self.config = config.replace(num_kv_blocks=num_blocks)
         self.kv = KVCacheManager(num_blocks, bs, config.cache.enable_prefix_caching)
-        self.scheduler = Scheduler(config.scheduler, self.kv)
+        self.scheduler = make_scheduler(config.scheduler, self.kv)
         self._last = StepStats(0, 0, 0.0)
         self._in_flight: _InFlight | None = None  # the step the GPU may still be running
         self._sync_launch = not cuda  # execute() returns when the step is done

@@ -7,9 +7,9 @@ import time
 from expresslane.config import EngineConfig
 from expresslane.engine.contract import EngineCoreRequest
 from expresslane.engine.core import EngineCore
-from expresslane.engine.lanes import resolve_lane
 from expresslane.engine.output_processor import OutputProcessor, child_params
 from expresslane.engine.request import check_prompt_length
+from expresslane.lanes import resolve_lane
 from expresslane.outputs import RequestOutput
 from expresslane.sampling_params import SamplingParams
 from expresslane.tokenizer import eos_token_ids, load_tokenizer

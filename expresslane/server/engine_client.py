@@ -31,9 +31,9 @@ import zmq.asyncio
 
 from expresslane.engine.contract import EngineCoreOutput, EngineCoreRequest
 from expresslane.engine.core import resolve_model_dir
-from expresslane.engine.lanes import resolve_lane
 from expresslane.engine.llm_engine import InputProcessor
 from expresslane.engine.output_processor import OutputProcessor, child_params, child_request_ids
+from expresslane.lanes import resolve_lane
 from expresslane.models.loader import load_hf_config
 from expresslane.outputs import RequestOutput
 from expresslane.sampling_params import SamplingParams

@@ -17,7 +17,6 @@ import time
 import uvicorn
 
 from expresslane.config import EngineConfig, engine_kwargs_from_args
-from expresslane.engine.lanes import DEFAULT_LANE_SLO, parse_lane_slo
 from expresslane.server.api import ServerSettings, build_app
 from expresslane.server.batch_routes import BatchService, service_from_args
 from expresslane.server.engine_client import Admission, EngineClient
@@ -76,9 +75,8 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
 def serve(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     engine_kwargs = {**engine_kwargs_from_args(args), "model": args.model}
-    EngineConfig.from_kwargs(**engine_kwargs)  # bad flags fail here, before any process starts
+    lanes = EngineConfig.from_kwargs(**engine_kwargs).scheduler.lane_slo  # bad flags fail here, before any process
     log_level = args.log_level.upper()
-    lanes = parse_lane_slo(getattr(args, "lane_slo", DEFAULT_LANE_SLO))
     metrics = Metrics(settings.served_model_name, lanes)
     slo_ttft = lanes["interactive"].ttft if args.slo_admission else None
     admission = Admission(settings.max_waiting_requests, settings.max_waiting_tokens, slo_ttft,

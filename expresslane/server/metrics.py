@@ -12,11 +12,10 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from expresslane.engine.contract import StepStats
-from expresslane.engine.lanes import LaneSLO
+from expresslane.lanes import LANES, Lanes
 from expresslane.outputs import RequestOutput
 from expresslane.server.errors import APIError
 
-LANES = ("interactive", "batch")
 FINISH_REASONS = ("stop", "length", "abort")
 # From 1 ms: CPU-side overheads and small-model steps live in the first buckets.
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
@@ -30,7 +29,7 @@ TOKEN_BUCKETS = tuple(m * 10**e for e in range(6) for m in (1, 2, 5))  # 1, 2, 5
 
 
 class Metrics:
-    def __init__(self, model_name: str, lane_slo: dict[str, LaneSLO] | None = None):
+    def __init__(self, model_name: str, lane_slo: Lanes | None = None):
         self.registry = r = CollectorRegistry()
         self.model_name = model_name
         req = ("model_name", "lane")

@@ -4,13 +4,16 @@ A request runs in the ``interactive`` lane (the default) or the ``batch`` lane; 
 without an explicit lane picks it by priority (<= 0 interactive, > 0 batch). Each lane
 has SLO targets and a share of every step's token budget: while interactive work is
 waiting or running, the batch lane takes only its share of a step (the steps that
-carry interactive tokens stay short) and interactive work never takes it away. Under the ``deadline`` policy a request's rank is its TTFT
-deadline (arrival + its lane's TTFT target), so interactive work goes first without
-starving old batch work, and a waiting interactive request may preempt running batch
-requests when blocks or seats run out.
+carry interactive tokens stay short) and interactive work never takes it away. Under
+the ``deadline`` policy a request's rank is its TTFT deadline (arrival + its lane's
+TTFT target), so interactive work goes first without starving old batch work, and a
+waiting interactive request may preempt running batch requests when blocks or seats
+run out (engine/policy.py).
 
 Spec (``--lane-slo``): ``interactive:ttft=200ms,tpot=50ms;batch:ttft=30s,share=0.25,queue=64``
 (``queue``: the server refuses new requests of a lane with that many already waiting).
+The spec is parsed once, into ``Lanes``, when the config is built (``SchedulerConfig``);
+the scheduler and the server read the typed value.
 """
 
 from __future__ import annotations
@@ -49,13 +52,27 @@ def _seconds(text: str, where: str) -> float:
     raise ValueError(f"{where}: expected a duration like 200ms or 2s, got {text!r}")
 
 
-def parse_lane_slo(spec: str) -> dict[str, LaneSLO]:
-    """A lane spec laid over the defaults, key by key; unknown lanes or keys are errors."""
-    values: dict[str, dict[str, float]] = {lane: {"share": 0.0, "queue": 0} for lane in LANES}
-    for layer in (_parse(DEFAULT_LANE_SLO), _parse(spec)):
-        for lane, given in layer.items():
-            values[lane].update(given)
-    return {lane: LaneSLO(**v) for lane, v in values.items()}
+@dataclass(frozen=True, slots=True)
+class Lanes:
+    """Every lane's targets and share (read like a mapping: ``lanes["batch"].share``)."""
+
+    interactive: LaneSLO
+    batch: LaneSLO
+
+    @classmethod
+    def parse(cls, spec: str) -> "Lanes":
+        """A lane spec laid over the defaults, key by key; unknown lanes or keys are errors."""
+        values: dict[str, dict[str, float]] = {lane: {"share": 0.0, "queue": 0} for lane in LANES}
+        for layer in (_parse(DEFAULT_LANE_SLO), _parse(spec)):
+            for lane, given in layer.items():
+                values[lane].update(given)
+        return cls(**{lane: LaneSLO(**v) for lane, v in values.items()})
+
+    def __getitem__(self, lane: str) -> LaneSLO:
+        return getattr(self, lane)
+
+    def items(self) -> list[tuple[str, LaneSLO]]:
+        return [(lane, self[lane]) for lane in LANES]
 
 
 def _parse(spec: str) -> dict[str, dict[str, float]]:

@@ -1,0 +1,46 @@
+"""Static and dynamic batching, and which scheduler a config gets (torch-free).
+
+They exist to reproduce flat latency side by side with continuous batching: a batch
+is admitted only when none runs, its prompts are prefilled whole in one step (no
+budget, no chunking), and it decodes until all members finish. ``static`` takes up to
+``max_batch_size`` waiting requests at once; ``dynamic`` waits up to
+``batch_timeout_ms`` for a full batch. Queue order is still the policy's.
+"""
+
+from __future__ import annotations
+
+import time
+
+from expresslane.config import SchedulerConfig
+from expresslane.engine.kv_cache import KVCacheManager
+from expresslane.engine.policy import StepBudget
+from expresslane.engine.request import Request
+from expresslane.engine.scheduler import Scheduler
+
+
+class FixedBatchScheduler(Scheduler):
+    def _schedule(self) -> list[tuple[Request, int]]:
+        if self.running:
+            scheduled, _ = self._schedule_running(StepBudget.unlimited())
+            return scheduled
+        if not self._batch_ready():
+            return []
+        scheduled: list[tuple[Request, int]] = []
+        self._admit(scheduled, StepBudget.unlimited(), min(self.config.max_batch_size, self.config.max_num_seqs))
+        return scheduled
+
+    def _make_room(self, req: Request, scheduled: list[tuple[Request, int]], budget: StepBudget) -> bool:
+        return False  # a batch is fixed: no request takes a member's seat
+
+    def _batch_ready(self) -> bool:
+        head = self._peek_waiting()
+        if head is None:
+            return False
+        if self.config.batching == "static" or self.num_waiting >= self.config.max_batch_size:
+            return True
+        return self.clock() - head.arrival_time >= self.config.batch_timeout_ms / 1000
+
+
+def make_scheduler(config: SchedulerConfig, kv: KVCacheManager, clock=time.monotonic) -> Scheduler:
+    cls = Scheduler if config.batching == "continuous" else FixedBatchScheduler
+    return cls(config, kv, clock)

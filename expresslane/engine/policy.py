@@ -1,0 +1,144 @@
+"""Scheduling policies (torch-free): who goes first, and how a step's budget is split.
+
+A policy answers four questions for the continuous scheduler (engine/scheduler.py):
+
+- queue order: ``key(req)`` ranks waiting and running requests (lower first; the
+  highest-ranked running request is the first victim when KV blocks run out);
+- the step's budget: ``step_budget(...)`` decides, once per step, the token budget,
+  the prefill cap and each lane's share (the seam where a cost model would size steps);
+- step-aside: ``steps_aside(req, budget, now)``: a running request skips this step;
+- victim choice: ``victim(req, running)``: the running request a waiting one may
+  preempt when seats or blocks run out (None: it waits).
+
+``fcfs`` (arrival order), ``priority`` (lower value first, then arrival) and
+``deadline`` (lanes: earliest TTFT deadline first) implement it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from expresslane.config import SchedulerConfig
+from expresslane.engine.request import Request
+from expresslane.lanes import LANES, Lanes
+
+
+@dataclass(slots=True)
+class StepBudget:
+    """What one step may take; the scheduler spends `tokens` and `lanes` as it plans."""
+
+    tokens: int  # the step's token budget
+    prefill_cap: int  # most tokens one request may take in this step
+    lanes: dict[str, int]  # most tokens each lane may still take in this step
+    top_up: bool = False  # leftover budget goes back to capped requests at the end
+    short_first: bool = False  # a short interactive prompt waits: long interactive prefills may step aside
+
+    @classmethod
+    def unlimited(cls) -> "StepBudget":
+        n = 1 << 62
+        return cls(n, n, dict.fromkeys(LANES, n))
+
+    def take(self, req: Request, wanted: int) -> int:
+        """How many of `wanted` tokens `req` may have now (0: none)."""
+        return max(0, min(wanted, self.tokens, self.prefill_cap, self.lanes[req.lane]))
+
+    def spend(self, req: Request, n: int) -> None:
+        self.tokens -= n
+        self.lanes[req.lane] -= n
+
+
+class SchedulingPolicy:
+    """First come, first served; one shared budget; a long prompt is capped beside others
+    and topped up with what is left at the end (alone, it loses nothing)."""
+
+    def __init__(self, config: SchedulerConfig):
+        self.config = config
+
+    def key(self, req: Request) -> tuple:
+        return (req.arrival_time, req.seq)
+
+    @property
+    def prefill_cap(self) -> int:
+        t = self.config.long_prefill_token_threshold
+        if t is None:
+            t = self.config.max_num_batched_tokens // 4
+        return t or self.config.max_num_batched_tokens
+
+    def step_budget(self, head: Request | None, running: Collection[Request],
+                    waiting_by_lane: dict[str, int]) -> StepBudget:
+        """While others need tokens (queued, or running: their decodes), a long prompt takes
+        at most the prefill cap, so short requests and decodes share its step instead of
+        waiting behind it."""
+        budget = self.config.max_num_batched_tokens
+        cap = self.prefill_cap if head is not None or len(running) > 1 else budget
+        return StepBudget(budget, cap, dict.fromkeys(LANES, budget), top_up=cap < budget)
+
+    def steps_aside(self, req: Request, budget: StepBudget, now: float) -> bool:
+        return False
+
+    def victim(self, req: Request, running: Collection[Request]) -> Request | None:
+        return None
+
+
+class PriorityPolicy(SchedulingPolicy):
+    """As fcfs, ordered by priority (lower first), then arrival."""
+
+    def key(self, req: Request) -> tuple:
+        return (req.priority, req.arrival_time, req.seq)
+
+
+class DeadlinePolicy(SchedulingPolicy):
+    """Lanes: earliest TTFT deadline first (arrival + the lane's TTFT target).
+
+    - No top-up: the prefill cap bounds every step beside others, so running decodes keep
+      their ITL and an arriving request waits behind at most one short step.
+    - While interactive work is waiting or running, the batch lane takes at most its
+      share of a step; the interactive lane never takes the batch lane's share.
+    - Shortest prefill first within the interactive lane: when the queue's head is a short
+      interactive prompt, a running interactive prompt with more than the cap left skips
+      the step, never past its own TTFT deadline (no starvation). The batch lane does not
+      step aside: its share is its guarantee.
+    - A waiting interactive request may preempt the lowest-ranked running batch request.
+    """
+
+    def __init__(self, config: SchedulerConfig):
+        super().__init__(config)
+        self.lanes: Lanes = config.lane_slo
+
+    def key(self, req: Request) -> tuple:
+        return (self.deadline(req), req.seq)
+
+    def deadline(self, req: Request) -> float:
+        return req.arrival_time + self.lanes[req.lane].ttft
+
+    def step_budget(self, head: Request | None, running: Collection[Request],
+                    waiting_by_lane: dict[str, int]) -> StepBudget:
+        budget = super().step_budget(head, running, waiting_by_lane)
+        budget.top_up = False
+        busy = {lane for lane, n in waiting_by_lane.items() if n} | {r.lane for r in running}
+        if "interactive" in busy:
+            share = int(self.lanes["batch"].share * budget.tokens)
+            budget.lanes = {"interactive": budget.tokens - (share if "batch" in busy else 0), "batch": share}
+        budget.short_first = (head is not None and head.lane == "interactive"
+                              and head.num_tokens <= budget.prefill_cap)
+        return budget
+
+    def steps_aside(self, req: Request, budget: StepBudget, now: float) -> bool:
+        """A long interactive prompt (more than the cap left) skips the step that admits a
+        short one: the short one's first step is short. Never past its own deadline."""
+        if not budget.short_first or req.lane != "interactive":
+            return False
+        if req.num_tokens - req.num_computed_tokens <= budget.prefill_cap:
+            return False  # a decode, or a prompt whose rest fits this step
+        return now < self.deadline(req)
+
+    def victim(self, req: Request, running: Collection[Request]) -> Request | None:
+        if req.lane != "interactive":
+            return None
+        batch = [r for r in running if r.lane == "batch"]
+        return max(batch, key=self.key) if batch else None
+
+
+POLICIES: dict[str, type[SchedulingPolicy]] = {
+    "fcfs": SchedulingPolicy, "priority": PriorityPolicy, "deadline": DeadlinePolicy}
