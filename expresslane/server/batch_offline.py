@@ -24,7 +24,6 @@ from tqdm import tqdm
 from expresslane.batch.records import TERMINAL, FileRecord, jsonl, parse_input
 from expresslane.batch.store import BatchStore
 from expresslane.config import EngineConfig, engine_kwargs_from_args
-from expresslane.engine.lanes import DEFAULT_LANE_SLO, parse_lane_slo
 from expresslane.server.api import ServerSettings, build_app
 from expresslane.server.batch_routes import BatchService
 from expresslane.server.engine_client import Admission, EngineClient
@@ -62,7 +61,7 @@ def _find_or_create(store: BatchStore, content: bytes, name: str, endpoint: str)
 async def _run(args: argparse.Namespace, engine_kwargs: dict, url: str, content: bytes, endpoint: str,
                total: int) -> int:
     name = args.served_model_name or args.model or "tiny"
-    lanes = parse_lane_slo(engine_kwargs.get("lane_slo", DEFAULT_LANE_SLO))
+    lanes = EngineConfig.from_kwargs(**engine_kwargs).scheduler.lane_slo
     metrics = Metrics(name, lanes)
     client = EngineClient(engine_kwargs, metrics, Admission(), args.log_level.upper())
     batches = BatchService(url, concurrency=args.batch_concurrency, lease=args.batch_lease_seconds,

@@ -15,7 +15,7 @@ import yaml
 
 from expresslane.cli.main import build_parser
 from expresslane.config import EngineConfig, engine_kwargs_from_args
-from expresslane.engine.lanes import parse_lane_slo
+from expresslane.lanes import Lanes
 from expresslane.server.launch import settings_from_args
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -112,7 +112,7 @@ def test_hpa_scales_the_deployment_on_the_adapters_metric_below_the_slo(objects)
     assert set(rule["resources"]["overrides"]) == {"namespace", "pod"}
     target = m["pods"]["target"]["averageValue"]
     target_s = float(target[:-1]) / 1000 if target.endswith("m") else float(target)
-    assert target_s < parse_lane_slo(serve_args(objects).lane_slo)["interactive"].ttft
+    assert target_s < Lanes.parse(serve_args(objects).lane_slo)["interactive"].ttft
 
 
 def test_dockerfile_builds_what_it_runs(objects):
