@@ -16,22 +16,33 @@ A request succeeds only when the stream says it is finished (a ``finish_reason``
 ``data: [DONE]``) after at least one token (a finish chunk counts as the first token when
 no text came before it: the tokens decoded to nothing); anything else is a failure with a reason
 "Kind: detail" (``HTTP 500: ...``, ``ClientPayloadError: ...``, ``IncompleteStream``).
+A 429 or 503 with ``Retry-After`` is sent again after that delay (up to three times); the
+wait counts in the request's latency.
 """
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import json
 import os
+import random
 import time
 from dataclasses import dataclass, field
 
 import aiohttp
 
+from expresslane.backoff import Backoff, parse_retry_after
 from expresslane.bench.records import RequestRecord
 
 ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 # Generous like vLLM's client: a benchmark must see slow requests, not cut them off.
 TIMEOUT = aiohttp.ClientTimeout(total=6 * 60 * 60)
+# A server that refuses with Retry-After is asked again after that delay (plus jitter), a few times;
+# any other refusal is a failure of the request, as a benchmark must see it.
+RETRY_AFTER_ATTEMPTS = 3
+_BACKOFF = Backoff(max_wait=60.0)
+_RNG = random.Random()
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,17 +192,31 @@ async def send_request(session: aiohttp.ClientSession, ep: Endpoint, prompt: str
     body = request_body(ep, prompt, output_len, lane, priority)
     rec.start = time.perf_counter()
     try:
-        async with session.post(ep.url, json=body, headers=ep.headers) as resp:
-            if resp.status != 200:
-                rec.error = f"HTTP {resp.status}: {error_message(await resp.text())}"
-            else:
-                await read_stream(resp, ep, rec)
+        for attempt in itertools.count():
+            async with session.post(ep.url, json=body, headers=ep.headers) as resp:
+                wait = retry_wait(resp.status, resp.headers.get("Retry-After"), attempt)
+                if wait is None:
+                    if resp.status != 200:
+                        rec.error = f"HTTP {resp.status}: {error_message(await resp.text())}"
+                    else:
+                        await read_stream(resp, ep, rec)
+                    break
+            await asyncio.sleep(wait)  # the wait counts in the request's latency, as its user feels it
     except Exception as e:  # noqa: BLE001 - every failure is recorded with its reason
         rec.error = f"{type(e).__name__}: {e}"
     rec.end = time.perf_counter()
     if rec.error:  # a failed request keeps its reason, not partial counts or timings
         rec.success, rec.output_len, rec.ttft, rec.itl, rec.text = False, 0, 0.0, [], ""
     return rec
+
+
+def retry_wait(status: int, retry_after: str | None, attempt: int) -> float | None:
+    """Seconds to wait before sending again: only for a 429/503 that says when (``Retry-After``), a few times."""
+    if status not in (429, 503) or retry_after is None or attempt >= RETRY_AFTER_ATTEMPTS:
+        return None
+    if parse_retry_after(retry_after) is None:
+        return None
+    return _BACKOFF.delay(attempt, retry_after, _RNG)
 
 
 async def read_stream(resp: aiohttp.ClientResponse, ep: Endpoint, rec: RequestRecord) -> None:
