@@ -13,6 +13,10 @@
 #   flat:    issue #20's acceptance through HTTP (bench doctor's scenarios, goodput sweep 8-32
 #            req/s x 10 s, throughput 256 x 512/256) for `serve MODEL --dtype bfloat16` with
 #            no other flags, then with --scheduling-policy fcfs, back to back (8B shape)
+#   batch:   issue #15's batch tier: a 2,000-request Batch API batch (256 in / 128 out) drains,
+#            alone and while Poisson interactive shorts (64 in / 16 out, 4/s) run; interactive
+#            TTFT p99 vs idle, batch throughput vs alone (8B shape; needs the server wheels and
+#            python-multipart in .whl/, else the input file goes straight into the store); ~3 min
 #   quick = small;  full = small 8b 7b.  The GPU tests run once, first, whatever the sections.
 # Results: JSON lines in ${OUT:-out}/gpu-results.jsonl, logs beside them.
 set -uo pipefail
@@ -83,6 +87,10 @@ for section in $SECTIONS; do
       echo "== flat latency through HTTP (llama-3-8b): default flags, then --scheduling-policy fcfs"
       run python3 benchmarks/flat_acceptance.py --model "$MODELS/llama-3-8b" --dtype bfloat16 \
         --config default= --config fcfs=--scheduling-policy=fcfs --duration 20 --sweep-duration 10 --logs "$OUT" ;;
+    batch)
+      model llama-3-8b
+      echo "== batch tier (llama-3-8b): a 2,000-request batch drains while interactive shorts run"
+      run python3 benchmarks/batch_drain.py --model "$MODELS/llama-3-8b" --dtype bfloat16 ;;
     *) echo "unknown section: $section" >&2; status=1 ;;
   esac
 done

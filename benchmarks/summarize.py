@@ -30,6 +30,11 @@ def fmt(r: dict) -> str:
                 f"long {x('long_ttft_ratio')}x; mixed p99 {x('mixed_short_ttft_p99_ms')} ms ITL p99 "
                 f"{x('mixed_itl_p99_vs_batch1')}x; goodput {x('peak_good_per_s')}/s; HTTP/engine 8k "
                 f"{x('http_vs_engine_long')}; {x('output_tok_per_s')} tok/s")
+    if b == "batch_drain":
+        idle, during, alone, busy = r["idle"], r["during"], r["batch_alone"], r["batch_during"]
+        return (f"batch drain {r['num_batch']} req: interactive TTFT p99 {idle['p99_ms']:.1f} -> {during['p99_ms']:.1f} ms "
+                f"({r['ttft_p99_ratio']}x, target <= 1.5); batch {alone['output_tok_s']:.0f} -> "
+                f"{busy['output_tok_s']:.0f} tok/s ({r['batch_tput_ratio']}x, target >= 0.8)")
     if b == "decode_profile":
         kinds = "  ".join(f"{k.split()[0]} {v:.2f}" for k, v in r["ms_by_kind"].items())
         return (f"decode profile b={r['batch']:<3} step {r['step_ms']:.2f} ms, graph replay {r['replay_ms']:.2f} ms "
