@@ -12,8 +12,10 @@ import torch
 
 
 def host_tensor(data, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A CPU tensor to copy from: pinned when the destination is a GPU."""
-    return torch.tensor(data, dtype=dtype, pin_memory=device.type == "cuda")
+    """A CPU tensor to copy from: pinned when the destination is a GPU.
+    (torch.tensor refuses pin_memory=True for a numpy array, so pinning is a separate step.)"""
+    host = torch.tensor(data, dtype=dtype)  # a copy: the caller may reuse its numpy buffer
+    return host.pin_memory() if device.type == "cuda" else host
 
 
 def to_device(data, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
