@@ -41,6 +41,9 @@ class CacheConfig:
     cpu_kv_cache_space_gb: float = _knob(4.0, "KV-cache memory budget on CPU, in GiB")
     num_kv_blocks: int | None = _knob(None, "number of KV-cache blocks (overrides the memory-based size)")
     enable_prefix_caching: bool = _knob(True, "reuse KV blocks of identical prompt prefixes")
+    kv_cache_dtype: str = _knob("auto", "KV-cache element type: auto = the model dtype; fp8 (= fp8_e4m3) stores "
+                                "e4m3 with a per-layer scale (1.0 unless the checkpoint has k_scale/v_scale): "
+                                "twice the tokens of a 16-bit cache", ("auto", "fp8", "fp8_e4m3"))
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,6 +45,19 @@ def _compile_all() -> None:
                         {"x_ptr": f"*{act}", "q_ptr": "*fp8e4nv", "scale_ptr": "*fp32", "K": "i32",
                          "stride_xm": "i32"}, {"BLOCK": 4096})
         assert "tt.store" in ir
+    from expresslane.attention import triton_kernels
+
+    ptrs = {"q_ptr": "*bf16", "k_cache_ptr": "*fp8e4nv", "v_cache_ptr": "*fp8e4nv", "out_ptr": "*bf16",
+            "part_acc_ptr": "*fp32", "part_ml_ptr": "*fp32", "block_tables_ptr": "*i32", "seq_lens_ptr": "*i32",
+            "query_start_loc_ptr": "*i32", "work_ptr": "*i32"}
+    scalars = {"scale": "fp32", "num_splits": "i32", "k_scale": "fp32", "v_scale": "fp32"}
+    strides = dict.fromkeys(["stride_qt", "stride_qh", "stride_kb", "stride_ks", "stride_kh", "stride_ot",
+                             "stride_oh", "stride_bt", "stride_pa_s", "stride_pa_h", "stride_pml_s"], "i32")
+    for decode in (True, False):
+        ir = compile_ir(triton_kernels.paged_attention_kernel, {**ptrs, **scalars, **strides}, {
+            "G": 4, "G_PAD": 4, "BLOCK_Q": 4 if decode else 16, "BLOCK_N": 64, "HEAD_DIM": 128, "D_PAD": 128,
+            "PAGE": 16, "DECODE": decode, "PRECISION": "tf32"})
+        assert "tt.dot" in ir
     print("compiled")
 
 

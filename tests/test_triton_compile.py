@@ -25,10 +25,12 @@ def _compile_all() -> None:
     strides = ["stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh", "stride_cs",
                "stride_c_kv", "stride_c_slot", "stride_c_head"]
     signature = {**dict.fromkeys(["q_ptr", "k_ptr", "v_ptr"], "*bf16"), "pos_ptr": "*i64", "slot_ptr": "*i64",
-                 "cos_sin_ptr": "*fp32", "q_out_ptr": "*bf16", "cache_ptr": "*bf16", **dict.fromkeys(strides, "i32")}
-    for heads, kv_heads in ((32, 8), (14, 2), (4, 1)):
+                 "cos_sin_ptr": "*fp32", "q_out_ptr": "*bf16", "cache_ptr": "*bf16", **dict.fromkeys(strides, "i32"),
+                 "k_scale": "fp32", "v_scale": "fp32"}
+    for heads, kv_heads, kv_fp8 in ((32, 8, False), (14, 2, False), (4, 1, False), (32, 8, True)):
         constexprs = {"HQ": heads, "HK": kv_heads, "HALF": 64, "HQ_PAD": pow2(heads), "HK_PAD": pow2(kv_heads),
-                      "HALF_PAD": 64}
+                      "HALF_PAD": 64, "KV_FP8": kv_fp8}
+        signature["cache_ptr"] = "*fp8e4nv" if kv_fp8 else "*bf16"
         ctx = libtriton.ir.context()
         libtriton.ir.load_dialects(ctx)
         backend.load_dialects(ctx)

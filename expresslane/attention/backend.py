@@ -12,7 +12,8 @@ themselves)::
 The KV cache of one layer is a tensor [2, num_blocks, block_size, num_kv_heads,
 head_dim]; token t of a seq lives in block ``block_tables[seq, t // block_size]`` at
 offset ``t % block_size``, and ``slot_mapping`` holds ``block * block_size + offset``
-for every new token.
+for every new token. An FP8 cache (float8_e4m3fn) holds k / k_scale and v / v_scale
+(``kv_scales``, per layer), clamped to +-448 and rounded to nearest; readers multiply back.
 
 A layer calls ``store`` (RoPE on q and k, the new k/v of every token into the cache),
 then ``attend``. Invariant for every backend: the step's new k/v of *all* seqs are
@@ -52,12 +53,14 @@ class AttentionBackend(Protocol):
         ...
 
     def store(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rotary,
-              kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+              kv_cache: torch.Tensor, meta: AttentionMetadata,
+              kv_scales: tuple[float, float] = (1.0, 1.0)) -> torch.Tensor:
         """q [T, Hq, D], k/v [T, Hk, D]: rotate q and k by `rotary` (a RotaryEmbedding) at
         `positions`, write k/v into the cache; returns the rotated q."""
         ...
 
-    def attend(self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+               kv_scales: tuple[float, float] = (1.0, 1.0)) -> torch.Tensor:
         """Attention of the step's (rotated) queries over the cache: [T, Hq, D]."""
         ...
 

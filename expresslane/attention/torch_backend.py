@@ -12,11 +12,21 @@ import torch.nn.functional as F
 from expresslane.attention.backend import AttentionMetadata
 
 
-def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor,
+             kv_scales: tuple[float, float] = (1.0, 1.0)) -> None:
     _, num_blocks, block_size, heads, dim = kv_cache.shape
     flat = kv_cache.view(2, num_blocks * block_size, heads, dim)
+    if kv_cache.dtype == torch.float8_e4m3fn:  # a cast past +-448 would give NaN: clamp first
+        # (copied as bytes: index_copy_ has no float8 kernel on CPU)
+        k = (k.float() / kv_scales[0]).clamp(-448.0, 448.0).to(kv_cache.dtype).view(torch.uint8)
+        v = (v.float() / kv_scales[1]).clamp(-448.0, 448.0).to(kv_cache.dtype).view(torch.uint8)
+        flat = flat.view(torch.uint8)
     flat[0].index_copy_(0, slot_mapping, k)
     flat[1].index_copy_(0, slot_mapping, v)
+
+
+def _dequant(x: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
+    return x.to(dtype) * scale if x.dtype == torch.float8_e4m3fn else x
 
 
 def gather_kv(kv_cache: torch.Tensor, block_tables: torch.Tensor, max_len: int):
@@ -33,26 +43,28 @@ class TorchAttentionBackend:
     def prepare(self, meta: AttentionMetadata) -> None:
         pass
 
-    def store(self, positions, q, k, v, rotary, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
+    def store(self, positions, q, k, v, rotary, kv_cache, meta: AttentionMetadata,
+              kv_scales=(1.0, 1.0)) -> torch.Tensor:
         q, k = rotary(positions, q, k)
-        write_kv(kv_cache, k, v, meta.slot_mapping)
+        write_kv(kv_cache, k, v, meta.slot_mapping, kv_scales)
         return q
 
-    def attend(self, q, kv_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    def attend(self, q, kv_cache, meta: AttentionMetadata, scale: float, kv_scales=(1.0, 1.0)) -> torch.Tensor:
         out = torch.empty_like(q)
         nd = meta.num_decodes
         if nd:
-            out[:nd] = self._decode(q[:nd], kv_cache, meta, scale)
+            out[:nd] = self._decode(q[:nd], kv_cache, meta, scale, kv_scales)
         starts = meta.query_start_loc_cpu
         for i in range(nd, len(starts) - 1):
             lo, hi, ctx = starts[i], starts[i + 1], meta.seq_lens_cpu[i]
-            out[lo:hi] = self._prefill(q[lo:hi], kv_cache, meta.block_tables[i:i + 1], ctx, scale)
+            out[lo:hi] = self._prefill(q[lo:hi], kv_cache, meta.block_tables[i:i + 1], ctx, scale, kv_scales)
         return out
 
     @staticmethod
-    def _decode(q, kv_cache, meta: AttentionMetadata, scale):
+    def _decode(q, kv_cache, meta: AttentionMetadata, scale, kv_scales):
         nd, max_len = meta.num_decodes, meta.max_decode_seq_len
         k, v = gather_kv(kv_cache, meta.block_tables[:nd], max_len)
+        k, v = _dequant(k, kv_scales[0], q.dtype), _dequant(v, kv_scales[1], q.dtype)
         valid = torch.arange(max_len, device=q.device)[None, :] < meta.seq_lens[:nd, None]
         o = F.scaled_dot_product_attention(
             q.unsqueeze(2), k.transpose(1, 2), v.transpose(1, 2),  # [B, H, 1, D], [B, Hk, L, D]
@@ -60,9 +72,10 @@ class TorchAttentionBackend:
         return o.squeeze(2)
 
     @staticmethod
-    def _prefill(q, kv_cache, block_table, ctx: int, scale):
+    def _prefill(q, kv_cache, block_table, ctx: int, scale, kv_scales):
         n = q.shape[0]
         k, v = gather_kv(kv_cache, block_table, ctx)
+        k, v = _dequant(k, kv_scales[0], q.dtype), _dequant(v, kv_scales[1], q.dtype)
         # query j sits at position ctx - n + j and sees keys 0 .. ctx - n + j
         mask = torch.ones(n, ctx, dtype=torch.bool, device=q.device).tril(diagonal=ctx - n)
         o = F.scaled_dot_product_attention(

@@ -64,7 +64,8 @@ class TritonAttentionBackend:
         work = self.plan_prefill(meta.query_start_loc_cpu, meta.num_decodes)
         meta.prefill_work = to_device(work, torch.int32, meta.seq_lens.device) if len(work) else None
 
-    def store(self, positions, q, k, v, rotary, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
+    def store(self, positions, q, k, v, rotary, kv_cache, meta: AttentionMetadata,
+              kv_scales=(1.0, 1.0)) -> torch.Tensor:
         """RoPE on q and k and the KV-cache write in one kernel (one program per token)."""
         t = q.shape[0]
         q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -74,12 +75,12 @@ class TritonAttentionBackend:
             rope_store_kernel[(t,)](
                 q, k, v, positions, meta.slot_mapping, cs, q_out, kv_cache,
                 q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cs.stride(0),
-                kv_cache.stride(0), kv_cache.stride(2), kv_cache.stride(3),
+                kv_cache.stride(0), kv_cache.stride(2), kv_cache.stride(3), *kv_scales,
                 HQ=self.num_heads, HK=self.num_kv_heads, HALF=half, HQ_PAD=_pow2(self.num_heads),
-                HK_PAD=_pow2(self.num_kv_heads), HALF_PAD=_pow2(half))
+                HK_PAD=_pow2(self.num_kv_heads), HALF_PAD=_pow2(half), KV_FP8=kv_cache.dtype == torch.float8_e4m3fn)
         return q_out
 
-    def attend(self, q, kv_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    def attend(self, q, kv_cache, meta: AttentionMetadata, scale: float, kv_scales=(1.0, 1.0)) -> torch.Tensor:
         hk, d = self.num_kv_heads, self.head_dim
         out = torch.empty_like(q)
         kc, vc = kv_cache[0], kv_cache[1]
@@ -96,7 +97,7 @@ class TritonAttentionBackend:
             part_ml = torch.empty(nd, self.num_heads, s, 2, dtype=torch.float32, device=q.device)
             paged_attention_kernel[(nd, hk, s)](
                 q, kc, vc, out, part_acc, part_ml, meta.block_tables, meta.seq_lens, meta.query_start_loc,
-                meta.seq_lens, scale, s, *strides, part_acc.stride(0), part_acc.stride(1), part_ml.stride(0),
+                meta.seq_lens, scale, s, *kv_scales, *strides, part_acc.stride(0), part_acc.stride(1), part_ml.stride(0),
                 BLOCK_Q=self.decode_q, DECODE=True, **common)
             reduce_splits_kernel[(nd, self.num_heads)](
                 part_acc, part_ml, out, s, part_acc.stride(0), part_acc.stride(1), part_ml.stride(0),
@@ -104,6 +105,6 @@ class TritonAttentionBackend:
         if meta.prefill_work is not None:
             paged_attention_kernel[(meta.prefill_work.shape[0], hk, 1)](
                 q, kc, vc, out, out, out, meta.block_tables, meta.seq_lens, meta.query_start_loc,
-                meta.prefill_work, scale, 1, *strides, 0, 0, 0,
+                meta.prefill_work, scale, 1, *kv_scales, *strides, 0, 0, 0,
                 BLOCK_Q=self.prefill_q, DECODE=False, **common)
         return out

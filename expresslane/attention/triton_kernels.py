@@ -18,6 +18,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from expresslane.quant.kernels import _quantize_e4m3
+
 
 @triton.jit
 def _rotate_half(x1, x2, cos, sin):
@@ -27,13 +29,24 @@ def _rotate_half(x1, x2, cos, sin):
 
 
 @triton.jit
+def _cache_value(x, scale, KV_FP8: tl.constexpr):
+    """What the cache stores of x: x itself, or e4m3(x / scale) in an FP8 cache."""
+    if KV_FP8:
+        y = _quantize_e4m3(x.to(tl.float32), scale).to(tl.float8e4nv)
+    else:
+        y = x
+    return y
+
+
+@triton.jit
 def rope_store_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, slot_ptr, cos_sin_ptr, q_out_ptr, cache_ptr,
                       stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cs,
-                      stride_c_kv, stride_c_slot, stride_c_head,
+                      stride_c_kv, stride_c_slot, stride_c_head, k_scale, v_scale,
                       HQ: tl.constexpr, HK: tl.constexpr, HALF: tl.constexpr, HQ_PAD: tl.constexpr,
-                      HK_PAD: tl.constexpr, HALF_PAD: tl.constexpr):
+                      HK_PAD: tl.constexpr, HALF_PAD: tl.constexpr, KV_FP8: tl.constexpr):
     """One program per new token: rotate its q heads into q_out ([T, HQ, 2*HALF]), rotate
-    its k heads and write them with its v heads into the token's cache slot."""
+    its k heads and write them with its v heads into the token's cache slot (an FP8 cache:
+    k / k_scale and v / v_scale as e4m3)."""
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + t)
     d = tl.arange(0, HALF_PAD)[None, :]
@@ -55,18 +68,18 @@ def rope_store_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, slot_ptr, cos_sin_ptr, q_out
         k1, k2 = _rotate_half(tl.load(k_src, mask=mk, other=0.0), tl.load(k_src + HALF, mask=mk, other=0.0),
                               cos, sin)
         k_dst = cache_ptr + slot * stride_c_slot + hk * stride_c_head + d
-        tl.store(k_dst, k1, mask=mk)
-        tl.store(k_dst + HALF, k2, mask=mk)
+        tl.store(k_dst, _cache_value(k1, k_scale, KV_FP8), mask=mk)
+        tl.store(k_dst + HALF, _cache_value(k2, k_scale, KV_FP8), mask=mk)
         v_src = v_ptr + t * stride_vt + hk * stride_vh + d
-        tl.store(k_dst + stride_c_kv, tl.load(v_src, mask=mk), mask=mk)
-        tl.store(k_dst + stride_c_kv + HALF, tl.load(v_src + HALF, mask=mk), mask=mk)
+        tl.store(k_dst + stride_c_kv, _cache_value(tl.load(v_src, mask=mk), v_scale, KV_FP8), mask=mk)
+        tl.store(k_dst + stride_c_kv + HALF, _cache_value(tl.load(v_src + HALF, mask=mk), v_scale, KV_FP8), mask=mk)
 
 
 @triton.jit
 def paged_attention_kernel(
         q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
         block_tables_ptr, seq_lens_ptr, query_start_loc_ptr, work_ptr,
-        scale, num_splits,
+        scale, num_splits, k_scale, v_scale,
         stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_ot, stride_oh, stride_bt,
         stride_pa_s, stride_pa_h, stride_pml_s,
         G: tl.constexpr, G_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -111,13 +124,14 @@ def paged_attention_kernel(
     m_i = tl.full([BLOCK_Q * G_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_Q * G_PAD], tl.float32)
     acc = tl.zeros([BLOCK_Q * G_PAD, D_PAD], tl.float32)
-    qk_scale = scale * 1.4426950408889634  # exp(x) = exp2(x * log2 e)
+    qk_scale = scale * k_scale * 1.4426950408889634  # exp(x) = exp2(x * log2 e); an FP8 cache's k scale
     for start in range(lo, hi, BLOCK_N):
         n = start + tl.arange(0, BLOCK_N)
         n_ok = n < hi
         page = tl.load(block_tables_ptr + seq * stride_bt + n // PAGE, mask=n_ok, other=0)
         kv_off = page.to(tl.int64) * stride_kb + (n % PAGE) * stride_ks + kv_head * stride_kh
-        k = tl.load(k_cache_ptr + kv_off[None, :] + d[:, None], mask=n_ok[None, :] & d_ok[:, None], other=0.0)
+        k = tl.load(k_cache_ptr + kv_off[None, :] + d[:, None], mask=n_ok[None, :] & d_ok[:, None],
+                    other=0.0).to(q.dtype)  # (a no-op unless the cache is FP8)
         s = tl.dot(q, k, input_precision=PRECISION) * qk_scale
         s = tl.where(n_ok[None, :] & (n[None, :] <= q_pos[:, None]), s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -125,10 +139,12 @@ def paged_attention_kernel(
         p = tl.math.exp2(s - m_safe[:, None])
         alpha = tl.math.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_cache_ptr + kv_off[:, None] + d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+        v = tl.load(v_cache_ptr + kv_off[:, None] + d[None, :], mask=n_ok[:, None] & d_ok[None, :],
+                    other=0.0).to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
 
+    acc = acc * v_scale
     if DECODE:
         pa = part_acc_ptr + seq * stride_pa_s + head[:, None] * stride_pa_h + split * D_PAD + d[None, :]
         tl.store(pa, acc, mask=row_ok[:, None])

@@ -83,8 +83,8 @@ class EngineCore:
         self._sync_launch = not cuda  # execute() returns when the step is done
         self._calls = 0
         self._last_done: tuple[float, int] | None = None  # (done, index) of the last completed step
-        log.info("KV cache: %d blocks of %d tokens (%.2f GiB)", num_blocks, bs,
-                 num_blocks * self.runner.kv_block_bytes() / 2**30)
+        log.info("KV cache: %d blocks of %d tokens (%.2f GiB, %s)", num_blocks, bs,
+                 num_blocks * self.runner.kv_block_bytes() / 2**30, str(self.runner.kv_dtype).removeprefix("torch."))
 
     @property
     def max_model_len(self) -> int:

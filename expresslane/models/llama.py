@@ -46,6 +46,7 @@ class Attention(nn.Module):
         self.rotary = RotaryEmbedding(self.head_dim, cfg.max_position_embeddings, theta, scaling)
         self.backend = backend
         self.kv_cache: torch.Tensor | None = None  # bound by the runner after allocation
+        self.kv_scales = (1.0, 1.0)  # k, v: an FP8 cache stores k / k_scale (checkpoint k_scale/v_scale)
 
     def forward(self, positions, x, meta: AttentionMetadata):
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -54,8 +55,8 @@ class Attention(nn.Module):
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q = self.backend.store(positions, q, k, v, self.rotary, self.kv_cache, meta)
-        o = self.backend.attend(q, self.kv_cache, meta, self.scale)
+        q = self.backend.store(positions, q, k, v, self.rotary, self.kv_cache, meta, self.kv_scales)
+        o = self.backend.attend(q, self.kv_cache, meta, self.scale, self.kv_scales)
         return self.o_proj(o.flatten(1))
 
 
@@ -136,6 +137,11 @@ class LlamaForCausalLM(nn.Module):
                 continue
             name, shard = self._map_name(hf_name)
             module, _, part = name.rpartition(".")
+            if part in ("k_scale", "v_scale") and module.endswith("self_attn"):  # FP8 KV-cache scales
+                attn = self.get_submodule(module)
+                k_scale, v_scale = attn.kv_scales
+                attn.kv_scales = (float(tensor), v_scale) if part == "k_scale" else (k_scale, float(tensor))
+                continue
             if module in quantized and part != "bias":  # the method builds its own weights
                 quantized[module].load_part({None: 0, "q": 0, "k": 1, "v": 2}.get(shard, shard), part, tensor)
                 continue

@@ -61,6 +61,7 @@ class ModelRunner:
         self.device = resolve_device(config.device.device)
         self.dtype = resolve_dtype(config.model.dtype, hf_config, self.device)
         self.block_size = config.cache.block_size
+        self.kv_dtype = torch.float8_e4m3fn if config.cache.kv_cache_dtype.startswith("fp8") else self.dtype
         t0 = time.monotonic()
         heads = hf_config.num_attention_heads
         kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
@@ -92,7 +93,7 @@ class ModelRunner:
     # -- KV cache memory ---------------------------------------------------------------------
     def kv_block_bytes(self) -> int:
         attn = self.model.layers[0].self_attn
-        per_layer = 2 * self.block_size * attn.num_kv_heads * attn.head_dim * self.dtype.itemsize
+        per_layer = 2 * self.block_size * attn.num_kv_heads * attn.head_dim * self.kv_dtype.itemsize
         return per_layer * len(self.model.layers)
 
     @torch.inference_mode()
@@ -133,7 +134,7 @@ class ModelRunner:
     def allocate_kv_cache(self, num_blocks: int) -> None:
         attn = self.model.layers[0].self_attn
         shape = (2, num_blocks, self.block_size, attn.num_kv_heads, attn.head_dim)
-        self.kv_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in self.model.layers]
+        self.kv_caches = [torch.zeros(shape, dtype=self.kv_dtype, device=self.device) for _ in self.model.layers]
         for layer, cache in zip(self.model.layers, self.kv_caches):
             layer.self_attn.kv_cache = cache
 
