@@ -11,12 +11,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import Awaitable, Callable
+from typing import AsyncIterator, Awaitable, Callable
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from expresslane import __version__
 from expresslane.server import errors
@@ -65,15 +66,26 @@ class ServerSettings:
 class SSEResponse(StreamingResponse):
     """An event stream whose request is aborted however the response ends (done, client gone, cancelled)."""
 
-    def __init__(self, content, on_close: Callable[[], None]):
-        super().__init__(content, media_type="text/event-stream",
+    def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], None], request_id: str):
+        super().__init__(self._until_done(content), media_type="text/event-stream",
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         self._on_close = on_close
+        self._request_id = request_id
+        self._done = False
+
+    async def _until_done(self, content: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        async for chunk in content:
+            yield chunk
+        self._done = True
 
     async def __call__(self, scope, receive, send) -> None:
         try:
             await super().__call__(scope, receive, send)
+        except (ClientDisconnect, OSError):  # the client left while we wrote: not an error of ours
+            pass
         finally:
+            if not self._done:
+                log.info("%s: the client left; request aborted", self._request_id)
             self._on_close()
 
 
@@ -93,6 +105,7 @@ async def _unless_client_gone(request: Request, work: Awaitable[dict], on_gone: 
             task.cancel()
             on_gone()
     if not task.done():
+        log.info("%s %s: the client left; request aborted", request.method, request.url.path)
         return Response(status_code=499)  # nobody reads it: nginx's "client closed request"
     return JSONResponse(task.result())
 
@@ -115,6 +128,11 @@ def build_app(client: EngineClient, settings: ServerSettings, metrics: Metrics,
         code = {404: "not_found", 405: "method_not_allowed"}.get(e.status_code, "http_error")
         return error_response(errors.APIError(e.status_code, f"{request.method} {request.url.path}: {e.detail}",
                                               kind, None, code))
+
+    @app.exception_handler(ClientDisconnect)
+    async def _client_left(request: Request, e: ClientDisconnect) -> Response:
+        log.info("%s %s: the client left before sending the whole body", request.method, request.url.path)
+        return Response(status_code=499)
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, e: Exception) -> JSONResponse:
@@ -167,7 +185,7 @@ def build_app(client: EngineClient, settings: ServerSettings, metrics: Metrics,
                                           timeout=settings.request_timeout)
         ep = endpoint(client, model_name, rid, group, params, req.include_usage, req.return_metrics)
         if req.stream:
-            return SSEResponse(ep.stream(), group.close)
+            return SSEResponse(ep.stream(), group.close, rid)
         return await _unless_client_gone(request, ep.collect(), group.close)
 
     @app.post("/v1/completions", dependencies=auth)

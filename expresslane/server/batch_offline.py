@@ -26,7 +26,8 @@ from expresslane.batch.store import BatchStore
 from expresslane.config import EngineConfig, engine_kwargs_from_args
 from expresslane.server.api import ServerSettings, build_app
 from expresslane.server.batch_routes import BatchService
-from expresslane.server.engine_client import Admission, EngineClient
+from expresslane.server.admission import AdmissionLimits
+from expresslane.server.engine_client import EngineClient
 from expresslane.server.metrics import Metrics
 
 
@@ -63,7 +64,7 @@ async def _run(args: argparse.Namespace, engine_kwargs: dict, url: str, content:
     name = args.served_model_name or args.model or "tiny"
     lanes = EngineConfig.from_kwargs(**engine_kwargs).scheduler.lane_slo
     metrics = Metrics(name, lanes)
-    client = EngineClient(engine_kwargs, metrics, Admission(), args.log_level.upper())
+    client = EngineClient(engine_kwargs, metrics, AdmissionLimits(), args.log_level.upper())
     batches = BatchService(url, concurrency=args.batch_concurrency, lease=args.batch_lease_seconds,
                            poll=min(0.5, args.batch_lease_seconds / 3))
     try:

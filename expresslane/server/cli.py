@@ -23,9 +23,11 @@ def add_serve_parser(subparsers) -> None:
     s.add_argument("--served-model-name", default=None,
                    help="the model name clients send and see (default: the model argument, or 'tiny')")
     s.add_argument("--max-waiting-requests", type=int, default=None,
-                   help="admission cap: requests admitted but not yet producing tokens; over it, 503 + Retry-After")
+                   help="admission cap: sequences (prompts x n) admitted but not yet producing tokens; over it, "
+                        "503 + Retry-After (a request larger than the cap on its own: 400)")
     s.add_argument("--max-waiting-tokens", type=int, default=None,
-                   help="admission cap: prompt tokens of those requests; over it, 503 + Retry-After")
+                   help="admission cap: prompt tokens of those sequences; over it, 503 + Retry-After (a request "
+                        "larger than the cap on its own: 400)")
     s.add_argument("--slo-admission", action="store_true",
                    help="refuse (503 + Retry-After) interactive requests that cannot get their first token "
                         "within the interactive lane's TTFT target (--lane-slo) given the prompts ahead")
@@ -35,7 +37,11 @@ def add_serve_parser(subparsers) -> None:
                    help="identical concurrent requests (same prompt and parameters, greedy or seeded) share one "
                         "generation; hit rate in /metrics (request_merge_hits_total / request_merge_queries_total)")
     s.add_argument("--shutdown-timeout", type=float, default=30.0,
-                   help="on SIGTERM: refuse new requests and give in-flight ones this many seconds to finish")
+                   help="on SIGTERM: refuse new requests and give in-flight ones this many seconds to finish; "
+                        "then they end with an error (streams: an SSE error event and [DONE]) and the server exits")
+    s.add_argument("--engine-restarts", type=int, default=3,
+                   help="when the engine process dies: fail the requests in flight and start a new engine (backoff "
+                        "0.5 s, doubling), at most this many times in the server's life; then exit 1")
     s.add_argument("--profile-dir", default=None,
                    help="enable POST /start_profile and /stop_profile: torch profiler traces of the engine "
                         "process, written here as Chrome trace JSON")

@@ -1,8 +1,10 @@
 """Run the server: engine process + uvicorn, and the SIGTERM drain.
 
-On the first SIGTERM (or Ctrl-C) the server stops admitting (503, ``/health`` 503),
-lets in-flight requests finish for up to ``--shutdown-timeout`` seconds, then stops
-uvicorn and the engine process and exits 0. A second signal stops the wait.
+On the first SIGTERM (or Ctrl-C) the server stops admitting (503, ``/health`` 503) and
+lets in-flight requests finish for up to ``--shutdown-timeout`` seconds. Past it, every
+request still in flight ends with an error (a stream: an SSE error event and
+``[DONE]``); then uvicorn and the engine process stop and the process exits 0 (1 when
+the engine died on the way). A second signal stops the wait.
 """
 
 from __future__ import annotations
@@ -18,12 +20,15 @@ import uvicorn
 
 from expresslane.config import EngineConfig, engine_kwargs_from_args
 from expresslane.server.api import ServerSettings, build_app
+from expresslane.server.admission import AdmissionLimits
 from expresslane.server.batch_routes import BatchService, service_from_args
-from expresslane.server.engine_client import Admission, EngineClient
+from expresslane.server.engine_client import EngineClient
 from expresslane.server.gpu_metrics import GpuSampler
 from expresslane.server.metrics import Metrics
 
 log = logging.getLogger(__name__)
+
+_FLUSH_S = 0.5  # past the shutdown timeout: how long the ended requests' responses may take to be written
 
 
 class DrainingServer(uvicorn.Server):
@@ -34,6 +39,7 @@ class DrainingServer(uvicorn.Server):
         self.exit_code = 0
         self._drain_deadline: float | None = None
         self._drain_logged = False
+        self._ended_at: float | None = None  # when the requests left at the deadline were failed
 
     def handle_exit(self, sig: int, frame) -> None:
         # A signal handler: only set flags here; on_tick (every 0.1 s) does the work. Not
@@ -51,12 +57,24 @@ class DrainingServer(uvicorn.Server):
                 log.warning("shutting down: waiting up to %gs for %d in-flight requests", self.shutdown_timeout,
                             self.client.num_inflight)
                 self._drain_logged = True
-            if self.client.num_inflight == 0 or time.monotonic() >= self._drain_deadline:
+            if self.client.num_inflight == 0 and self._ended_at is None:
+                return True
+            now = time.monotonic()
+            if self._ended_at is None and now >= self._drain_deadline:
+                n = self.client.end_in_flight(f"the server shut down before this request finished "
+                                              f"(--shutdown-timeout {self.shutdown_timeout:g} s)")
+                log.warning("shutdown timeout (%g s) reached: ended %d requests still in flight with an error",
+                            self.shutdown_timeout, n)
+                self._ended_at = now
+            # Their responses (error events) are written within a tick or two; then uvicorn stops.
+            if self._ended_at is not None and (not self.server_state.tasks or now - self._ended_at > _FLUSH_S):
                 return True
         return await super().on_tick(counter)
 
 
 def settings_from_args(args: argparse.Namespace) -> ServerSettings:
+    if args.engine_restarts < 0:
+        raise ValueError(f"--engine-restarts must be >= 0, got {args.engine_restarts}")
     for name in ("max_waiting_requests", "max_waiting_tokens", "request_timeout"):
         value = getattr(args, name)
         if value is not None and value <= 0:
@@ -79,8 +97,8 @@ def serve(args: argparse.Namespace) -> int:
     log_level = args.log_level.upper()
     metrics = Metrics(settings.served_model_name, lanes)
     slo_ttft = lanes["interactive"].ttft if args.slo_admission else None
-    admission = Admission(settings.max_waiting_requests, settings.max_waiting_tokens, slo_ttft,
-                          {lane: slo.queue for lane, slo in lanes.items()})
+    limits = AdmissionLimits(settings.max_waiting_requests, settings.max_waiting_tokens, slo_ttft,
+                             {lane: slo.queue for lane, slo in lanes.items()})
     profile_dir = None
     if args.profile_dir is not None:
         profile_dir = os.path.abspath(args.profile_dir)
@@ -90,11 +108,11 @@ def serve(args: argparse.Namespace) -> int:
             raise ValueError(f"--profile-dir {args.profile_dir!r}: cannot create it ({e.strerror})") from None
         if not os.access(profile_dir, os.W_OK):
             raise ValueError(f"--profile-dir {args.profile_dir!r}: not writable")
-    client = EngineClient(engine_kwargs, metrics, admission, log_level, profile_dir)
+    client = EngineClient(engine_kwargs, metrics, limits, log_level, args.engine_restarts, profile_dir)
     batches = service_from_args(args, metrics.registry, settings.served_model_name)
     config = uvicorn.Config(build_app(client, settings, metrics, batches), host=settings.host, port=settings.port,
                             log_level=log_level.lower(), access_log=log_level in ("DEBUG", "INFO"), lifespan="off",
-                            timeout_graceful_shutdown=2)
+                            timeout_graceful_shutdown=_FLUSH_S)
     server = DrainingServer(config, client, settings.shutdown_timeout)
     gpu = GpuSampler(metrics)
     if engine_kwargs.get("device") != "cpu":
@@ -109,27 +127,29 @@ def serve(args: argparse.Namespace) -> int:
 
 async def _serve(server: DrainingServer, client: EngineClient, settings: ServerSettings,
                  batches: BatchService | None) -> int:
-    def started(task: asyncio.Task) -> None:
+    def announce() -> None:
+        if batches is not None:  # batch work starts once the engine is ready
+            batches.start(server.config.app)
+        print(f"expresslane: serving {settings.served_model_name!r} on http://{settings.host}:{settings.port}",
+              file=sys.stderr, flush=True)
+
+    def ended(task: asyncio.Task) -> None:
         if task.cancelled():
             return
-        if task.exception() is not None:
+        if task.exception() is not None:  # the first start failed
             print(f"error: {task.exception()}", file=sys.stderr)
+        if task.exception() is not None or client.state == "dead":
             server.exit_code = 1
             server.should_exit = True
-        else:
-            if batches is not None:  # batch work starts once the engine is ready
-                batches.start(server.config.app)
-            print(f"expresslane: serving {settings.served_model_name!r} on http://{settings.host}:{settings.port}",
-                  file=sys.stderr, flush=True)
 
     # The port opens at once (/health says 503 "starting") while the engine loads.
-    start = asyncio.create_task(client.start())
-    start.add_done_callback(started)
+    engine = asyncio.create_task(client.run(announce))
+    engine.add_done_callback(ended)
     try:
         await server.serve()
     finally:
-        start.cancel()
+        engine.cancel()
         if batches is not None:
             await batches.stop()  # unanswered batch requests go back to the queue
         await client.close()
-    return server.exit_code
+    return 1 if client.engine_failed else server.exit_code

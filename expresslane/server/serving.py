@@ -20,7 +20,8 @@ import msgspec
 from expresslane.outputs import CompletionOutput, RequestOutput
 from expresslane.sampling_params import SamplingParams
 from expresslane.server import errors
-from expresslane.server.engine_client import EngineClient, RequestGroup
+from expresslane.server.engine_client import EngineClient
+from expresslane.server.tracker import RequestGroup
 from expresslane.server.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, GenerateRequest
 
 log = logging.getLogger(__name__)

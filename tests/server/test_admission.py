@@ -26,8 +26,8 @@ async def hold_the_slot(http: httpx.AsyncClient) -> asyncio.Task:
     return task
 
 
-async def wait_for_metric(server: Server, name: str, value: float, timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
+async def wait_for_metric(server: Server, name: str, value: float, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout  # a hang guard, not a figure
     while metric(server.metrics(), name) != value:
         assert time.monotonic() < deadline, f"{name} never reached {value}"
         await asyncio.sleep(0.02)
@@ -66,6 +66,32 @@ def test_burst_over_the_waiting_cap_gets_503s_and_accepted_requests_complete(sma
     assert httpx.get(small_server.url + "/health").status_code == 200
 
 
+def test_the_waiting_cap_counts_sequences_not_http_requests(small_server):
+    """--max-waiting-requests 4 counts prompts × n: 3 prompts × n=2 never fit (400, even with nothing
+    waiting), 2 × 2 fill the cap, and then a single sequence waits for room (503)."""
+    s = small_server
+    body = {"max_tokens": 2, "ignore_eos": True}
+
+    async def main():
+        async with httpx.AsyncClient(base_url=s.url, headers=s.headers, timeout=120) as http:
+            too_big = await http.post("/v1/completions", json={**body, "prompt": ["a", "b", "c"], "n": 2})
+            blocking = await hold_the_slot(http)
+            four = asyncio.create_task(http.post("/v1/completions", json={**body, "prompt": ["x", "y"], "n": 2}))
+            await wait_for_metric(s, "expresslane:num_requests_waiting", 4)
+            one_more = await http.post("/v1/completions", json={**body, "prompt": "z"})
+            blocking.cancel()
+            return too_big, one_more, await four
+
+    too_big, one_more, four = asyncio.run(main())
+    assert too_big.status_code == 400, too_big.text
+    err = too_big.json()["error"]
+    assert err["code"] == "request_too_large" and "6 sequences" in err["message"]
+    assert "--max-waiting-requests" in err["message"]
+    assert one_more.status_code == 503 and one_more.json()["error"]["code"] == "overloaded"
+    assert "4 sequences (prompts × n) waiting" in one_more.json()["error"]["message"]
+    assert four.status_code == 200 and sorted(c["index"] for c in four.json()["choices"]) == [0, 1, 2, 3]
+
+
 def test_lower_priority_value_runs_first(small_server):
     """With one slot busy, a later request with priority -5 overtakes an earlier one with priority 5."""
     body = {"max_tokens": 2, "ignore_eos": True, "return_metrics": True}
@@ -74,7 +100,7 @@ def test_lower_priority_value_runs_first(small_server):
         async with httpx.AsyncClient(base_url=small_server.url, headers=small_server.headers, timeout=120) as http:
             blocking = await hold_the_slot(http)
             late = asyncio.create_task(http.post("/v1/completions", json={**body, "prompt": "b", "priority": 5}))
-            await asyncio.sleep(0.05)
+            await wait_for_metric(small_server, "expresslane:num_requests_waiting", 1)  # it arrived first
             urgent = asyncio.create_task(http.post("/v1/completions", json={**body, "prompt": "c", "priority": -5}))
             await wait_for_metric(small_server, "expresslane:num_requests_waiting", 2)
             blocking.cancel()  # the client leaves: its abort frees the slot for the queue
@@ -104,7 +130,7 @@ def test_clients_gone_while_queued_are_aborted_before_running(small_server):
 
             blocking = await hold_the_slot(http)
             await asyncio.gather(queued_stream(0), queued_stream(1), queued_plain())
-            deadline = time.monotonic() + 2
+            deadline = time.monotonic() + 30  # "eventually": a hang guard, not a figure
             while time.monotonic() < deadline:
                 m = s.metrics()
                 if metric(m, "expresslane:request_success_total", finished_reason="abort") == before + 3 and \

@@ -1,0 +1,79 @@
+"""RequestTracker on its own (no server): a malformed engine output fails its request only."""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+
+from expresslane.engine.contract import EngineCoreOutput, StepStats
+from expresslane.outputs import RequestOutput
+from expresslane.sampling_params import SamplingParams
+from expresslane.server.admission import AdmissionLimits, AdmissionPolicy
+from expresslane.server.errors import APIError
+from expresslane.server.metrics import Metrics
+from expresslane.server.tracker import RequestTracker
+from expresslane.server.wire import FromEngine, Outputs
+
+_encode = msgspec.msgpack.Encoder().encode
+_decode = msgspec.msgpack.Decoder(FromEngine).decode
+
+
+def engine_turn(*outputs) -> bytes:
+    """An engine message as the engine process encodes it; an output may be a raw dict (malformed)."""
+    msg = msgspec.to_builtins(Outputs([], StepStats(1, 0, 0.1, 2, 2, 0.01), 1.0))
+    msg["outputs"] = [msgspec.to_builtins(o) if isinstance(o, EngineCoreOutput) else o for o in outputs]
+    return _encode(msg)
+
+
+def test_a_malformed_output_fails_its_request_and_no_other(llm):
+    async def main():
+        admission = AdmissionPolicy(AdmissionLimits())
+        tracker = RequestTracker(llm.tokenizer, admission, Metrics("tiny"))
+        params = SamplingParams(n=2, max_tokens=4)
+        good, good_batch = tracker.add("good", [("hello", [1, 2, 3])], params, lane="interactive", priority=0,
+                                       eos=(0,), timeout=None)
+        bad, bad_batch = tracker.add("bad", [("there", [4, 5]), ("again", [6])], SamplingParams(max_tokens=4),
+                                     lane="interactive", priority=0, eos=(0,), timeout=None)
+        assert [r.request_id for r in good_batch] == ["good-0#0", "good-0#1"]
+        assert [r.request_id for r in bad_batch] == ["bad-0", "bad-1"]
+        assert admission.waiting_seqs == 4
+        to_abort = tracker.handle(_decode(engine_turn(
+            EngineCoreOutput("good-0#0", [7]),
+            {"request_id": "bad-0", "new_token_ids": [8], "new_logprobs": [None]},  # issue #19 item 0's shape
+            EngineCoreOutput("good-0#1", [9]),
+            {"new_token_ids": "no id at all"},  # cannot be attributed: logged and dropped
+        )))
+        assert sorted(to_abort) == ["bad-0", "bad-1"]  # the failed request's work stops in the engine
+        err = bad.queue.get_nowait()
+        assert isinstance(err, APIError) and err.code == "internal_error" and "malformed" in err.message
+        out = good.queue.get_nowait()
+        assert isinstance(out, RequestOutput) and [c.token_ids for c in out.outputs] == [[7], [9]]
+        assert len(tracker) == 1 and admission.waiting_seqs == 0  # both good sequences started
+        # the failed request's late outputs are ignored; the good one carries on to its end
+        to_abort = tracker.handle(_decode(engine_turn(
+            EngineCoreOutput("bad-1", [1]),
+            EngineCoreOutput("good-0#0", [1], finish_reason="stop"),
+            EngineCoreOutput("good-0#1", [2], finish_reason="length"))))
+        assert to_abort == [] and len(tracker) == 0
+        final = good.queue.get_nowait()
+        assert final.finished and [c.finish_reason for c in final.outputs] == ["stop", "length"]
+
+    asyncio.run(main())
+
+
+def test_an_abort_stops_waiting_and_returns_every_engine_sequence(llm):
+    async def main():
+        admission = AdmissionPolicy(AdmissionLimits())
+        tracker = RequestTracker(llm.tokenizer, admission, Metrics("tiny"))
+        group, _ = tracker.add("x", [("a", [1, 2]), ("b", [3])], SamplingParams(n=3), lane="batch", priority=1,
+                               eos=(0,), timeout=None)
+        assert (admission.waiting_seqs, admission.waiting_tokens) == (6, 9)
+        assert tracker.abort("x-0") == ["x-0#0", "x-0#1", "x-0#2"]
+        assert tracker.abort("x-0") == []  # idempotent
+        assert (admission.waiting_seqs, admission.waiting_tokens) == (3, 3)
+        tracker.fail_all(APIError(500, "gone", "internal_error"))
+        assert isinstance(group.queue.get_nowait(), APIError)
+        assert len(tracker) == 0 and admission.waiting_seqs == 0
+
+    asyncio.run(main())
