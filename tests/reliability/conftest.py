@@ -10,8 +10,19 @@ from __future__ import annotations
 import json
 
 import httpx
+import pytest
 
 from server.conftest import Server, metric, server  # noqa: F401  (`server`: the shared fixture, reused here)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _own_batch_store(tmp_path_factory):
+    """The servers started here keep their Batch API store (the fuzzer uploads files) in a temporary
+    directory, not in the user's ~/.cache/expresslane."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("EXPRESSLANE_CACHE", str(tmp_path_factory.mktemp("cache")))
+    yield
+    mp.undo()
 
 
 def sse_events(lines) -> list:

@@ -153,6 +153,39 @@ case("form content type", "POST", C, b"prompt=x", {"Authorization": f"Bearer {AP
 case("gzip claimed, plain sent", "POST", C, b'{"prompt": "x"}'[::-1], {"Authorization": f"Bearer {API_KEY}",
                                                                      "Content-Encoding": "gzip"})
 
+# The Batch API (files, batches) and the profiler routes.
+FILES, BATCHES = "/v1/files", "/v1/batches"
+case("files upload as JSON", "POST", FILES, {"purpose": "batch"})
+case("files upload, no file field", "POST", FILES, None, {"Authorization": f"Bearer {API_KEY}"}, 400)
+case("files upload, garbage multipart", "POST", FILES, b"--x\r\ngarbage", {"Authorization": f"Bearer {API_KEY}",
+                                                                          "Content-Type": "multipart/form-data; boundary=x"})
+case("files upload, no API key", "POST", FILES, {"purpose": "batch"}, {}, 401)
+case("files list, negative limit", "GET", FILES + "?limit=-1")
+case("files list, limit not a number", "GET", FILES + "?limit=ten")
+case("files list, huge limit", "GET", FILES + f"?limit={BIG}")
+case("file unknown", "GET", FILES + "/file-nope", status=404)
+case("file content unknown", "GET", FILES + "/file-nope/content", status=404)
+case("file delete unknown", "DELETE", FILES + "/file-nope", status=404)
+case("file id 4 kB", "GET", FILES + "/" + "f" * 4096, status=404)
+case("batch create, malformed", "POST", BATCHES, b'{"input_file_id": ')
+case("batch create, missing file id", "POST", BATCHES, {"endpoint": C, "completion_window": "24h"})
+case("batch create, unknown file", "POST", BATCHES, {"input_file_id": "file-nope", "endpoint": C,
+                                                     "completion_window": "24h"}, status=404)
+case("batch create, bad endpoint", "POST", BATCHES, {"input_file_id": "file-nope", "endpoint": "/v1/embeddings",
+                                                     "completion_window": "24h"})
+case("batch create, bad window", "POST", BATCHES, {"input_file_id": "file-nope", "endpoint": C,
+                                                   "completion_window": "forever"})
+case("batch create, metadata wrong type", "POST", BATCHES, {"input_file_id": "file-nope", "endpoint": C,
+                                                            "completion_window": "24h", "metadata": [1]})
+case("batches list, negative limit", "GET", BATCHES + "?limit=-5")
+case("batches list, limit not a number", "GET", BATCHES + "?limit=%00")
+case("batch unknown", "GET", BATCHES + "/batch_nope", status=404)
+case("batch cancel unknown", "POST", BATCHES + "/batch_nope/cancel", status=404)
+case("batches no API key", "GET", BATCHES, None, {}, 401)
+case("stop_profile without --profile-dir", "POST", "/stop_profile", status=404)  # as vLLM: no profiler, no route
+case("start_profile without --profile-dir", "POST", "/start_profile", status=404)
+case("start_profile no API key", "POST", "/start_profile", None, {}, 401)
+
 # Wrong methods and paths.
 for p in POSTS:
     for method in ("GET", "PUT", "DELETE"):
