@@ -159,13 +159,17 @@ class EngineClient:
                 if to_abort:
                     link.send(Abort(to_abort))
             elif isinstance(msg, Profiled) and self._profile_replies:
-                self._profile_replies.popleft().set_result(msg)
+                reply = self._profile_replies.popleft()
+                if not reply.done():  # cancelled when its HTTP client went away
+                    reply.set_result(msg)
 
     def _fail_in_flight(self, error: errors.APIError) -> None:
         if self.tracker is not None:
             self.tracker.fail_all(error)
         while self._profile_replies:
-            self._profile_replies.popleft().set_exception(error)
+            reply = self._profile_replies.popleft()
+            if not reply.done():
+                reply.set_exception(error)
         self.metrics.engine_stopped()
 
     async def profile(self, start: bool) -> Profiled:
