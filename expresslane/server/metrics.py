@@ -131,6 +131,7 @@ class Metrics:
     def engine_stopped(self) -> None:
         for g in (self.running, self.waiting, self.kv_usage):
             g.labels(self.model_name).set(0)
+        self._engine_totals = StepStats(0, 0, 0.0)  # a restarted engine counts from 0 again
 
     def new_tokens(self, lane: str, n: int, gap: float | None) -> None:
         self.generation_tokens.labels(self.model_name, lane).inc(n)

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
+from expresslane.engine.core import StepStats
 from expresslane.server.api_keys import KeyRing
 from expresslane.server.gpu_metrics import GpuSampler
 from expresslane.server.metrics import Metrics
@@ -194,3 +195,16 @@ def test_every_metric_is_documented():
     assert exposed - documented == set(), "undocumented metrics"
     assert {n for n in documented if ":" not in n[len("expresslane:"):]} - exposed \
         == set(), "documented metrics the server does not have"
+
+
+def test_engine_counters_carry_on_across_an_engine_restart():
+    """The engine's counters are cumulative per engine process; a new one starts from 0."""
+    metrics = Metrics("m")
+
+    def total(name: str) -> float:
+        return metrics.registry.get_sample_value(f"expresslane:{name}_total", {"model_name": "m"})
+
+    metrics.engine_step(StepStats(1, 0, 0.1, prefix_cache_queries=100, prefix_cache_hits=40, num_preemptions=2))
+    metrics.engine_stopped()  # the engine died
+    metrics.engine_step(StepStats(1, 0, 0.1, prefix_cache_queries=10, prefix_cache_hits=4, num_preemptions=1))
+    assert (total("prefix_cache_queries"), total("prefix_cache_hits"), total("num_preemptions")) == (110, 44, 3)
