@@ -43,7 +43,7 @@ def run_batch(args: argparse.Namespace) -> int:
     engine_kwargs = {**engine_kwargs_from_args(args), "model": args.model}
     EngineConfig.from_kwargs(**engine_kwargs)  # bad flags fail before the engine starts
     with tempfile.TemporaryDirectory(prefix="expresslane-batch-") as tmp:
-        url = args.batch_store or f"sqlite:{Path(tmp) / 'queue.db'}"
+        url = args.batch_store if args.batch_store not in (None, "none") else f"sqlite:{Path(tmp) / 'queue.db'}"
         return asyncio.run(_run(args, engine_kwargs, url, content, endpoint, len(items)))
 
 

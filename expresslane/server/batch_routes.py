@@ -292,10 +292,19 @@ class BatchService:
 
 
 def service_from_args(args: argparse.Namespace, registry: CollectorRegistry, model_name: str) -> BatchService | None:
+    """The Batch API of ``expresslane serve``; None with ``--batch-store none``, or when the default store
+    cannot be opened (a read-only home: the server runs without it and says so)."""
     if args.batch_store == "none":
         return None
     if args.batch_concurrency < 1 or args.batch_lease_seconds <= 0:
         raise ValueError("--batch-concurrency and --batch-lease-seconds must be positive")
-    return BatchService(args.batch_store or default_store_url(model_name), concurrency=args.batch_concurrency,
-                        lease=args.batch_lease_seconds, poll=min(1.0, args.batch_lease_seconds / 3),
-                        registry=registry, model_name=model_name)
+    url = args.batch_store or default_store_url(model_name)
+    try:
+        return BatchService(url, concurrency=args.batch_concurrency, lease=args.batch_lease_seconds,
+                            poll=min(1.0, args.batch_lease_seconds / 3), registry=registry, model_name=model_name)
+    except Exception as e:  # sqlite3.Error, OSError, redis's ConnectionError, ...
+        if args.batch_store is None:
+            log.warning("the Batch API is off: its default store %s cannot be opened (%s); pass --batch-store",
+                        url, e)
+            return None
+        raise ValueError(f"--batch-store {url!r} cannot be opened: {e}") from None

@@ -145,3 +145,12 @@ def test_cancel_keeps_partial_results(client):
         assert len(got) == done.request_counts.completed
     else:
         assert done.status == "completed"
+
+
+def test_a_store_that_cannot_be_opened_stops_serve_naming_it():
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "expresslane.cli.main", "serve", "--port", "0",
+                        "--batch-store", "redis://127.0.0.1:1/0"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--batch-store 'redis://127.0.0.1:1/0' cannot be opened" in r.stderr
