@@ -32,7 +32,8 @@ def fmt(r: dict) -> str:
                 f"{x('http_vs_engine_long')}; {x('output_tok_per_s')} tok/s")
     if b == "batch_drain":
         idle, during, alone, busy = r["idle"], r["during"], r["batch_alone"], r["batch_during"]
-        return (f"batch drain {r['num_batch']} req: interactive TTFT p99 {idle['p99_ms']:.1f} -> {during['p99_ms']:.1f} ms "
+        return (f"batch drain {r['num_batch']} req: interactive TTFT p99 {idle['p99_ms']:.1f} -> "
+                f"{during['p99_ms']:.1f} ms "
                 f"({r['ttft_p99_ratio']}x, target <= 1.5); batch {alone['output_tok_s']:.0f} -> "
                 f"{busy['output_tok_s']:.0f} tok/s ({r['batch_tput_ratio']}x, target >= 0.8)")
     if b == "decode_profile":

@@ -67,7 +67,8 @@ class SQLiteStore(BatchStore):
     # -- files --------------------------------------------------------------------------------
     def put_file(self, rec: FileRecord, content: bytes) -> None:
         with self._tx() as db:
-            db.execute("INSERT OR REPLACE INTO files VALUES (?, ?, ?, ?)", (rec.id, rec.to_json(), content, rec.purpose))
+            db.execute("INSERT OR REPLACE INTO files VALUES (?, ?, ?, ?)",
+                       (rec.id, rec.to_json(), content, rec.purpose))
 
     def get_file(self, file_id: str) -> FileRecord | None:
         with self._tx(write=False) as db:

@@ -8,12 +8,12 @@ import aiohttp
 
 from expresslane.bench.client import Endpoint, retry_wait, send_request
 
-from .test_client import chunk, scripted  # noqa: F401 - the fixture
+from .test_client import chunk
 
 DONE = {"id": "cmpl-1", "object": "text_completion", "choices": [{"index": 0, "text": "b", "finish_reason": "length"}]}
 
 
-def send(scripted, script):  # noqa: F811
+def send(scripted, script):
     scripted.script[:] = script
     scripted.bodies.clear()
 
@@ -24,12 +24,12 @@ def send(scripted, script):  # noqa: F811
     return asyncio.run(go())
 
 
-def test_a_503_with_retry_after_is_sent_again(scripted):  # noqa: F811
+def test_a_503_with_retry_after_is_sent_again(scripted):
     rec = send(scripted, [("error", 503, {"Retry-After": "0"}), ("stream", [chunk("a"), DONE], True)])
     assert rec.success and rec.error in (None, "") and len(scripted.bodies) == 2
 
 
-def test_refusals_without_retry_after_fail_at_once(scripted):  # noqa: F811
+def test_refusals_without_retry_after_fail_at_once(scripted):
     rec = send(scripted, [("error", 503, {}), ("stream", [chunk("a"), DONE], True)])
     assert not rec.success and rec.error.startswith("HTTP 503") and len(scripted.bodies) == 1
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
 import time
 
 import httpx
@@ -106,7 +108,8 @@ def test_failed_requests_go_to_the_error_file(client):
 
 
 def test_invalid_files_and_ids_are_refused(client, batch_server):
-    bad = b'{"custom_id": "a", "url": "/v1/completions", "body": {}}\n{"custom_id": "a", "url": "/v1/completions", "body": {}}\nnot json\n'
+    line = b'{"custom_id": "a", "url": "/v1/completions", "body": {}}\n'
+    bad = line + line + b"not json\n"
     f = client.files.create(file=("bad.jsonl", io.BytesIO(bad)), purpose="batch")
     b = client.batches.create(input_file_id=f.id, endpoint="/v1/completions", completion_window="24h")
     assert b.status == "failed" and [(e.line, e.code) for e in b.errors.data] == [
@@ -148,9 +151,6 @@ def test_cancel_keeps_partial_results(client):
 
 
 def test_a_store_that_cannot_be_opened_stops_serve_naming_it():
-    import subprocess
-    import sys
-
     r = subprocess.run([sys.executable, "-m", "expresslane.cli.main", "serve", "--port", "0",
                         "--batch-store", "redis://127.0.0.1:1/0"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "--batch-store 'redis://127.0.0.1:1/0' cannot be opened" in r.stderr
