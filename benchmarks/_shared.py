@@ -1,12 +1,10 @@
-"""What the benchmark scripts share: the H200's floors, result lines, profiler sums.
-(Imported as a sibling module: the scripts run as `python benchmarks/NAME.py`.)"""
+"""What the GPU profiling scripts share beyond the bench package (whose floors, prompts
+and clients they use): result lines and profiler sums. (Imported as a sibling module:
+the scripts run as `python benchmarks/NAME.py`.)"""
 
 from __future__ import annotations
 
 import json
-
-PEAK_BW = 4.27e12  # B/s, measured device copy (DESIGN §8)
-PEAK_FLOPS = 805e12  # bf16 matmul (DESIGN §8)
 
 
 def emit(out: str | None, **row) -> None:
@@ -16,14 +14,6 @@ def emit(out: str | None, **row) -> None:
     if out:
         with open(out, "a") as f:
             f.write(line + "\n")
-
-
-def weight_bytes(model) -> int:
-    """Bytes read per decode step: every weight except the embedding table (only rows are read)."""
-    total = sum(p.numel() * p.element_size() for p in model.parameters())
-    if model.lm_head is not None:
-        total -= model.embed_tokens.weight.numel() * model.embed_tokens.weight.element_size()
-    return total
 
 
 def kernel_intervals(prof) -> list[tuple[float, float, str]]:

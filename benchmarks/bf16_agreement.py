@@ -30,6 +30,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     from expresslane import LLM
+    from expresslane.bench.inprocess import random_prompts
     from expresslane.engine.contract import NewRequest, ScheduledSeq, StepPlan
     from expresslane.sampling_params import SamplingParams
 
@@ -43,7 +44,7 @@ def main() -> None:
     agree = total = agree_clear = total_clear = 0
     with torch.inference_mode():
         for _ in range(args.num_seqs):
-            ids = [rng.randrange(min(vocab, 30000)) for _ in range(args.seq_len)]
+            [ids] = random_prompts(rng, vocab, [args.seq_len])
             ref = hf(torch.tensor([ids], device="cuda")).logits[0].float()
             top1_32 = hf32(torch.tensor([ids], device="cuda")).logits[0].argmax(-1)
             blocks = list(range(-(-len(ids) // runner.block_size)))  # the engine is idle: any blocks will do

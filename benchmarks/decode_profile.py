@@ -21,8 +21,12 @@ import time
 from collections import defaultdict
 
 import torch
-from _shared import PEAK_BW, busy_us, emit, kernel_intervals, weight_bytes
+from _shared import busy_us, emit, kernel_intervals
 from torch.profiler import ProfilerActivity, profile, record_function
+
+from expresslane.bench.floors import H200_PEAK_BANDWIDTH as PEAK_BW
+from expresslane.bench.floors import decode_weight_bytes
+from expresslane.bench.inprocess import random_prompts
 
 KINDS = (("matmul", ("gemm", "gemv", "nvjet", "cutlass", "sm90", "splitk")),
          ("attention", ("paged_attention", "write_kv", "reduce_splits")),
@@ -42,11 +46,9 @@ def decode_profile(llm, batch: int, context: int, weight_bytes: int, out) -> Non
 
     eng, core = llm.engine, llm.engine.core
     vocab = core.hf_config.vocab_size
-    rng = random.Random(batch)
     sp = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
-    for i in range(batch):
-        eng.add_request(f"p{batch}-{i}", {"prompt_token_ids": [rng.randrange(min(vocab, 30000))
-                                                               for _ in range(context)]}, sp)
+    for i, ids in enumerate(random_prompts(random.Random(batch), vocab, [context] * batch)):
+        eng.add_request(f"p{batch}-{i}", {"prompt_token_ids": ids}, sp)
     while core.scheduler.num_waiting or any(r.num_computed_tokens < r.num_prompt_tokens
                                             for r in core.scheduler.running.values()):
         eng.step()
@@ -103,7 +105,8 @@ def ttft_profile(llm, out) -> None:
 
     sp = SamplingParams(temperature=0, max_tokens=1)
     rng = random.Random(128)
-    fresh = lambda: {"prompt_token_ids": [rng.randrange(1000, 30000) for _ in range(128)]}  # noqa: E731 (no cache hit)
+    vocab = llm.engine.core.hf_config.vocab_size
+    fresh = lambda: {"prompt_token_ids": random_prompts(rng, vocab, [128])[0]}  # noqa: E731 (no cache hit)
     for _ in range(3):
         llm.generate([fresh()], sp, use_tqdm=False)
     prompt = fresh()
@@ -145,7 +148,7 @@ def main() -> None:
 
     llm = LLM(args.model, max_num_seqs=max(args.batches), gpu_memory_utilization=0.85)
     model = llm.engine.core.runner.model
-    wbytes = weight_bytes(model)
+    wbytes = decode_weight_bytes(model)
     for b in args.batches:
         decode_profile(llm, b, args.context, wbytes, args.out)
     ttft_profile(llm, args.out)

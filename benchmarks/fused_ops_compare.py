@@ -20,8 +20,9 @@ from functools import partial
 
 import torch
 import torch.nn.functional as F
-from _shared import PEAK_BW, emit
+from _shared import emit
 
+from expresslane.bench.floors import H200_PEAK_BANDWIDTH as PEAK_BW
 from expresslane.layers.rotary import RotaryEmbedding, _rotate
 
 HIDDEN, INTER, HQ, HKV, HEAD_DIM, EPS = 4096, 14336, 32, 8, 128, 1e-5

@@ -6,7 +6,7 @@
 #   profile: where a decode step's and a short prompt's time goes (8B shape)
 #   fused:   our Triton fused ops against torch.compile and eager (8B shapes)
 #   lanes:   issue #6's scenario (16 short requests arriving while an 8k prompt and 32
-#            batch requests run) under static, continuous-fcfs and continuous-lanes, 8B
+#            batch requests run) under static, continuous and continuous-lanes, 8B
 #            shape, with the long prompt interactive and then in the batch lane
 #   metrics: the server's NVML gauges (utilisation, memory, power) idle, then under 32 streaming
 #            clients (llama-3-8b shape; needs the server wheels and nvidia-ml-py in .whl/)
@@ -17,6 +17,8 @@
 #            alone and while Poisson interactive shorts (64 in / 16 out, 4/s) run; interactive
 #            TTFT p99 vs idle, batch throughput vs alone (8B shape; needs the server wheels and
 #            python-multipart in .whl/, else the input file goes straight into the store); ~3 min
+#   bench:   expresslane bench one-batch, flat-latency (with transformers) and throughput on
+#            the qwen2.5-0.5b shape in bf16: the bench package on CUDA (result JSON beside)
 #   quick = small;  full = small 8b 7b.  The GPU tests run once, first, whatever the sections.
 # Results: JSON lines in ${OUT:-out}/gpu-results.jsonl, logs beside them.
 set -uo pipefail
@@ -91,6 +93,18 @@ for section in $SECTIONS; do
       model llama-3-8b
       echo "== batch tier (llama-3-8b): a 2,000-request batch drains while interactive shorts run"
       run python3 benchmarks/batch_drain.py --model "$MODELS/llama-3-8b" --dtype bfloat16 ;;
+    bench)
+      model qwen2.5-0.5b
+      B=(python3 -m expresslane.cli.main bench)
+      echo "== bench one-batch (qwen2.5-0.5b shape)"
+      "${B[@]}" one-batch "$MODELS/qwen2.5-0.5b" --batch-size 1 --input-len 128 --output-len 64 \
+        --dtype bfloat16 --output "$OUT/bench-one-batch.json" || status=1
+      echo "== bench flat-latency (qwen2.5-0.5b shape, with transformers)"
+      "${B[@]}" flat-latency "$MODELS/qwen2.5-0.5b" --dtype bfloat16 --baseline hf --disable-tqdm \
+        --output "$OUT/bench-flat-latency.json" || status=1
+      echo "== bench throughput (qwen2.5-0.5b shape, against transformers)"
+      "${B[@]}" throughput "$MODELS/qwen2.5-0.5b" --dtype bfloat16 --num-prompts 256 \
+        --output "$OUT/bench-throughput.json" || status=1 ;;
     *) echo "unknown section: $section" >&2; status=1 ;;
   esac
 done

@@ -16,11 +16,16 @@ import statistics
 import time
 
 import torch
-from _shared import PEAK_BW, PEAK_FLOPS, busy_us, emit, kernel_intervals, weight_bytes
+from _shared import busy_us, emit, kernel_intervals
+
+from expresslane.bench.floors import H200_PEAK_BANDWIDTH as PEAK_BW
+from expresslane.bench.floors import H200_PEAK_FLOPS as PEAK_FLOPS
+from expresslane.bench.floors import decode_weight_bytes
+from expresslane.bench.inprocess import random_prompts
+
 
 def prompts_of(n: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(min(vocab, 30000)) for _ in range(length)] for _ in range(n)]
+    return random_prompts(random.Random(seed), vocab, [length] * n)
 
 
 def forward_flops(cfg, tokens: int) -> float:
@@ -45,7 +50,7 @@ def engine_benchmarks(args, out) -> None:
               gpu_memory_utilization=0.85)
     core = llm.engine.core
     cfg, vocab = core.hf_config, core.hf_config.vocab_size
-    wbytes = weight_bytes(core.runner.model)
+    wbytes = decode_weight_bytes(core.runner.model)
     floor_ms = wbytes / PEAK_BW * 1e3
     common = dict(engine="expresslane", model=args.model.rstrip("/").split("/")[-1],
                   backend=type(core.runner.attn_backend).__name__, cuda_graphs=core.runner.decode_graphs is not None)

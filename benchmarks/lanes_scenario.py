@@ -3,7 +3,7 @@ long prompt and a crowd of batch-lane requests are running.
 
     python benchmarks/lanes_scenario.py --model DIR [--long-len 8000 --num-batch 32 --num-short 16]
 
-For each mode (static, continuous-fcfs, continuous-lanes) a fresh engine:
+For each mode (static, continuous, continuous-lanes: the bench package's modes) a fresh engine:
 - alone: the short requests (one burst) on the idle engine, and the long prompt alone;
 - background: the batch crowd starts and is stepped until every member decodes, then
   the long prompt arrives; its TTFT here is the baseline of its growth;
@@ -17,23 +17,14 @@ targets of #6 (short P99 <= 2x alone and <= 50 ms on GPU; long TTFT growth <= 1.
 from __future__ import annotations
 
 import argparse
-import gc
 import random
-import statistics
 
-import torch
 from _shared import emit
 
-MODES = {
-    "static": {"batching": "static", "scheduling_policy": "fcfs"},
-    "continuous-fcfs": {"batching": "continuous", "scheduling_policy": "fcfs"},
-    "continuous-lanes": {"batching": "continuous", "scheduling_policy": "deadline"},
-}
+from expresslane.bench.inprocess import MODES, random_prompts, release_memory
+from expresslane.bench.stats import distribution
 
-
-def p99(xs: list[float]) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, round(0.99 * (len(xs) - 1)))]
+SCENARIO_MODES = ("static", "continuous", "continuous-lanes")
 
 
 def run_mode(args, mode: str) -> dict:
@@ -45,7 +36,7 @@ def run_mode(args, mode: str) -> dict:
     eng = llm.engine
     vocab = llm.engine.core.hf_config.vocab_size
     rng = random.Random(0)
-    ids = lambda n: {"prompt_token_ids": [rng.randrange(min(vocab, 30000)) for _ in range(n)]}  # noqa: E731
+    ids = lambda n: {"prompt_token_ids": random_prompts(rng, vocab, [n])[0]}  # noqa: E731
     short_sp = SamplingParams(temperature=0, max_tokens=args.short_out, ignore_eos=True)
     long_sp = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     batch_sp = SamplingParams(temperature=0, max_tokens=args.batch_out, ignore_eos=True)
@@ -81,10 +72,11 @@ def run_mode(args, mode: str) -> dict:
     base = background("base", with_shorts=False)
     done = background("mix", with_shorts=True)
     mixed_short = [ttft(done[f"mix-short{i}"]) for i in range(args.num_short)]
+    alone_ms, mixed_ms = distribution(alone_short), distribution(mixed_short)
     row = {
-        "mode": mode, "short_alone_p50_ms": 1e3 * statistics.median(alone_short),
-        "short_alone_p99_ms": 1e3 * p99(alone_short), "short_mixed_p50_ms": 1e3 * statistics.median(mixed_short),
-        "short_mixed_p99_ms": 1e3 * p99(mixed_short), "long_alone_ms": 1e3 * ttft(long_alone),
+        "mode": mode, "short_alone_p50_ms": alone_ms["p50"], "short_alone_p99_ms": alone_ms["p99"],
+        "short_mixed_p50_ms": mixed_ms["p50"], "short_mixed_p99_ms": mixed_ms["p99"],
+        "long_alone_ms": 1e3 * ttft(long_alone),
         "long_background_ms": 1e3 * ttft(base["base-long"]), "long_mixed_ms": 1e3 * ttft(done["mix-long"]),
         "preemptions": eng.core.scheduler.num_preemptions,
     }
@@ -96,9 +88,7 @@ def run_mode(args, mode: str) -> dict:
 
 def run_fresh(args, mode: str) -> dict:
     row = run_mode(args, mode)
-    gc.collect()  # the mode's engine is gone with run_mode's frame: free its memory for the next
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+    release_memory()  # the mode's engine is gone with run_mode's frame: free its memory for the next
     return row
 
 
@@ -117,7 +107,7 @@ def main() -> None:
     ap.add_argument("--short-out", type=int, default=4)
     ap.add_argument("--warm-steps", type=int, default=2, help="steps of the long prompt before the shorts arrive")
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--modes", default=",".join(SCENARIO_MODES), help=f"any of {', '.join(MODES)}")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     rows = [run_fresh(args, m) for m in args.modes.split(",")]

@@ -8,10 +8,13 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
+import random
 import time
 
 import torch
 from _shared import emit
+
+from expresslane.bench.inprocess import random_prompts
 
 
 def per_call_us(fn, n: int = 300) -> float:
@@ -42,7 +45,9 @@ def main() -> None:
 
     llm = LLM(args.model, max_num_seqs=64, gpu_memory_utilization=0.5)
     sp = SamplingParams(temperature=0, max_tokens=1)
-    fresh = lambda i: {"prompt_token_ids": [1000 + 128 * i + j for j in range(128)]}  # noqa: E731 (no cache hit)
+    rng = random.Random(128)
+    vocab = llm.engine.core.hf_config.vocab_size
+    fresh = lambda i: {"prompt_token_ids": random_prompts(rng, vocab, [128])[0]}  # noqa: E731 (no cache hit)
     for i in range(3):
         llm.generate([fresh(i)], sp, use_tqdm=False)
     prof = cProfile.Profile()

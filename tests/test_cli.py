@@ -31,8 +31,8 @@ def test_generate_with_flags_n_and_chat(tmp_path):
 def test_make_model_then_generate(tmp_path):
     run_cli("make-model", "tiny", str(tmp_path / "m"), "--seed", "5")
     assert json.loads((tmp_path / "m" / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
-    res = run_cli("generate", str(tmp_path / "m"), "--prompt", "abc", "--max-tokens", "3")
-    assert res.returncode == 0
+    res = run_cli("generate", str(tmp_path / "m"), "--prompt", "abc", "--max-tokens", "3", "--ignore-eos")
+    assert "[3 tokens" in res.stderr  # the directory's model generated
 
 
 def test_clear_error_exit_code(tmp_path):
@@ -41,16 +41,3 @@ def test_clear_error_exit_code(tmp_path):
     res = run_cli("generate", "--prompt", "x", "--max-tokens", "0", check=False,
                   env_extra={"EXPRESSLANE_CACHE": str(tmp_path)})
     assert res.returncode == 2 and "max_tokens" in res.stderr
-
-
-def test_lanes_scenario_script_runs(tmp_path):
-    """benchmarks/lanes_scenario.py (issue #6's GPU scenario), shrunk to seconds on CPU."""
-    out = tmp_path / "lanes.jsonl"
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "lanes_scenario.py"
-    subprocess.run([sys.executable, str(script), "--long-len", "300", "--num-batch", "2",
-                    "--batch-len", "32", "--batch-out", "4", "--num-short", "3", "--short-len", "8",
-                    "--max-num-batched-tokens", "64", "--out", str(out)], check=True, capture_output=True,
-                   timeout=300, env={**os.environ, "EXPRESSLANE_CACHE": str(tmp_path / "cache")})
-    rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [r["mode"] for r in rows] == ["static", "continuous-fcfs", "continuous-lanes"]
-    assert all(r["short_mixed_p99_ms"] > 0 and r["long_growth"] > 0 for r in rows)

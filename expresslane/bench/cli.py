@@ -1,5 +1,5 @@
-"""``expresslane bench serving|traffic|report|one-batch|flat-latency``: argparse front of
-the bench suite.
+"""``expresslane bench serving|traffic|report|one-batch|flat-latency|throughput|server-overhead``:
+argparse front of the bench suite.
 
 Flag names follow ``vllm bench serve`` where one exists; the in-process benchmarks
 (one-batch, flat-latency) also take every engine flag (``--dtype``, ``--device``,
@@ -50,6 +50,8 @@ def add_bench_parser(subparsers) -> None:
     add_one_batch_parser(sub)
     add_flat_latency_parser(sub)
     add_scenario_parsers(sub)
+    add_throughput_parser(sub)
+    add_overhead_parser(sub)
 
 
 def add_client_args(p: argparse.ArgumentParser, base_url_required: bool = True) -> None:
@@ -189,8 +191,8 @@ def add_one_batch_parser(sub) -> None:
     p.add_argument("--quantization", default="none",
                    help="weight quantization; only 'none' exists yet")
     p.add_argument("--peak-bandwidth", type=float, default=None,
-                   help="GPU memory bandwidth in B/s for the floor (default 4.27e12: one H200, "
-                        "DESIGN §8)")
+                   help="GPU memory bandwidth in B/s for the floor (default 4.27e12: one H200's "
+                        "measured device copy)")
     p.add_argument("--output", help="write the result JSON here")
     add_cli_args(p, skip=("model", "batching", "max_batch_size", "scheduling_policy", "quantization"))
     p.set_defaults(func=one_batch_command)
@@ -301,6 +303,37 @@ def scenarios_command(args: argparse.Namespace) -> int:
     if args.output:
         records.save_result(result, args.output)
     return 0
+
+
+def add_throughput_parser(sub) -> None:
+    p = sub.add_parser("throughput", help="offline generation throughput in-process, against "
+                                          "transformers generate on the same prompts")
+    p.add_argument("model", nargs="?", default=None,
+                   help="model directory (default: the built-in tiny model)")
+    p.add_argument("--num-prompts", type=int, default=64)
+    p.add_argument("--input-len", type=int, default=128, help="prompt tokens (random ids)")
+    p.add_argument("--output-len", type=int, default=64, help="tokens generated per prompt")
+    p.add_argument("--hf-batch-size", type=int, default=64, help="transformers' static batch size")
+    p.add_argument("--no-baseline", action="store_true", help="expresslane only")
+    p.add_argument("--output", help="write the result JSON here")
+    add_cli_args(p)
+    p.set_defaults(func=throughput_command)
+
+
+def add_overhead_parser(sub) -> None:
+    p = sub.add_parser("server-overhead", help="TTFT through HTTP minus the engine's own TTFT "
+                                               "(an expresslane server's return_metrics)")
+    add_client_args(p)
+    p.add_argument("--model", help="model name to request (default: the first of GET /v1/models)")
+    p.add_argument("--sequential", type=int, default=200, help="requests sent one at a time")
+    p.add_argument("--concurrency", type=int, default=64, help="closed-loop streams, then")
+    p.add_argument("--rounds", type=int, default=4, help="requests per stream, one after another")
+    p.add_argument("--warmup", type=int, default=10, help="untimed requests first")
+    p.add_argument("--prompt-len", type=int, default=16, help="prompt tokens of every request")
+    p.add_argument("--seed", type=int, default=0, help="seed of the prompts")
+    p.add_argument("--output", help="write the result JSON here")
+    p.add_argument("--disable-tqdm", action="store_true", help="no progress bar")
+    p.set_defaults(func=overhead_command)
 
 
 def engine_flags(args: argparse.Namespace) -> dict:
@@ -422,3 +455,37 @@ def flat_latency_command(args: argparse.Namespace) -> int:
     if args.output:
         records.save_result(result, args.output)
     return 0 if all(row["flatness"] is not None for row in result["rows"]) else 1
+
+
+def throughput_command(args: argparse.Namespace) -> int:
+    from expresslane.bench import records
+    from expresslane.bench.throughput import ThroughputConfig, format_throughput, run_throughput
+
+    try:
+        result = run_throughput(ThroughputConfig(
+            model=args.model, num_prompts=args.num_prompts, input_len=args.input_len,
+            output_len=args.output_len, hf_batch_size=args.hf_batch_size,
+            baseline=None if args.no_baseline else "hf", engine_args=engine_flags(args)))
+    except (ValueError, RuntimeError, FileNotFoundError) as e:
+        return fail(str(e))
+    print(format_throughput(result))
+    if args.output:
+        records.save_result(result, args.output)
+    return 0
+
+
+def overhead_command(args: argparse.Namespace) -> int:
+    from expresslane.bench import records
+    from expresslane.bench.overhead import OverheadConfig, format_overhead, run_overhead
+
+    try:
+        result = run_overhead(OverheadConfig(
+            client=client_options(args, args.model), sequential=args.sequential,
+            concurrency=args.concurrency, rounds=args.rounds, warmup=args.warmup,
+            prompt_len=args.prompt_len, seed=args.seed, disable_tqdm=args.disable_tqdm))
+    except (ValueError, RuntimeError) as e:
+        return fail(str(e))
+    print(format_overhead(result))
+    if args.output:
+        records.save_result(result, args.output)
+    return 0 if result["sequential"]["measured"] else 1

@@ -240,6 +240,8 @@ async def read_stream(resp: aiohttp.ClientResponse, ep: Endpoint, rec: RequestRe
             rec.error = f"StreamError: {error_message(payload)}"
             return
         usage = data.get("usage") or {}
+        if isinstance(data.get("metrics"), dict):  # expresslane's return_metrics
+            rec.server_metrics = data["metrics"]
         if usage:
             usage_out = usage.get("completion_tokens", usage_out)
             rec.input_len = usage.get("prompt_tokens") or rec.input_len

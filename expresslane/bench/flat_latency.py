@@ -1,4 +1,4 @@
-"""The flat-latency experiment (background article; DESIGN §1), end to end.
+"""The flat-latency experiment (the background article's), end to end.
 
 Per row (a batching mode of an in-process engine, the transformers baseline, or a
 server at ``--base-url``), with prompts of random tokens:

@@ -7,11 +7,11 @@ request. Each step is timed on the host around ``engine.step()``, after a device
 synchronize, so a step's time covers its GPU work (the sampler's ``tolist`` already
 waits for it; the explicit sync keeps that true whatever the runner does).
 
-Against the physical limit (DESIGN §8, STYLE 8): a decode step reads every weight
-once, except the embedding table, of which it gathers a few rows (a tied table is
-read whole as the output projection), plus each request's KV cache so far. The
-floor of a step is the weight bytes at the device's peak bandwidth; the report
-gives achieved bandwidth and the floor as a fraction of the measured median step.
+Against the physical limit (``floors.py``): a decode step reads every weight once,
+except the embedding table, of which it gathers a few rows (a tied table is read whole
+as the output projection), plus each request's KV cache so far. The floor of a step is
+the weight bytes at the device's peak bandwidth; the report gives achieved bandwidth
+and the floor as a fraction of the measured median step.
 """
 
 from __future__ import annotations
@@ -23,12 +23,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 import torch
-from torch import nn
 
 from expresslane import LLM, SamplingParams
+from expresslane.bench.floors import H200_PEAK_BANDWIDTH, decode_weight_bytes
 from expresslane.bench.inprocess import random_prompts, synchronize
 
-H200_PEAK_BANDWIDTH = 4.27e12  # B/s, device copy measured on one H200 (DESIGN §8)
 QUANTIZATIONS = ("none",)
 PROMPT_SEED = 0
 
@@ -56,13 +55,6 @@ class OneBatchConfig:
                              "accepted")
         if self.peak_bandwidth is not None and self.peak_bandwidth <= 0:
             raise ValueError(f"peak bandwidth must be positive, got {self.peak_bandwidth}")
-
-
-def decode_weight_bytes(model: nn.Module) -> int:
-    tied = getattr(model, "tie_word_embeddings", False)
-    tables = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-    gathered = set() if tied else tables
-    return sum(p.numel() * p.element_size() for p in model.parameters() if id(p) not in gathered)
 
 
 def time_batch(llm: LLM, prompts: list[list[int]], output_len: int,

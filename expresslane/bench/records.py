@@ -27,6 +27,7 @@ class RequestRecord:
     length_class: str = "short"  # "short" | "long"
     lane: str | None = None
     cached_tokens: int | None = None  # prompt tokens the server found in its prefix cache
+    server_metrics: dict | None = None  # expresslane's return_metrics: the engine's timestamps
     text: str = ""  # the generated text (HTTP runs; not written to the result)
     output_count: str = "exact"  # how output_len was counted: exact | usage | tokenizer | chunks
 

@@ -1,9 +1,9 @@
 """Reports from result JSON files: one self-contained HTML page, or one PNG of charts.
 
-Every result kind the bench writes is reported: serving, sweep, traffic, flat-latency
-and one-batch. The HTML page holds every table of every result (summary, latency, per
-class, SLO verdict with causes, sweep points; the flat-latency and one-batch tables as
-their runs print them) and the charts as base64 PNGs, so it can be mailed or attached
+Every result kind the bench writes is reported: serving, sweep, traffic, flat-latency,
+one-batch, throughput and server-overhead. The HTML page holds every table of every
+result (summary, latency, per class, SLO verdict with causes, sweep points; the other
+kinds' tables as their runs print them) and the charts as base64 PNGs, so it can be mailed or attached
 as it is. The PNG opens with a title and, per result, its configuration, failure count
 and SLO verdict. ``compare`` adds a table of key metrics side by side, as ratios to the
 first result (serving, traffic and sweep points). Charts overlay all given results.
@@ -28,7 +28,8 @@ padding:3px 8px;text-align:right}th{background:#f0f0f0}td:first-child{text-align
 .pass{color:#080;font-weight:bold}.fail{color:#b00;font-weight:bold}
 figure{display:inline-block;margin:0.5em}img{max-width:560px}"""
 
-REPORTED = ("serving", "sweep", "traffic", "flat-latency", "one-batch")
+REPORTED = ("serving", "sweep", "traffic", "flat-latency", "one-batch", "throughput", "server-overhead")
+PRINTED = ("flat-latency", "one-batch", "throughput", "server-overhead")  # shown as their runs print
 TITLE = "expresslane bench report"
 
 
@@ -120,18 +121,22 @@ def sweep_section(label: str, s: dict) -> str:
 
 
 def printed_section(label: str, r: dict) -> str:
-    """flat-latency and one-batch: the tables their run prints."""
+    """The tables the run printed (flat-latency, one-batch, throughput, server-overhead)."""
     if r["kind"] == "flat-latency":
         from expresslane.bench.flat_latency import format_flat_latency as show
-    else:
+    elif r["kind"] == "one-batch":
         from expresslane.bench.one_batch import format_one_batch as show
+    elif r["kind"] == "throughput":
+        from expresslane.bench.throughput import format_throughput as show
+    else:
+        from expresslane.bench.overhead import format_overhead as show
     return f"<h3>{html.escape(label)}</h3><pre>{html.escape(show(r))}</pre>"
 
 
 def section(label: str, r: dict) -> str:
     if r["kind"] == "sweep":
         return sweep_section(label, r)
-    if r["kind"] in ("flat-latency", "one-batch"):
+    if r["kind"] in PRINTED:
         return printed_section(label, r)
     return result_section(label, r)
 

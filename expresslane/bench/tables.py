@@ -145,6 +145,18 @@ def run_summary(label: str, r: dict) -> list[str]:
                 f"{r['batch_size']} x input {r['input_len']} x output {r['output_len']}",
                 f"    prefill {fmt(r['prefill_latency_ms'])} ms, median decode step "
                 f"{fmt(r['median_decode_step_ms'])} ms, {fmt(r['decode_throughput'])} tokens/s"]
+    if kind == "throughput":
+        rates = ", ".join(f"{row['engine']} {fmt(row['tokens_per_s'])} tok/s" for row in r["rows"])
+        return [f"{label}: throughput, model {r['model_id']} ({r['device']}, {r['dtype']}); "
+                f"{r['num_prompts']} prompts x {r['input_len']} -> {r['output_len']} tokens",
+                f"    {rates}"]
+    if kind == "server-overhead":
+        seq, conc = r["sequential"], r["concurrent"]
+        over = [f"{name} p50 {fmt((s['overhead'] or {}).get('p50'))} ms" for name, s in
+                (("sequential", seq), (f"{conc['concurrency']} streams", conc))]
+        return [f"{label}: server-overhead, model {r['model_id']} at {r['base_url']}",
+                f"    {seq['failed'] + conc['failed']} of {seq['requests'] + conc['requests']} requests "
+                f"failed; overhead {', '.join(over)}"]
     load = (f"{r['num_users']} users, think {fmt(r['think_time'])} s" if kind == "traffic" else
             f"dataset {r['dataset']}, {r['num_prompts']} prompts, rate {r['request_rate']} req/s, "
             f"concurrency {fmt(r['max_concurrency'])}")

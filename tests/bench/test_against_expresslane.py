@@ -64,12 +64,24 @@ def test_bench_subcommands_against_expresslane_serve(real_server, tmp_path, monk
     assert f["target"] == "http" and f["rows"][0]["failed"] == 0
     assert f["long_len"] == MAX_MODEL_LEN - 4 and f["input_lens"] == [8, 64, MAX_MODEL_LEN - 4]
 
+    over = tmp_path / "overhead.json"
+    assert bench("server-overhead", *url, "--sequential", "4", "--concurrency", "2", "--rounds", "2",
+                 "--warmup", "1", "--output", str(over)) == 0
+    o = json.loads(over.read_text())
+    assert o["sequential"]["measured"] == 4 and o["concurrent"]["measured"] == 4
+    for part in ("http_ttft", "engine_ttft", "overhead"):
+        assert o["sequential"][part]["p50"] > 0, part
+    # the parts add up: what HTTP adds is what the client waited beyond the engine's TTFT
+    seq = o["sequential"]
+    assert seq["overhead"]["mean"] == pytest.approx(seq["http_ttft"]["mean"] - seq["engine_ttft"]["mean"])
+
     monkeypatch.delenv("OPENAI_API_KEY")
     assert bench("serving", *url, "--num-prompts", "1") == 2
     assert "HTTP 401" in capsys.readouterr().err
 
     html, png = tmp_path / "report.html", tmp_path / "chart.png"
-    assert bench("report", str(serving), str(traffic), str(flat), "--output", str(html)) == 0
+    assert bench("report", str(serving), str(traffic), str(flat), str(over), "--output", str(html)) == 0
+    assert "Server Overhead" in html.read_text()
     assert bench("report", str(serving), str(flat), "--output", str(png)) == 0
     assert html.stat().st_size > 10_000 and "data:image/png;base64" in html.read_text()
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -81,3 +81,10 @@ def test_unreachable_server_is_reported_not_raised(tmp_path, capsys):
 def test_bad_options_exit_2_with_a_message(server, capsys, argv, message):
     assert bench("serving", "--base-url", server.base_url, "--disable-tqdm", *argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_one_name_per_mode():
+    from expresslane.bench.cli import MODE_NAMES
+    from expresslane.bench.inprocess import MODES
+
+    assert MODE_NAMES == tuple(MODES)  # the CLI's default rows are the package's modes
