@@ -24,14 +24,14 @@ MSG = [{"role": "user", "content": "drop me"}]
 
 
 def _request(i: int) -> tuple[str, dict, int, int]:
-    """(path, body, sequences it runs, events read before leaving; -1: a plain request left by timeout)."""
+    """(path, body, prompts it sends, events read before leaving; -1: a plain request left by timeout)."""
     kind = i % 6
     if kind == 0:
         return "/v1/completions", {**BODY, "prompt": f"drop {i} " * 4, "stream": True}, 1, 0
     if kind == 1:
         return "/v1/completions", {**BODY, "prompt": f"drop {i}", "stream": True}, 1, 1
     if kind == 2:
-        return "/v1/chat/completions", {**BODY, "messages": MSG, "stream": True, "n": 2}, 2, 4
+        return "/v1/chat/completions", {**BODY, "messages": MSG, "stream": True, "n": 2}, 1, 4
     if kind == 3:
         return "/generate", {**BODY, "prompt": f"drop {i}", "stream": True}, 1, 3
     if kind == 4:
@@ -53,10 +53,9 @@ async def _drop(http: httpx.AsyncClient, i: int) -> None:
         async for line in r.aiter_lines():
             if seen >= events:
                 return  # leave: the context manager closes the connection mid-stream
-            if line.startswith("data: "):
-                assert line != "data: [DONE]", "the stream ended before it was dropped"
-                seen += 1
-    raise AssertionError("the stream ended before it was dropped")
+            seen += line.startswith("data: ")
+    # The whole answer came in fewer events (a lagging client gets several tokens per event):
+    # it finished before the client could leave, and is counted under `length`.
 
 
 def test_1000_dropped_streams_free_every_kv_block(server, n=1000):
@@ -89,11 +88,11 @@ def test_1000_dropped_streams_free_every_kv_block(server, n=1000):
     freed_in = time.monotonic() - (deadline - 2.0)
     assert idle, f"not idle 2 s after {n} drops: KV {metric(m, 'expresslane:kv_cache_usage_perc')}, running " \
                  f"{metric(m, 'expresslane:num_requests_running')}, waiting {metric(m, 'expresslane:num_requests_waiting')}"
-    # Each sequence ends once: aborted, or (when the whole stream was already written into the
-    # socket before the client left) finished by its length.
-    sequences = sum(_request(i)[2] for i in range(n))
+    # Each prompt (request_success counts one per prompt, all its n completions) ends once:
+    # aborted, or finished by its length when the whole answer was out before the client left.
+    prompts = sum(_request(i)[2] for i in range(n))
     ended = {r: metric(m, "expresslane:request_success_total", finished_reason=r) -
              metric(before, "expresslane:request_success_total", finished_reason=r) for r in ("abort", "length", "stop")}
-    assert sum(ended.values()) == sequences, f"{ended} for {sequences} sequences"
-    print(f"\n{n} drops ({sequences} sequences: {ended}) in {took:.1f} s; idle with KV 0 after {freed_in:.3f} s")
+    assert sum(ended.values()) == prompts, f"{ended} for {prompts} prompts"
+    print(f"\n{n} drops ({prompts} prompts: {ended}) in {took:.1f} s; idle with KV 0 after {freed_in:.3f} s")
     serves_a_normal_request(server)

@@ -15,9 +15,7 @@ import pytest
 
 from .conftest import Server, serves_a_normal_request, sse_events
 
-pytestmark = [pytest.mark.reliability,
-              pytest.mark.xfail(strict=True, reason="issue #19 item 4: --engine-restarts (the server helper's) is "
-                                                    "not on main yet")]
+pytestmark = pytest.mark.reliability
 
 LONG = {"max_tokens": 2000, "ignore_eos": True}
 

@@ -94,8 +94,6 @@ def test_sigterm_drains_every_request_in_flight():
         server.stop()
 
 
-@pytest.mark.xfail(strict=True, reason="issue #19 item 4 and finding R1: past --shutdown-timeout streams are cut "
-                                       "with no SSE error event or [DONE], plain requests get a text 500")
 def test_past_the_shutdown_timeout_every_stream_gets_an_error_and_done():
     server = Server("--shutdown-timeout", "1", "--max-num-seqs", str(SEQS), "--max-model-len", "2048").wait_ready()
     try:
