@@ -1,10 +1,17 @@
-"""What the GPU profiling scripts share beyond the bench package (whose floors, prompts
-and clients they use): result lines and profiler sums. (Imported as a sibling module:
-the scripts run as `python benchmarks/NAME.py`.)"""
+"""What the GPU benchmark scripts share beyond the bench package (whose floors, prompts,
+stats and client they use): result lines, profiler sums, a server started and stopped.
+(Imported as a sibling module: the scripts run as `python benchmarks/NAME.py`.)"""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
 
 
 def emit(out: str | None, **row) -> None:
@@ -34,3 +41,38 @@ def busy_us(intervals) -> float:
             busy += e - max(s, end)
             end = e
     return busy
+
+
+def start_server(serve_args: list[str], log_path: str, timeout: float = 600.0) -> tuple[subprocess.Popen, str]:
+    """``expresslane serve SERVE_ARGS`` on a free port, in its own process group, logging to
+    ``log_path``; returns once ``/health`` says ok (or raises, naming the log)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "expresslane.cli.main", "serve", *serve_args, "--port", str(port)]
+    print("$", " ".join(cmd), flush=True)
+    proc = subprocess.Popen(cmd, stdout=open(log_path, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}; see {log_path}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=1) as resp:
+                if resp.status == 200:
+                    return proc, url
+        except OSError:
+            pass
+        time.sleep(0.5)
+    stop_server(proc, 5.0)
+    raise TimeoutError(f"server not ready after {timeout:.0f} s; see {log_path}")
+
+
+def stop_server(proc: subprocess.Popen, timeout: float = 30.0) -> None:
+    """SIGTERM (the server drains), then the whole process group is killed if it lingers."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()

@@ -18,68 +18,36 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import shlex
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import aiohttp
 import numpy as np
-from _shared import emit
+from _shared import emit, start_server, stop_server
 
 from expresslane.bench.client import Endpoint, make_session, send_request
+from expresslane.bench.inprocess import random_prompts
 from expresslane.bench.stats import distribution
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(args: argparse.Namespace, store: str, log_path: str) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    cmd = [sys.executable, "-m", "expresslane.cli.main", "serve", args.model, "--port", str(port),
-           "--scheduling-policy", "deadline", "--batch-store", f"sqlite:{store}", *shlex.split(args.serve_flags)]
-    if args.dtype:
-        cmd += ["--dtype", args.dtype]
-    print("$", " ".join(cmd), flush=True)
-    proc = subprocess.Popen(cmd, stdout=open(log_path, "w"), stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}; see {log_path}")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=1) as resp:
-                if resp.status == 200:
-                    return proc, url
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise TimeoutError(f"server not ready after 600 s; see {log_path}")
-
-
 class Prompts:
-    """Fresh random token-id prompts: no two share a prefix block."""
+    """Fresh random token-id prompts (the bench package's): no two share a prefix block."""
 
     def __init__(self, model_dir: str, seed: int):
-        vocab = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
-        self.high = min(vocab, 32000)
-        self.rng = np.random.default_rng(seed)
+        self.vocab = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
+        self.rng = random.Random(seed)
 
     def __call__(self, n: int) -> list[int]:
-        return self.rng.integers(10, self.high, n).tolist()
+        return random_prompts(self.rng, self.vocab, [n])[0]
 
 
 async def shorts(session, ep: Endpoint, args, prompts: Prompts, stop: asyncio.Event | None, duration: float):
     """Poisson interactive shorts until `stop` is set (or for `duration` s); their records."""
-    rng = np.random.default_rng(int(prompts.rng.integers(1 << 30)))
+    rng = np.random.default_rng(prompts.rng.randrange(1 << 30))
     tasks, end = [], time.monotonic() + duration
     while (stop is None and time.monotonic() < end) or (stop is not None and not stop.is_set()):
         tasks.append(asyncio.create_task(send_request(session, ep, prompts(args.short_len), args.short_len,
@@ -169,18 +137,15 @@ def main() -> int:
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="batch-drain-") as tmp:
         store, log = os.path.join(tmp, "store.db"), os.path.join(tmp, "serve.log")
-        proc, url = start_server(args, store, log)
+        flags = ["--scheduling-policy", "deadline", "--batch-store", f"sqlite:{store}", *shlex.split(args.serve_flags)]
+        proc, url = start_server([args.model, *flags, *(["--dtype", args.dtype] if args.dtype else [])], log)
         try:
             r = asyncio.run(measure(url, args, store))
         except BaseException:
             print(Path(log).read_text()[-3000:], file=sys.stderr)
             raise
         finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+            stop_server(proc, 60.0)
     idle, during = r["idle"], r["during"]
     ttft_ratio = during["p99_ms"] / idle["p99_ms"] if idle["p99_ms"] else None
     alone, busy = r["batch_alone"], r["batch_during"]

@@ -16,55 +16,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from dataclasses import replace
 
-from _shared import emit
+from _shared import emit, start_server, stop_server
 
 from expresslane.bench.client import ClientOptions
 from expresslane.bench.datasets import DatasetSpec
 from expresslane.bench.doctor import DoctorConfig, run_doctor
 from expresslane.bench.scenarios import ScenarioConfig, run_scenarios
 from expresslane.bench.serving import ServingConfig, run_serving
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(model: str, dtype: str, flags: list[str], log_path: str) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    cmd = [sys.executable, "-m", "expresslane.cli.main", "serve", model, "--dtype", dtype, "--port", str(port), *flags]
-    print("$", " ".join(cmd), flush=True)
-    proc = subprocess.Popen(cmd, stdout=open(log_path, "w"), stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}; see {log_path}")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=1) as resp:
-                if resp.status == 200:
-                    return proc, url
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise TimeoutError(f"server not ready after 300 s; see {log_path}")
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
 
 
 def measure(url: str, args: argparse.Namespace) -> dict:
@@ -149,7 +109,8 @@ def main() -> None:
     for item in args.config:
         name, _, flags = item.partition("=")
         flag_list = [x for f in flags.split() for x in f.split("=", 1)]
-        proc, url = start_server(args.model, args.dtype, flag_list, os.path.join(args.logs, f"serve-{name}.log"))
+        proc, url = start_server([args.model, "--dtype", args.dtype, *flag_list],
+                                 os.path.join(args.logs, f"serve-{name}.log"), timeout=300)
         try:
             rows[name] = measure(url, args)
         finally:

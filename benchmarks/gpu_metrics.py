@@ -12,25 +12,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 import urllib.request
 
-from _shared import emit
+from _shared import emit, start_server, stop_server
 
 GAUGES = ("gpu_utilization_perc", "gpu_memory_used_bytes", "gpu_power_watts")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def gpu_gauges(url: str) -> dict[str, float]:
@@ -81,23 +72,14 @@ def main() -> int:
     p.add_argument("--duration", type=float, default=30.0, help="seconds sampled under load")
     p.add_argument("--out", default=None)
     args = p.parse_args()
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
     log = tempfile.NamedTemporaryFile(prefix="gpu-metrics-serve-", suffix=".log", delete=False)
-    server = subprocess.Popen([sys.executable, "-m", "expresslane.cli.main", "serve", args.model, "--port", str(port),
-                               "--dtype", args.dtype], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        server, url = start_server([args.model, "--dtype", args.dtype], log.name, timeout=900)
+    except (RuntimeError, TimeoutError):
+        print(open(log.name).read()[-3000:], file=sys.stderr)
+        return 1
     stop = threading.Event()
     try:
-        deadline = time.monotonic() + 900
-        while True:
-            if server.poll() is not None or time.monotonic() > deadline:
-                print(open(log.name).read()[-3000:], file=sys.stderr)
-                return 1
-            try:
-                if urllib.request.urlopen(url + "/health", timeout=2).status == 200:
-                    break
-            except OSError:
-                time.sleep(1)
         idle = sample(url, args.idle, "idle")
         done: list[int] = []
         threads = [threading.Thread(target=client, args=(url, stop, args.max_tokens, done), daemon=True)
@@ -114,11 +96,7 @@ def main() -> int:
         return 0 if row["load_gpu_utilization_perc"] is not None else 1  # no GPU metrics: a failure here
     finally:
         stop.set()
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
+        stop_server(server, 60.0)
         log.close()
         os.unlink(log.name)
 
