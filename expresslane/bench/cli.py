@@ -178,7 +178,16 @@ def add_one_batch_parser(sub) -> None:
     p.add_argument("--output-len", type=int, default=128,
                    help="tokens generated per request (EOS ignored)")
     p.add_argument("--quantization", default="none",
-                   help="weight quantization; only 'none' exists yet")
+                   help="weight quantization of the timed engine (none, fp8, awq, gptq, compressed-tensors); a "
+                        "quantized run (or --kv-cache-dtype fp8) also reports accuracy against the unquantized "
+                        "model: teacher-forced top-1 agreement, mean KL, perplexity difference, with standard errors")
+    p.add_argument("--baseline-model", default=None,
+                   help="the unquantized model for the accuracy report (default: MODEL without quantization)")
+    p.add_argument("--accuracy-trials", type=int, default=3, help="repeated accuracy runs (fresh texts each)")
+    p.add_argument("--accuracy-texts", type=int, default=8, help="texts per accuracy trial")
+    p.add_argument("--accuracy-text-len", type=int, default=256, help="tokens per accuracy text")
+    p.add_argument("--accuracy-chart", default=None,
+                   help="write a PNG: per-text accuracy before/after, standard error vs number of trials")
     p.add_argument("--peak-bandwidth", type=float, default=None,
                    help="GPU memory bandwidth in B/s for the floor (default 4.27e12: one H200's "
                         "measured device copy)")

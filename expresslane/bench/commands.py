@@ -114,7 +114,9 @@ def one_batch_command(args: argparse.Namespace) -> int:
         result = run_one_batch(OneBatchConfig(
             model=args.model, batch_size=args.batch_size, input_len=args.input_len,
             output_len=args.output_len, quantization=args.quantization,
-            peak_bandwidth=args.peak_bandwidth,
+            peak_bandwidth=args.peak_bandwidth, baseline_model=args.baseline_model,
+            accuracy_trials=args.accuracy_trials, accuracy_texts=args.accuracy_texts,
+            accuracy_text_len=args.accuracy_text_len, accuracy_chart=args.accuracy_chart,
             engine_args={k: v for k, v in engine_flags(args).items() if k != "quantization"}))
     except (ValueError, RuntimeError, FileNotFoundError) as e:
         return fail(str(e))

@@ -26,9 +26,9 @@ import torch
 
 from expresslane import LLM, SamplingParams
 from expresslane.bench.floors import H200_PEAK_BANDWIDTH, decode_weight_bytes
-from expresslane.bench.inprocess import random_prompts, synchronize
+from expresslane.bench.inprocess import random_prompts, release_memory, synchronize
 
-QUANTIZATIONS = ("none",)
+QUANTIZATIONS = ("none", "fp8", "awq", "gptq", "compressed-tensors")
 PROMPT_SEED = 0
 
 
@@ -41,6 +41,13 @@ class OneBatchConfig:
     quantization: str = "none"
     peak_bandwidth: float | None = None  # device bandwidth in B/s for the floor; None: one H200's
     engine_args: dict = field(default_factory=dict)  # dtype, device, ... (engine flags)
+    # a quantized run (weights or --kv-cache-dtype fp8) also reports its accuracy against the
+    # unquantized model (baseline_model, default the same directory): expresslane.quant.accuracy
+    baseline_model: str | None = None
+    accuracy_trials: int = 3
+    accuracy_texts: int = 8  # texts per trial
+    accuracy_text_len: int = 256  # tokens per text
+    accuracy_chart: str | None = None  # PNG path: per-text accuracy before/after, stderr vs trials
 
     def validate(self) -> None:
         for name in ("batch_size", "input_len"):
@@ -50,9 +57,9 @@ class OneBatchConfig:
             raise ValueError(f"output_len must be >= 2 (one prefill step, then decode steps), "
                              f"got {self.output_len}")
         if self.quantization not in QUANTIZATIONS:
-            raise ValueError(f"quantization {self.quantization!r} is not implemented: the engine "
-                             f"has no quantized weights yet; only {', '.join(QUANTIZATIONS)} is "
-                             "accepted")
+            raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {self.quantization!r}")
+        if self.accuracy_trials < 1:
+            raise ValueError(f"accuracy_trials must be >= 1, got {self.accuracy_trials}")
         if self.peak_bandwidth is not None and self.peak_bandwidth <= 0:
             raise ValueError(f"peak bandwidth must be positive, got {self.peak_bandwidth}")
 
@@ -87,7 +94,8 @@ def run_one_batch(cfg: OneBatchConfig) -> dict:
     cfg.validate()
     b, n_in, n_out = cfg.batch_size, cfg.input_len, cfg.output_len
     # max_num_seqs = the batch: never binding, and the KV cache is sized for this batch only
-    llm = LLM(cfg.model, **{"max_num_seqs": b, **cfg.engine_args,
+    quant = {} if cfg.quantization == "none" else {"quantization": cfg.quantization}
+    llm = LLM(cfg.model, **{"max_num_seqs": b, **cfg.engine_args, **quant,
                             "batching": "static", "max_batch_size": b})
     runner = llm.engine.core.runner
     vocab = llm.engine.core.hf_config.vocab_size
@@ -105,22 +113,36 @@ def run_one_batch(cfg: OneBatchConfig) -> dict:
     kv_read = [b * (n_in + k) * kv_bytes_per_token for k in range(1, len(decode) + 1)]
     achieved = (len(decode) * weight_bytes + sum(kv_read)) / sum(decode)
     on_gpu = runner.device.type == "cuda"
+    model_id, device, dtype = str(llm.engine.core.model_dir), runner.device, runner.dtype
+    quantization: dict = {"method": cfg.quantization}
+    kv_dtype = cfg.engine_args.get("kv_cache_dtype", "auto")
+    if cfg.quantization != "none" or kv_dtype != "auto":
+        from expresslane.quant.accuracy import plot_accuracy, quantization_accuracy
+
+        del llm, runner  # the timed engine's memory (its KV cache fills the GPU) goes first
+        release_memory()
+        args = {k: v for k, v in cfg.engine_args.items() if k in ("dtype", "device", "attention_backend", "seed")}
+        quantization["kv_cache_dtype"] = kv_dtype
+        quantization["accuracy"] = quantization_accuracy(
+            cfg.model, quant.get("quantization"), baseline_model=cfg.baseline_model, trials=cfg.accuracy_trials,
+            num_texts=cfg.accuracy_texts, text_len=cfg.accuracy_text_len, kv_cache_dtype=kv_dtype, **args)
+        if cfg.accuracy_chart:
+            plot_accuracy(quantization["accuracy"], cfg.accuracy_chart)
     peak = cfg.peak_bandwidth or H200_PEAK_BANDWIDTH
     floor_step = weight_bytes / peak if on_gpu else None
     return {
         "kind": "one-batch",
         "date": datetime.now().strftime("%Y%m%d-%H%M%S"),
-        "model_id": str(llm.engine.core.model_dir),
-        "device": str(runner.device),
-        "device_name": torch.cuda.get_device_name(runner.device) if on_gpu else None,
-        "dtype": str(runner.dtype).removeprefix("torch."),
+        "model_id": model_id,
+        "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if on_gpu else None,
+        "dtype": str(dtype).removeprefix("torch."),
         "num_threads": torch.get_num_threads(),
         "batch_size": b,
         "input_len": n_in,
         "output_len": n_out,
-        # quality fields of quantized runs (e.g. kl_divergence, top1_agreement against the
-        # unquantized model) go in this object, next to the method
-        "quantization": {"method": cfg.quantization},
+        # a quantized run's accuracy against the unquantized model (expresslane.quant.accuracy)
+        "quantization": quantization,
         "timing": "host wall time of each engine.step(), device synchronized; step 1 = prefill",
         "prefill_latency_ms": prefill * 1e3,
         "prefill_throughput": b * n_in / prefill,
@@ -165,4 +187,7 @@ def format_one_batch(r: dict) -> str:
     out = [f"{' One-Batch Benchmark Result ':=^60}"]
     out += [f"{label + ':':<36}{value:>24}" for label, value in rows]
     out.append("=" * 60)
+    if "accuracy" in r["quantization"]:
+        from expresslane.quant.accuracy import format_accuracy
+        out.append(format_accuracy(r["quantization"]["accuracy"]))
     return "\n".join(out)

@@ -31,6 +31,27 @@ def test_one_batch_json_has_the_fields(tmp_path, capsys):
     assert r["decode_throughput"] > 0 and r["weight_bytes"] > 0 and r["kv_bytes_per_token"] > 0
 
 
-def test_quantization_is_refused_until_it_exists(capsys):
+def test_unknown_quantization_is_refused(capsys):
     assert bench("one-batch", "--quantization", "int8") == 2
-    assert "not implemented" in capsys.readouterr().err
+    assert "quantization must be one of" in capsys.readouterr().err
+
+
+def test_quantized_one_batch_reports_accuracy_and_memory(tmp_path, capsys):
+    """--quantization fp8 with an FP8 KV cache: timed, then compared with the unquantized model."""
+    out, chart = tmp_path / "q.json", tmp_path / "acc.png"
+    assert bench("one-batch", "--batch-size", "2", "--input-len", "16", "--output-len", "4", "--device", "cpu",
+                 "--quantization", "fp8", "--kv-cache-dtype", "fp8", "--accuracy-trials", "2",
+                 "--accuracy-texts", "2", "--accuracy-text-len", "40",
+                 "--accuracy-chart", str(chart), "--output", str(out)) == 0
+    printed = capsys.readouterr().out
+    assert "Top-1 agreement" in printed and "Mean KL" in printed
+    q = json.loads(out.read_text())["quantization"]
+    assert q["method"] == "fp8" and q["kv_cache_dtype"] == "fp8"
+    acc = q["accuracy"]
+    assert acc["trials"] == 2 and len(acc["per_trial"]) == 2 and acc["stderr_vs_trials"][0]["trials"] == 2
+    assert 0.0 <= acc["top1_agreement"]["mean"] <= 1.0 and acc["top1_agreement"]["stderr"] is not None
+    assert acc["kl_divergence"]["mean"] >= 0.0
+    mem = acc["memory"]
+    assert mem["quantized"]["weight_bytes"] < mem["baseline"]["weight_bytes"]
+    assert 4 * mem["quantized"]["kv_bytes_per_token"] == mem["baseline"]["kv_bytes_per_token"]  # float32 -> e4m3
+    assert chart.stat().st_size > 10_000
