@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,11 +81,21 @@ class DeviceConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ParallelConfig:
+    tensor_parallel_size: int = _knob(1, "split every layer over this many ranks (GPUs; CPU processes over gloo)")
+    nnodes: int = _knob(1, "nodes the tensor-parallel ranks span (tensor_parallel_size / nnodes ranks on each)")
+    node_rank: int = _knob(0, "this node's index; node 0 schedules and serves HTTP, the others run workers")
+    dist_init_addr: str | None = _knob(None, "host:port of node 0 where the ranks meet (needed when nnodes > 1; "
+                                       "default: a free 127.0.0.1 port)")
+
+
+@dataclass(frozen=True, slots=True)
 class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     device: DeviceConfig = field(default_factory=DeviceConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> "EngineConfig":
@@ -114,7 +125,19 @@ class EngineConfig:
             raise ValueError(f"batch_timeout_ms must be >= 0, got {s.batch_timeout_ms}")
         if m.max_model_len is not None and m.max_model_len < 1:
             raise ValueError(f"max_model_len must be positive, got {m.max_model_len}")
-        for section in (m, c, s, self.device):
+        p = self.parallel
+        if not isinstance(p.tensor_parallel_size, int) or p.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be a positive integer, got {p.tensor_parallel_size!r}")
+        if p.nnodes < 1 or p.tensor_parallel_size % p.nnodes:
+            raise ValueError(f"nnodes must be >= 1 and divide tensor_parallel_size ({p.tensor_parallel_size}), "
+                             f"got {p.nnodes}")
+        if not 0 <= p.node_rank < p.nnodes:
+            raise ValueError(f"node_rank must be in [0, nnodes={p.nnodes}), got {p.node_rank}")
+        if p.nnodes > 1 and not p.dist_init_addr:
+            raise ValueError("dist_init_addr (host:port of node 0) is needed when nnodes > 1")
+        if p.dist_init_addr is not None and not re.fullmatch(r"[^:\s]+:\d{1,5}", p.dist_init_addr):
+            raise ValueError(f"dist_init_addr must be host:port, got {p.dist_init_addr!r}")
+        for section in (m, c, s, self.device, p):
             for f in dataclasses.fields(section):
                 choices = f.metadata.get("choices")
                 if choices and getattr(section, f.name) not in choices:
@@ -130,7 +153,8 @@ class EngineConfig:
             self, **{name: dataclasses.replace(getattr(self, name), **vals) for name, vals in changes.items()})
 
 
-_SECTIONS = {"model": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig, "device": DeviceConfig}
+_SECTIONS = {"model": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig, "device": DeviceConfig,
+             "parallel": ParallelConfig}
 
 
 def _field_owners() -> dict[str, str]:

@@ -12,13 +12,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from expresslane.config import EngineConfig
+from expresslane.distributed.executor import make_runner
 from expresslane.engine.batching import make_scheduler
 from expresslane.engine.contract import EngineCoreOutput, EngineCoreRequest, StepPlan, StepStats
 from expresslane.engine.cost_model import StepCostModel, StepShape
 from expresslane.engine.kv_cache import KVCacheManager
 from expresslane.engine.request import Request, check_prompt_length
 from expresslane.models.loader import check_model_dir, load_hf_config
-from expresslane.runner.model_runner import ModelRunner, StepResult
+from expresslane.runner.model_runner import StepResult
 from expresslane.runner.step_timing import calibration_steps, time_steps
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,7 @@ class EngineCore:
         self.model_dir = resolve_model_dir(config.model.model)
         self.hf_config = load_hf_config(self.model_dir)
         config = config.replace(max_model_len=resolve_max_model_len(config.model.max_model_len, self.hf_config))
-        self.runner = ModelRunner(config, self.hf_config, self.model_dir)
+        self.runner = make_runner(config, self.hf_config, self.model_dir)
         bs = config.cache.block_size
         max_blocks = config.scheduler.max_num_seqs * -(-config.model.max_model_len // bs) + 1
         num_blocks = self.runner.profile_num_blocks(max_blocks)

@@ -12,6 +12,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from expresslane.attention.backend import AttentionBackend, AttentionMetadata
+from expresslane.distributed.group import TPGroup
+from expresslane.distributed.layers import (ColumnParallelLinear, ParallelLMHead, RowParallelLinear,
+                                            VocabParallelEmbedding, even_split, gather_logits, head_split)
 from expresslane.layers.activation import silu_and_mul
 from expresslane.layers.norm import RMSNorm
 from expresslane.layers.rotary import RotaryEmbedding, rope_parameters
@@ -28,18 +31,27 @@ def _linear(in_features: int, shard_sizes: list[int], bias: bool, quant: QuantCo
 
 class Attention(nn.Module):
     def __init__(self, cfg, backend: AttentionBackend, qkv_bias: bool, qk_norm: bool, quant: QuantConfig | None,
-                 prefix: str):
+                 prefix: str, tp: TPGroup):
         super().__init__()
-        self.num_heads = cfg.num_attention_heads
-        self.num_kv_heads = cfg.num_key_value_heads or cfg.num_attention_heads
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_heads
+        heads = cfg.num_attention_heads
+        kv_heads = cfg.num_key_value_heads or heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+        # this rank's heads (all of them without tensor parallelism)
+        self.num_heads, q_first, self.num_kv_heads, kv_first = head_split(heads, kv_heads, tp)
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         self.scale = self.head_dim ** -0.5
         o_bias = bool(getattr(cfg, "attention_bias", False))
-        self.qkv_proj = _linear(cfg.hidden_size, [self.q_size, self.kv_size, self.kv_size], qkv_bias or o_bias, quant,
-                                [f"{prefix}.{p}_proj" for p in "qkv"])
-        self.o_proj = _linear(self.q_size, [cfg.hidden_size], o_bias, quant, [f"{prefix}.o_proj"])
+        if tp.size == 1:
+            self.qkv_proj = _linear(cfg.hidden_size, [self.q_size, self.kv_size, self.kv_size], qkv_bias or o_bias,
+                                    quant, [f"{prefix}.{p}_proj" for p in "qkv"])
+            self.o_proj = _linear(self.q_size, [cfg.hidden_size], o_bias, quant, [f"{prefix}.o_proj"])
+        else:
+            d = self.head_dim
+            kv = (kv_first * d, self.kv_size)
+            self.qkv_proj = ColumnParallelLinear(cfg.hidden_size, [(q_first * d, self.q_size), kv, kv],
+                                                 qkv_bias or o_bias)
+            self.o_proj = RowParallelLinear(heads * d, cfg.hidden_size, o_bias, tp)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if qk_norm else None
         theta, scaling = rope_parameters(cfg)
@@ -61,23 +73,29 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg, quant: QuantConfig | None, prefix: str):
+    def __init__(self, cfg, quant: QuantConfig | None, prefix: str, tp: TPGroup):
         super().__init__()
         bias = bool(getattr(cfg, "mlp_bias", False))
         inter = cfg.intermediate_size
-        self.gate_up_proj = _linear(cfg.hidden_size, [inter, inter], bias, quant,
-                                    [f"{prefix}.gate_proj", f"{prefix}.up_proj"])
-        self.down_proj = _linear(inter, [cfg.hidden_size], bias, quant, [f"{prefix}.down_proj"])
+        if tp.size == 1:
+            self.gate_up_proj = _linear(cfg.hidden_size, [inter, inter], bias, quant,
+                                        [f"{prefix}.gate_proj", f"{prefix}.up_proj"])
+            self.down_proj = _linear(inter, [cfg.hidden_size], bias, quant, [f"{prefix}.down_proj"])
+        else:
+            mine = even_split(inter, tp, "intermediate size")
+            self.gate_up_proj = ColumnParallelLinear(cfg.hidden_size, [mine, mine], bias)
+            self.down_proj = RowParallelLinear(inter, cfg.hidden_size, bias, tp)
 
     def forward(self, x):
         return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg, backend, qkv_bias: bool, qk_norm: bool, quant: QuantConfig | None, prefix: str):
+    def __init__(self, cfg, backend, qkv_bias: bool, qk_norm: bool, quant: QuantConfig | None, prefix: str,
+                 tp: TPGroup):
         super().__init__()
-        self.self_attn = Attention(cfg, backend, qkv_bias, qk_norm, quant, f"{prefix}.self_attn")
-        self.mlp = MLP(cfg, quant, f"{prefix}.mlp")
+        self.self_attn = Attention(cfg, backend, qkv_bias, qk_norm, quant, f"{prefix}.self_attn", tp)
+        self.mlp = MLP(cfg, quant, f"{prefix}.mlp", tp)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -95,17 +113,26 @@ class LlamaForCausalLM(nn.Module):
     qkv_bias = False
     qk_norm = False
 
-    def __init__(self, cfg, backend: AttentionBackend, quant: QuantConfig | None = None):
+    def __init__(self, cfg, backend: AttentionBackend, quant: QuantConfig | None = None, tp: TPGroup | None = None):
+        """`tp`: the tensor-parallel group this rank's slice of the model is built for."""
         super().__init__()
         self.config = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.tp = tp = tp or TPGroup.single()
+        if tp.size > 1 and quant is not None:
+            raise ValueError(f"tensor parallelism with quantized weights ({quant.name}) is not supported yet; "
+                             "use tensor_parallel_size=1 or an unquantized checkpoint")
+        sharded = tp.size > 1
+        self.embed_tokens = (VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp) if sharded
+                             else nn.Embedding(cfg.vocab_size, cfg.hidden_size))
         qkv_bias = self.qkv_bias or bool(getattr(cfg, "attention_bias", False))
         self.layers = nn.ModuleList(
-            DecoderLayer(cfg, backend, qkv_bias, self.qk_norm, quant, f"model.layers.{i}")
+            DecoderLayer(cfg, backend, qkv_bias, self.qk_norm, quant, f"model.layers.{i}", tp)
             for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.tie_word_embeddings = bool(getattr(cfg, "tie_word_embeddings", False))
-        self.lm_head = None if self.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, tp) if sharded else nn.Linear(
+            cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = None if self.tie_word_embeddings else head
 
     def forward(self, input_ids, positions, meta: AttentionMetadata) -> torch.Tensor:
         x, residual = self.run_layers(positions, self.embed_tokens(input_ids), None, meta, 0, len(self.layers))
@@ -124,6 +151,8 @@ class LlamaForCausalLM(nn.Module):
         """float32 logits; into `out` when given (a CUDA graph's static output)."""
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         logits = F.linear(hidden, weight)
+        if self.tp.size > 1:
+            logits = gather_logits(logits, self.config.vocab_size, self.tp)
         return logits.float() if out is None else out.copy_(logits)
 
     # -- weights ---------------------------------------------------------------------------
@@ -147,7 +176,11 @@ class LlamaForCausalLM(nn.Module):
                 continue
             if name not in params:
                 raise ValueError(f"checkpoint tensor {hf_name!r} matches no parameter of {type(self).__name__}")
-            _copy_shard(params[name], tensor, shard, self)
+            owner = self.get_submodule(module)
+            if hasattr(owner, "load"):  # a tensor-parallel layer: it cuts out its own slice
+                owner.load(part, tensor, {None: None, "q": 0, "k": 1, "v": 2}.get(shard, shard))
+            else:
+                _copy_shard(params[name], tensor, shard, self)
             loaded.add(name if shard is None else f"{name}#{shard}")
         expected = {n for n in params if not n.endswith(("qkv_proj.weight", "qkv_proj.bias", "gate_up_proj.weight",
                                                           "gate_up_proj.bias"))}

@@ -17,6 +17,8 @@ import torch
 from expresslane.attention.backend import AttentionMetadata, get_backend
 from expresslane.config import EngineConfig
 from expresslane.device import stage, to_device
+from expresslane.distributed.group import TPGroup
+from expresslane.distributed.layers import head_split
 from expresslane.engine.contract import NewRequest, ScheduledSeq, StepPlan
 from expresslane.models.loader import iter_weights
 from expresslane.models.registry import model_class
@@ -56,8 +58,11 @@ def resolve_dtype(name: str, hf_config, device: torch.device) -> torch.dtype:
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig, hf_config, model_dir: Path):
+    def __init__(self, config: EngineConfig, hf_config, model_dir: Path, tp: TPGroup | None = None):
+        """`tp`: with tensor parallelism, this rank's group; the runner then holds and runs its
+        slice of the model (the collectives happen inside the model's layers)."""
         self.config = config
+        self.tp = tp or TPGroup.single()
         self.device = resolve_device(config.device.device)
         self.dtype = resolve_dtype(config.model.dtype, hf_config, self.device)
         self.block_size = config.cache.block_size
@@ -66,13 +71,15 @@ class ModelRunner:
         heads = hf_config.num_attention_heads
         kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
         head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
-        self.attn_backend = get_backend(config.device.attention_backend, heads, kv_heads, head_dim, self.device)
+        local_heads, _, local_kv_heads, _ = head_split(heads, kv_heads, self.tp)
+        self.attn_backend = get_backend(config.device.attention_backend, local_heads, local_kv_heads, head_dim,
+                                        self.device)
         self.quant = resolve_quantization(hf_config, config.model.quantization)
         with torch.device(self.device):
             prev = torch.get_default_dtype()
             torch.set_default_dtype(self.dtype)
             try:
-                self.model = model_class(hf_config)(hf_config, self.attn_backend, self.quant)
+                self.model = model_class(hf_config)(hf_config, self.attn_backend, self.quant, self.tp)
             finally:
                 torch.set_default_dtype(prev)
         self.model.load_weights(iter_weights(model_dir, self.device))
@@ -148,7 +155,7 @@ class ModelRunner:
         max_blocks = -(-max_model_len // self.block_size)
         s = self.config.scheduler
         mixed_tokens = min(MIXED_GRAPH_TOKENS, s.max_num_batched_tokens)
-        vocab = (self.model.embed_tokens if self.model.lm_head is None else self.model.lm_head).weight.shape[0]
+        vocab = self.model.config.vocab_size
         logits_out = torch.empty(s.max_num_seqs, vocab, dtype=torch.float32, device=self.device)
         self.decode_graphs = DecodeGraphs(self.model, self.attn_backend, s.max_num_seqs, max_blocks, self.device,
                                           logits_out)

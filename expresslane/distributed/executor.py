@@ -1,0 +1,218 @@
+"""Tensor parallelism, rank 0's side: the engine core's runner, spread over ranks.
+
+Rank 0 (the engine core's process) schedules; every rank holds its slice of the model
+and runs every step. Each runner call that touches the model is first broadcast to the
+workers as a command, then run by every rank alike::
+
+    engine core -> TPExecutor.execute(plan)
+                     broadcast ("execute", plan)   (pickled, over a gloo group: plain data)
+                     every rank: ModelRunner.execute(plan)   (collectives inside the layers)
+                     rank 0 samples; the sampled ids are broadcast on the device
+                     (each rank keeps them: a decode's next input is taken from there)
+
+Ranks: ``tensor_parallel_size / nnodes`` on each node, global rank = node_rank x that +
+local rank; local rank r uses cuda:r on GPU. Workers are separate processes (``python -m
+expresslane.distributed.worker``): the engine process may itself be a daemon, which
+multiprocessing forbids to have children.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import socket
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from expresslane.config import EngineConfig
+from expresslane.distributed.group import TPGroup
+from expresslane.distributed.layers import even_split, head_split
+from expresslane.runner.model_runner import ModelRunner, resolve_device
+
+log = logging.getLogger(__name__)
+
+INIT_TIMEOUT = timedelta(minutes=10)  # ranks on other nodes may start later than rank 0
+
+
+def make_runner(config: EngineConfig, hf_config, model_dir: Path):
+    """The engine core's runner: a plain ModelRunner, or rank 0 of a tensor-parallel group."""
+    p = config.parallel
+    if p.tensor_parallel_size == 1:
+        return ModelRunner(config, hf_config, model_dir)
+    if p.node_rank != 0:
+        raise ValueError(f"node_rank {p.node_rank} runs workers only: start it with "
+                         "`expresslane serve --node-rank N ...`; node 0 runs the engine")
+    check_splits(config, hf_config)
+    return TPExecutor(config, hf_config, model_dir)
+
+
+def check_splits(config: EngineConfig, hf_config) -> None:
+    """Refuse a model the ranks cannot split, before any process starts."""
+    size = config.parallel.tensor_parallel_size
+    heads = hf_config.num_attention_heads
+    head_split(heads, getattr(hf_config, "num_key_value_heads", None) or heads, TPGroup(0, size))
+    even_split(hf_config.intermediate_size, TPGroup(0, size), "intermediate size")
+    if config.model.quantization or getattr(hf_config, "quantization_config", None):
+        raise ValueError("tensor parallelism with quantized weights is not supported yet; use "
+                         "tensor_parallel_size=1 or an unquantized checkpoint")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def device_type(config: EngineConfig) -> str:
+    return resolve_device(config.device.device).type
+
+
+def rank_config(config: EngineConfig, local_rank: int) -> EngineConfig:
+    """This rank's config: on GPU, local rank r runs on cuda:r."""
+    if device_type(config) != "cuda":
+        return config
+    torch.cuda.set_device(local_rank)
+    return config.replace(device=f"cuda:{local_rank}")
+
+
+def init_group(rank: int, world_size: int, addr: str, dev_type: str) -> object:
+    """Join the ranks' default group; returns the control group (gloo, for pickled commands)."""
+    backend = "nccl" if dev_type == "cuda" else "gloo"
+    dist.init_process_group(backend, init_method=f"tcp://{addr}", rank=rank, world_size=world_size,
+                            timeout=INIT_TIMEOUT)
+    return dist.new_group(backend="gloo") if backend == "nccl" else None
+
+
+def spawn_workers(ranks: list[tuple[int, int]], per_node: int, world_size: int, addr: str,
+                  dev_type: str) -> list[subprocess.Popen]:
+    """One worker process per (global rank, local rank)."""
+    return [subprocess.Popen([sys.executable, "-m", "expresslane.distributed.worker", "--rank", str(rank),
+                              "--local-rank", str(local), "--local-world-size", str(per_node), "--world-size",
+                              str(world_size), "--init-addr", addr, "--device-type", dev_type])
+            for rank, local in ranks]
+
+
+def run_command(runner: ModelRunner, control, method: str, args: tuple):
+    """One command, run alike by every rank (results combined across ranks where asked)."""
+    if method == "profile_num_blocks":  # every rank must fit the cache: the smallest count
+        n = torch.tensor([runner.profile_num_blocks(*args)], dtype=torch.int64)
+        dist.all_reduce(n, op=dist.ReduceOp.MIN, group=control)
+        return int(n)
+    if method == "batch_apply":
+        return runner.batch.apply(*args)
+    if method == "weight_numel":  # per rank: elements of the parameters it holds
+        numel = {name: p.numel() for name, p in runner.model.named_parameters()}
+        out: list = [None] * dist.get_world_size()
+        dist.all_gather_object(out, numel, group=control)
+        return out
+    return getattr(runner, method)(*args)
+
+
+class BroadcastingSampler:
+    """Rank 0 samples; the ids go to every rank, which needs them as next inputs."""
+
+    def __init__(self, inner, tp: TPGroup):
+        self.inner, self.tp = inner, tp
+
+    def __call__(self, logits, batch):
+        tokens, logprobs = self.inner(logits, batch)
+        self.tp.broadcast(tokens, src=0)
+        return tokens, logprobs
+
+
+class ReceivingSampler:
+    """A worker's sampler: rank 0's ids, received."""
+
+    def __init__(self, tp: TPGroup):
+        self.tp = tp
+
+    def __call__(self, logits, batch):
+        return self.tp.broadcast(torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device), src=0), None
+
+
+class _Batch:
+    """`runner.batch.apply` for callers outside the runner (start-up calibration): on every rank."""
+
+    def __init__(self, executor: "TPExecutor"):
+        self._executor = executor
+
+    def apply(self, plan):
+        return self._executor._call("batch_apply", plan)
+
+
+class TPExecutor:
+    """Rank 0's ModelRunner, with every model-touching call broadcast to the workers first.
+    Other attributes (device, dtype, model, ...) are rank 0's runner's."""
+
+    def __init__(self, config: EngineConfig, hf_config, model_dir: Path):
+        p = config.parallel
+        size, per_node = p.tensor_parallel_size, p.tensor_parallel_size // p.nnodes
+        addr = p.dist_init_addr or f"127.0.0.1:{free_port()}"
+        dev_type = device_type(config)
+        self._procs = spawn_workers([(r, r) for r in range(1, per_node)], per_node, size, addr, dev_type)
+        self._closed = False
+        log.info("tensor parallel: %d ranks (%d per node, %s), waiting at %s", size, per_node, dev_type, addr)
+        try:
+            self._control = init_group(0, size, addr, dev_type)
+            self.tp = TPGroup(0, size)
+            dist.broadcast_object_list([(config, str(model_dir))], src=0, group=self._control)
+            self.runner = ModelRunner(rank_config(config, 0), hf_config, model_dir, self.tp)
+        except BaseException:
+            self._stop_workers(kill=True)
+            raise
+        atexit.register(self.shutdown)
+        self.runner.sampler = BroadcastingSampler(self.runner.sampler, self.tp)
+        self.batch = _Batch(self)
+
+    def __getattr__(self, name):
+        if name == "runner":  # not built (yet)
+            raise AttributeError(name)
+        return getattr(self.runner, name)
+
+    def _call(self, method: str, *args):
+        dist.broadcast_object_list([(method, args)], src=0, group=self._control)
+        return run_command(self.runner, self._control, method, args)
+
+    def profile_num_blocks(self, max_blocks: int) -> int:
+        return self._call("profile_num_blocks", max_blocks)
+
+    def allocate_kv_cache(self, num_blocks: int) -> None:
+        self._call("allocate_kv_cache", num_blocks)
+
+    def build_graphs(self, max_model_len: int, capture: bool = True) -> None:
+        self._call("build_graphs", max_model_len, capture)
+
+    def execute(self, plan):
+        return self._call("execute", plan)
+
+    def weight_numel(self) -> list[dict[str, int]]:
+        """Per rank, the number of elements of each parameter it holds (measured, not derived)."""
+        return self._call("weight_numel")
+
+    def shutdown(self) -> None:
+        """Stop the workers and leave the group (idempotent; also at interpreter exit)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            dist.broadcast_object_list([("shutdown", ())], src=0, group=self._control)
+        except Exception:  # a worker already gone: the others stop when rank 0 leaves
+            log.warning("tensor parallel: could not tell the workers to stop", exc_info=True)
+        self._stop_workers(kill=False)
+
+    def _stop_workers(self, kill: bool) -> None:
+        for proc in self._procs:
+            if kill:
+                proc.kill()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,0 +1,73 @@
+"""Tensor parallelism on CPU (gloo, float32): greedy tokens of TP=2 and TP=4 equal TP=1's on
+every architecture, through chunked prefill, prefix-cache hits and preemptions; each rank
+holds 1/N of every sharded weight (measured on every rank)."""
+
+import pytest
+from models import ARCHS
+from test_equivalence import GREEDY, LENGTHS, PROMPTS
+
+from expresslane import LLM
+
+# long prompts (chunked at 64 tokens), the shared-prefix ones (prefix hits), and more tokens
+# than the 32 blocks x 16 of KV cache hold at once (preemption)
+PICKED = [0, 4, 8, 12] + list(range(len(LENGTHS), len(PROMPTS)))
+CASE = dict(max_num_batched_tokens=64, max_model_len=512, num_kv_blocks=32, enable_prefix_caching=True)
+REPLICATED = ("layernorm.weight", "norm.weight", "q_norm.weight", "k_norm.weight")
+
+
+def _generate(llm: LLM) -> list[list[int]]:
+    outs = llm.generate([{"prompt_token_ids": PROMPTS[i]} for i in PICKED], GREEDY, use_tqdm=False)
+    return [o.outputs[0].token_ids for o in outs]
+
+
+@pytest.fixture(scope="module")
+def tp1(model_dirs):
+    out = {}
+    for arch, d in model_dirs.items():
+        llm = LLM(str(d), **CASE)
+        out[arch] = (_generate(llm), {n: p.numel() for n, p in llm.engine.core.runner.model.named_parameters()},
+                     llm.engine.core.hf_config)
+    return out
+
+
+def _expected_numel(name: str, full: int, cfg, tp: int) -> int:
+    if name.endswith(REPLICATED):
+        return full
+    if "qkv_proj" in name:  # q heads split; KV heads split, or one kept per rank when fewer than ranks
+        heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads
+        rows_full = heads + 2 * kv
+        return full // rows_full * (heads // tp + 2 * max(kv // tp, 1))
+    return full // tp
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_tp_matches_tp1(model_dirs, tp1, arch, tp):
+    tokens, numel, cfg = tp1[arch]
+    llm = LLM(str(model_dirs[arch]), tensor_parallel_size=tp, **CASE)
+    try:
+        got = _generate(llm)
+        per_rank = llm.engine.core.runner.weight_numel()
+        core = llm.engine.core
+        assert core.scheduler.num_preemptions > 0, "the small KV cache should have forced preemptions"
+        assert core.kv.prefix_cache_hits > 0
+    finally:
+        llm.engine.core.runner.shutdown()
+    mismatched = [PICKED[i] for i, (g, r) in enumerate(zip(got, tokens)) if g != r]
+    assert not mismatched, f"TP={tp}: prompts {mismatched} differ from TP=1"
+    assert len(per_rank) == tp
+    for rank, held in enumerate(per_rank):
+        assert held.keys() == numel.keys()
+        wrong = {n: (held[n], numel[n]) for n in numel if held[n] != _expected_numel(n, numel[n], cfg, tp)}
+        assert not wrong, f"rank {rank} holds the wrong share of {wrong}"
+    sharded = [n for n in numel if not n.endswith(REPLICATED) and "qkv_proj" not in n]
+    assert sum(per_rank[-1][n] for n in sharded) * tp == sum(numel[n] for n in sharded)
+
+
+def test_tp_refuses_bad_sizes(model_dirs):
+    with pytest.raises(ValueError, match="must divide the model's 4 attention heads"):
+        LLM(str(model_dirs["llama"]), tensor_parallel_size=3)
+    with pytest.raises(ValueError, match="tensor_parallel_size must be a positive integer"):
+        LLM(str(model_dirs["llama"]), tensor_parallel_size=0)
+    with pytest.raises(ValueError, match="dist_init_addr"):
+        LLM(str(model_dirs["llama"]), tensor_parallel_size=2, nnodes=2)
