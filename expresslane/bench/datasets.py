@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 from expresslane.bench.prompts import PromptMaker
 
@@ -198,8 +199,9 @@ def fit_context(shapes: list[Shape], max_model_len: int | None,
 
 
 async def draw_prompts(shapes: list[Shape], maker: PromptMaker, seed: int,
-                       salt: int, prefix_len: int = 0) -> list[SampleRequest]:
-    """Fresh text for every shape: a different ``salt`` gives different prompts."""
+                       salt: int, prefix_len: int = 0, progress: bool = False) -> list[SampleRequest]:
+    """Fresh text for every shape: a different ``salt`` gives different prompts. With
+    ``progress``, a bar counts them (exact lengths take a few tokenizer calls each)."""
     rng = np.random.default_rng([seed, salt, 1])
     prefixes = {}
     for k in sorted({s.prefix for s in shapes if s.prefix is not None}):
@@ -207,11 +209,16 @@ async def draw_prompts(shapes: list[Shape], maker: PromptMaker, seed: int,
         prefixes[k], _ = await maker.prompt(np.random.default_rng([seed, k, 2]), prefix_len)
     rngs = [np.random.default_rng(rng.integers(2**63)) for _ in shapes]  # order-independent draws
 
+    bar = tqdm(total=len(shapes), disable=not progress, unit="prompt", desc="prompts")
+
     async def one(s: Shape, r: np.random.Generator) -> SampleRequest:
         if s.text is not None:
             text, n = s.text, s.input_len
         else:
             text, n = await maker.prompt(r, s.input_len, prefixes.get(s.prefix, ""))
+        bar.update(1)
         return SampleRequest(text, n, s.output_len, s.length_class, s.lane, s.priority)
 
-    return list(await asyncio.gather(*(one(s, r) for s, r in zip(shapes, rngs))))
+    requests = list(await asyncio.gather(*(one(s, r) for s, r in zip(shapes, rngs))))
+    bar.close()
+    return requests

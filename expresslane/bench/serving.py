@@ -101,7 +101,8 @@ async def prepare(cfg: ServingConfig, session: aiohttp.ClientSession) -> Prepare
 
 
 async def draw(prep: Prepared, cfg: ServingConfig, shapes: list[Shape], salt: int) -> list[SampleRequest]:
-    return await draw_prompts(shapes, prep.maker, cfg.dataset.seed, salt, cfg.dataset.prefix_len)
+    progress = not cfg.disable_tqdm and prep.maker.exact and len(shapes) >= 100
+    return await draw_prompts(shapes, prep.maker, cfg.dataset.seed, salt, cfg.dataset.prefix_len, progress)
 
 
 async def send(prep: Prepared, req: SampleRequest) -> RequestRecord:

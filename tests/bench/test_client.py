@@ -31,10 +31,10 @@ def test_measured_ttft_and_itl_match_programmed(server, endpoint):
     r = run(server, Behavior(ttft=0.1, itl=0.02), DatasetSpec("random", 24, 32, 10),
             {"endpoint": endpoint}, max_concurrency=4, warmup=4)
     assert (r["completed"], r["failed"]) == (24, 0)
-    # The server writes token k at t0 + ttft + k * itl (absolute deadlines): the client can see
-    # a token late (a busy machine), never early. The upper bounds only catch a broken clock.
-    assert 100.0 <= r["median_ttft_ms"] < 300.0
-    assert 100.0 + 9 * 20.0 <= r["median_e2el_ms"] < 3 * (100.0 + 9 * 20.0)
+    # The server writes token k at t0 + ttft + k * itl (absolute deadlines, t0 after the request
+    # arrived): the client can see a token late (a busy machine), never early. Lower bounds only.
+    assert min(t for t in r["ttfts"]) >= 0.1
+    assert min(r["latencies"]) >= 0.1 + 9 * 0.02
     assert r["mean_tpot_ms"] == pytest.approx((r["mean_e2el_ms"] - r["mean_ttft_ms"]) / 9, rel=1e-6)
     assert r["output_lens"] == [10] * 24 and r["output_counts"] == {"usage": 24}
     assert all(len(gaps) == 9 for gaps in r["itls"])  # the first token is not an ITL
