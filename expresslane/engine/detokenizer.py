@@ -10,8 +10,35 @@ from __future__ import annotations
 _CONTEXT_TOKENS = 5  # prompt tokens kept as decoding context (spaces, merges)
 
 
+class StopStrings:
+    """A request's stop strings, matched in O(new characters × distinct lengths) per step
+    (a set lookup per candidate), however many strings there are."""
+
+    def __init__(self, stop: list[str]):
+        self.rank: dict[str, int] = {}  # string -> its first position in the list (the earlier wins a tie)
+        for i, s in enumerate(stop):
+            self.rank.setdefault(s, i)
+        self.lengths = sorted({len(s) for s in self.rank}, reverse=True)  # longest first: starts ascend
+
+    def find(self, text: str, new_from: int) -> tuple[int, str] | None:
+        """The earliest-starting stop string in ``text`` that ends after ``text[:new_from]``."""
+        best: tuple[int, int, str] | None = None  # (start, rank, string)
+        for end in range(new_from + 1, len(text) + 1):
+            for n in self.lengths:
+                start = end - n
+                if start < 0:
+                    continue
+                if best is not None and start > best[0]:
+                    break
+                s = text[start:end]
+                rank = self.rank.get(s)
+                if rank is not None and (best is None or (start, rank) < best[:2]):
+                    best = (start, rank, s)
+        return None if best is None else (best[0], best[2])
+
+
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer, prompt_token_ids: list[int], stop: list[str], skip_special_tokens: bool,
+    def __init__(self, tokenizer, prompt_token_ids: list[int], stop: StopStrings | None, skip_special_tokens: bool,
                  include_stop_str_in_output: bool = False):
         self.tokenizer = tokenizer
         self.stop = stop
@@ -36,20 +63,14 @@ class IncrementalDetokenizer:
             if len(window) > len(before) and not window.endswith("\ufffd"):
                 self.text += window[len(before):]
                 self._prefix, self._read = self._read, len(self._ids)
-        return self._check_stop() if self.stop else None
+        return self._check_stop() if self.stop is not None else None
 
     def _check_stop(self) -> str | None:
         text = self.text
-        longest = max(len(s) for s in self.stop)
-        start = max(0, self._stop_scan_from - longest + 1)
-        best: tuple[int, str] | None = None
-        for s in self.stop:
-            i = text.find(s, start)
-            if i != -1 and (best is None or i < best[0]):
-                best = (i, s)
+        found = self.stop.find(text, self._stop_scan_from)
         self._stop_scan_from = len(text)
-        if best is None:
+        if found is None:
             return None
-        i, s = best
+        i, s = found
         self.text = text[:i + len(s)] if self.include_stop else text[:i]
         return s

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 
 from expresslane.engine.contract import EngineCoreOutput
-from expresslane.engine.detokenizer import IncrementalDetokenizer
+from expresslane.engine.detokenizer import IncrementalDetokenizer, StopStrings
 from expresslane.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from expresslane.sampling_params import SamplingParams
 
@@ -66,8 +66,9 @@ class OutputProcessor:
             raise ValueError(f"request id {request_id!r} is already in use")
         parent = _Parent(request_id, prompt, prompt_token_ids, RequestMetrics(arrival_time))
         ids = child_request_ids(request_id, params.n)
+        stop = StopStrings(params.stop) if params.stop else None  # built once, shared by the n completions
         for i, cid in enumerate(ids):
-            detok = IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params.stop,
+            detok = IncrementalDetokenizer(self.tokenizer, prompt_token_ids, stop,
                                            params.skip_special_tokens, params.include_stop_str_in_output)
             child = _Child(parent, CompletionOutput(i, "", [], logprobs=[] if params.logprobs is not None else None),
                            detok)

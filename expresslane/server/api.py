@@ -24,6 +24,7 @@ from expresslane.server import errors
 from expresslane.server.api_keys import KeyRing, token_cost
 from expresslane.server.batch_routes import BatchService
 from expresslane.server.engine_client import EngineClient
+from expresslane.server.limits import RequestLimits, check_chars, precheck, read_body
 from expresslane.server.merging import RequestMerger
 from expresslane.server.metrics import Metrics
 from expresslane.server.protocol import (
@@ -48,6 +49,8 @@ from expresslane.server.serving import (
 
 log = logging.getLogger(__name__)
 
+_INLINE_BYTES = 64 * 1024  # a body larger than this is tokenized in a worker thread
+
 
 @dataclass(frozen=True, slots=True)
 class ServerSettings:
@@ -61,6 +64,7 @@ class ServerSettings:
     max_waiting_tokens: int | None = None
     request_timeout: float | None = None  # seconds from arrival; None = no deadline
     shutdown_timeout: float = 30.0  # seconds to let in-flight requests finish after SIGTERM
+    limits: RequestLimits = RequestLimits()
 
 
 class SSEResponse(StreamingResponse):
@@ -95,7 +99,7 @@ async def _client_gone(request: Request) -> None:
         pass
 
 
-async def _unless_client_gone(request: Request, work: Awaitable[dict], on_gone: Callable[[], None]) -> Response:
+async def _unless_client_gone(request: Request, work: Awaitable[bytes], on_gone: Callable[[], None]) -> Response:
     task, gone = asyncio.ensure_future(work), asyncio.ensure_future(_client_gone(request))
     try:
         await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -107,7 +111,7 @@ async def _unless_client_gone(request: Request, work: Awaitable[dict], on_gone: 
     if not task.done():
         log.info("%s %s: the client left; request aborted", request.method, request.url.path)
         return Response(status_code=499)  # nobody reads it: nginx's "client closed request"
-    return JSONResponse(task.result())
+    return Response(task.result(), media_type="application/json")
 
 
 def build_app(client: EngineClient, settings: ServerSettings, metrics: Metrics,
@@ -174,10 +178,20 @@ def build_app(client: EngineClient, settings: ServerSettings, metrics: Metrics,
                 "root": str(client.model_dir) if client.model_dir else None, "max_model_len": client.max_model_len}
         return {"object": "list", "data": [card]}
 
-    async def run(request: Request, req: SamplingRequest, prepare, endpoint, prefix: str) -> Response:
+    async def body(request: Request) -> bytes:
+        raw = await read_body(request, settings.limits.max_request_body_bytes)
+        if len(raw) > _INLINE_BYTES and client.state == "ready":
+            precheck(raw, settings.limits, settings.limits.max_prompt_chars or client.max_prompt_chars,
+                     client.max_model_len)
+        return raw
+
+    async def run(request: Request, req: SamplingRequest, prepare, endpoint, prefix: str, size: int) -> Response:
         check_model(req.model)
         client.check_accepting()
-        prompts, params = prepare(client, req)
+        if size > _INLINE_BYTES:  # tokenization and chat templates of a large input: off the event loop
+            prompts, params = await asyncio.to_thread(prepare, client, req, settings.limits)
+        else:
+            prompts, params = prepare(client, req, settings.limits)
         if getattr(request.state, "api_key", None) is not None:  # 429 + Retry-After over the key's tokens/min
             keys.charge_tokens(request.state.api_key, token_cost(prompts, params, client.max_model_len))
         rid = new_id(prefix)
@@ -190,18 +204,18 @@ def build_app(client: EngineClient, settings: ServerSettings, metrics: Metrics,
 
     @app.post("/v1/completions", dependencies=auth)
     async def completions(request: Request) -> Response:
-        req = parse(CompletionRequest, await request.body())
-        return await run(request, req, prepare_completion, Completions, "cmpl")
+        raw = await body(request)
+        return await run(request, parse(CompletionRequest, raw), prepare_completion, Completions, "cmpl", len(raw))
 
     @app.post("/v1/chat/completions", dependencies=auth)
     async def chat_completions(request: Request) -> Response:
-        req = parse(ChatCompletionRequest, await request.body())
-        return await run(request, req, prepare_chat, Chat, "chatcmpl")
+        raw = await body(request)
+        return await run(request, parse(ChatCompletionRequest, raw), prepare_chat, Chat, "chatcmpl", len(raw))
 
     @app.post("/generate", dependencies=auth)
     async def generate(request: Request) -> Response:
-        req = parse(GenerateRequest, await request.body())
-        return await run(request, req, prepare_generate, Generate, "gen")
+        raw = await body(request)
+        return await run(request, parse(GenerateRequest, raw), prepare_generate, Generate, "gen", len(raw))
 
     @app.post("/start_profile", dependencies=auth)
     async def start_profile() -> dict:
@@ -214,20 +228,27 @@ def build_app(client: EngineClient, settings: ServerSettings, metrics: Metrics,
 
     @app.post("/tokenize", dependencies=auth)
     async def tokenize(request: Request) -> dict:
-        req = parse(TokenizeRequest, await request.body())
+        raw = await body(request)
+        req = parse(TokenizeRequest, raw)
         check_model(req.model)
         client.check_accepting()
         if (req.prompt is None) == (req.messages is None):
             raise errors.bad_request("give exactly one of 'prompt' and 'messages'", "prompt")
-        if req.messages is not None:
-            _, ids = chat_prompt(client.tokenizer, req.messages, req.add_generation_prompt)
-        else:
-            ids = client.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+        chars = len(req.prompt) if req.prompt is not None else sum(len(m.text()) for m in req.messages)
+        limit = settings.limits.max_prompt_chars or client.max_prompt_chars
+        check_chars([chars], limit, client.max_model_len, "prompt" if req.prompt is not None else "messages")
+
+        def encode() -> list[int]:
+            if req.messages is not None:
+                return chat_prompt(client.tokenizer, req.messages, req.add_generation_prompt)[1]
+            return client.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+
+        ids = await asyncio.to_thread(encode) if len(raw) > _INLINE_BYTES else encode()
         return {"count": len(ids), "max_model_len": client.max_model_len, "tokens": ids}
 
     @app.post("/detokenize", dependencies=auth)
     async def detokenize(request: Request) -> dict:
-        req = parse(DetokenizeRequest, await request.body())
+        req = parse(DetokenizeRequest, await body(request))
         check_model(req.model)
         client.check_accepting()
         vocab = client.inputs.vocab_size

@@ -42,6 +42,15 @@ def add_serve_parser(subparsers) -> None:
     s.add_argument("--engine-restarts", type=int, default=3,
                    help="when the engine process dies: fail the requests in flight and start a new engine (backoff "
                         "0.5 s, doubling), at most this many times in the server's life; then exit 1")
+    lim = p.add_argument_group("request limits (over one: 413 or 400 naming the limit)")
+    lim.add_argument("--max-request-body-bytes", type=int, default=16 * 2**20, help="request body size")
+    lim.add_argument("--max-prompt-chars", type=int, default=None,
+                     help="characters of one prompt (or chat messages), checked before tokenizing (default: what "
+                          "the model's context could hold, max_model_len x the longest token's characters)")
+    lim.add_argument("--max-stop-strings", type=int, default=64, help="stop strings of one request")
+    lim.add_argument("--max-sequences-per-request", type=int, default=256,
+                     help="completions of one request: prompts x n")
+    lim.add_argument("--max-logprobs", type=int, default=20, help="logprobs / top_logprobs of one request")
     s.add_argument("--profile-dir", default=None,
                    help="enable POST /start_profile and /stop_profile: torch profiler traces of the engine "
                         "process, written here as Chrome trace JSON")

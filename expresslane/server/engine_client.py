@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 from pathlib import Path
 from typing import Any, Callable
@@ -28,6 +29,7 @@ from expresslane.sampling_params import SamplingParams
 from expresslane.server import errors
 from expresslane.server.admission import AdmissionLimits, AdmissionPolicy, Work
 from expresslane.server.engine_link import EngineLink, EngineStartError
+from expresslane.server.limits import longest_token_chars
 from expresslane.server.metrics import Metrics
 from expresslane.server.tracker import RequestGroup, RequestTracker
 from expresslane.server.wire import Abort, Add, OutputsIn, Profile, Profiled
@@ -74,11 +76,13 @@ class EngineClient:
         self._engine_kwargs = {**kwargs, "model": str(self.model_dir)}
         frontend = asyncio.ensure_future(asyncio.to_thread(self._load_frontend))  # overlaps the engine's load
         ready = await self._start_engine()
-        tokenizer, vocab_size, eos = await frontend
+        tokenizer, vocab_size, eos, longest_token = await frontend
         self.tokenizer = tokenizer
         self.max_model_len = ready.max_model_len
         self.num_kv_blocks = ready.num_kv_blocks
         self.inputs = InputProcessor(tokenizer, vocab_size, ready.max_model_len, eos)
+        self.max_prompt_chars = ready.max_model_len * longest_token
+        self.token_text = functools.lru_cache(maxsize=None)(lambda t: tokenizer.decode([t]))  # bounded: the vocab
         self.tracker = RequestTracker(tokenizer, self.admission, self.metrics)
         self.state = "ready"
         log.info("engine ready: %s, max_model_len %d, %d KV blocks", self.model_dir, self.max_model_len,
@@ -124,7 +128,8 @@ class EngineClient:
     def _load_frontend(self):
         config = load_hf_config(self.model_dir)
         tokenizer = load_tokenizer(self._engine_kwargs.get("tokenizer") or self.model_dir)
-        return tokenizer, config.vocab_size, eos_token_ids(self.model_dir, config, tokenizer)
+        return (tokenizer, config.vocab_size, eos_token_ids(self.model_dir, config, tokenizer),
+                longest_token_chars(tokenizer))
 
     async def _start_engine(self):
         if self._link is not None:

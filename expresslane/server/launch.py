@@ -24,6 +24,7 @@ from expresslane.server.admission import AdmissionLimits
 from expresslane.server.batch_routes import BatchService, service_from_args
 from expresslane.server.engine_client import EngineClient
 from expresslane.server.gpu_metrics import GpuSampler
+from expresslane.server.limits import RequestLimits
 from expresslane.server.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -75,10 +76,13 @@ class DrainingServer(uvicorn.Server):
 def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     if args.engine_restarts < 0:
         raise ValueError(f"--engine-restarts must be >= 0, got {args.engine_restarts}")
-    for name in ("max_waiting_requests", "max_waiting_tokens", "request_timeout"):
+    for name in ("max_waiting_requests", "max_waiting_tokens", "request_timeout", "max_prompt_chars"):
         value = getattr(args, name)
         if value is not None and value <= 0:
             raise ValueError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    for name in ("max_request_body_bytes", "max_stop_strings", "max_sequences_per_request", "max_logprobs"):
+        if getattr(args, name) < (0 if name in ("max_stop_strings", "max_logprobs") else 1):
+            raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     if args.shutdown_timeout < 0:
         raise ValueError(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
     if not 0 <= args.port < 65536:
@@ -87,7 +91,9 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
                           served_model_name=args.served_model_name or args.model or "tiny",
                           max_waiting_requests=args.max_waiting_requests, max_waiting_tokens=args.max_waiting_tokens,
                           request_timeout=args.request_timeout, shutdown_timeout=args.shutdown_timeout,
-                          enable_request_merging=args.enable_request_merging)
+                          enable_request_merging=args.enable_request_merging,
+                          limits=RequestLimits(args.max_request_body_bytes, args.max_prompt_chars, args.max_stop_strings,
+                                               args.max_sequences_per_request, args.max_logprobs))
 
 
 def serve(args: argparse.Namespace) -> int:

@@ -17,7 +17,6 @@ from expresslane.sampling_params import SamplingParams
 from expresslane.server.errors import APIError, bad_request
 
 MAX_N = 128  # OpenAI's limit
-MAX_LOGPROBS = 20  # vLLM's default max_logprobs
 INT32 = 2**31 - 1  # bound on counts: every integer must fit the engine's wire format (msgpack int64)
 _STRICT = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
 
@@ -98,7 +97,7 @@ class SamplingRequest(BaseModel):
 class CompletionRequest(SamplingRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = Field(16, ge=1, le=INT32)  # OpenAI's default for completions
-    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    logprobs: int | None = Field(None, ge=0, le=INT32)  # the server's --max-logprobs is checked after parsing
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
@@ -163,7 +162,7 @@ class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1, le=INT32)
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    top_logprobs: int | None = Field(None, ge=0, le=INT32)  # the server's --max-logprobs is checked after parsing
     add_generation_prompt: bool = True
     tools: list | None = None
     response_format: dict | None = None

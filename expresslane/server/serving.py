@@ -9,6 +9,7 @@ response body or a stream of SSE chunks. A failure after the header is an SSE
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -21,6 +22,7 @@ from expresslane.outputs import CompletionOutput, RequestOutput
 from expresslane.sampling_params import SamplingParams
 from expresslane.server import errors
 from expresslane.server.engine_client import EngineClient
+from expresslane.server.limits import RequestLimits, check_chars, check_counts
 from expresslane.server.tracker import RequestGroup
 from expresslane.server.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, GenerateRequest
 
@@ -37,6 +39,7 @@ DEFAULT_CHAT_TEMPLATE = (
 Prompt = tuple[str | None, list[int]]
 _encode_json = msgspec.json.Encoder().encode
 DONE = b"data: [DONE]\n\n"
+_INLINE_ITEMS = 20_000  # tokens and logprobs of a response built on the event loop; more: in a worker thread
 
 
 def sse(obj: dict) -> bytes:
@@ -65,10 +68,19 @@ def check_prompt(client: EngineClient, ids: list[int], params: SamplingParams, p
             "max_tokens")
 
 
-def prepare_completion(client: EngineClient, req: CompletionRequest) -> tuple[list[Prompt], SamplingParams]:
+def _max_chars(client: EngineClient, limits: RequestLimits) -> int:
+    return client.max_prompt_chars if limits.max_prompt_chars is None else limits.max_prompt_chars
+
+
+def prepare_completion(client: EngineClient, req: CompletionRequest,
+                       limits: RequestLimits) -> tuple[list[Prompt], SamplingParams]:
+    raw = req.prompts()
+    check_counts(limits, stop=req.stop, n=req.n, num_prompts=len(raw), logprobs=req.logprobs, logprobs_param="logprobs")
+    check_chars([len(p) for p in raw if isinstance(p, str)], _max_chars(client, limits), client.max_model_len,
+                "prompt")
     params = req.sampling_params(req.max_tokens, req.logprobs)
     prompts = []
-    for p in req.prompts():
+    for p in raw:
         try:
             text, ids = client.inputs.tokenize(p)
         except (ValueError, TypeError) as e:
@@ -90,14 +102,23 @@ def chat_prompt(tokenizer, messages: list[ChatMessage], add_generation_prompt: b
     return text, tokenizer.encode(text, add_special_tokens=False)
 
 
-def prepare_chat(client: EngineClient, req: ChatCompletionRequest) -> tuple[list[Prompt], SamplingParams]:
+def prepare_chat(client: EngineClient, req: ChatCompletionRequest,
+                 limits: RequestLimits) -> tuple[list[Prompt], SamplingParams]:
+    check_counts(limits, stop=req.stop, n=req.n, num_prompts=1, logprobs=req.top_logprobs,
+                 logprobs_param="top_logprobs")
+    check_chars([sum(len(m.text()) for m in req.messages)], _max_chars(client, limits), client.max_model_len,
+                "messages")
     params = req.sampling_params(req.max_completion_tokens or req.max_tokens, req.num_logprobs)
     text, ids = chat_prompt(client.tokenizer, req.messages, req.add_generation_prompt)
     check_prompt(client, ids, params, "messages")
     return [(text, ids)], params
 
 
-def prepare_generate(client: EngineClient, req: GenerateRequest) -> tuple[list[Prompt], SamplingParams]:
+def prepare_generate(client: EngineClient, req: GenerateRequest,
+                     limits: RequestLimits) -> tuple[list[Prompt], SamplingParams]:
+    check_counts(limits, stop=req.stop, n=req.n, num_prompts=1, logprobs=None, logprobs_param="logprobs")
+    if isinstance(req.prompt, str):
+        check_chars([len(req.prompt)], _max_chars(client, limits), client.max_model_len, "prompt")
     params = req.sampling_params(req.max_tokens, None)
     p = req.prompt if isinstance(req.prompt, str) else {"prompt_token_ids": req.prompt}
     try:
@@ -243,16 +264,21 @@ class _Endpoint:
     def ordered(self, finals: dict[str, RequestOutput]) -> list[RequestOutput]:
         return [finals[rid] for rid in self.group.tracked]
 
-    async def collect(self) -> dict:
+    async def collect(self) -> bytes:
+        """The whole response as JSON; a large one (many tokens × logprobs) is built off the event loop."""
         finals: dict[str, RequestOutput] = {}
         async for out in self.group.outputs():
             finals[out.request_id] = out
         ordered = self.ordered(finals)
+        size = sum(len(c.token_ids) for o in ordered for c in o.outputs) * (1 + (self.params.logprobs or 0))
+        return await asyncio.to_thread(self.body, ordered) if size > _INLINE_ITEMS else self.body(ordered)
+
+    def body(self, ordered: list[RequestOutput]) -> bytes:
         body = self.response(ordered)
         body["usage"] = usage(ordered)
         if self.return_metrics:
             body["metrics"] = request_metrics(self.group, ordered)
-        return body
+        return _encode_json(body)
 
     def choice_index(self, prompt_index: int, comp: CompletionOutput) -> int:
         return prompt_index * self.params.n + comp.index
@@ -281,14 +307,14 @@ class Completions(_Endpoint):
     def logprobs(self, token_ids: list[int], lps: list[dict[int, float]] | None) -> dict | None:
         if lps is None:
             return None
-        decode = self.client.tokenizer.decode
-        tokens = [decode([t]) for t in token_ids]
+        decode = self.client.token_text
+        tokens = [decode(t) for t in token_ids]
         offsets, at = [], 0
         for tok in tokens:
             offsets.append(at)
             at += len(tok)
         return {"tokens": tokens, "token_logprobs": [lp.get(t) for t, lp in zip(token_ids, lps)],
-                "top_logprobs": [{decode([k]): v for k, v in lp.items()} for lp in lps], "text_offset": offsets}
+                "top_logprobs": [{decode(k): v for k, v in lp.items()} for lp in lps], "text_offset": offsets}
 
 
 class Chat(_Endpoint):
@@ -315,11 +341,11 @@ class Chat(_Endpoint):
     def logprobs(self, token_ids: list[int], lps: list[dict[int, float]] | None) -> dict | None:
         if lps is None:
             return None
-        decode = self.client.tokenizer.decode
+        decode = self.client.token_text
         k = self.params.logprobs or 0
 
         def entry(t: int, lp: float) -> dict:
-            s = decode([t])
+            s = decode(t)
             return {"token": s, "logprob": lp, "bytes": list(s.encode())}
 
         return {"content": [{**entry(t, lp.get(t, float("-inf"))),

@@ -12,6 +12,7 @@ Admission is told when each sequence stops waiting (first token, end or abort).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -106,6 +107,7 @@ class RequestTracker:
         arrival = time.monotonic()
         group = RequestGroup({}, asyncio.Queue(), None if timeout is None else arrival + timeout, timeout)
         batch = []
+        engine_params = dataclasses.replace(params, stop=[])  # stop strings are matched here, not in the engine
         for i, (text, ids) in enumerate(prompts):
             key = f"{request_id}-{i}"
             seq_ids = self.outputs.add_request(key, text, ids, params, arrival)
@@ -113,7 +115,7 @@ class RequestTracker:
             group.tracked[key] = self._prompts[key] = p
             for j, sid in enumerate(seq_ids):
                 self._seqs[sid] = p
-                sp = params if params.n == 1 else child_params(params, j)
+                sp = engine_params if params.n == 1 else child_params(engine_params, j)
                 batch.append(EngineCoreRequest(sid, ids, sp, eos, arrival, priority, lane))
             self.admission.add(lane, len(seq_ids), len(seq_ids) * len(ids))
         return group, batch
