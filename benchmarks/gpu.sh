@@ -19,6 +19,9 @@
 #            python-multipart in .whl/, else the input file goes straight into the store); ~3 min
 #   bench:   expresslane bench one-batch, flat-latency (with transformers) and throughput on
 #            the qwen2.5-0.5b shape in bf16: the bench package on CUDA (result JSON beside)
+#   quant:   issue #16: FP8 (W8A8) and AWQ INT4 weights and an FP8 KV cache against bf16, 8B
+#            shape (decode vs floor, TTFT, 8k prefill TFLOP/s, 256 x 512/256 throughput, batch 64
+#            at 8k, KV capacity, accuracy vs bf16), GPU greedy vs the CPU reference per format
 #   quick = small;  full = small 8b 7b.  The GPU tests run once, first, whatever the sections.
 # Results: JSON lines in ${OUT:-out}/gpu-results.jsonl, logs beside them.
 set -uo pipefail
@@ -105,6 +108,15 @@ for section in $SECTIONS; do
       echo "== bench throughput (qwen2.5-0.5b shape, against transformers)"
       "${B[@]}" throughput "$MODELS/qwen2.5-0.5b" --dtype bfloat16 --num-prompts 256 \
         --output "$OUT/bench-throughput.json" || status=1 ;;
+    quant)
+      model llama-3-8b
+      [ -d "$MODELS/llama-3-8b-awq" ] || python3 -m expresslane.cli.main make-model llama-3-8b \
+        "$MODELS/llama-3-8b-awq" --device cuda --quantization awq >/dev/null || status=1
+      echo "== quantization kernels on the GPU (FP8/INT4 GEMMs, FP8 KV cache)"
+      python3 -m pytest -q tests/test_quant_kernels.py tests/test_kv_fp8.py -p no:cacheprovider 2>&1 \
+        | tee -a "$OUT/gpu-tests.log" | tail -3 || status=1
+      echo "== quantization: fp8, awq, fp8 KV cache vs bf16 (llama-3-8b)"
+      run python3 benchmarks/quant_bench.py --model "$MODELS/llama-3-8b" --awq "$MODELS/llama-3-8b-awq" ;;
     *) echo "unknown section: $section" >&2; status=1 ;;
   esac
 done

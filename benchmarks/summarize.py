@@ -49,7 +49,37 @@ def fmt(r: dict) -> str:
         return (f"GPU metrics idle -> {r['clients']} clients: utilisation {100 * r['idle_gpu_utilization_perc']:.0f}% -> "
                 f"{100 * r['load_gpu_utilization_perc']:.0f}%, memory {r['idle_gpu_memory_used_bytes'] / 2**30:.1f} -> "
                 f"{r['load_gpu_memory_used_bytes'] / 2**30:.1f} GiB{power}")
-    return json.dumps(r)
+    quant = fmt_quant(r)
+    return quant if quant is not None else json.dumps(r)
+
+
+def fmt_quant(r: dict) -> str | None:
+    """benchmarks/quant_bench.py's rows (issue #16)."""
+    b = r["bench"]
+    if b == "quant_fp8_peak":
+        return f"FP8 GEMM peak (8192^3 _scaled_mm) {r['tflops']:.0f} TFLOP/s (bf16 peak {r['bf16_peak_tflops']:.0f})"
+    if b == "quant_engine":
+        return (f"loaded in {r['load_s']:.0f} s: weights {r['weight_gb']:.2f} GB, KV capacity {r['kv_tokens']:,} tokens "
+                f"({r['kv_dtype']})")
+    if b == "quant_decode_batch1":
+        return (f"batch-1 decode        {r['tokens_per_s']:8.1f} tok/s  {r['pct_of_floor']:.0f}% of the "
+                f"{r['floor_tokens_per_s']:.0f} tok/s floor ({r['floor_ms']:.2f} ms)")
+    if b == "quant_ttft":
+        return (f"TTFT {r['prompt_len']:>5} tokens     {r['ttft_ms']:8.1f} ms  {r['prefill_tflops']:.0f} TFLOP/s "
+                f"({r['pct_of_fp8_peak']:.0f}% of FP8 peak, {r['pct_of_bf16_peak']:.0f}% of bf16)")
+    if b == "quant_throughput":
+        return (f"throughput {r['prompts']} x {r['input_len']}/{r['output_len']}  {r['output_tokens_per_s']:8.0f} "
+                f"output tok/s")
+    if b == "quant_long_decode":
+        return f"decode batch {r['batch']} @{r['context']} ctx {r['tokens_per_s']:8.0f} tok/s  {r['step_ms']:6.1f} ms/step"
+    if b == "quant_accuracy":
+        return (f"vs bf16 ({r['texts']} texts x {r['tokens_per_text']}): top-1 agreement "
+                f"{r['top1_agreement']:.4f} ± {r['top1_agreement_se']:.4f}, KL {r['kl']:.5f} ± {r['kl_se']:.5f}, "
+                f"perplexity {r['perplexity']:.2f} vs {r['perplexity_bf16']:.2f} ({r['perplexity_diff']:+.3f})")
+    if b == "quant_greedy_vs_cpu":
+        return (f"GPU greedy == CPU reference ({r['engine']}, short prompts): float32 {r['float32_identical']}/"
+                f"{r['prompts']}, bfloat16 {r['bfloat16_identical']}/{r['prompts']}")
+    return None
 
 
 rows = [json.loads(line) for line in open(sys.argv[1]) if line.startswith("{")]

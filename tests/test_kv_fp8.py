@@ -21,8 +21,8 @@ def test_fp8_kv_doubles_the_capacity_reported_at_start_up(llama_dir, caplog):
     for kv_dtype in ("auto", "fp8"):
         with caplog.at_level(logging.INFO, logger="expresslane.engine.core"):
             caplog.clear()
-            llm = LLM(str(llama_dir), dtype="bfloat16", kv_cache_dtype=kv_dtype, cpu_kv_cache_space_gb=1 / 256,
-                      max_model_len=512)
+            llm = LLM(str(llama_dir), device="cpu", dtype="bfloat16", kv_cache_dtype=kv_dtype,
+                      cpu_kv_cache_space_gb=1 / 256, max_model_len=512)
         blocks[kv_dtype] = llm.config.cache.num_kv_blocks
         line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("KV cache:"))
         assert line.startswith(f"KV cache: {blocks[kv_dtype]} blocks of 16 tokens (0.00 GiB")
@@ -66,7 +66,7 @@ def test_fp8_kv_engine_greedy_equals_across_backends(llama_dir):
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     got = {}
     for backend in ("torch", "triton"):
-        llm = LLM(str(llama_dir), kv_cache_dtype="fp8", attention_backend=backend, num_kv_blocks=64,
+        llm = LLM(str(llama_dir), dtype="float32", kv_cache_dtype="fp8", attention_backend=backend, num_kv_blocks=64,
                   max_model_len=256, max_num_batched_tokens=32)
         got[backend] = [o.outputs[0].token_ids for o in llm.generate(
             [{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)]

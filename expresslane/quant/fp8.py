@@ -112,7 +112,7 @@ class Fp8Method:
 
         x2 = x.reshape(-1, x.shape[-1])
         n = layer.weight.shape[0]
-        if x2.shape[0] <= SMALL_M:
+        if x2.shape[0] <= SMALL_M or x.dtype == torch.float32:  # (_scaled_mm writes bf16 only)
             out = quant_gemm(x2, layer.weight, layer.weight_scale, None, layer.bias, n, None)
         else:
             xq, xs = per_token_quant_fp8(x2)

@@ -12,8 +12,9 @@ quantized and dequantized tile by tile in registers, never in memory:
 - INT4 (W4A16): W is stored transposed and packed, ``qweight[K // 8, N]`` int32, nibble j
   of row r holding input k = 8r + j (GPTQ's order), with per-group (GROUP inputs) scales
   and zero points ``[K // GROUP, N]``: ``w[k, n] = (q - zero) * scale``, computed in
-  float32 and rounded to the activation dtype before the dot. BLOCK_K divides GROUP, so a
-  K tile belongs to one group and loads one row of scales and zeros.
+  float32 and rounded to the activation dtype before the dot. A K tile loads BLOCK_K / 8
+  packed rows once and unpacks each into its 8 inputs. BLOCK_K divides GROUP, so a K tile
+  belongs to one group and loads one row of scales and zeros.
 
 ``per_token_quant_fp8`` is the separate quantization used before ``torch._scaled_mm`` for
 long inputs (prefill), where cuBLAS's FP8 GEMM beats a Triton tile loop.
@@ -72,9 +73,12 @@ def quant_gemm_kernel(x_ptr, w_ptr, scale_ptr, zero_ptr, bias_ptr, out_ptr, M, N
                         other=0.0)
             w = w.to(x.dtype)
         else:
-            packed = tl.load(w_ptr + (rk // 8)[:, None] * N + rn[None, :], mask=n_ok[None, :] & k_ok[:, None],
+            # BLOCK_K / 8 packed rows, each unpacked into 8 inputs: [BK/8, 8, BN] -> [BK, BN]
+            rp = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+            packed = tl.load(w_ptr + rp[:, None] * N + rn[None, :], mask=n_ok[None, :] & (rp < K // 8)[:, None],
                              other=0)
-            q = (packed >> ((rk % 8) * 4)[:, None]) & 0xF
+            q = (packed[:, None, :] >> (tl.arange(0, 8) * 4)[None, :, None]) & 0xF
+            q = tl.reshape(q, (BLOCK_K, BLOCK_N))
             g = k0 // GROUP
             s = tl.load(scale_ptr + g * N + rn, mask=n_ok, other=0.0).to(tl.float32)
             z = tl.load(zero_ptr + g * N + rn, mask=n_ok, other=0).to(tl.float32)
