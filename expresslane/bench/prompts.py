@@ -77,10 +77,10 @@ class ServerTokenizer:
         return data["prompt"]
 
     async def chat_overhead(self) -> int:
-        """Tokens the chat template adds around one user message (0 if unknown)."""
+        """Tokens a chat request has beyond its message sent as a plain prompt (0 if unknown)."""
         try:
             data = await self.call("/tokenize", {"messages": [{"role": "user", "content": "x"}]})
-            return max(0, len(data["tokens"]) - len(await self.encode("x", False)))
+            return max(0, len(data["tokens"]) - len(await self.encode("x", True)))
         except (TokenizerUnavailable, KeyError, TypeError):
             return 0
 
@@ -106,7 +106,7 @@ class LocalTokenizer:
         ids = self.tok.apply_chat_template([{"role": "user", "content": "x"}], tokenize=True,
                                            add_generation_prompt=True)
         ids = ids["input_ids"] if isinstance(ids, dict) else ids
-        return max(0, len(ids) - len(self.tok.encode("x", add_special_tokens=False)))
+        return max(0, len(ids) - len(self.tok.encode("x", add_special_tokens=True)))
 
 
 class PromptMaker:

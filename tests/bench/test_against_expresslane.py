@@ -41,6 +41,13 @@ def test_bench_subcommands_against_expresslane_serve(real_server, tmp_path, monk
     # fresh prompts: after warm-up and probes, no measured prompt found a cached prefix
     assert r["cached_tokens"] == [0] * 12
 
+    chat = tmp_path / "chat.json"  # the chat template's tokens count against the context too
+    assert bench("serving", *url, "--endpoint", "chat", "--num-prompts", "3", "--input-len", "400",
+                 "--output-len", "4", "--alone-probes", "0", "--output", str(chat)) == 0
+    c = load_strict(chat)
+    assert c["failed"] == 0, c["errors"]
+    assert c["input_lens"] == [MAX_MODEL_LEN - 4] * 3, c["notices"]  # usage counts the template in
+
     assert bench("serving", *url, "--dataset", "prefix-repetition", "--num-prompts", "8",
                  "--input-len", "96", "--prefix-len", "64", "--num-prefixes", "2",
                  "--output-len", "2", "--concurrency", "1", "--alone-probes", "0",
