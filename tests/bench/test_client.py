@@ -173,3 +173,20 @@ def test_alone_probe_measures_ttft_of_idle_server(server):
     # cannot beat the server's programmed 50 ms (a busy machine only adds to it)
     assert [b["max_tokens"] for b in server.bodies] == [2, 2, 2, 4, 4, 4, 4]
     assert r["alone_ttft_ms"] >= 50.0
+
+
+def test_local_tokenizer_when_the_server_has_none(server, tmp_path):
+    from expresslane.models.presets import default_model_dir
+
+    server.configure(Behavior(ttft=0.01, itl=0.005, tokenize=False))
+    out = tmp_path / "r.json"
+    tok = str(default_model_dir())
+    assert bench("serving", "--base-url", server.base_url, "--disable-tqdm", "--alone-probes", "0",
+                 "--num-prompts", "3", "--input-len", "50", "--output-len", "2", "--tokenizer", tok,
+                 "--output", str(out)) == 0
+    r = json.loads(out.read_text())
+    assert r["prompt_lengths"] == f"exact (tokenizer {tok})" and r["notices"] == []
+    from expresslane.tokenizer import load_tokenizer
+
+    counts = [len(load_tokenizer(tok).encode(b["prompt"])) for b in server.bodies]
+    assert counts == [50, 50, 50]  # the lengths asked, as that tokenizer counts them
