@@ -1,4 +1,4 @@
-"""Sampling semantics: seeds, n, stop strings and tokens, min_tokens, logprobs."""
+"""Sampling semantics: seeds, n, stop strings and tokens, min_tokens, logprobs, top_p, min_p."""
 
 import math
 import random
@@ -108,3 +108,55 @@ def test_metrics_are_ordered(llm):
     [out] = llm.generate([ids(50, 4)], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
     m = out.metrics
     assert m.arrival_time <= m.first_scheduled_time <= m.first_token_time <= m.finished_time
+
+
+# -- the sampler's filters on a known distribution (no model) ---------------------------------
+PROBS = [0.5, 0.3, 0.15, 0.05]
+
+
+def sample_counts(rows: int = 4000, **params) -> list[int]:
+    """How often each token of PROBS is drawn in `rows` independent samples (seeded)."""
+    import torch
+
+    from expresslane.runner.sampler import Sampler, SamplingBatch
+
+    sampler = Sampler(torch.device("cpu"), seed=0)
+    logits = torch.tensor(PROBS).log().repeat(rows, 1)
+    sp = SamplingParams(temperature=1.0, **params)
+    tokens, _ = sampler(logits, SamplingBatch([sp] * rows, [()] * rows, [None] * rows))
+    return torch.bincount(tokens, minlength=len(PROBS)).tolist()
+
+
+def test_top_p_keeps_the_smallest_prefix_reaching_p():
+    assert all(sample_counts(top_p=1.0))  # no filter: every token is drawn
+    counts = sample_counts(top_p=0.7)  # 0.5 < 0.7 <= 0.5 + 0.3: the two most likely tokens
+    assert counts[2:] == [0, 0]
+    assert counts[0] / 4000 == pytest.approx(0.5 / 0.8, abs=0.03)  # renormalised over the kept ones
+    counts = sample_counts(top_p=0.81)  # a token is kept while the mass before it is < p
+    assert counts[2] > 0 and counts[3] == 0
+    assert sample_counts(top_p=0.3) == [4000, 0, 0, 0]  # the top token always stays
+
+
+def test_min_p_drops_tokens_below_a_fraction_of_the_top_one():
+    counts = sample_counts(min_p=0.2)  # threshold 0.2 * 0.5 = 0.1: the 0.05 token goes
+    assert counts[3] == 0 and all(counts[:3])
+    assert counts[2] / 4000 == pytest.approx(0.15 / 0.95, abs=0.03)
+    counts = sample_counts(min_p=0.5)  # threshold 0.25: two tokens stay
+    assert counts[2:] == [0, 0] and counts[0] / 4000 == pytest.approx(0.5 / 0.8, abs=0.03)
+    assert sample_counts(min_p=1.0) == [4000, 0, 0, 0]
+
+
+def test_top_p_and_min_p_compose_with_top_k_per_row():
+    """Filters apply per row: one row's top_p does not touch its neighbour's distribution."""
+    import torch
+
+    from expresslane.runner.sampler import Sampler, SamplingBatch
+
+    sampler = Sampler(torch.device("cpu"), seed=0)
+    rows = 3000
+    params = [SamplingParams(temperature=1.0, top_p=0.7), SamplingParams(temperature=1.0),
+              SamplingParams(temperature=1.0, top_k=3, min_p=0.2)] * rows
+    logits = torch.tensor(PROBS).log().repeat(3 * rows, 1)
+    tokens, _ = sampler(logits, SamplingBatch(params, [()] * len(params), [None] * len(params)))
+    per_kind = [torch.bincount(tokens[i::3], minlength=4).tolist() for i in range(3)]
+    assert per_kind[0][2:] == [0, 0] and all(per_kind[1]) and per_kind[2][3] == 0 and all(per_kind[2][:3])
