@@ -2,8 +2,8 @@
 
     python benchmarks/fused_ops_compare.py [--out results.jsonl] [--tokens 1,64,512,8192] [--mode MODE]
 
-Llama-3-8B shapes, bf16: RMSNorm + residual add, SiLU-and-mul on gate|up [T, 28672], RoPE on q
-[T, 32, 128] and k [T, 8, 128]. One JSON line per (op, impl, tokens): device_us (per call, from
+Llama-3-8B shapes, bf16: RMSNorm + residual add, SiLU-and-mul on gate|up [T, 28672] (RoPE is
+fused with the KV-cache write in the attention backend, not a separate op). One JSON line per (op, impl, tokens): device_us (per call, from
 replays of a CUDA graph of 20 calls), launch_us (per call, eager calls back to back and one sync,
 as step_profile.py: device-bound once the GPU can't keep up), host_us (that loop before its sync),
 gb_per_s (minimal bytes moved / device_us; small T stays in the 60 MB L2 and may beat HBM) and
@@ -23,13 +23,12 @@ import torch.nn.functional as F
 from _shared import emit
 
 from expresslane.bench.floors import H200_PEAK_BANDWIDTH as PEAK_BW
-from expresslane.layers.rotary import RotaryEmbedding, _rotate
 
-HIDDEN, INTER, HQ, HKV, HEAD_DIM, EPS = 4096, 14336, 32, 8, 128, 1e-5
+HIDDEN, INTER, EPS = 4096, 14336, 1e-5
 CALLS = 20  # calls captured per CUDA graph
 
 
-# Eager references = the CPU paths of norm.py (forward + _norm), activation.py and rotary.py.
+# Eager references = the torch paths of norm.py (forward + _norm) and activation.py.
 def rms_eager(x, residual, weight):
     h = x + residual
     hf = h.float()
@@ -41,16 +40,11 @@ def silu_eager(gate_up):
     return F.silu(gate) * up
 
 
-def rope_eager(q, k, positions, cos_sin):
-    cos, sin = cos_sin[positions].unsqueeze(1).chunk(2, dim=-1)
-    return _rotate(q, cos, sin), _rotate(k, cos, sin)
-
-
 def as_list(out) -> list:
     return list(out) if isinstance(out, tuple) else [out]
 
 
-def make_cases(t: int, cos_sin: torch.Tensor) -> dict:
+def make_cases(t: int) -> dict:
     """op -> (inputs, our Triton call(s), minimal bytes read + written) at t tokens."""
     from expresslane.layers import triton_ops
 
@@ -58,16 +52,9 @@ def make_cases(t: int, cos_sin: torch.Tensor) -> dict:
     bf = {"device": "cuda", "dtype": torch.bfloat16}
     x, res, w = torch.randn(t, HIDDEN, **bf), torch.randn(t, HIDDEN, **bf), 1 + 0.1 * torch.randn(HIDDEN, **bf)
     gate_up = torch.randn(t, 2 * INTER, **bf)
-    qkv = torch.randn(t, (HQ + 2 * HKV) * HEAD_DIM, **bf)  # q, k: strided views, as llama.py passes them
-    q = qkv[:, :HQ * HEAD_DIM].view(t, HQ, HEAD_DIM)
-    k = qkv[:, HQ * HEAD_DIM:(HQ + HKV) * HEAD_DIM].view(t, HKV, HEAD_DIM)
-    pos = torch.randint(0, cos_sin.shape[0], (t,), device="cuda")
     return {
         "rms_norm_residual": ((x, res, w), lambda: triton_ops.rms_norm(x, w, EPS, res), (4 * t + 1) * HIDDEN * 2),
         "silu_and_mul": ((gate_up,), lambda: triton_ops.silu_and_mul(gate_up), 3 * t * INTER * 2),
-        "rope_qk": ((q, k, pos, cos_sin),
-                    lambda: (triton_ops.rotary(q, pos, cos_sin), triton_ops.rotary(k, pos, cos_sin)),
-                    t * (4 * (HQ + HKV) * HEAD_DIM + 4 * HEAD_DIM + 8)),
     }
 
 
@@ -142,13 +129,12 @@ def main() -> None:
     from torch._inductor import config as inductor_config
 
     inductor_config.emulate_precision_casts = not args.no_emulate_casts
-    cos_sin = RotaryEmbedding(HEAD_DIM, 8192, 500000.0).cos_sin.cuda()
-    eager = {"rms_norm_residual": rms_eager, "silu_and_mul": silu_eager, "rope_qk": rope_eager}
+    eager = {"rms_norm_residual": rms_eager, "silu_and_mul": silu_eager}
     compiled = {op: torch.compile(fn, dynamic=False, fullgraph=True, mode=args.mode) for op, fn in eager.items()}
     failed: dict[str, str] = {}  # op -> torch.compile error, not retried at other T
     rows = []
     for t in args.tokens:
-        for op, (inputs, triton_fn, nbytes) in make_cases(t, cos_sin).items():
+        for op, (inputs, triton_fn, nbytes) in make_cases(t).items():
             ref = as_list(eager[op](*inputs))
             impls = {"eager": partial(eager[op], *inputs), "triton": triton_fn, "compile": partial(compiled[op], *inputs)}
             for impl, fn in impls.items():

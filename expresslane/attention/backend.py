@@ -47,6 +47,7 @@ class AttentionMetadata:
 
 class AttentionBackend(Protocol):
     supports_cuda_graphs: bool
+    fused_ops: bool  # the model's RMSNorm and SiLU-and-mul use the fused Triton kernels too
 
     def prepare(self, meta: AttentionMetadata) -> None:
         """Once per step, before the model runs: derive backend-specific metadata."""

@@ -39,6 +39,7 @@ def gather_kv(kv_cache: torch.Tensor, block_tables: torch.Tensor, max_len: int):
 
 class TorchAttentionBackend:
     supports_cuda_graphs = False  # loops over host-side lengths
+    fused_ops = False
 
     def prepare(self, meta: AttentionMetadata) -> None:
         pass

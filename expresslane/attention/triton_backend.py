@@ -32,6 +32,7 @@ def _num_sms(device: torch.device) -> int:
 
 class TritonAttentionBackend:
     supports_cuda_graphs = True
+    fused_ops = True
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, device: torch.device):
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim

@@ -1,5 +1,7 @@
 """Rotary position embedding (rotate-half / NeoX layout, as Hugging Face Llama), with
-llama3 frequency scaling. cos/sin are precomputed for every position once."""
+llama3 frequency scaling. cos/sin are precomputed for every position once per model
+(one table shared by every layer). The `triton` backend rotates inside its fused
+RoPE + KV-write kernel from the same table; `forward` is the torch backend's path."""
 
 from __future__ import annotations
 
@@ -47,9 +49,6 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         """q: [T, Hq, D], k: [T, Hk, D] -> rotated q, k."""
-        if q.is_cuda:
-            from expresslane.layers.triton_ops import rotary
-            return rotary(q, positions, self.cos_sin), rotary(k, positions, self.cos_sin)
         cos, sin = self.cos_sin[positions].unsqueeze(1).chunk(2, dim=-1)
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
 

@@ -1,5 +1,5 @@
-"""Fused elementwise kernels for the GPU path: RMSNorm (+ residual add), SiLU-and-mul,
-rotary embedding. Each rounds where transformers rounds (to the activation dtype after
+"""Fused elementwise kernels for the `triton` backend: RMSNorm (+ residual add) and
+SiLU-and-mul (RoPE is fused with the KV-cache write: attention/triton_kernels.py). Each rounds where transformers rounds (to the activation dtype after
 the residual add, after the normalisation and after the SiLU), so bf16 results match
 the reference path bit for bit up to the order of the variance sum."""
 
@@ -61,33 +61,4 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     out = torch.empty(rows, n, dtype=gate_up.dtype, device=gate_up.device)
     block = min(1024, _pow2(n))
     _silu_mul_kernel[(rows, triton.cdiv(n, block))](gate_up, out, gate_up.stride(0), n, BLOCK=block)
-    return out
-
-
-@triton.jit
-def _rope_kernel(x_ptr, pos_ptr, cos_sin_ptr, out_ptr, stride_xt, stride_xh, heads, half, stride_cs,
-                 BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
-    t = tl.program_id(0).to(tl.int64)
-    pos = tl.load(pos_ptr + t)
-    h = tl.arange(0, BLOCK_H)[:, None]
-    d = tl.arange(0, BLOCK_D)[None, :]
-    m = (h < heads) & (d < half)
-    cos = tl.load(cos_sin_ptr + pos * stride_cs + d, mask=d < half, other=0.0)
-    sin = tl.load(cos_sin_ptr + pos * stride_cs + half + d, mask=d < half, other=0.0)
-    base = x_ptr + t * stride_xt + h * stride_xh + d
-    x1 = tl.load(base, mask=m, other=0.0)
-    x2 = tl.load(base + half, mask=m, other=0.0)
-    x1f, x2f = x1.to(tl.float32), x2.to(tl.float32)
-    o = out_ptr + t * heads * 2 * half + h * 2 * half + d
-    tl.store(o, (x1f * cos - x2f * sin).to(x1.dtype), mask=m)
-    tl.store(o + half, (x2f * cos + x1f * sin).to(x1.dtype), mask=m)
-
-
-def rotary(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
-    """x [T, H, D] (rows may be strided views) -> rotated, contiguous [T, H, D]."""
-    t, heads, dim = x.shape
-    out = torch.empty(t, heads, dim, dtype=x.dtype, device=x.device)
-    if t:
-        _rope_kernel[(t,)](x, positions, cos_sin, out, x.stride(0), x.stride(1), heads, dim // 2, cos_sin.stride(0),
-                           BLOCK_H=_pow2(heads), BLOCK_D=_pow2(dim // 2))
     return out

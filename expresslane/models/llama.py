@@ -30,8 +30,8 @@ def _linear(in_features: int, shard_sizes: list[int], bias: bool, quant: QuantCo
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg, backend: AttentionBackend, qkv_bias: bool, qk_norm: bool, quant: QuantConfig | None,
-                 prefix: str, tp: TPGroup):
+    def __init__(self, cfg, backend: AttentionBackend, rotary: RotaryEmbedding, qkv_bias: bool, qk_norm: bool,
+                 quant: QuantConfig | None, prefix: str, tp: TPGroup):
         super().__init__()
         heads = cfg.num_attention_heads
         kv_heads = cfg.num_key_value_heads or heads
@@ -52,10 +52,9 @@ class Attention(nn.Module):
             self.qkv_proj = ColumnParallelLinear(cfg.hidden_size, [(q_first * d, self.q_size), kv, kv],
                                                  qkv_bias or o_bias)
             self.o_proj = RowParallelLinear(heads * d, cfg.hidden_size, o_bias, tp)
-        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if qk_norm else None
-        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if qk_norm else None
-        theta, scaling = rope_parameters(cfg)
-        self.rotary = RotaryEmbedding(self.head_dim, cfg.max_position_embeddings, theta, scaling)
+        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, backend.fused_ops) if qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, backend.fused_ops) if qk_norm else None
+        self.rotary = rotary  # shared: one cos/sin table per model
         self.backend = backend
         self.kv_cache: torch.Tensor | None = None  # bound by the runner after allocation
         self.kv_scales = (1.0, 1.0)  # k, v: an FP8 cache stores k / k_scale (checkpoint k_scale/v_scale)
@@ -73,8 +72,9 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg, quant: QuantConfig | None, prefix: str, tp: TPGroup):
+    def __init__(self, cfg, quant: QuantConfig | None, prefix: str, tp: TPGroup, fused: bool):
         super().__init__()
+        self.fused = fused
         bias = bool(getattr(cfg, "mlp_bias", False))
         inter = cfg.intermediate_size
         if tp.size == 1:
@@ -87,17 +87,18 @@ class MLP(nn.Module):
             self.down_proj = RowParallelLinear(inter, cfg.hidden_size, bias, tp)
 
     def forward(self, x):
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x), self.fused))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg, backend, qkv_bias: bool, qk_norm: bool, quant: QuantConfig | None, prefix: str,
-                 tp: TPGroup):
+    def __init__(self, cfg, backend: AttentionBackend, rotary: RotaryEmbedding, qkv_bias: bool, qk_norm: bool,
+                 quant: QuantConfig | None, prefix: str, tp: TPGroup):
         super().__init__()
-        self.self_attn = Attention(cfg, backend, qkv_bias, qk_norm, quant, f"{prefix}.self_attn", tp)
-        self.mlp = MLP(cfg, quant, f"{prefix}.mlp", tp)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        fused = backend.fused_ops
+        self.self_attn = Attention(cfg, backend, rotary, qkv_bias, qk_norm, quant, f"{prefix}.self_attn", tp)
+        self.mlp = MLP(cfg, quant, f"{prefix}.mlp", tp, fused)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, fused)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, fused)
 
     def forward(self, positions, x, residual, meta):
         if residual is None:
@@ -125,10 +126,12 @@ class LlamaForCausalLM(nn.Module):
         self.embed_tokens = (VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp) if sharded
                              else nn.Embedding(cfg.vocab_size, cfg.hidden_size))
         qkv_bias = self.qkv_bias or bool(getattr(cfg, "attention_bias", False))
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.rotary = RotaryEmbedding(head_dim, cfg.max_position_embeddings, *rope_parameters(cfg))
         self.layers = nn.ModuleList(
-            DecoderLayer(cfg, backend, qkv_bias, self.qk_norm, quant, f"model.layers.{i}", tp)
+            DecoderLayer(cfg, backend, self.rotary, qkv_bias, self.qk_norm, quant, f"model.layers.{i}", tp)
             for i in range(cfg.num_hidden_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, backend.fused_ops)
         self.tie_word_embeddings = bool(getattr(cfg, "tie_word_embeddings", False))
         head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, tp) if sharded else nn.Linear(
             cfg.hidden_size, cfg.vocab_size, bias=False)
