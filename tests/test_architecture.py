@@ -17,6 +17,7 @@ TIERS = [
     ("expresslane.batch", 7, "server"),
     ("expresslane.bench", 7, "server"),
     ("expresslane.client", 7, "server"),
+    ("expresslane.quant.accuracy", 7, "tools"),  # measures an LLM: a tool on top, like bench
     ("expresslane", 6, "offline entry point"),  # the package itself (LLM); exact match only
     ("expresslane.entrypoint", 6, "offline entry point"),
     ("expresslane.engine", 5, "engine"),
