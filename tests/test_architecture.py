@@ -27,10 +27,13 @@ TIERS = [
     ("expresslane.engine.kv_cache", 4, "scheduler/kv"),
     ("expresslane.engine.request", 4, "scheduler/kv"),
     ("expresslane.runner", 3, "runner"),
+    ("expresslane.distributed.executor", 3, "runner"),  # tensor parallelism: runners on every rank
+    ("expresslane.distributed.worker", 3, "runner"),
     ("expresslane.models", 2, "model"),
     ("expresslane.attention", 1, "attention/layers"),
     ("expresslane.layers", 1, "attention/layers"),
     ("expresslane.quant", 1, "attention/layers"),
+    ("expresslane.distributed", 1, "attention/layers"),  # the TP group and sharded layers
     # leaves: plain data and helpers every tier may import; they import only leaves
     ("expresslane.engine.contract", 0, "leaf"),
     ("expresslane.engine.cost_model", 0, "leaf"),
