@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import signal
 import time
 from typing import Any
@@ -47,9 +48,11 @@ def run_engine(engine_kwargs: dict[str, Any], in_addr: str, out_addr: str, log_l
     try:
         _loop(core, inp, out, encode, EngineProfiler(profile_dir) if profile_dir else None)
     finally:
-        out.close()
+        out.close(linger=0)  # the API process is stopping or gone: nothing is left to deliver
         inp.close(linger=0)
         ctx.term()
+    logging.shutdown()
+    os._exit(0)  # skip the interpreter's teardown of torch (seconds on a busy machine): nothing is left to save
 
 
 def _profile(profiler: EngineProfiler | None, start: bool) -> Profiled:

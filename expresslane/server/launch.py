@@ -126,9 +126,15 @@ def serve(args: argparse.Namespace) -> int:
     try:
         # uvicorn's loop choice: uvloop when installed (uvicorn[standard]), as `uvicorn.run` would.
         with asyncio.Runner(loop_factory=config.get_loop_factory()) as runner:
-            return runner.run(_serve(server, client, settings, batches))
+            code = runner.run(_serve(server, client, settings, batches))
     finally:
         gpu.stop()
+    # Everything is closed and the engine reaped. The interpreter's own teardown (torch,
+    # transformers) takes seconds on a busy machine: skip it, so the process exits now.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 async def _serve(server: DrainingServer, client: EngineClient, settings: ServerSettings,
