@@ -4,6 +4,7 @@ happen when the command runs, so ``expresslane --help`` and the offline engine s
 from __future__ import annotations
 
 import argparse
+import sys
 
 from expresslane.batch.cli import add_batch_args
 from expresslane.config import add_cli_args
@@ -59,7 +60,19 @@ def add_serve_parser(subparsers) -> None:
     p.set_defaults(func=_serve)
 
 
-def _serve(args: argparse.Namespace) -> int:
-    from expresslane.server.launch import serve
+# The [server] extra's modules (pyproject.toml), by their import names.
+SERVER_MODULES = {"fastapi", "starlette", "uvicorn", "pydantic", "pydantic_core", "zmq", "msgspec",
+                  "prometheus_client"}
 
+
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        from expresslane.server.launch import serve
+    except ModuleNotFoundError as e:
+        if (e.name or "").split(".")[0] not in SERVER_MODULES:
+            raise
+        print(f"error: `expresslane serve` needs the server extra (module {e.name!r} is not installed). "
+              "Install it with: pip install 'expresslane[server]'  (from a clone: pip install -e \".[server]\")",
+              file=sys.stderr)
+        return 1
     return serve(args)

@@ -33,3 +33,19 @@ def test_bad_flags_and_missing_model_exit_with_a_message(tmp_path):
     assert res.returncode == 2 and "--max-waiting-requests must be positive" in res.stderr
     res = cli("serve", str(tmp_path / "missing"), "--port", "0")
     assert res.returncode == 1 and "does not exist" in res.stderr
+
+
+def test_serve_without_the_server_extra_says_how_to_install_it():
+    """A machine without uvicorn (simulated: its import fails) gets the install command, not a traceback."""
+    code = ("import sys, importlib.abc\n"
+            "class NoServer(importlib.abc.MetaPathFinder):\n"
+            "    def find_spec(self, name, path, target=None):\n"
+            "        if name.split('.')[0] == 'uvicorn':\n"
+            "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+            "sys.meta_path.insert(0, NoServer())\n"
+            "from expresslane.cli.main import main\n"
+            "sys.exit(main(['serve']))\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 1, res.stderr
+    assert "pip install 'expresslane[server]'" in res.stderr and 'pip install -e ".[server]"' in res.stderr
+    assert "'uvicorn'" in res.stderr and "Traceback" not in res.stderr
