@@ -85,4 +85,4 @@ def test_schemathesis_finds_no_5xx(server, tmp_path):
 @pytest.mark.slow
 def test_schemathesis_finds_no_5xx_with_boundary_cases(server, tmp_path):
     """Schemathesis' coverage phase too (every boundary and wrong type of every field), and more examples."""
-    _fuzz(server, tmp_path, "coverage,fuzzing", max_examples=300)
+    _fuzz(server, tmp_path, "coverage,fuzzing", max_examples=150)
