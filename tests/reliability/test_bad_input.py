@@ -133,7 +133,7 @@ case("chat n 128 top_logprobs 20", "POST", CHAT, {"messages": MSG, "n": 128, "lo
 # Bad stop lists.
 for name, stop, status in [("empty string", "", 400), ("list with empty string", ["a", ""], 400),
                            ("list with null", [None], 400), ("nested list", [["a"]], 400), ("object", {"a": 1}, 400),
-                           ("empty list", [], 200), ("10k stop strings", [f"s{i}" for i in range(10_000)], 200),
+                           ("empty list", [], 200), ("10k stop strings", [f"s{i}" for i in range(10_000)], 400),
                            ("one 100 kB stop string", "z" * 100_000, 200)]:
     case(f"completions stop: {name}", "POST", C, {**OK[C], "stop": stop}, status=status)
 case("chat stop wrong type", "POST", CHAT, {"messages": MSG, "stop": 3})
@@ -197,7 +197,14 @@ for p in ["/", "/v1", "/v1/completion", "/v2/completions", "/v1/models/tiny", "/
     case(f"unknown path {p[:20]}", "POST", p, OK[C], None, 404)
 
 
-@pytest.mark.parametrize("name,method,path,body,headers,status", CASES, ids=[c[0] for c in CASES])
+# Open findings (/work/wt/reliability-findings.md): these cases fail until the fix lands.
+R4 = pytest.mark.xfail(strict=True, reason="finding R4: a deeply nested body over 64 KiB is a 500 (msgspec "
+                                           "RecursionError in the large-body pre-check)")
+XFAIL = {f"{p} malformed: nested 100k deep": R4 for p in POSTS}
+
+
+@pytest.mark.parametrize("name,method,path,body,headers,status",
+                         [pytest.param(*c, id=c[0], marks=XFAIL.get(c[0], ())) for c in CASES])
 def test_bad_request_gets_a_4xx_and_the_server_stays_up(server, name, method, path, body, headers, status):
     h = {"Authorization": f"Bearer {API_KEY}"} if headers is None else headers
     kw = {"content": body} if isinstance(body, bytes) else {"json": body} if body is not None else {}
