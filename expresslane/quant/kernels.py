@@ -120,11 +120,12 @@ def per_token_quant_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scale
 
 
-def _tiles(m: int, group: int | None) -> tuple[int, int, int, int]:
+def _tiles(m: int, group: int | None, n: int = 4096) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps) by the number of rows: decode-sized inputs are
-    weight-bandwidth bound (narrow N tiles, many programs), long ones compute bound."""
+    weight-bandwidth bound (narrow N tiles: 128+ programs for N = 4096, ~ the H200's 132 SMs),
+    long ones compute bound."""
     if m <= 16:
-        bm, bn, bk, warps = 16, 64, 128, 4
+        bm, bn, bk, warps = 16, 32 if n <= 8192 else 64, 128, 4
     elif m <= 64:
         bm, bn, bk, warps = 64, 64, 64, 4
     else:
@@ -142,7 +143,7 @@ def quant_gemm(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, zero: torc
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return out
-    bm, bn, bk, warps = _tiles(m, group)
+    bm, bn, bk, warps = _tiles(m, group, n)
     fp8 = group is None
     if not fp8 and group % bk:
         raise ValueError(f"group size {group} is not a multiple of the K tile {bk}")
