@@ -18,7 +18,8 @@ from .conftest import API_KEY, Server, metric
 
 
 def wait_batch(client: OpenAI, batch_id: str, until=lambda b: b.status in ("completed", "failed", "expired",
-                                                                           "cancelled"), timeout: float = 300):
+                                                                           "cancelled"), timeout: float = 300,
+               poll: float = 0.2):
     deadline = time.monotonic() + timeout
     while True:
         b = client.batches.retrieve(batch_id)
@@ -26,7 +27,7 @@ def wait_batch(client: OpenAI, batch_id: str, until=lambda b: b.status in ("comp
             return b
         if time.monotonic() > deadline:
             raise TimeoutError(f"batch {batch_id} is still {b.status}: {b.request_counts}")
-        time.sleep(0.2)
+        time.sleep(poll)
 
 
 def requests_file(n: int, url: str = "/v1/completions", max_tokens: int = 4) -> bytes:
