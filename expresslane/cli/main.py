@@ -10,6 +10,7 @@ from expresslane import __version__
 from expresslane.batch.cli import add_batch_parser
 from expresslane.bench.cli import add_bench_parser
 from expresslane.config import add_cli_args, engine_kwargs_from_args
+from expresslane.router.cli import add_router_parser
 from expresslane.server.cli import add_serve_parser
 
 
@@ -99,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_generate)
 
     add_serve_parser(sub)  # these import no server or plotting libraries until they run
+    add_router_parser(sub)
     add_batch_parser(sub)
     add_bench_parser(sub)
     return parser

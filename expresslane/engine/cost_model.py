@@ -165,6 +165,15 @@ class StepCostModel:
                 hi = mid - 1
         return lo
 
+    def to_dict(self) -> dict:
+        """The fitted model as plain data (the engine publishes it; a router predicts with it)."""
+        return {"knots": self.knots.tolist(), "token_times": self.token_times.tolist(), "k_decode": self.k_decode,
+                "k_prefill": self.k_prefill, "c_mixed": self.c_mixed}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "StepCostModel":
+        return cls(d["knots"], d["token_times"], d["k_decode"], d["k_prefill"], d["c_mixed"])
+
     def describe(self) -> str:
         """One line for the start-up log: the linear part at a few sizes, and the attention terms."""
         sizes = [k for k in (1, 64, 128, 256, 512, 2048) if k <= self.knots[-1]]

@@ -25,6 +25,7 @@ from expresslane.server.api_keys import KeyRing, token_cost
 from expresslane.server.batch_routes import BatchService
 from expresslane.server.engine_client import EngineClient
 from expresslane.server.limits import RequestLimits, check_chars, precheck, read_body
+from expresslane.server.load import load_snapshot
 from expresslane.server.merging import RequestMerger
 from expresslane.server.metrics import Metrics
 from expresslane.server.protocol import (
@@ -163,6 +164,10 @@ def build_app(client: EngineClient, settings: ServerSettings, metrics: Metrics,
     async def health() -> Response:
         status = "ok" if client.state == "ready" else client.state
         return JSONResponse({"status": status}, status_code=200 if status == "ok" else 503)
+
+    @app.get("/load")
+    async def load() -> dict:
+        return load_snapshot(client, metrics)
 
     @app.get("/version")
     async def version() -> dict:

@@ -80,6 +80,7 @@ class EngineClient:
         self.tokenizer = tokenizer
         self.max_model_len = ready.max_model_len
         self.num_kv_blocks = ready.num_kv_blocks
+        self.step_cost, self.max_num_batched_tokens = ready.step_cost, ready.max_num_batched_tokens
         self.inputs = InputProcessor(tokenizer, vocab_size, ready.max_model_len, eos)
         self.max_prompt_chars = ready.max_model_len * longest_token
         self.token_text = functools.lru_cache(maxsize=None)(lambda t: tokenizer.decode([t]))  # bounded: the vocab

@@ -44,7 +44,8 @@ def run_engine(engine_kwargs: dict[str, Any], in_addr: str, out_addr: str, log_l
         log.exception("engine start failed")
         out.send(encode(Failed(f"{type(e).__name__}: {e}")))
         raise SystemExit(1) from e
-    out.send(encode(Ready(core.max_model_len, core.config.cache.num_kv_blocks)))
+    out.send(encode(Ready(core.max_model_len, core.config.cache.num_kv_blocks, core.cost_model.to_dict(),
+                          core.config.scheduler.max_num_batched_tokens)))
     try:
         _loop(core, inp, out, encode, EngineProfiler(profile_dir) if profile_dir else None)
     finally:

@@ -128,6 +128,10 @@ class Metrics:
             self.step_time.labels(m).observe(s.step_time)
             self.step_time_predicted.labels(m).observe(s.predicted_step_time)
 
+    @property
+    def last_engine_stats(self) -> StepStats:
+        return self._engine_totals
+
     def engine_stopped(self) -> None:
         for g in (self.running, self.waiting, self.kv_usage):
             g.labels(self.model_name).set(0)

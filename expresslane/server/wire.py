@@ -34,6 +34,8 @@ class Profiled(msgspec.Struct, tag=True):
 class Ready(msgspec.Struct, tag=True):
     max_model_len: int
     num_kv_blocks: int
+    step_cost: dict = {}  # the engine's fitted step-cost model (StepCostModel.to_dict), for /load
+    max_num_batched_tokens: int = 0
 
 
 class Failed(msgspec.Struct, tag=True):

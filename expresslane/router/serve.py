@@ -1,0 +1,34 @@
+"""Run the router: uvicorn around build_router_app, the health poller alongside."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import uvicorn
+
+from expresslane.router.app import Router, build_router_app
+
+
+def run_router(backends: list[str], host: str, port: int, health_interval: float, log_level: str = "WARNING") -> int:
+    if health_interval <= 0:
+        raise ValueError(f"--health-interval must be positive, got {health_interval}")
+    for url in backends:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"--backend {url!r}: expected an http:// or https:// URL")
+    router = Router(backends, health_interval)
+    config = uvicorn.Config(build_router_app(router), host=host, port=port, log_level=log_level.lower(),
+                            lifespan="off", access_log=False)
+    server = uvicorn.Server(config)
+
+    async def main() -> None:
+        await router.start()
+        print(f"expresslane router: {len(backends)} replicas behind http://{host}:{port}", file=sys.stderr,
+              flush=True)
+        try:
+            await server.serve()
+        finally:
+            await router.close()
+
+    asyncio.run(main())
+    return 0
