@@ -26,7 +26,7 @@ from expresslane.engine.cost_model import StepCostModel, StepShape
 CHARS_PER_TOKEN = 4
 CHUNK_CHARS = 64
 PREFIX_CAPACITY = 50_000
-TTFT_RESOLUTION = 0.005  # seconds: predictions closer than this are a tie (then: prefix, pending, fewest sent)
+TIE_RELATIVE, TIE_ABSOLUTE = 1.25, 0.005  # TTFT predictions within 25% + 5 ms of the best count as a tie
 BATCH_SHARE = 0.25  # the batch lane's default budget share (lanes.py): its tokens slow interactive ones this much
 
 
@@ -133,16 +133,19 @@ def choose(replicas: list[Replica], lane: str, text: str, num_tokens: int | None
     tokens = num_tokens if num_tokens is not None else estimate_tokens(text)
     keys = prefix_keys(text)
     if lane == "batch":
-        def cost(i_r):
+        def rank(i_r):
             i, r = i_r
             queued = sum(r.waiting(ln) for ln in ("interactive", "batch"))
             return (queued, r.load.num_running + r.load.num_waiting, -r.matched_chars(keys), r.routed, i)
+        _, best = min(enumerate(live), key=rank)
     else:
-        def cost(i_r):
-            i, r = i_r
-            cached = r.matched_chars(keys) // CHARS_PER_TOKEN
-            return (round(predict_ttft(r, tokens, cached) / TTFT_RESOLUTION), -cached, sum(r.pending.values()), r.routed, i)
-    _, best = min(enumerate(live), key=cost)
+        cached = [r.matched_chars(keys) // CHARS_PER_TOKEN for r in live]
+        ttft = [predict_ttft(r, tokens, c) for r, c in zip(live, cached)]
+        # predictions are rough (fitted, one poll old): near the best is as good as the best;
+        # among those, the longest cached prefix, then the fewest tokens pending, the fewest sent
+        near = TIE_RELATIVE * min(ttft) + TIE_ABSOLUTE
+        ties = [i for i, t in enumerate(ttft) if t <= near]
+        best = live[min(ties, key=lambda i: (-cached[i], sum(live[i].pending.values()), live[i].routed, i))]
     best.remember(keys)
     best.routed += 1
     return best

@@ -4,6 +4,8 @@ OpenAI-client tests of one server (tests/server/test_openai_api.py, reused as th
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import httpx
 import pytest
 from server.conftest import API_KEY, Server, llm  # noqa: F401  (`llm`: the shared fixture)
@@ -51,8 +53,11 @@ def openai_client(server):
 
 
 def test_both_replicas_served_and_keys_are_checked(server, replicas, openai_client):
-    for i in range(6):
-        openai_client.completions.create(model="tiny", prompt=f"spread {i} " * 20, max_tokens=2)
+    def one(i):
+        return openai_client.completions.create(model="tiny", prompt=f"spread {i} " * 40, max_tokens=2)
+
+    with ThreadPoolExecutor(8) as pool:  # concurrent: each one's pending tokens count for the next
+        list(pool.map(one, range(16)))
     served = [s.metrics().get('expresslane:request_success_total{finished_reason="length",lane="interactive",'
                               'model_name="tiny"}', 0.0) for s in replicas]
     assert all(n > 0 for n in served), served
