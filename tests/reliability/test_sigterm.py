@@ -20,7 +20,7 @@ pytestmark = pytest.mark.reliability
 
 REQUESTS = 12
 SEQS = 4  # --max-num-seqs: two thirds of the requests are still queued at SIGTERM
-TOKENS = 200  # 600 decode steps in all: the drain outlasts the checks made after SIGTERM
+TOKENS = 400  # 1,200 decode steps in all: none ends before SIGTERM, and the drain outlasts the checks after it
 MSG = [{"role": "user", "content": "drain"}]
 
 
@@ -66,7 +66,9 @@ async def _in_flight(server: Server, tokens: int) -> tuple[list, list]:
             m = await asyncio.to_thread(server.metrics)  # off this loop: the streams keep reading
             if metric(m, "expresslane:num_requests_running") + metric(m, "expresslane:num_requests_waiting") == REQUESTS:
                 break
-            assert not any(t.done() for t in tasks), "a request ended before SIGTERM was sent"
+            ended = [(reqs[i][0], t.result()[0] if not t.exception() else repr(t.exception()))
+                     for i, t in enumerate(tasks) if t.done()]
+            assert not ended, f"requests ended before SIGTERM was sent: {ended}"
             await asyncio.sleep(0.01)
         server.proc.send_signal(signal.SIGTERM)
         server.sigterm_at = time.monotonic()
