@@ -6,10 +6,21 @@ import json
 from pathlib import Path
 
 
-def load_tokenizer(path: str | Path):
-    from transformers import AutoTokenizer
+# tokenizer_config.json classes that are transformers' plain Rust-backed tokenizer: loaded as
+# that class directly, the same object AutoTokenizer builds, without AutoTokenizer's import of
+# torch (the server's API process stays torch-free).
+_PLAIN_FAST = {"PreTrainedTokenizerFast", "TokenizersBackend"}
 
+
+def load_tokenizer(path: str | Path):
+    config = Path(path) / "tokenizer_config.json"
     try:
+        if config.is_file() and json.loads(config.read_text()).get("tokenizer_class") in _PLAIN_FAST:
+            from transformers import PreTrainedTokenizerFast
+
+            return PreTrainedTokenizerFast.from_pretrained(str(path))
+        from transformers import AutoTokenizer  # importing it imports torch, when installed
+
         return AutoTokenizer.from_pretrained(str(path))
     except (OSError, ValueError) as e:
         raise ValueError(f"cannot load a tokenizer from {str(path)!r}: {e}") from e

@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from expresslane.distributed.executor import ReceivingSampler, init_group, rank_config, run_command
 from expresslane.distributed.group import TPGroup
-from expresslane.models.loader import load_hf_config
+from expresslane.models.model_dir import load_hf_config
 from expresslane.runner.model_runner import ModelRunner
 
 log = logging.getLogger(__name__)

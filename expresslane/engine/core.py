@@ -18,7 +18,7 @@ from expresslane.engine.contract import EngineCoreOutput, EngineCoreRequest, Ste
 from expresslane.engine.cost_model import StepCostModel, StepShape
 from expresslane.engine.kv_cache import KVCacheManager
 from expresslane.engine.request import Request, check_prompt_length
-from expresslane.models.loader import check_model_dir, load_hf_config
+from expresslane.models.model_dir import check_model_dir, load_hf_config
 from expresslane.runner.model_runner import StepResult
 from expresslane.runner.step_timing import calibration_steps, time_steps
 

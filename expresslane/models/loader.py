@@ -10,26 +10,6 @@ import torch
 from safetensors import safe_open
 
 
-def check_model_dir(path: str | Path) -> Path:
-    p = Path(path)
-    if not p.is_dir():
-        raise FileNotFoundError(f"model directory {str(p)!r} does not exist")
-    if not (p / "config.json").is_file():
-        raise FileNotFoundError(f"model directory {str(p)!r} has no config.json")
-    return p
-
-
-def load_hf_config(path: str | Path):
-    from transformers import AutoConfig
-
-    p = check_model_dir(path)
-    try:
-        json.loads((p / "config.json").read_text())
-        return AutoConfig.from_pretrained(p)
-    except (ValueError, KeyError, json.JSONDecodeError) as e:
-        raise ValueError(f"broken config.json in {str(p)!r}: {e}") from e
-
-
 def safetensors_files(path: Path) -> list[Path]:
     index = path / "model.safetensors.index.json"
     if index.is_file():

@@ -25,13 +25,13 @@ from dataclasses import dataclass
 
 import torch
 
+from expresslane.models.model_dir import FORMAT_VERSION, default_model_path
 from expresslane.models.tokenizer_builder import EOS, IM_END, save_tokenizer, special_token_ids
 from expresslane.quant import checkpoint
 
 logger = logging.getLogger(__name__)
 
 # Bump when the bytes a (preset, seed) produces change, so stale caches are not reused.
-FORMAT_VERSION = 1
 MARKER_FILE = "expresslane-make-model.json"
 MAX_SHARD_BYTES = 5 * 10**9  # transformers' default max_shard_size="5GB"
 _DTYPES = {"float32": (torch.float32, "F32"), "bfloat16": (torch.bfloat16, "BF16"), "float16": (torch.float16, "F16")}
@@ -280,5 +280,4 @@ def make_model(preset: str, out_dir: str | os.PathLike, seed: int = 0, device: s
 
 def default_model_dir() -> pathlib.Path:
     """The built-in default model (the ``tiny`` preset), built into the cache on first use."""
-    cache = pathlib.Path(os.environ.get("EXPRESSLANE_CACHE") or pathlib.Path.home() / ".cache" / "expresslane")
-    return make_model("tiny", cache / f"tiny-seed0-v{FORMAT_VERSION}")
+    return make_model("tiny", default_model_path())

@@ -19,12 +19,12 @@ import collections
 import functools
 import logging
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Callable
 
-from expresslane.engine.core import resolve_model_dir
-from expresslane.engine.llm_engine import InputProcessor
+from expresslane.engine.inputs import InputProcessor
 from expresslane.lanes import resolve_lane
-from expresslane.models.loader import load_hf_config
+from expresslane.models.model_dir import check_model_dir, default_model_path, read_config
 from expresslane.sampling_params import SamplingParams
 from expresslane.server import errors
 from expresslane.server.admission import AdmissionLimits, AdmissionPolicy, Work
@@ -71,12 +71,17 @@ class EngineClient:
     async def run(self, on_ready: Callable[[], None] = lambda: None) -> None:
         """Start the engine, then keep one running until ``close`` or until the restarts are
         used up (``state == "dead"``). Raises EngineStartError when the first start fails."""
-        kwargs = dict(self._engine_kwargs)
-        self.model_dir = await asyncio.to_thread(resolve_model_dir, kwargs.get("model"))  # may build the default
-        self._engine_kwargs = {**kwargs, "model": str(self.model_dir)}
-        frontend = asyncio.ensure_future(asyncio.to_thread(self._load_frontend))  # overlaps the engine's load
+        model = self._engine_kwargs.get("model")
+        if model is None:  # the built-in model: the engine process builds it on first use (this one has no torch)
+            self.model_dir = default_model_path()
+        else:
+            self.model_dir = await asyncio.to_thread(check_model_dir, model)
+            self._engine_kwargs = {**self._engine_kwargs, "model": str(self.model_dir)}
+        frontend = None
+        if self.model_dir.is_dir():  # the tokenizer loads while the engine does
+            frontend = asyncio.ensure_future(asyncio.to_thread(self._load_frontend))
         ready = await self._start_engine()
-        tokenizer, vocab_size, eos, longest_token = await frontend
+        tokenizer, vocab_size, eos, longest_token = await (frontend or asyncio.to_thread(self._load_frontend))
         self.tokenizer = tokenizer
         self.max_model_len = ready.max_model_len
         self.num_kv_blocks = ready.num_kv_blocks
@@ -127,9 +132,10 @@ class EngineClient:
             self._runner.result()
 
     def _load_frontend(self):
-        config = load_hf_config(self.model_dir)
+        config = read_config(self.model_dir)  # not AutoConfig: this process imports no torch
         tokenizer = load_tokenizer(self._engine_kwargs.get("tokenizer") or self.model_dir)
-        return (tokenizer, config.vocab_size, eos_token_ids(self.model_dir, config, tokenizer),
+        eos = eos_token_ids(self.model_dir, SimpleNamespace(eos_token_id=config.get("eos_token_id")), tokenizer)
+        return (tokenizer, config["vocab_size"], eos,
                 longest_token_chars(tokenizer))
 
     async def _start_engine(self):

@@ -13,15 +13,17 @@ import multiprocessing
 import os
 import signal
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import zmq
 
 from expresslane.config import EngineConfig
-from expresslane.engine.core import EngineCore
 from expresslane.server.profiler import EngineProfiler, ProfileError
 from expresslane.server.wire import Abort, Add, Failed, Outputs, Profile, Profiled, Ready, Shutdown, ToEngine
+
+if TYPE_CHECKING:  # imported by run_engine, in the engine process: the API process imports this module too
+    from expresslane.engine.core import EngineCore
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +31,8 @@ log = logging.getLogger(__name__)
 def run_engine(engine_kwargs: dict[str, Any], in_addr: str, out_addr: str, log_level: str,
                profile_dir: str | None = None) -> None:
     """Process entry point (multiprocessing spawn target)."""
+    from expresslane.engine.core import EngineCore
+
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s engine %(name)s: %(message)s")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the API process decides
     ctx = zmq.Context()
