@@ -10,8 +10,10 @@ TTFT target), so interactive work goes first without starving old batch work, an
 waiting interactive request may preempt running batch requests when blocks or seats
 run out (engine/policy.py).
 
-Spec (``--lane-slo``): ``interactive:ttft=200ms,tpot=50ms;batch:ttft=30s,share=0.25,queue=64``
-(``queue``: the server refuses new requests of a lane with that many already waiting).
+Spec (``--lane-slo``): ``interactive:ttft=200ms,tpot=50ms,slack=0.2;batch:ttft=30s,share=0.25,queue=64``
+(``queue``: the server refuses new requests of a lane with that many already waiting;
+``slack``: how much a prefill chunk may lengthen the interactive decodes' step, see
+engine/policy.py).
 The spec is parsed once, into ``Lanes``, when the config is built (``SchedulerConfig``);
 the scheduler and the server read the typed value.
 """
@@ -29,9 +31,12 @@ class LaneSLO:
     tpot: float  # seconds
     share: float  # batch: its fraction of a step while interactive work is on (interactive: unused)
     queue: int = 0  # the server's cap on this lane's waiting requests (0 = none; over it: 503)
+    # interactive: how much longer than its decodes alone a step may be made by the prefill it
+    # carries (0.2: 20%), by the step-cost model; the `tpot` target bounds it in any case
+    slack: float = 0.0
 
 
-DEFAULT_LANE_SLO = "interactive:ttft=200ms,tpot=50ms;batch:ttft=30s,tpot=500ms,share=0.25"
+DEFAULT_LANE_SLO = "interactive:ttft=200ms,tpot=50ms,slack=0.2;batch:ttft=30s,tpot=500ms,share=0.25"
 
 
 def resolve_lane(lane: str | None, priority: int) -> str:
@@ -90,13 +95,15 @@ def _parse(spec: str) -> dict[str, dict[str, float]]:
                 if not value.isdigit():
                     raise ValueError(f"lane_slo {lane}.queue must be a whole number, got {value!r}")
                 given[key] = int(value)
-            elif key == "share":
+            elif key in ("share", "slack"):
                 try:
                     given[key] = float(value)
                 except ValueError:
                     given[key] = -1.0
-                if not 0.0 <= given[key] <= 1.0:
-                    raise ValueError(f"lane_slo {lane}.share must be in [0, 1], got {value!r}")
+                top = 1.0 if key == "share" else 10.0
+                if not 0.0 <= given[key] <= top:
+                    raise ValueError(f"lane_slo {lane}.{key} must be in [0, {top:g}], got {value!r}")
             else:
-                raise ValueError(f"lane_slo: unknown key {key!r} for lane {lane} (keys: ttft, tpot, share, queue)")
+                raise ValueError(f"lane_slo: unknown key {key!r} for lane {lane} "
+                                 "(keys: ttft, tpot, share, slack, queue)")
     return out

@@ -113,7 +113,7 @@ def rng_budget(seed):
 
 def test_prefill_and_decode_share_a_step():
     kv = KVCacheManager(100, 4)
-    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=10), kv)
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=10, scheduling_policy="fcfs"), kv)
     sched.add_request(make_request("a", list(range(1, 4)), 5))
     plan = sched.schedule()
     sched.update(plan, {s.request_id: 7 for s in plan.seqs if s.sample})
@@ -225,7 +225,8 @@ def test_dynamic_batching_waits_for_a_full_batch_or_the_timeout():
 
 def test_long_prefill_is_capped_while_short_requests_wait():
     kv = KVCacheManager(400, 4)
-    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=64, long_prefill_token_threshold=16), kv)
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=64, long_prefill_token_threshold=16,
+                                      scheduling_policy="fcfs"), kv)
     sched.add_request(make_request("long", list(range(1, 500)), 4))
     plan = sched.schedule()
     assert [len(s.token_ids) for s in plan.seqs] == [64]  # alone: the whole budget (topped up)
@@ -316,7 +317,8 @@ def test_lane_slo_spec_errors():
 
 def test_decodes_keep_their_place_while_a_long_prompt_is_chunked():
     kv = KVCacheManager(400, 4)
-    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=32, long_prefill_token_threshold=8), kv)
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=32, long_prefill_token_threshold=8,
+                                      scheduling_policy="fcfs"), kv)
     sched.add_request(make_request("long", list(range(10, 400)), 2, t=0.0))  # first in line
     plan = sched.schedule()
     sched.update(plan, {})
@@ -366,8 +368,8 @@ def test_the_policy_sizes_each_step():
     from expresslane.engine.policy import SchedulingPolicy
 
     class FiveTokenSteps(SchedulingPolicy):
-        def step_budget(self, head, running, waiting_by_lane):
-            budget = super().step_budget(head, running, waiting_by_lane)
+        def step_budget(self, head, running, waiting_by_lane, now=0.0):
+            budget = super().step_budget(head, running, waiting_by_lane, now)
             budget.tokens = 5
             return budget
 

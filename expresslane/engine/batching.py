@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 
 from expresslane.config import SchedulerConfig
+from expresslane.engine.cost_model import StepCostModel
 from expresslane.engine.kv_cache import KVCacheManager
 from expresslane.engine.policy import StepBudget
 from expresslane.engine.request import Request
@@ -41,6 +42,7 @@ class FixedBatchScheduler(Scheduler):
         return self.clock() - head.arrival_time >= self.config.batch_timeout_ms / 1000
 
 
-def make_scheduler(config: SchedulerConfig, kv: KVCacheManager, clock=time.monotonic) -> Scheduler:
+def make_scheduler(config: SchedulerConfig, kv: KVCacheManager, clock=time.monotonic,
+                   cost_model: StepCostModel | None = None) -> Scheduler:
     cls = Scheduler if config.batching == "continuous" else FixedBatchScheduler
-    return cls(config, kv, clock)
+    return cls(config, kv, clock, cost_model)

@@ -78,7 +78,7 @@ class EngineCore:
         log.info("step cost model (%s): %s", self.runner.device, self.cost_model.describe())
         self.config = config.replace(num_kv_blocks=num_blocks)
         self.kv = KVCacheManager(num_blocks, bs, config.cache.enable_prefix_caching)
-        self.scheduler = make_scheduler(config.scheduler, self.kv)
+        self.scheduler = make_scheduler(config.scheduler, self.kv, cost_model=self.cost_model)
         self._last = StepStats(0, 0, 0.0)
         self._in_flight: _InFlight | None = None  # the step the GPU may still be running
         self._sync_launch = not cuda  # execute() returns when the step is done

@@ -5,7 +5,7 @@ A policy answers four questions for the continuous scheduler (engine/scheduler.p
 - queue order: ``key(req)`` ranks waiting and running requests (lower first; the
   highest-ranked running request is the first victim when KV blocks run out);
 - the step's budget: ``step_budget(...)`` decides, once per step, the token budget,
-  the prefill cap and each lane's share (the seam where a cost model would size steps);
+  the prefill cap and each lane's share (``deadline`` sizes it with the step-cost model);
 - step-aside: ``steps_aside(req, budget, now)``: a running request skips this step;
 - victim choice: ``victim(req, running)``: the running request a waiting one may
   preempt when seats or blocks run out (None: it waits).
@@ -20,6 +20,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from expresslane.config import SchedulerConfig
+from expresslane.engine.cost_model import StepCostModel, StepShape
 from expresslane.engine.request import Request
 from expresslane.lanes import LANES, Lanes
 
@@ -52,8 +53,9 @@ class SchedulingPolicy:
     """First come, first served; one shared budget; a long prompt is capped beside others
     and topped up with what is left at the end (alone, it loses nothing)."""
 
-    def __init__(self, config: SchedulerConfig):
+    def __init__(self, config: SchedulerConfig, cost_model: StepCostModel | None = None):
         self.config = config
+        self.cost_model = cost_model
 
     def key(self, req: Request) -> tuple:
         return (req.arrival_time, req.seq)
@@ -66,7 +68,7 @@ class SchedulingPolicy:
         return t or self.config.max_num_batched_tokens
 
     def step_budget(self, head: Request | None, running: Collection[Request],
-                    waiting_by_lane: dict[str, int]) -> StepBudget:
+                    waiting_by_lane: dict[str, int], now: float = 0.0) -> StepBudget:
         """While others need tokens (queued, or running: their decodes), a long prompt takes
         at most the prefill cap, so short requests and decodes share its step instead of
         waiting behind it."""
@@ -88,8 +90,16 @@ class PriorityPolicy(SchedulingPolicy):
         return (req.priority, req.arrival_time, req.seq)
 
 
+MIN_CHUNK = 16  # prefill tokens a step may always carry, whatever the cost model says
+
+
 class DeadlinePolicy(SchedulingPolicy):
     """Lanes: earliest TTFT deadline first (arrival + the lane's TTFT target).
+
+    - Steps sized by the SLO (with a step-cost model, and no --long-prefill-token-threshold):
+      while interactive work is on, a step's prefill keeps it within the interactive
+      lane's slack over its decodes alone and within its ``tpot`` target (``slo_sized``);
+      ``max_num_batched_tokens`` stays the largest step.
 
     - No top-up: the prefill cap bounds every step beside others, so running decodes keep
       their ITL and an arriving request waits behind at most one short step.
@@ -102,8 +112,8 @@ class DeadlinePolicy(SchedulingPolicy):
     - A waiting interactive request may preempt the lowest-ranked running batch request.
     """
 
-    def __init__(self, config: SchedulerConfig):
-        super().__init__(config)
+    def __init__(self, config: SchedulerConfig, cost_model: StepCostModel | None = None):
+        super().__init__(config, cost_model)
         self.lanes: Lanes = config.lane_slo
 
     def key(self, req: Request) -> tuple:
@@ -113,16 +123,60 @@ class DeadlinePolicy(SchedulingPolicy):
         return req.arrival_time + self.lanes[req.lane].ttft
 
     def step_budget(self, head: Request | None, running: Collection[Request],
-                    waiting_by_lane: dict[str, int]) -> StepBudget:
-        budget = super().step_budget(head, running, waiting_by_lane)
+                    waiting_by_lane: dict[str, int], now: float = 0.0) -> StepBudget:
+        budget = super().step_budget(head, running, waiting_by_lane, now)
         budget.top_up = False
         busy = {lane for lane, n in waiting_by_lane.items() if n} | {r.lane for r in running}
+        if ("interactive" in busy and self.cost_model is not None
+                and self.config.long_prefill_token_threshold is None):
+            budget.tokens, budget.prefill_cap = self.slo_sized(head, running, now)
         if "interactive" in busy:
             share = int(self.lanes["batch"].share * budget.tokens)
             budget.lanes = {"interactive": budget.tokens - (share if "batch" in busy else 0), "batch": share}
         budget.short_first = (head is not None and head.lane == "interactive"
                               and head.num_tokens <= budget.prefill_cap)
         return budget
+
+    def slo_sized(self, head: Request | None, running: Collection[Request], now: float) -> tuple[int, int]:
+        """(the step's tokens, the prefill cap) while interactive work is on, by the step-cost
+        model. The cap (``room``) is the prefill that keeps the step within ``(1 + slack)``
+        times its decodes alone (a 1-token step when none decodes: what a request arriving
+        now would wait behind) and within the lane's ``tpot`` target; when the queue's head
+        has waited half its TTFT target, up to the ``tpot`` target (deadlines at risk come
+        before decode smoothness); at least `MIN_CHUNK`, so prompts always progress.
+
+        - Interactive decodes running: the step is its decodes plus ``room`` prefill tokens;
+          a waiting interactive prompt's first chunk is counted in first, so it starts this
+          step even beside a long prompt that does not step aside.
+        - None: no decode pace to keep. Any number of prompts may start (a burst of short
+          prompts shares one step), but no prompt takes more than ``room`` tokens: a long
+          one is cut into steps a request arriving next waits little behind."""
+        slo = self.lanes["interactive"]
+        decodes, start, pace = [], 0, False
+        for r in running:
+            left = r.num_tokens_with_pending - r.num_computed_tokens
+            if left == 1:
+                decodes.append((r.num_computed_tokens, 1))
+                pace = pace or r.lane == "interactive"
+            elif left > 1:
+                start = max(start, r.num_computed_tokens)  # the costliest place a chunk may go
+        base = StepShape.of(decodes)
+        alone = self.cost_model.predict(base if decodes else StepShape(1))
+        target = min(slo.tpot, (1.0 + slo.slack) * alone)
+        if head is not None and now - head.arrival_time > self.lanes[head.lane].ttft / 2:
+            target = slo.tpot
+        top = self.config.max_num_batched_tokens
+        limit = top - base.num_tokens
+        room = max(min(MIN_CHUNK, limit), self.cost_model.max_chunk(base, start, limit, target), 1)
+        if not pace:
+            return top, room
+        if head is None or head.lane != "interactive":
+            return min(top, base.num_tokens + room), room
+        # the head's first chunk counts in the step's time; what is left goes to running prompts
+        starting = min(head.num_tokens, room)
+        rest = self.cost_model.max_chunk(base.plus_chunk(0, starting), start, limit - starting, target)
+        rest = max(rest, min(MIN_CHUNK, limit - starting))  # the head gets a chunk after a long one's
+        return min(top, base.num_tokens + starting + rest), max(starting, rest)
 
     def steps_aside(self, req: Request, budget: StepBudget, now: float) -> bool:
         """A long interactive prompt (more than the cap left) skips the step that admits a

@@ -18,6 +18,7 @@ import time
 
 from expresslane.config import SchedulerConfig
 from expresslane.engine.contract import EngineCoreOutput, ScheduledSeq, StepPlan
+from expresslane.engine.cost_model import StepCostModel
 from expresslane.engine.kv_cache import KVCacheManager
 from expresslane.engine.policy import POLICIES, StepBudget
 from expresslane.engine.request import Request, RequestStatus
@@ -25,11 +26,12 @@ from expresslane.lanes import LANES
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, clock=time.monotonic):
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, clock=time.monotonic,
+                 cost_model: StepCostModel | None = None):
         self.config = config
         self.kv = kv
         self.clock = clock
-        self.policy = POLICIES[config.scheduling_policy](config)
+        self.policy = POLICIES[config.scheduling_policy](config, cost_model)
         self.requests: dict[str, Request] = {}
         self.running: dict[str, Request] = {}  # insertion-ordered; O(1) removal
         self._waiting: list[tuple[tuple, Request]] = []  # heap by policy key; aborted ones removed lazily
@@ -91,7 +93,7 @@ class Scheduler:
 
     def _schedule(self) -> list[tuple[Request, int]]:
         head = self._peek_waiting()
-        budget = self.policy.step_budget(head, self.running.values(), self._waiting_by_lane)
+        budget = self.policy.step_budget(head, self.running.values(), self._waiting_by_lane, self.clock())
         scheduled, preempted = self._schedule_running(budget)
         if not preempted:
             self._admit(scheduled, budget, self.config.max_num_seqs)

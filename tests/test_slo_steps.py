@@ -1,0 +1,188 @@
+"""Steps sized by the SLO (deadline policy + step-cost model), in simulated time: every step
+lasts what the cost model predicts for it, so decisions are checked against the model,
+never against a wall clock."""
+
+import random
+
+import pytest
+
+from expresslane.config import SchedulerConfig
+from expresslane.engine.contract import EngineCoreRequest
+from expresslane.engine.cost_model import StepCostModel, StepShape
+from expresslane.engine.kv_cache import KVCacheManager
+from expresslane.engine.policy import MIN_CHUNK
+from expresslane.engine.request import Request
+from expresslane.engine.scheduler import Scheduler
+from expresslane.sampling_params import SamplingParams
+
+# Issue #20's H200 linear-layer times of the 8B shape, plus attention terms
+H200 = StepCostModel([1, 16, 64, 128, 160, 256, 512, 2048],
+                     [3.9e-3, 3.9e-3, 4.2e-3, 4.4e-3, 4.7e-3, 5.6e-3, 9.5e-3, 9.5e-3 + 1536 * 15.2e-6],
+                     k_decode=2e-9, k_prefill=1e-12, c_mixed=0.2e-3)
+TPOT, SLACK, TTFT = 0.025, 0.2, 0.2
+
+
+def request(rid: str, n: int, out: int, t: float, lane: str = "interactive") -> Request:
+    rng = random.Random(rid)
+    prompt = [rng.randrange(1, 30000) for _ in range(n)]
+    sp = SamplingParams(temperature=0.0, max_tokens=out, ignore_eos=True)
+    return Request.from_core_request(EngineCoreRequest(rid, prompt, sp, (0,), t, 0, lane), 16384)
+
+
+def scheduler(now: list[float], **config) -> Scheduler:
+    config = {"max_num_batched_tokens": 2048, "max_num_seqs": 256, "scheduling_policy": "deadline",
+              "lane_slo": f"interactive:ttft={TTFT * 1e3:g}ms,tpot={TPOT * 1e3:g}ms,slack={SLACK}", **config}
+    cfg = SchedulerConfig(**config)
+    return Scheduler(cfg, KVCacheManager(40_000, 16), clock=lambda: now[0], cost_model=H200)
+
+
+def shape_of(plan) -> StepShape:
+    return StepShape.of((s.start_pos, len(s.token_ids)) for s in plan.seqs)
+
+
+class Sim:
+    """Arrivals at given times; each step takes the model's time for it."""
+
+    def __init__(self, sched: Scheduler, now: list[float], arrivals: list[Request]):
+        self.sched, self.now, self.todo = sched, now, sorted(arrivals, key=lambda r: r.arrival_time)
+        self.first_scheduled_step: dict[str, int] = {}
+        self.added_before_step: dict[str, int] = {}
+        self.first_token: dict[str, float] = {}
+        self.steps = 0
+
+    def step(self):
+        while self.todo and self.todo[0].arrival_time <= self.now[0]:
+            req = self.todo.pop(0)
+            self.sched.add_request(req)
+            self.added_before_step[req.request_id] = self.steps
+        if not self.sched.has_unfinished():
+            self.now[0] = self.todo[0].arrival_time
+            return None, None
+        before = self.snapshot()
+        plan = self.sched.schedule()
+        for s in plan.seqs:
+            self.first_scheduled_step.setdefault(s.request_id, self.steps)
+        self.steps += 1
+        self.now[0] += max(H200.predict(shape_of(plan)), 1e-4)
+        outs = self.sched.update(plan, {s.request_id: 5 for s in plan.seqs if s.sample})
+        for o in outs:
+            self.first_token.setdefault(o.request_id, self.now[0])
+        return plan, before
+
+    def snapshot(self) -> dict:
+        """What the policy sees: the running decodes and how long the queue's head waited."""
+        running = self.sched.running.values()
+        decodes = [(r.num_computed_tokens, 1) for r in running if r.num_tokens_with_pending - r.num_computed_tokens == 1]
+        head = self.sched._peek_waiting()
+        waited = self.now[0] - head.arrival_time if head is not None else 0.0
+        return {"decodes": decodes, "head": head, "head_waited": waited, "interactive": bool(decodes)}
+
+    def run(self, max_steps: int = 20_000):
+        while (self.todo or self.sched.has_unfinished()) and self.steps < max_steps:
+            yield self.step()
+
+
+def mixed_arrivals(seed: int, n_short: int = 120, rate: float = 8.0) -> list[Request]:
+    """Poisson arrivals of 64/64 shorts, with an 8k/64 prompt among them every ~7th request."""
+    rng = random.Random(seed)
+    t, out = 0.0, []
+    for i in range(n_short):
+        t += rng.expovariate(rate)
+        long = i % 7 == 3
+        out.append(request(f"{'long' if long else 'short'}{i}", 8192 if long else 64, 64, t))
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_step_with_interactive_decodes_stays_within_the_tpot_target_by_the_model(seed):
+    now = [0.0]
+    sim = Sim(scheduler(now), now, mixed_arrivals(seed))
+    checked = slack_checked = 0
+    for plan, before in sim.run():
+        if plan is None or not before["interactive"]:
+            continue
+        shape = shape_of(plan)
+        prefill = shape.num_tokens - sum(1 for s in plan.seqs if len(s.token_ids) == 1)
+        predicted = H200.predict(shape)
+        assert predicted <= TPOT + 1e-12  # the lane's target, always
+        if before["head"] is None:  # nobody starting: the prefill rides in the decodes' slack
+            bound = min(TPOT, (1 + SLACK) * H200.predict(StepShape.of(before["decodes"])))
+            assert predicted <= bound + 1e-12 or prefill <= MIN_CHUNK, (predicted, bound, prefill)
+            slack_checked += 1
+        checked += 1
+    assert checked > 500 and slack_checked > 100
+    assert not sim.sched.has_unfinished() and not sim.todo  # everything, the long prompts too, completed
+
+
+def test_a_long_prompt_completes_and_shorts_start_within_one_step():
+    now = [0.0]
+    long = request("long", 8192, 4, 0.0)
+    # one at a time, while the long prompt prefills and the earlier shorts decode
+    shorts = [request(f"s{i}", 64, 64, 0.002 + 0.006 * i) for i in range(16)]
+    sim = Sim(scheduler(now), now, [long, *shorts])
+    for _ in sim.run():
+        pass
+    assert "long" in sim.first_token  # the long prompt completed its prefill
+    for s in shorts:
+        rid = s.request_id
+        assert sim.first_scheduled_step[rid] == sim.added_before_step[rid], rid  # started in the next step
+    # the shorts' first tokens do not wait for the 8k prefill: it is cut into steps
+    assert sim.first_token["s0"] < sim.first_token["long"]
+
+
+def test_a_burst_of_shorts_starts_in_one_step_beside_a_long_prefill():
+    """No decode pace to keep yet: every short prompt of the burst starts in the same step,
+    while the long prompt's chunk stays small."""
+    now = [0.0]
+    sim = Sim(scheduler(now), now, [request("long", 8192, 4, 0.0)]
+              + [request(f"s{i}", 64, 64, 0.001) for i in range(16)])
+    for _ in sim.run():
+        pass
+    steps = {sim.first_scheduled_step[f"s{i}"] for i in range(16)}
+    assert steps == {sim.added_before_step["s0"]}
+
+
+def test_prefill_rides_in_the_slack_of_16_decodes():
+    """Beside 16 decoding shorts, a long prompt gets the ~100-150 tokens the issue measured as
+    a decode step's slack on the H200 (4.2 ms -> within 20% more), not a quarter of 2048."""
+    now = [0.0]
+    sched = scheduler(now)
+    for i in range(16):
+        sched.add_request(request(f"s{i}", 64, 64, 0.0))
+    plan = sched.schedule()
+    sched.update(plan, {s.request_id: 5 for s in plan.seqs if s.sample})
+    sched.add_request(request("long", 8192, 4, 0.0))
+    plan = sched.schedule()
+    chunk = {s.request_id: len(s.token_ids) for s in plan.seqs}["long"]
+    assert 100 <= chunk <= 160
+    assert H200.predict(shape_of(plan)) <= 1.2 * H200.predict(StepShape.of([(64, 1)] * 16)) + 1e-12
+
+
+def test_deadlines_at_risk_grow_the_step_up_to_the_tpot_target():
+    """Beside decoding requests, a backlog that has waited half its TTFT target gets bigger
+    steps (its deadlines come first), still within the tpot target."""
+    now = [0.0]
+    sched = scheduler(now)
+    for i in range(4):
+        sched.add_request(request(f"d{i}", 64, 64, 0.0))
+    plan = sched.schedule()
+    sched.update(plan, {s.request_id: 5 for s in plan.seqs if s.sample})
+    for i in range(64):
+        sched.add_request(request(f"r{i}", 512, 8, 0.0))
+    small = sched.schedule()
+    sched.update(small, {})
+    now[0] = TTFT  # the head has waited its whole target
+    big = sched.schedule()
+    assert small.num_batched_tokens <= 300 < big.num_batched_tokens
+    assert H200.predict(shape_of(small)) <= (1 + SLACK) * H200.predict(StepShape.of([(64, 1)] * 4)) * 1.5
+    assert H200.predict(shape_of(big)) <= TPOT
+
+
+def test_the_flags_override_the_sizing():
+    now = [0.0]
+    sched = scheduler(now, long_prefill_token_threshold=512)
+    sched.add_request(request("long", 8192, 4, 0.0))
+    assert sched.schedule().num_batched_tokens == 512  # the given cap, not the model's chunk
+    sched = scheduler(now, max_num_batched_tokens=64)
+    sched.add_request(request("long", 8192, 4, 0.0))
+    assert sched.schedule().num_batched_tokens <= 64  # the largest step
