@@ -16,7 +16,9 @@ pure function of those measurements) names the causes:
   per-token server overhead      the server's time around the engine grows >= 2 us per
                                  prompt token and is >= 5% of a long prompt's TTFT
 
-and the flags, with values from the same measurements, in the detected server's names:
+and the flags, with values from the same measurements, in the detected server's names
+(expresslane: the deadline policy, whose steps the step-cost model sizes, and a smaller
+interactive ``slack`` when decodes are slowed; vLLM and SGLang: the chunk and budget below):
 
   prefill_ms_per_token = slope of isolated TTFT over prompt length
   chunk  = tokens of prefill one decode step may carry and stay within 2x the batch-1
@@ -181,12 +183,12 @@ def flags_for(server: str, causes: list[str], chunk: int | None, budget: int | N
     prefill = {"head-of-line prefill", "decode slowed by prefill chunks"} & set(causes)
     out: list[str] = []
     if server == "expresslane":
+        # deadline sizes every step with the step-cost model (the default); a fixed
+        # --long-prefill-token-threshold or a small --max-num-batched-tokens would turn that off
         if prefill or "queueing" in causes:
             out.append("--scheduling-policy deadline")
-        if prefill and chunk:
-            out.append(f"--long-prefill-token-threshold {chunk}")
-        if "head-of-line prefill" in causes and budget:
-            out.append(f"--max-num-batched-tokens {budget}")
+        if "decode slowed by prefill chunks" in causes:
+            out.append("--lane-slo interactive:slack=0.1")  # half the default prefill per decode step
     elif server == "vllm":
         if prefill and chunk:  # vLLM caps every step's share of a long prefill, alone or not
             out += [f"--long-prefill-token-threshold {chunk}", f"--max-num-batched-tokens {max(2048, chunk)}"]

@@ -50,8 +50,8 @@ def test_default_flags_on_h200_name_head_of_line_and_slow_decode_with_sized_flag
     assert d["prefill_ms_per_token"] == pytest.approx(0.0319, rel=0.01)
     assert d["chunk"] == 144  # inside the issue's 100-150 tokens of a decode step's slack
     assert d["budget"] == 480  # a step half as long as the shorts' own TTFT alone
-    assert d["flags"] == ["--scheduling-policy deadline", "--long-prefill-token-threshold 144",
-                          "--max-num-batched-tokens 480"]
+    # ours: the deadline policy sizes steps itself (the cost model); a smaller slack for decodes
+    assert d["flags"] == ["--scheduling-policy deadline", "--lane-slo interactive:slack=0.1"]
 
 
 def test_flags_use_the_detected_server_names():
