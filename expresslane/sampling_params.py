@@ -5,6 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+class SamplingParamError(ValueError):
+    """A parameter out of range; ``param`` names it (the server answers 400 naming the field)."""
+
+    def __init__(self, param: str, message: str):
+        super().__init__(message)
+        self.param = param
+
+
 @dataclass(slots=True)
 class SamplingParams:
     n: int = 1
@@ -35,8 +43,8 @@ class SamplingParams:
         self.validate()
 
     def validate(self) -> None:
-        def bad(name: str, why: str) -> ValueError:
-            return ValueError(f"{name} {why}, got {getattr(self, name)!r}")
+        def bad(name: str, why: str) -> SamplingParamError:
+            return SamplingParamError(name, f"{name} {why}, got {getattr(self, name)!r}")
 
         if not isinstance(self.n, int) or self.n < 1:
             raise bad("n", "must be an integer >= 1")

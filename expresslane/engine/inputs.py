@@ -9,6 +9,15 @@ from expresslane.sampling_params import SamplingParams
 Prompt = str | dict
 
 
+class InputError(ValueError):
+    """A prompt that does not fit the model; ``param`` names the field at fault (``prompt`` or
+    ``stop_token_ids``), ``code`` is OpenAI's error code for it."""
+
+    def __init__(self, message: str, param: str, code: str = "invalid_value"):
+        super().__init__(message)
+        self.param, self.code = param, code
+
+
 class InputProcessor:
     """Prompt -> token ids, checked against the model (shared by the offline engine and the server)."""
 
@@ -24,13 +33,17 @@ class InputProcessor:
         if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
             ids = list(prompt["prompt_token_ids"])
             if any(not isinstance(t, int) or not 0 <= t < self.vocab_size for t in ids):
-                raise ValueError(f"prompt_token_ids must be integers in [0, {self.vocab_size})")
+                raise InputError(f"prompt_token_ids must be integers in [0, {self.vocab_size})", "prompt")
             return prompt.get("prompt"), ids
         if isinstance(prompt, dict) and isinstance(prompt.get("prompt"), str):
             return prompt["prompt"], self.tokenizer.encode(prompt["prompt"])
         raise TypeError(f"a prompt is a string or a dict with 'prompt_token_ids' or 'prompt', got {type(prompt).__name__}")
 
     def check(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        check_prompt_length(len(prompt_token_ids), self.max_model_len)
+        try:
+            check_prompt_length(len(prompt_token_ids), self.max_model_len)
+        except ValueError as e:  # empty, or longer than the context
+            raise InputError(str(e), "prompt", "context_length_exceeded" if prompt_token_ids else "invalid_value") \
+                from None
         if any(not 0 <= t < self.vocab_size for t in params.stop_token_ids):
-            raise ValueError(f"stop_token_ids must be in [0, {self.vocab_size})")
+            raise InputError(f"stop_token_ids must be in [0, {self.vocab_size})", "stop_token_ids")

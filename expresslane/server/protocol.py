@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from expresslane.sampling_params import SamplingParams
+from expresslane.sampling_params import SamplingParamError, SamplingParams
 from expresslane.server.errors import APIError, bad_request
 
 MAX_N = 128  # OpenAI's limit
@@ -90,8 +90,8 @@ class SamplingRequest(BaseModel):
                 ignore_eos=self.ignore_eos, min_tokens=self.min_tokens, logprobs=logprobs,
                 skip_special_tokens=self.skip_special_tokens,
                 include_stop_str_in_output=self.include_stop_str_in_output)
-        except ValueError as e:  # SamplingParams names the field first: "min_tokens must be ..."
-            raise bad_request(str(e), str(e).split(" ", 1)[0]) from None
+        except SamplingParamError as e:
+            raise bad_request(str(e), e.param) from None
 
 
 class CompletionRequest(SamplingRequest):

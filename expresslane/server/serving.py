@@ -18,6 +18,7 @@ from typing import AsyncIterator
 
 import msgspec
 
+from expresslane.engine.inputs import InputError
 from expresslane.outputs import CompletionOutput, RequestOutput
 from expresslane.sampling_params import SamplingParams
 from expresslane.server import errors
@@ -54,12 +55,8 @@ def new_id(prefix: str) -> str:
 def check_prompt(client: EngineClient, ids: list[int], params: SamplingParams, param: str) -> None:
     try:
         client.inputs.check(ids, params)
-    except ValueError as e:
-        if "stop_token_ids" in str(e):
-            raise errors.bad_request(str(e), "stop_token_ids") from None
-        if "maximum context length" in str(e):
-            raise errors.context_too_long(str(e), param) from None
-        raise errors.bad_request(str(e), param) from None
+    except InputError as e:  # `param`: where the prompt came from (prompt, messages)
+        raise errors.bad_request(str(e), param if e.param == "prompt" else e.param, e.code) from None
     limit = client.max_model_len
     if params.max_tokens is not None and len(ids) + params.max_tokens > limit:
         raise errors.context_too_long(
@@ -83,8 +80,8 @@ def prepare_completion(client: EngineClient, req: CompletionRequest,
     for p in raw:
         try:
             text, ids = client.inputs.tokenize(p)
-        except (ValueError, TypeError) as e:
-            raise errors.bad_request(str(e), "prompt") from None
+        except InputError as e:
+            raise errors.bad_request(str(e), "prompt", e.code) from None
         check_prompt(client, ids, params, "prompt")
         prompts.append((text, ids))
     return prompts, params
@@ -123,8 +120,8 @@ def prepare_generate(client: EngineClient, req: GenerateRequest,
     p = req.prompt if isinstance(req.prompt, str) else {"prompt_token_ids": req.prompt}
     try:
         text, ids = client.inputs.tokenize(p)
-    except ValueError as e:
-        raise errors.bad_request(str(e), "prompt") from None
+    except InputError as e:
+        raise errors.bad_request(str(e), "prompt", e.code) from None
     check_prompt(client, ids, params, "prompt")
     return [(text, ids)], params
 
