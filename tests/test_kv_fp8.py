@@ -67,7 +67,7 @@ def test_fp8_kv_engine_greedy_equals_across_backends(llama_dir):
     got = {}
     for backend in ("torch", "triton"):
         llm = LLM(str(llama_dir), dtype="float32", kv_cache_dtype="fp8", attention_backend=backend, num_kv_blocks=64,
-                  max_model_len=256, max_num_batched_tokens=32)
+                  max_model_len=256, max_num_batched_tokens=32, max_num_seqs=4)
         got[backend] = [o.outputs[0].token_ids for o in llm.generate(
             [{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)]
     assert got["torch"] == got["triton"]
