@@ -2,7 +2,7 @@
 
 It reuses the server tests' harness (tests/server/conftest.py: `Server`, the shared `server`
 fixture on the built-in tiny model, `/metrics` parsing) rather than a copy of it.
-Run it with ``python -m pytest -m reliability``; CI runs its fast part (``-m "not slow"``).
+Run it with ``python -m pytest -m reliability``; a plain run (CI) leaves out its ``slow`` part (pyproject addopts).
 """
 
 from __future__ import annotations

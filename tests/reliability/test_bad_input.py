@@ -37,8 +37,9 @@ def case(name: str, method: str, path: str, body=None, headers=None, status: int
 # Malformed JSON, on every POST route.
 for p in POSTS:
     for name, raw in [("truncated", b'{"prompt": "x",'), ("trailing comma", b'{"prompt": "x",}'), ("empty body", b""),
-                      ("null", b"null"), ("array", b"[1, 2]"), ("string", b'"prompt"'), ("invalid utf-8", b"{\xff\xfe}"),
-                      ("trailing garbage", b'{"prompt": "x"} zz'), ("nested 100k deep", b"[" * 100_000 + b"]" * 100_000)]:
+                      ("null", b"null"), ("array", b"[1, 2]"), ("string", b'"prompt"'),
+                      ("invalid utf-8", b"{\xff\xfe}"), ("trailing garbage", b'{"prompt": "x"} zz'),
+                      ("nested 100k deep", b"[" * 100_000 + b"]" * 100_000)]:
         case(f"{p} malformed: {name}", "POST", p, raw)
 for p in (C, GEN):
     case(f"{p} malformed: NaN literal", "POST", p, b'{"prompt": "x", "temperature": NaN}')
@@ -46,7 +47,8 @@ for p in (C, GEN):
 # Wrong types.
 for name, body in [("prompt object", {"prompt": {"a": 1}}), ("prompt bool", {"prompt": True}),
                    ("prompt float", {"prompt": 1.5}), ("prompt list of objects", {"prompt": [{"a": 1}]}),
-                   ("prompt mixed list", {"prompt": ["a", 1]}), ("max_tokens float", {"prompt": "x", "max_tokens": 1.5}),
+                   ("prompt mixed list", {"prompt": ["a", 1]}),
+                   ("max_tokens float", {"prompt": "x", "max_tokens": 1.5}),
                    ("max_tokens string", {"prompt": "x", "max_tokens": "16"}),
                    ("max_tokens bool", {"prompt": "x", "max_tokens": True}),
                    ("temperature string", {"prompt": "x", "temperature": "hot"}),
@@ -74,17 +76,21 @@ case("detokenize tokens strings", "POST", DETOK, {"tokens": ["a"]})
 case("detokenize tokens missing", "POST", DETOK, {})
 
 # Huge and negative numbers.
-for name, body in [("max_tokens huge", {"prompt": "x", "max_tokens": BIG}), ("max_tokens 0", {"prompt": "x", "max_tokens": 0}),
+for name, body in [("max_tokens huge", {"prompt": "x", "max_tokens": BIG}),
+                   ("max_tokens 0", {"prompt": "x", "max_tokens": 0}),
                    ("max_tokens negative", {"prompt": "x", "max_tokens": -5}), ("n 0", {"prompt": "x", "n": 0}),
                    ("n negative", {"prompt": "x", "n": -1}), ("n huge", {"prompt": "x", "n": BIG}),
                    ("n 129", {"prompt": "x", "n": 129}), ("top_p 2", {"prompt": "x", "top_p": 2}),
                    ("top_p negative", {"prompt": "x", "top_p": -1}), ("top_k -2", {"prompt": "x", "top_k": -2}),
                    ("top_k huge", {"prompt": "x", "top_k": BIG}), ("min_p 1.5", {"prompt": "x", "min_p": 1.5}),
                    ("temperature negative", {"prompt": "x", "temperature": -1}),
-                   ("seed over int64", {"prompt": "x", "seed": 2**64}), ("seed under int64", {"prompt": "x", "seed": -(2**64)}),
+                   ("seed over int64", {"prompt": "x", "seed": 2**64}),
+                   ("seed under int64", {"prompt": "x", "seed": -(2**64)}),
                    ("min_tokens negative", {"prompt": "x", "min_tokens": -1}),
-                   ("min_tokens huge", {"prompt": "x", "min_tokens": BIG}), ("priority huge", {"prompt": "x", "priority": 2**40}),
-                   ("logprobs negative", {"prompt": "x", "logprobs": -1}), ("logprobs 21", {"prompt": "x", "logprobs": 21}),
+                   ("min_tokens huge", {"prompt": "x", "min_tokens": BIG}),
+                   ("priority huge", {"prompt": "x", "priority": 2**40}),
+                   ("logprobs negative", {"prompt": "x", "logprobs": -1}),
+                   ("logprobs 21", {"prompt": "x", "logprobs": 21}),
                    ("logprobs huge", {"prompt": "x", "logprobs": 10**6}),
                    ("stop_token_ids negative", {"prompt": "x", "stop_token_ids": [-1]}),
                    ("stop_token_ids huge", {"prompt": "x", "stop_token_ids": [2**40]}),
@@ -157,8 +163,8 @@ case("gzip claimed, plain sent", "POST", C, b'{"prompt": "x"}'[::-1], {"Authoriz
 FILES, BATCHES = "/v1/files", "/v1/batches"
 case("files upload as JSON", "POST", FILES, {"purpose": "batch"})
 case("files upload, no file field", "POST", FILES, None, {"Authorization": f"Bearer {API_KEY}"}, 400)
-case("files upload, garbage multipart", "POST", FILES, b"--x\r\ngarbage", {"Authorization": f"Bearer {API_KEY}",
-                                                                          "Content-Type": "multipart/form-data; boundary=x"})
+case("files upload, garbage multipart", "POST", FILES, b"--x\r\ngarbage",
+     {"Authorization": f"Bearer {API_KEY}", "Content-Type": "multipart/form-data; boundary=x"})
 case("files upload, no API key", "POST", FILES, {"purpose": "batch"}, {}, 401)
 case("files list, negative limit", "GET", FILES + "?limit=-1")
 case("files list, limit not a number", "GET", FILES + "?limit=ten")
@@ -222,7 +228,8 @@ RAW = {
     "HTTP/0.9": b"GET /health\r\n\r\n",
     "header without a colon": b"GET /health HTTP/1.1\r\nHost: x\r\nnocolon\r\n\r\n",
     "negative Content-Length": b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n",
-    "two Content-Lengths": b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}",
+    "two Content-Lengths":
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}",
     "bad chunked encoding": b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
     "NUL in a header": b"GET /health HTTP/1.1\r\nHost: x\r\nX-A: a\x00b\r\n\r\n",
     "100 kB request line": b"GET /" + b"a" * 100_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",

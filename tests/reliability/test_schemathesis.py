@@ -59,7 +59,8 @@ def _fuzz(server, tmp_path, phases: str, max_examples: int) -> None:
     report = tmp_path / "report.json"
     cmd = [sys.executable, "-m", "schemathesis.cli", "run", str(schema_file), "--url", server.url,
            "--checks", "not_a_server_error", "-H", f"Authorization: Bearer {server.api_key}",
-           "--phases", phases, "--max-examples", str(max_examples), "--seed", "19", "--workers", "2", "--request-timeout", "120",
+           "--phases", phases, "--max-examples", str(max_examples), "--seed", "19", "--workers", "2",
+           "--request-timeout", "120",
            "--report", "json", "--report-json-path", str(report), "--no-color"]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=540, cwd=tmp_path,  # its cache too
                          env={**os.environ, "NO_COLOR": "1"})

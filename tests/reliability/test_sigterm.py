@@ -64,7 +64,8 @@ async def _in_flight(server: Server, tokens: int) -> tuple[list, list]:
         tasks = [asyncio.create_task(_send(http, p, b)) for p, b in reqs]
         while True:  # every request admitted: running or waiting in the engine
             m = await asyncio.to_thread(server.metrics)  # off this loop: the streams keep reading
-            if metric(m, "expresslane:num_requests_running") + metric(m, "expresslane:num_requests_waiting") == REQUESTS:
+            in_engine = metric(m, "expresslane:num_requests_running") + metric(m, "expresslane:num_requests_waiting")
+            if in_engine == REQUESTS:
                 break
             ended = [(reqs[i][0], t.result()[0] if not t.exception() else repr(t.exception()))
                      for i, t in enumerate(tasks) if t.done()]
@@ -85,7 +86,8 @@ def test_sigterm_drains_every_request_in_flight():
         reqs, results = asyncio.run(_in_flight(server, tokens=TOKENS))
         assert [status for status, _ in results] == [200] * REQUESTS
         for (path, body), (_, result) in zip(reqs, results):
-            assert _tokens(path, result) in (TOKENS, -1), (path, body, result if isinstance(result, dict) else result[-3:])
+            tail = result if isinstance(result, dict) else result[-3:]
+            assert _tokens(path, result) in (TOKENS, -1), (path, body, tail)
             if isinstance(result, list) and path != "/generate":
                 assert {c["finish_reason"] for e in result[:-1] for c in e["choices"]} >= {"length"}
         done = time.monotonic() - server.sigterm_at

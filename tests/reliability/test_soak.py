@@ -133,7 +133,8 @@ def test_soak_mixed_traffic_no_errors_no_memory_growth():
         elapsed = time.monotonic() - start
         growth = [(samples[-1][i] - base[i]) / base[i] for i in range(2)]
         print(f"\nsoak {elapsed:.0f} s ({warmup:.0f} s warm-up), {WORKERS} workers: {sum(counts.values())} requests "
-              f"{dict(counts)}, {len(errors)} errors; RSS MB (API, engine) {[tuple(round(x) for x in r) for r in samples]}, "
+              f"{dict(counts)}, {len(errors)} errors; RSS MB (API, engine) "
+              f"{[tuple(round(x) for x in r) for r in samples]}, "
               f"growth after warm-up API {growth[0]:+.1%}, engine {growth[1]:+.1%}")
         assert errors == [], errors[:10]
         assert growth[0] < 0.05 and growth[1] < 0.05, samples
