@@ -5,7 +5,8 @@ the server and the engine run once per request, timed at prompt lengths 128, 204
 8192, reported in us and in us per prompt token (the slope between the two longest):
 
   json+validate   CompletionRequest.model_validate_json of the body (text, or token ids)
-  tokenize        the tokenizer's encode of the prompt text
+  tokenize        transformers' encode of the prompt text, and InputProcessor's (the Rust
+                  tokenizer directly: the same ids)
   id checks       InputProcessor.tokenize of a token-id prompt + InputProcessor.check
   outputs.add     OutputProcessor.add_request (detokenizer set-up)
   wire            msgspec encode of Add([EngineCoreRequest]) and the engine's decode
@@ -84,7 +85,8 @@ def stages(n: int, tokenizer, repeats: int) -> dict[str, float]:
     out: dict[str, float] = {
         "json+validate (text)": best_us(lambda: CompletionRequest.model_validate_json(body_text), repeats),
         "json+validate (ids)": best_us(lambda: CompletionRequest.model_validate_json(body_ids), repeats),
-        "tokenize": best_us(lambda: tokenizer.encode(text), repeats),
+        "tokenize (transformers)": best_us(lambda: tokenizer.encode(text), repeats),
+        "tokenize (InputProcessor)": best_us(lambda: inputs.tokenize(text), repeats),
         "id checks": best_us(lambda: (inputs.tokenize({"prompt_token_ids": ids}), inputs.check(ids, params)),
                              repeats),
     }
