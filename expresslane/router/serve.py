@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import sys
 
 import uvicorn
 
 from expresslane.router.app import Router, build_router_app
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def run_router(backends: list[str], host: str, port: int, health_interval: float, log_level: str = "WARNING") -> int:

@@ -55,6 +55,9 @@ def add_serve_parser(subparsers) -> None:
     s.add_argument("--profile-dir", default=None,
                    help="enable POST /start_profile and /stop_profile: torch profiler traces of the engine "
                         "process, written here as Chrome trace JSON")
+    s.add_argument("--data-parallel-size", type=int, default=1,
+                   help="run N replicas of the server and engine (on GPU: each on its own tensor-parallel-size "
+                        "GPUs) behind the lane-aware router on --host/--port")
     add_batch_args(p.add_argument_group("batch API"))
     add_cli_args(p)
     p.set_defaults(func=_serve)
@@ -66,6 +69,15 @@ SERVER_MODULES = {"fastapi", "starlette", "uvicorn", "pydantic", "pydantic_core"
 
 
 def _serve(args: argparse.Namespace) -> int:
+    if getattr(args, "node_rank", 0) != 0:
+        from expresslane.distributed.node import run_worker_node
+
+        return run_worker_node(args)
+    if args.data_parallel_size != 1:
+        from expresslane.router.data_parallel import serve_data_parallel
+
+        return serve_data_parallel(args.data_parallel_size, getattr(args, "tensor_parallel_size", 1), args.host,
+                                   args.port, args.log_level, sys.argv[1:])
     try:
         from expresslane.server.launch import serve
     except ModuleNotFoundError as e:

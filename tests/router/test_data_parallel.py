@@ -1,0 +1,42 @@
+"""`expresslane serve --data-parallel-size 2`: two engines behind one address (the router in
+front of two replicas it starts); greedy output equals the offline engine's, and both
+replicas get work."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+from openai import OpenAI
+from server.conftest import API_KEY, Server, llm  # noqa: F401  (`llm`: the offline reference)
+
+from expresslane import SamplingParams
+from expresslane.router.data_parallel import replica_argv
+
+
+def test_replica_argv_drops_the_front_flags():
+    argv = ["--log-level", "INFO", "serve", "m", "--port", "9", "--data-parallel-size=2", "--host", "0.0.0.0",
+            "--max-num-seqs", "4"]
+    assert replica_argv(argv) == ["--log-level", "INFO", "serve", "m", "--max-num-seqs", "4"]
+
+
+def test_data_parallel_serve(llm):  # noqa: F811
+    server = Server("--data-parallel-size", "2")
+    try:
+        server.wait_ready(timeout=240)
+        client = OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=60)
+        prompts = [f"request number {i} " * 10 for i in range(12)]
+
+        def one(p):
+            return client.completions.create(model="tiny", prompt=p, max_tokens=5, temperature=0.0).choices[0].text
+
+        with ThreadPoolExecutor(6) as pool:
+            texts = list(pool.map(one, prompts))
+        ref = llm.generate(prompts, SamplingParams(max_tokens=5, temperature=0.0), use_tqdm=False)
+        assert texts == [o.outputs[0].text for o in ref]
+        lines = httpx.get(server.url + "/metrics").text.splitlines()
+        sent = [float(ln.rsplit(" ", 1)[1]) for ln in lines
+                if ln.startswith("expresslane:router_requests_total{") and 'lane="interactive"' in ln]
+        assert len(sent) == 2 and all(n > 0 for n in sent), sent
+    finally:
+        server.stop()
