@@ -10,7 +10,8 @@ import torch
 
 from expresslane import LLM, SamplingParams
 from expresslane.attention.torch_backend import TorchAttentionBackend
-from test_triton_attention import CASES, DEVICE, make_step, run
+from expresslane.layers.rotary import RotaryEmbedding
+from test_triton_attention import CASES, DEVICE, make_step
 
 triton_backend = pytest.importorskip("expresslane.attention.triton_backend")
 
@@ -46,15 +47,24 @@ def test_triton_fp8_cache_matches_torch(case, scales):
     q, k, v, kv, meta, pos = make_step(seqs, heads, kv_heads, dim, bs, torch.float32, seed=20 + case)
     scale = dim ** -0.5
     kv_ref, kv_tri = _fp8_copy(kv, scales), _fp8_copy(kv, scales)
-    ref = run(TorchAttentionBackend(), q, k, v, kv_ref, meta, pos, scale, scales)
+    rotary = RotaryEmbedding(dim, 512, 10000.0).to(q.device)
+    torch_backend = TorchAttentionBackend()
     backend = triton_backend.TritonAttentionBackend(heads, kv_heads, dim, DEVICE)
     backend.prepare(meta)
-    out = run(backend, q, k, v, kv_tri, meta, pos, scale, scales)
-    # the same e4m3 values written (both round k / k_scale to nearest; k rotated in float32 by
-    # both); compared as values: a tiny negative may round to +0 in one and -0 in the other
-    assert torch.equal(kv_tri.float(), kv_ref.float())
-    # then float32 attention over the same dequantized values; the kernel folds k_scale into the
-    # softmax scale and v_scale into the output (a few float32 roundings apart)
+    q_ref = torch_backend.store(pos, q, k, v, rotary, kv_ref, meta, scales)
+    q_tri = backend.store(pos, q, k, v, rotary, kv_tri, meta, scales)
+    # the same e4m3 values written: both rotate k in float32 and round k / k_scale to nearest.
+    # Compared as values (a tiny negative may become +0 or -0). On a GPU the two rotations may
+    # differ in the last float32 bit (fused multiply-adds), which can move a value that sits
+    # on a rounding boundary by one e4m3 step (2^-3 relative, 2^-9 for subnormals): allowed, rarely.
+    a, b = kv_tri.float(), kv_ref.float()
+    diff = (a - b).abs()
+    assert (diff <= torch.maximum(a.abs(), b.abs()) * 2**-3 + 2**-9).all()
+    assert (diff > 0).float().mean() <= (0 if DEVICE.type == "cpu" else 1e-3)
+    # attention over the same cache: float32 math, the kernel folding k_scale into the softmax
+    # scale and v_scale into the output (a few float32 roundings apart)
+    ref = torch_backend.attend(q_ref, kv_tri, meta, scale, scales)
+    out = backend.attend(q_tri, kv_tri, meta, scale, scales)
     err = (out - ref).norm() / ref.norm()
     assert err < 1e-5, f"relative error {err:.2e}"
 

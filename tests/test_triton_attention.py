@@ -48,10 +48,10 @@ def make_step(seqs, num_heads, num_kv_heads, head_dim, block_size, dtype, seed):
     return q.to(dev), k.to(dev), v.to(dev), kv.to(dev), meta, torch.tensor(positions, device=dev)
 
 
-def run(backend, q, k, v, kv, meta, positions, scale, kv_scales=(1.0, 1.0)):
+def run(backend, q, k, v, kv, meta, positions, scale):
     """One layer's attention as the model runs it: store (RoPE + KV write), then attend."""
     rotary = RotaryEmbedding(q.shape[-1], 512, 10000.0).to(q.device)
-    return backend.attend(backend.store(positions, q, k, v, rotary, kv, meta, kv_scales), kv, meta, scale, kv_scales)
+    return backend.attend(backend.store(positions, q, k, v, rotary, kv, meta), kv, meta, scale)
 
 
 CASES = [  # (heads, kv_heads, head_dim, block_size, seqs)
