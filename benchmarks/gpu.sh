@@ -22,6 +22,9 @@
 #   quant:   issue #16: FP8 (W8A8) and AWQ INT4 weights and an FP8 KV cache against bf16, 8B
 #            shape (decode vs floor, TTFT, 8k prefill TFLOP/s, 256 x 512/256 throughput, batch 64
 #            at 8k, KV capacity, accuracy vs bf16), GPU greedy vs the CPU reference per format
+#   tp:      issue #12/#13 (needs 2 GPUs): NCCL all-reduce vs symmetric-memory one-shot all-reduce
+#            at decode sizes (8B hidden size); batch-1 decode and TTFT at TP=1 vs TP=2 (NCCL, CUDA
+#            graphs per rank) and how many greedy tokens TP=2 shares with TP=1 (bf16)
 #   quick = small;  full = small 8b 7b.  The GPU tests run once, first, whatever the sections.
 # Results: JSON lines in ${OUT:-out}/gpu-results.jsonl, logs beside them.
 set -uo pipefail
@@ -117,6 +120,10 @@ for section in $SECTIONS; do
         | tee -a "$OUT/gpu-tests.log" | tail -3 || status=1
       echo "== quantization: fp8, awq, fp8 KV cache vs bf16 (llama-3-8b)"
       run python3 benchmarks/quant_bench.py --model "$MODELS/llama-3-8b" --awq "$MODELS/llama-3-8b-awq" ;;
+    tp)
+      model llama-3-8b
+      echo "== tensor parallel: all-reduce choice, TP=1 vs TP=2 (llama-3-8b)"
+      run python3 benchmarks/tp_bench.py --model "$MODELS/llama-3-8b" --tp 2 ;;
     *) echo "unknown section: $section" >&2; status=1 ;;
   esac
 done
