@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from expresslane.engine.core import StepStats
+from expresslane.router.metrics import RouterMetrics
 from expresslane.server.api_keys import KeyRing
 from expresslane.server.gpu_metrics import GpuSampler
 from expresslane.server.metrics import Metrics
@@ -191,7 +192,8 @@ def test_every_metric_is_documented():
     documented = set(re.findall(r"`(expresslane:[a-z0-9_:]+)`", doc))
     metrics = Metrics("m")
     KeyRing.from_settings("secret", None, metrics.registry)  # the per-key counters join the registry
-    exposed = {f.name if f.type != "counter" else f.name + "_total" for f in metrics.registry.collect()}
+    families = list(metrics.registry.collect()) + list(RouterMetrics(["http://r"]).registry.collect())
+    exposed = {f.name if f.type != "counter" else f.name + "_total" for f in families}
     assert exposed - documented == set(), "undocumented metrics"
     assert {n for n in documented if ":" not in n[len("expresslane:"):]} - exposed \
         == set(), "documented metrics the server does not have"
