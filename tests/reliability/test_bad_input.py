@@ -21,7 +21,7 @@ pytestmark = pytest.mark.reliability
 
 C, CHAT, GEN, TOK, DETOK = "/v1/completions", "/v1/chat/completions", "/generate", "/tokenize", "/detokenize"
 POSTS = (C, CHAT, GEN, TOK, DETOK)
-GETS = ("/health", "/version", "/metrics", "/v1/models", "/openapi.json")
+GETS = ("/health", "/version", "/metrics", "/load", "/v1/models", "/openapi.json")
 MSG = [{"role": "user", "content": "hi"}]
 OK = {C: {"prompt": "x", "max_tokens": 2}, CHAT: {"messages": MSG, "max_tokens": 2},
       GEN: {"prompt": "x", "max_tokens": 2}, TOK: {"prompt": "x"}, DETOK: {"tokens": [1, 2]}}
