@@ -1,7 +1,7 @@
 """Host time of one engine step (CPU): a 128-token prompt arriving beside 64 decodes.
 
-The model's forward is replaced by a no-op on the CUDA-graph input path (built
-without capture on CPU), so what is timed is everything the host does per step:
+The model's forward is replaced by a no-op, and steps take the CUDA-graph input path
+(built without capture on CPU), so what is timed is everything the host does per step:
 planning, the runner's inputs (token ids, positions, slots, block tables, the staging
 copy into the graph buffers), sampling and applying the sampled tokens.
 
@@ -11,6 +11,7 @@ copy into the graph buffers), sampling and applying the sampled tokens.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -26,16 +27,20 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # the triton backend's host side, on CPU (no kernel runs)
     import torch
 
     torch.set_num_threads(1)  # the host's work is one thread on a GPU too; CPU kernels would contend
     from expresslane.config import EngineConfig
     from expresslane.engine.contract import EngineCoreRequest
     from expresslane.engine.core import EngineCore
+    from expresslane.models.llama import LlamaForCausalLM
     from expresslane.runner.cuda_graphs import _Graphs
     from expresslane.sampling_params import SamplingParams
 
-    _Graphs._replay = lambda self, size, rows: self.logits_out[:rows]  # no forward: host work only
+    # no forward (host work only): graph replays, and eager steps (the start-up calibration)
+    _Graphs._replay = lambda self, size, rows: self.logits_out[:rows]
+    LlamaForCausalLM.forward = lambda self, ids, positions, meta: torch.zeros(len(ids), self.config.hidden_size)
     config = EngineConfig.from_kwargs(attention_backend="triton", max_model_len=2048, device="cpu",
                                       enable_prefix_caching=False)
     core = EngineCore(config)

@@ -23,6 +23,7 @@ blocks that another seq computes in this very step.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -74,6 +75,9 @@ def get_backend(name: str, num_heads: int, num_kv_heads: int, head_dim: int,
         from expresslane.attention.torch_backend import TorchAttentionBackend
         return TorchAttentionBackend()
     if name == "triton":
+        if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError("attention_backend 'triton' needs a CUDA device (on CPU only through Triton's "
+                             "interpreter, TRITON_INTERPRET=1, for tests); use 'torch' or 'auto'")
         from expresslane.attention.triton_backend import TritonAttentionBackend
         return TritonAttentionBackend(num_heads, num_kv_heads, head_dim, device)
     raise ValueError(f"unknown attention backend {name!r} (available: torch, triton)")

@@ -114,23 +114,25 @@ class _Graphs:
         log.info("captured %d %s (sizes %d..%d, %d piece(s) each) in %.1fs", len(self.sizes), type(self).__name__,
                  self.sizes[0], self.sizes[-1], self.num_pieces, time.monotonic() - t0)
 
-    def _load(self, fields: list[tuple[torch.Tensor, np.ndarray]], patch: Patch | None) -> None:
+    def _load(self, fields: list[tuple[torch.Tensor, np.ndarray, int]], patch: Patch | None) -> None:
         """Copy one step's inputs into the static buffers: `fields` are (buffer view, its
-        values). One host->device copy for all of them (and the patch's indices), then a
-        device copy into each buffer. `patch` then fills input ids that live on the device."""
-        arrays = [values for _, values in fields] + (list(patch.indices) if patch else [])
-        staged = stage(arrays, self.device)
-        for (buffer, _), values in zip(fields, staged):
-            buffer.copy_(values)
+        values, fill: padding after the values up to the view's size). One host->device
+        copy for all of them (and the patch's indices), then a device copy into each
+        buffer. `patch` then fills input ids that live on the device."""
+        parts = [(values, buffer.numel(), fill) for buffer, values, fill in fields]
+        staged = stage(parts + (list(patch.indices) if patch else []), self.device)
+        for (buffer, _, _), values in zip(fields, staged):
+            buffer.copy_(values if buffer.dim() == 1 else values.view(buffer.shape))
         if patch is not None:
             patch.apply(self.input_ids, *staged[len(fields):])
 
-    def _token_fields(self, inputs: StepInputs, padded: int, seq_lens: np.ndarray) -> list:
-        """Tokens (padding up to `padded`: no KV write), context lengths and block tables."""
+    def _token_fields(self, inputs: StepInputs, padded: int, num_seqs: int) -> list:
+        """Tokens (padding up to `padded`: slot -1, no KV write), context lengths (padding
+        seqs up to `num_seqs`: none) and block tables."""
         t, (b, width) = inputs.num_tokens, inputs.block_tables.shape
-        return [(self.input_ids[:t], inputs.token_ids), (self.positions[:t], inputs.positions),
-                (self.slot_mapping[:padded], np.pad(inputs.slot_mapping, (0, padded - t), constant_values=-1)),
-                (self.seq_lens[:len(seq_lens)], seq_lens), (self.block_tables[:b, :width], inputs.block_tables)]
+        return [(self.input_ids[:t], inputs.token_ids, 0), (self.positions[:t], inputs.positions, 0),
+                (self.slot_mapping[:padded], inputs.slot_mapping, -1), (self.seq_lens[:num_seqs], inputs.seq_lens, 0),
+                (self.block_tables[:b, :width], inputs.block_tables, 0)]
 
     def _replay(self, size: int, rows: int) -> torch.Tensor:
         if size in self.graphs:
@@ -167,7 +169,7 @@ class DecodeGraphs(_Graphs):
         n = inputs.num_tokens
         size = next(s for s in self.sizes if s >= n)
         # padding seqs: no context (query_start_loc stays 0..size: one padding token each)
-        self._load(self._token_fields(inputs, size, np.pad(inputs.seq_lens, (0, size - n))), patch)
+        self._load(self._token_fields(inputs, size, size), patch)
         return self._replay(size, n)
 
 
@@ -209,13 +211,14 @@ class MixedGraphs(_Graphs):
         size = next(s for s in self.sizes if s >= t and self._seqs(s) >= b)
         seqs = self._seqs(size)
         qsl = inputs.query_start_loc
-        rows = np.pad(qsl[1:] - 1, (0, seqs - b))
-        work = self.backend.plan_prefill(qsl, 0)
         capacity = self.backend.max_prefill_work(size, seqs)
-        padding = np.tile(np.array([b, 0], dtype=np.int32), (capacity - len(work), 1))  # seq b: no tokens
-        fields = self._token_fields(inputs, size, np.append(inputs.seq_lens, 0))
-        fields += [(self.query_start_loc[:b + 2], np.append(qsl, t)), (self.logits_rows[:seqs], rows),
-                   (self.work[:capacity], np.concatenate([work, padding]))]
+        work = np.empty((capacity, 2), dtype=np.int64)
+        planned = self.backend.plan_prefill(qsl, 0)
+        work[:len(planned)] = planned
+        work[len(planned):] = (b, 0)  # items of the padding seq b: no tokens, no context
+        fields = self._token_fields(inputs, size, b + 1)  # the padding seq's context: 0
+        fields += [(self.query_start_loc[:b + 2], qsl, t), (self.logits_rows[:seqs], qsl[1:] - 1, 0),
+                   (self.work[:capacity], work, 0)]
         self._load(fields, patch)
         return self._replay(size, b)
 

@@ -227,6 +227,7 @@ class ModelRunner:
                   inputs.query_start_loc]
         staged = stage(arrays + (list(patch.indices) if patch else []), self.device)
         input_ids, positions, slots, tables, seq_lens, qsl = staged[:6]
+        tables = tables.view(inputs.block_tables.shape)
         if patch is not None:
             patch.apply(input_ids, *staged[6:])
         nd = inputs.num_decodes
