@@ -202,7 +202,8 @@ def build_app(client: EngineClient, settings: ServerSettings, metrics: Metrics,
         rid = new_id(prefix)
         group = (merger or client).submit(rid, prompts, params, priority=req.priority, lane=req.lane,
                                           timeout=settings.request_timeout)
-        ep = endpoint(client, model_name, rid, group, params, req.include_usage, req.return_metrics)
+        ep = endpoint(client, model_name, rid, group, params, req.include_usage, req.return_metrics,
+                      req.continuous_usage)
         if req.stream:
             return SSEResponse(ep.stream(), group.close, rid)
         return await _unless_client_gone(request, ep.collect(), group.close)

@@ -3,8 +3,10 @@
 Field names and defaults follow OpenAI's API; the extras (``top_k``, ``min_p``,
 ``ignore_eos``, ``min_tokens``, ``stop_token_ids``, ``priority``, ``lane``, ...)
 follow vLLM. ``return_metrics`` is ours: it adds the engine's timestamps to the
-response (see ``serving.request_metrics``). Parameters we do not implement are
-refused with a 400 that names them, never silently ignored.
+response (see ``serving.request_metrics``). Nothing is silently ignored: a field this
+server does not know is refused with a 400 that names it; vLLM's and OpenAI's fields that it
+does not implement (``NOOP_FIELDS`` and the penalties) are accepted only at the value that
+asks for nothing. docs/api.md lists every field and what it does here.
 """
 
 from __future__ import annotations
@@ -18,7 +20,24 @@ from expresslane.server.errors import APIError, bad_request
 
 MAX_N = 128  # OpenAI's limit
 INT32 = 2**31 - 1  # bound on counts: every integer must fit the engine's wire format (msgpack int64)
-_STRICT = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
+_STRICT = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)  # nested objects: unknown fields refused
+_BODY = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)  # request bodies: `parse` judges the extras
+
+# Fields of vLLM's (and OpenAI's) request bodies that this server does not implement, accepted
+# only at a value that asks for nothing (their default): any other value is a 400 naming the
+# field. A field neither declared nor listed here is a 400 too. docs/api.md lists them all.
+NOOP_FIELDS: dict[str, tuple] = {
+    **{name: (None,) for name in (
+        "prompt_logprobs", "truncate_prompt_tokens", "guided_json", "guided_regex", "guided_choice",
+        "guided_grammar", "guided_decoding_backend", "guided_whitespace_pattern", "structured_outputs",
+        "logits_processors", "chat_template", "documents", "add_special_tokens", "request_id", "cache_salt",
+        "kv_transfer_params", "vllm_xargs", "mm_processor_kwargs", "parallel_tool_calls", "service_tier",
+        "reasoning_effort", "modalities", "audio", "prediction", "web_search_options", "functions",
+        "function_call", "metadata", "store")},
+    "allowed_token_ids": (None, []), "bad_words": (None, []), "chat_template_kwargs": (None, {}),
+    "use_beam_search": (False,), "length_penalty": (1.0,), "spaces_between_special_tokens": (True,),
+    "return_tokens_as_token_ids": (False,), "continue_final_message": (False,), "tool_choice": (None, "none"),
+}
 
 NonEmptyStr = Annotated[str, Field(min_length=1)]
 
@@ -26,12 +45,13 @@ NonEmptyStr = Annotated[str, Field(min_length=1)]
 class StreamOptions(BaseModel):
     model_config = _STRICT
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: with include_usage, every chunk carries the usage so far
 
 
 class SamplingRequest(BaseModel):
     """Fields shared by /v1/completions, /v1/chat/completions and /generate."""
 
-    model_config = _STRICT
+    model_config = _BODY
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1, le=INT32)
     temperature: float = Field(1.0, ge=0.0)
@@ -81,6 +101,10 @@ class SamplingRequest(BaseModel):
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def continuous_usage(self) -> bool:
+        return self.include_usage and self.stream_options.continuous_usage_stats
 
     def sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
         try:
@@ -193,7 +217,7 @@ class GenerateRequest(SamplingRequest):
 
 
 class TokenizeRequest(BaseModel):
-    model_config = _STRICT
+    model_config = _BODY
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
@@ -202,7 +226,7 @@ class TokenizeRequest(BaseModel):
 
 
 class DetokenizeRequest(BaseModel):
-    model_config = _STRICT
+    model_config = _BODY
     model: str | None = None
     tokens: list[int]
 
@@ -218,9 +242,17 @@ def _is_union_tag(item) -> bool:
 def parse(model: type[BaseModel], body: bytes) -> BaseModel:
     """Validate a JSON body; the first problem becomes a 400 naming its field (OpenAI's ``param``)."""
     try:
-        return model.model_validate_json(body)
+        req = model.model_validate_json(body)
     except ValidationError as e:
         raise validation_error(e) from None
+    for name, value in (req.model_extra or {}).items():
+        accepted = NOOP_FIELDS.get(name)
+        if accepted is None:
+            raise bad_request(f"unknown field '{name}': this server does not take it (docs/api.md lists the fields "
+                              "it takes)", name, "unknown_field")
+        if value not in accepted:
+            raise bad_request(f"'{name}' is not supported by this server (only {accepted[0]!r})", name)
+    return req
 
 
 def validation_error(e: ValidationError) -> APIError:

@@ -219,9 +219,10 @@ class _Endpoint:
     chunk_object = ""
 
     def __init__(self, client: EngineClient, model_name: str, request_id: str, group: RequestGroup,
-                 params: SamplingParams, include_usage: bool, return_metrics: bool):
+                 params: SamplingParams, include_usage: bool, return_metrics: bool, continuous_usage: bool = False):
         self.client, self.model_name, self.id, self.group = client, model_name, request_id, group
         self.params, self.include_usage, self.return_metrics = params, include_usage, return_metrics
+        self.continuous_usage = continuous_usage  # stream_options.continuous_usage_stats (vLLM's)
         self.created = int(time.time())
 
     def envelope(self, object_name: str, choices: list[dict]) -> dict:
@@ -240,6 +241,8 @@ class _Endpoint:
                 deltas = tracker.deltas(out)
                 for i, d in enumerate(deltas):
                     chunk = {**self.chunk(d), **usage_field}
+                    if self.continuous_usage:  # the usage so far, in every chunk
+                        chunk["usage"] = usage(list(finals.values()))
                     # Completions are live objects: judge "last" by them, not by the queued snapshot.
                     if (self.return_metrics and not self.include_usage and i == len(deltas) - 1
                             and len(finals) == len(self.group.tracked)

@@ -54,6 +54,13 @@ CASES = [
      400, "top_p", ""),
     ("generate n > 1", GEN, {"prompt": "x", "n": 2}, None, 400, "n", ""),
     ("generate empty prompt", GEN, {"prompt": ""}, None, 400, "prompt", ""),
+    ("unknown field", C, {"prompt": "x", "temprature": 0.5}, None, 400, "temprature", "unknown field"),
+    ("unknown field in a message", CHAT, {"messages": [{"role": "user", "content": "x", "tool_call_id": "a"}]},
+     None, 400, "messages[0].tool_call_id", ""),
+    ("vLLM field not implemented", C, {"prompt": "x", "use_beam_search": True}, None, 400, "use_beam_search",
+     "not supported"),
+    ("guided decoding", CHAT, {"messages": OK_MSG, "guided_json": {"type": "object"}}, None, 400, "guided_json",
+     "not supported"),
 ]
 
 
@@ -82,3 +89,10 @@ def test_server_keeps_serving_after_bad_input(server, openai_client):
         httpx.post(server.url + C, content=b"{nope", headers=server.headers)
     assert httpx.get(server.url + "/health").status_code == 200
     assert openai_client.completions.create(model="tiny", prompt="still here", max_tokens=2).choices[0].text
+
+
+def test_vllm_fields_at_their_no_op_value_are_accepted(server):
+    r = httpx.post(server.url + C, headers=server.headers, timeout=60,
+                   json={"prompt": "x", "max_tokens": 2, "use_beam_search": False, "guided_json": None,
+                         "spaces_between_special_tokens": True, "bad_words": [], "user": "someone"})
+    assert r.status_code == 200, r.text

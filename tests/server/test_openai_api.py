@@ -170,3 +170,14 @@ def test_open_endpoints_need_no_key(server, path):
 def test_api_key_is_required_elsewhere(server):
     assert httpx.get(server.url + "/v1/models").status_code == 401
     assert httpx.get(server.url + "/v1/models", headers={"Authorization": f"Bearer {API_KEY}"}).status_code == 200
+
+
+def test_continuous_usage_stats_puts_the_usage_so_far_in_every_chunk(server):
+    with httpx.stream("POST", server.url + "/v1/completions", headers=server.headers, timeout=60, json={
+            "prompt": PROMPT, "max_tokens": 5, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines()
+                  if line.startswith("data: ") and line != "data: [DONE]"]
+    counts = [e["usage"]["completion_tokens"] for e in events if e["choices"]]
+    assert counts == sorted(counts) and counts[-1] == 5 and counts[0] >= 1
+    assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == 5
