@@ -21,7 +21,8 @@ from expresslane.server.errors import APIError, bad_request
 MAX_N = 128  # OpenAI's limit
 INT32 = 2**31 - 1  # bound on counts: every integer must fit the engine's wire format (msgpack int64)
 _STRICT = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)  # nested objects: unknown fields refused
-_BODY = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)  # request bodies: `parse` judges the extras
+# Request bodies: `parse` judges the extras (their schema says what they take: no other field).
+_BODY = ConfigDict(strict=True, extra="allow", allow_inf_nan=False, json_schema_extra={"additionalProperties": False})
 
 # Fields of vLLM's (and OpenAI's) request bodies that this server does not implement, accepted
 # only at a value that asks for nothing (their default): any other value is a 400 naming the
