@@ -86,3 +86,17 @@ def test_router_refuses_bad_input(procs):
     r = procs(router([a.url]))
     resp = httpx.post(r.url + "/v1/completions", content=b"not json", timeout=10)
     assert resp.status_code == 400 and "JSON" in resp.json()["error"]["message"]
+
+
+def test_a_draining_replica_gets_no_new_work(procs):
+    a, b = procs(fake_replica("a")), procs(fake_replica("b"))
+    r = procs(router([a.url, b.url]))
+    httpx.post(a.url + "/set_load", json={"state": "draining"})
+    deadline = time.monotonic() + 60  # a bound on the wait for the next poll, not a timing claim
+    while time.monotonic() < deadline:
+        if httpx.get(r.url + "/health").json()["replicas"][a.url] == "draining":
+            break
+    texts = {complete(r.url, f"while a drains {i} " * 4).json()["choices"][0]["text"] for i in range(6)}
+    assert texts == {"b"}
+    m = httpx.get(r.url + "/metrics").text
+    assert f'expresslane:router_replica_up{{replica="{a.url}"}} 0.0' in m
