@@ -42,7 +42,7 @@ def main() -> None:
     _Graphs._replay = lambda self, size, rows: self.logits_out[:rows]
     LlamaForCausalLM.forward = lambda self, ids, positions, meta: torch.zeros(len(ids), self.config.hidden_size)
     config = EngineConfig.from_kwargs(attention_backend="triton", max_model_len=2048, device="cpu",
-                                      enable_prefix_caching=False)
+                                      scheduling_policy="fcfs", enable_prefix_caching=False)
     core = EngineCore(config)
     core.runner.build_graphs(core.max_model_len, capture=False)
     core.runner.mixed_graphs.logits_out.zero_()
