@@ -2,10 +2,16 @@
 
 Text is emitted only once it is stable: the newest tokens are decoded together with
 a few earlier ones (the window `ids[prefix:]`), and the part beyond the decode of
-`ids[prefix:read]` is new text unless it ends in an incomplete UTF-8 sequence.
+`ids[prefix:read]` is new text unless it ends in an incomplete UTF-8 sequence. With a
+Rust-backed tokenizer that does no clean-up of its own, `tokenizers`' `DecodeStream`
+runs this same algorithm in Rust (one decode per token instead of two Python calls);
+otherwise, or when the prompt's context does not decode cleanly, the Python version does.
 """
 
 from __future__ import annotations
+
+from tokenizers import Tokenizer
+from tokenizers.decoders import DecodeStream
 
 _CONTEXT_TOKENS = 5  # prompt tokens kept as decoding context (spaces, merges)
 
@@ -50,19 +56,27 @@ class IncrementalDetokenizer:
         self._read = len(context)
         self.text = ""
         self._stop_scan_from = 0
+        self._stream = _decode_stream(tokenizer, context, skip_special_tokens)
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
 
     def add(self, token_ids: list[int]) -> str | None:
         """Append tokens; return the stop string if one now appears (text is cut there)."""
-        for tok in token_ids:
-            self._ids.append(tok)
-            before = self._decode(self._ids[self._prefix:self._read])
-            window = self._decode(self._ids[self._prefix:])
-            if len(window) > len(before) and not window.endswith("\ufffd"):
-                self.text += window[len(before):]
-                self._prefix, self._read = self._read, len(self._ids)
+        if self._stream is not None:
+            backend, stream = self._stream
+            for tok in token_ids:
+                piece = stream.step(backend, tok)
+                if piece is not None:
+                    self.text += piece
+        else:
+            for tok in token_ids:
+                self._ids.append(tok)
+                before = self._decode(self._ids[self._prefix:self._read])
+                window = self._decode(self._ids[self._prefix:])
+                if len(window) > len(before) and not window.endswith("\ufffd"):
+                    self.text += window[len(before):]
+                    self._prefix, self._read = self._read, len(self._ids)
         return self._check_stop() if self.stop is not None else None
 
     def _check_stop(self) -> str | None:
@@ -74,3 +88,16 @@ class IncrementalDetokenizer:
         i, s = found
         self.text = text[:i + len(s)] if self.include_stop else text[:i]
         return s
+
+
+def _decode_stream(tokenizer, context: list[int], skip_special_tokens: bool) -> tuple[Tokenizer, DecodeStream] | None:
+    """A DecodeStream primed with the prompt's context, where it gives the Python version's text:
+    a Rust tokenizer, no clean-up after decoding, and a context that decodes to clean text (else
+    the stream would keep the context in its window)."""
+    backend = getattr(tokenizer, "_tokenizer", None)
+    if not isinstance(backend, Tokenizer) or getattr(tokenizer, "clean_up_tokenization_spaces", True):
+        return None
+    head = backend.decode(context, skip_special_tokens=skip_special_tokens)
+    if not head or head.endswith("\ufffd"):
+        return None
+    return backend, DecodeStream(context, skip_special_tokens)
