@@ -3,7 +3,7 @@
 The server (and its engine) is killed with SIGKILL twice while the batch drains and
 started again on the same store; the leases of what the dead server held run out and
 the new server takes them over. ``EXPRESSLANE_BATCH_TEST_N`` sets the batch size
-(400 by default, to keep CI short; docs/batch.md records the 1,000-request run).
+(300 by default, to keep CI short; docs/batch.md records the 1,000-request run).
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ import pytest
 from openai import OpenAI
 from redis_proc import RedisServer
 
-from .conftest import API_KEY, Server
+from .conftest import API_KEY, Server, metric
 from .test_batch_api import requests_file, wait_batch
 
-N = int(os.environ.get("EXPRESSLANE_BATCH_TEST_N", "400"))
-# Few requests at a time, each of some length: the batch drains slowly enough that a kill
+N = int(os.environ.get("EXPRESSLANE_BATCH_TEST_N", "300"))
+# Four requests at a time, 16 tokens each: the batch drains slowly enough that a kill
 # at a quarter and at half way lands while most of it is still to run.
 TOKENS = 16
 
@@ -36,7 +36,7 @@ def redis_server(tmp_path_factory):
 
 
 def start(store_url: str) -> tuple[Server, OpenAI]:
-    s = Server("--batch-store", store_url, "--batch-lease-seconds", "2", "--batch-concurrency", "16",
+    s = Server("--batch-store", store_url, "--batch-lease-seconds", "2", "--batch-concurrency", "4",
                "--scheduling-policy", "deadline").wait_ready()
     return s, OpenAI(base_url=s.url + "/v1", api_key=API_KEY, max_retries=0, timeout=60)
 
@@ -55,6 +55,9 @@ def test_kill9_twice_mid_batch_answers_every_request_once(kind, tmp_path, reques
             # kill at a quarter and at half way: at least half the batch is left to race the kill
             seen = wait_batch(client, batch_id, until=lambda b: b.request_counts.completed >= k * N // 4, poll=0.02)
             assert seen.status == "in_progress", f"the batch finished before kill {k}: {seen.request_counts}"
+            m = server.metrics()  # progress in /metrics too (refreshed every poll of the worker)
+            assert 0 < metric(m, "expresslane:batch_requests_pending") <= N
+            assert metric(m, "expresslane:batches_open", status="in_progress") == 1
             os.killpg(server.proc.pid, signal.SIGKILL)  # the API process and the engine, no goodbye
             server.proc.wait()
             server.stop()
