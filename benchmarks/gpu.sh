@@ -3,6 +3,7 @@
 # Usage (device machine, repo root):  bash benchmarks/gpu.sh [SECTION...]   (default: full)
 #   small:   bf16 agreement, step profile, engine benchmarks on the qwen2.5-0.5b shape
 #   8b, 7b:  expresslane and transformers benchmarks on the Llama-3-8B / Qwen2.5-7B shapes
+#   8b-engine: expresslane alone on the Llama-3-8B shape
 #   profile: where a decode step's and a short prompt's time goes (8B shape)
 #   fused:   our Triton fused ops against torch.compile and eager (8B shapes)
 #   lanes:   issue #6's scenario (16 short requests arriving while an 8k prompt and 32
@@ -25,7 +26,8 @@
 #   tp:      issue #12/#13 (needs 2 GPUs): NCCL all-reduce vs symmetric-memory one-shot all-reduce
 #            at decode sizes (8B hidden size); batch-1 decode and TTFT at TP=1 vs TP=2 (NCCL, CUDA
 #            graphs per rank) and how many greedy tokens TP=2 shares with TP=1 (bf16)
-#   quick = small;  full = small 8b 7b.  The GPU tests run once, first, whatever the sections.
+#   quick = small;  full = small 8b 7b.  The GPU tests run once, first, whatever the sections
+#   (GPU_SKIP_TESTS=1 leaves them out).
 # Results: JSON lines in ${OUT:-out}/gpu-results.jsonl, logs beside them.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" TOKENIZERS_PARALLELISM=false
@@ -46,10 +48,12 @@ status=0
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c 'import torch, triton, transformers; print("torch", torch.__version__, "triton", triton.__version__, "transformers", transformers.__version__)' | tee -a "$OUT/gpu.txt"
 
-echo "== GPU tests"
-python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider 2>&1 | tee "$OUT/gpu-tests.log" | tail -15 || status=1
-python3 -m pytest -q tests/test_triton_attention.py tests/test_triton_ops.py -p no:cacheprovider 2>&1 \
-  | tee -a "$OUT/gpu-tests.log" | tail -3 || status=1
+if [ -z "${GPU_SKIP_TESTS:-}" ]; then  # GPU_SKIP_TESTS=1: benchmarks only (the tests ran on this commit)
+  echo "== GPU tests"
+  python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider 2>&1 | tee "$OUT/gpu-tests.log" | tail -15 || status=1
+  python3 -m pytest -q tests/test_triton_attention.py tests/test_triton_ops.py -p no:cacheprovider 2>&1 \
+    | tee -a "$OUT/gpu-tests.log" | tail -3 || status=1
+fi
 
 model() {  # build a preset once (weights generated on the GPU)
   [ -d "$MODELS/$1" ] || python3 -m expresslane.cli.main make-model "$1" "$MODELS/$1" --device cuda >/dev/null || status=1
@@ -75,6 +79,9 @@ for section in $SECTIONS; do
       echo "== engine benchmarks (qwen2.5-0.5b shape)"
       run python3 benchmarks/gpu_bench.py --model "$MODELS/qwen2.5-0.5b" --only engine ;;
     8b) shape llama-3-8b ;;
+    8b-engine)  # expresslane alone on the 8B shape (batch-1 decode, TTFT by length, throughput)
+      model llama-3-8b; echo "== llama-3-8b: expresslane"
+      run python3 benchmarks/gpu_bench.py --model "$MODELS/llama-3-8b" --only engine ;;
     7b) shape qwen2.5-7b ;;
     profile)
       model llama-3-8b
