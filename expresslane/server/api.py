@@ -264,4 +264,27 @@ def build_app(client: EngineClient, settings: ServerSettings, metrics: Metrics,
 
     if batches is not None:
         app.include_router(batches.router(auth))
+    _describe_bodies(app, {"/v1/completions": CompletionRequest, "/v1/chat/completions": ChatCompletionRequest,
+                           "/generate": GenerateRequest, "/tokenize": TokenizeRequest,
+                           "/detokenize": DetokenizeRequest})
     return app
+
+
+def _describe_bodies(app: FastAPI, bodies: dict[str, type]) -> None:
+    """/openapi.json with each POST route's request body: the routes read and validate the raw
+    body themselves (limits first), so FastAPI cannot see the model they parse."""
+    make = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            schema = make()
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            for path, model in bodies.items():
+                body = model.model_json_schema(ref_template="#/components/schemas/{model}")
+                components.update(body.pop("$defs", {}))
+                components[model.__name__] = body
+                schema["paths"][path]["post"]["requestBody"] = {"required": True, "content": {"application/json": {
+                    "schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}}
+        return app.openapi_schema
+
+    app.openapi = openapi

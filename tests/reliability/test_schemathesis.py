@@ -47,7 +47,6 @@ def _with_bodies(schema: dict) -> dict:
     return schema
 
 
-@pytest.mark.xfail(strict=True, reason="finding R2: /openapi.json describes no request body for the POST routes")
 def test_openapi_describes_every_request_body(server):
     paths = _served_schema(server)["paths"]
     assert [p for p in BODIES if "requestBody" not in paths[p]["post"]] == []
