@@ -89,6 +89,14 @@ def test_observed_steps_refine_the_model_toward_the_machine_it_runs_on():
     assert model.predict(probe) == pytest.approx(1.5 * before, rel=0.1)
 
 
+def test_sizes_past_the_calibrated_ones_follow_the_last_segment():
+    """A light (CPU) calibration stops at 256 tokens: bigger steps are not free."""
+    samples = [(StepShape(n), 1e-3 + 1e-5 * n) for n in (1, 16, 64, 128, 256)]
+    model = StepCostModel.fit(samples, max_tokens=2048)
+    assert model.predict(StepShape(2048)) == pytest.approx(1e-3 + 1e-5 * 2048, rel=0.01)
+    assert model.predict(StepShape(512)) > model.predict(StepShape(256))
+
+
 def test_fit_needs_samples():
     with pytest.raises(ValueError, match="no samples"):
         StepCostModel.fit([])

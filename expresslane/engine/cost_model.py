@@ -118,8 +118,13 @@ class StepCostModel:
             keep.remove(negative[0])
         covered = np.abs(x[:, :n]).sum(axis=0) > 0
         times = coef[:n]
-        if not covered.all():  # a knot no sample reaches: interpolated from its neighbours
-            times = np.interp(self.knots, self.knots[covered], times[covered])
+        if not covered.all():  # a knot no sample reaches: from its neighbours, or past the last
+            k, t = self.knots[covered], times[covered]  # sampled one along the last sampled segment
+            times = np.interp(self.knots, k, t)
+            if len(k) >= 2:
+                slope = max((t[-1] - t[-2]) / (k[-1] - k[-2]), 0.0)
+                above = self.knots > k[-1]
+                times[above] = t[-1] + slope * (self.knots[above] - k[-1])
         # more tokens never take less time: the linear part is non-decreasing
         self.token_times = np.maximum.accumulate(np.maximum(times, 0.0))
         self.k_decode, self.k_prefill, self.c_mixed = (float(c) for c in coef[n:])
