@@ -149,8 +149,10 @@ class DeadlinePolicy(SchedulingPolicy):
           a waiting interactive prompt's first chunk is counted in first, so it starts this
           step even beside a long prompt that does not step aside.
         - None: no decode pace to keep. Any number of prompts may start (a burst of short
-          prompts shares one step), but no prompt takes more than ``room`` tokens: a long
-          one is cut into steps a request arriving next waits little behind."""
+          prompts shares one step), but no prompt takes more than the smallest chunk whose
+          time per token is within ``slack`` of the whole budget's (``efficient_chunk``):
+          a long one is cut into steps a request arriving next waits little behind, and
+          loses at most ``slack`` of its prefill speed."""
         slo = self.lanes["interactive"]
         decodes, start, pace = [], 0, False
         for r in running:
@@ -167,9 +169,9 @@ class DeadlinePolicy(SchedulingPolicy):
             target = slo.tpot
         top = self.config.max_num_batched_tokens
         limit = top - base.num_tokens
+        if not pace:  # no decode pace to keep: chunks as small as prefill stays efficient
+            return top, self.efficient_chunk(start, limit, slo.slack)
         room = max(min(MIN_CHUNK, limit), self.cost_model.max_chunk(base, start, limit, target), 1)
-        if not pace:
-            return top, room
         if head is None or head.lane != "interactive":
             return min(top, base.num_tokens + room), room
         # the head's first chunk counts in the step's time; what is left goes to running prompts
@@ -177,6 +179,24 @@ class DeadlinePolicy(SchedulingPolicy):
         rest = self.cost_model.max_chunk(base.plus_chunk(0, starting), start, limit - starting, target)
         rest = max(rest, min(MIN_CHUNK, limit - starting))  # the head gets a chunk after a long one's
         return min(top, base.num_tokens + starting + rest), max(starting, rest)
+
+    def efficient_chunk(self, start: int, limit: int, slack: float) -> int:
+        """The smallest chunk whose time per token is within ``(1 + slack)`` of the whole
+        budget's (a lone long prompt loses at most `slack` of its prefill speed; a request
+        arriving next waits behind one such chunk). Binary search: per-token time falls
+        with the chunk (fixed costs amortised) until attention takes over, and the
+        budget's own chunk always qualifies."""
+        model = self.cost_model
+        empty = StepShape(0)
+        lo, hi = min(MIN_CHUNK, limit), max(limit, 1)
+        bar = (1.0 + slack) * model.predict(empty.plus_chunk(start, hi)) / hi
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if model.predict(empty.plus_chunk(start, mid)) / mid <= bar:
+                hi = mid
+            else:
+                lo = mid + 1
+        return max(lo, 1)
 
     def steps_aside(self, req: Request, budget: StepBudget, now: float) -> bool:
         """A long interactive prompt (more than the cap left) skips the step that admits a
