@@ -37,3 +37,23 @@ def test_silu_and_mul(dtype):
     ref = (torch.nn.functional.silu(gate.to(dtype)) * up.to(dtype)).float()
     out = triton_ops.silu_and_mul(x.to(DEVICE)).cpu().float()
     assert torch.allclose(out, ref, atol=1e-5 if dtype == torch.float32 else 1e-2)
+
+
+@pytest.mark.parametrize("backend_name", ["torch", "triton"])
+def test_model_shares_one_rope_table_and_fuses_by_backend(llama_dir, backend_name):
+    """One cos/sin table per model; the fused RMSNorm/SiLU follow the attention backend,
+    not the device (`--attention-backend torch` on a GPU runs torch ops)."""
+    from expresslane.attention.backend import get_backend
+    from expresslane.layers.norm import RMSNorm
+    from expresslane.models.model_dir import load_hf_config
+    from expresslane.models.registry import model_class
+
+    cfg = load_hf_config(llama_dir)
+    backend = get_backend(backend_name, cfg.num_attention_heads, cfg.num_key_value_heads, 16, torch.device("cpu"))
+    model = model_class(cfg)(cfg, backend)
+    tables = {layer.self_attn.rotary.cos_sin.data_ptr() for layer in model.layers}
+    assert tables == {model.rotary.cos_sin.data_ptr()}
+    fused = backend_name == "triton"
+    norms = [m for m in model.modules() if isinstance(m, RMSNorm)]
+    assert norms and all(m.fused == fused for m in norms)
+    assert all(layer.mlp.fused == fused for layer in model.layers)
