@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry, Counter
 from expresslane.outputs import RequestOutput
 from expresslane.sampling_params import SamplingParams
 from expresslane.server import errors
+from expresslane.server.tracker import queued_outputs
 
 
 def mergeable(params: SamplingParams) -> bool:
@@ -44,23 +45,8 @@ class _Subscriber:
         self.timeout = timeout
         self.deadline = None if timeout is None else time.monotonic() + timeout
 
-    async def outputs(self) -> AsyncIterator[RequestOutput]:
-        pending = set(self.tracked)
-        while pending:
-            try:
-                if self.deadline is None:
-                    item = await self.queue.get()
-                else:
-                    item = await asyncio.wait_for(self.queue.get(), self.deadline - time.monotonic())
-            except TimeoutError:
-                self.close()
-                raise errors.request_timeout(self.timeout) from None
-            if isinstance(item, errors.APIError):
-                self.close()
-                raise item
-            if item.finished:
-                pending.discard(item.request_id)
-            yield item
+    def outputs(self) -> AsyncIterator[RequestOutput]:
+        return queued_outputs(self.queue, self.tracked, self.deadline, self.timeout, self.close)
 
     def close(self) -> None:
         self.shared.leave(self)

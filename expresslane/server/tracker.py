@@ -48,6 +48,29 @@ class _Prompt:
     started: bool = False
 
 
+async def queued_outputs(queue: asyncio.Queue, keys, deadline: float | None, timeout: float | None,
+                         close: Callable[[], None]) -> AsyncIterator[RequestOutput]:
+    """Outputs from `queue` until every prompt in `keys` has finished (a request's own queue,
+    or a merged subscriber's): past `deadline` a 504, an APIError put in the queue raised;
+    `close` runs before either is raised."""
+    pending = set(keys)
+    while pending:
+        try:
+            if not queue.empty() or deadline is None:  # the common case: no timer task
+                item = await queue.get()
+            else:
+                item = await asyncio.wait_for(queue.get(), deadline - time.monotonic())
+        except TimeoutError:
+            close()
+            raise errors.request_timeout(timeout) from None
+        if isinstance(item, errors.APIError):
+            close()
+            raise item
+        if item.finished:
+            pending.discard(item.request_id)
+        yield item
+
+
 @dataclass(slots=True)
 class RequestGroup:
     """The outputs of one HTTP request: one or more prompts sharing a queue."""
@@ -58,24 +81,9 @@ class RequestGroup:
     timeout: float | None
     abort: Callable[[str], None] = lambda key: None
 
-    async def outputs(self) -> AsyncIterator[RequestOutput]:
+    def outputs(self) -> AsyncIterator[RequestOutput]:
         """Cumulative outputs until every prompt is finished; raises APIError on failure."""
-        pending = set(self.tracked)
-        while pending:
-            try:
-                if not self.queue.empty() or self.deadline is None:  # the common case: no timer task
-                    item = await self.queue.get()
-                else:
-                    item = await asyncio.wait_for(self.queue.get(), self.deadline - time.monotonic())
-            except TimeoutError:
-                self.close()
-                raise errors.request_timeout(self.timeout) from None
-            if isinstance(item, errors.APIError):
-                self.close()
-                raise item
-            if item.finished:
-                pending.discard(item.request_id)
-            yield item
+        return queued_outputs(self.queue, self.tracked, self.deadline, self.timeout, self.close)
 
     def close(self) -> None:
         """Abort whatever has not finished (client gone, timeout, error); idempotent."""
