@@ -32,6 +32,7 @@ if os.environ.get("TRITON_INTERPRET") == "1":
 sys.path.insert(0, str(Path(__file__).parent))  # tests/models.py
 
 from models import ARCHS, build_model  # noqa: E402
+from redis_proc import RedisServer  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -43,3 +44,13 @@ def model_dirs(tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def llama_dir(model_dirs) -> Path:
     return model_dirs["llama"]
+
+
+# A real redis-server for the batch store's Redis tests (tests/batch, tests/server).
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory):
+    s = RedisServer(tmp_path_factory.mktemp("redis"))
+    try:
+        yield s
+    finally:
+        s.stop()

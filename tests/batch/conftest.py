@@ -3,18 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from redis_proc import RedisServer
 
 from expresslane.batch.store import open_store
-
-
-@pytest.fixture(scope="session")
-def redis_server(tmp_path_factory):
-    s = RedisServer(tmp_path_factory.mktemp("redis"))
-    try:
-        yield s
-    finally:
-        s.stop()
 
 
 @pytest.fixture(params=["sqlite", "redis"])

@@ -15,7 +15,6 @@ import signal
 
 import pytest
 from openai import OpenAI
-from redis_proc import RedisServer
 
 from .conftest import API_KEY, Server, metric
 from .test_batch_api import requests_file, wait_batch
@@ -24,15 +23,6 @@ N = int(os.environ.get("EXPRESSLANE_BATCH_TEST_N", "300"))
 # Four requests at a time, 16 tokens each: the batch drains slowly enough that a kill
 # at a quarter and at half way lands while most of it is still to run.
 TOKENS = 16
-
-
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory):
-    s = RedisServer(tmp_path_factory.mktemp("redis"))
-    try:
-        yield s
-    finally:
-        s.stop()
 
 
 def start(store_url: str) -> tuple[Server, OpenAI]:
