@@ -82,6 +82,8 @@ def precheck(raw: bytes, limits: RequestLimits, max_chars: int, max_model_len: i
         obj = msgspec.json.decode(raw)
     except msgspec.DecodeError:
         return
+    except RecursionError:  # msgspec's decoder recurses per nesting level; no request body nests that deep
+        raise errors.bad_request("the body nests too deeply to be a request", None, "invalid_json") from None
     if not isinstance(obj, dict):
         return
     n = obj.get("n") if isinstance(obj.get("n"), int) else 1

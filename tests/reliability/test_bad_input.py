@@ -204,14 +204,8 @@ for p in ["/", "/v1", "/v1/completion", "/v2/completions", "/v1/models/tiny", "/
     case(f"unknown path {p[:20]}", "POST", p, OK[C], None, 404)
 
 
-# Open findings (/work/wt/reliability-findings.md): these cases fail until the fix lands.
-R4 = pytest.mark.xfail(strict=True, reason="finding R4: a deeply nested body over 64 KiB is a 500 (msgspec "
-                                           "RecursionError in the large-body pre-check)")
-XFAIL = {f"{p} malformed: nested 100k deep": R4 for p in POSTS}
-
-
 @pytest.mark.parametrize("name,method,path,body,headers,status",
-                         [pytest.param(*c, id=c[0], marks=XFAIL.get(c[0], ())) for c in CASES])
+                         [pytest.param(*c, id=c[0]) for c in CASES])
 def test_bad_request_gets_a_4xx_and_the_server_stays_up(server, name, method, path, body, headers, status):
     h = {"Authorization": f"Bearer {API_KEY}"} if headers is None else headers
     kw = {"content": body} if isinstance(body, bytes) else {"json": body} if body is not None else {}
