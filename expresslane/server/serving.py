@@ -234,9 +234,10 @@ class _Endpoint:
         tracker = DeltaTracker(list(self.group.tracked), self.params)
         usage_field = {"usage": None} if self.include_usage else {}
         try:
-            for chunk in self.opening_chunks():
-                yield sse({**chunk, **usage_field})
             async for out in self.group.outputs():
+                if not finals:  # the chat role chunk goes with the first token, as vLLM's does
+                    for chunk in self.opening_chunks():
+                        yield sse({**chunk, **usage_field})
                 finals[out.request_id] = out
                 deltas = tracker.deltas(out)
                 for i, d in enumerate(deltas):

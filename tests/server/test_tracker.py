@@ -77,3 +77,27 @@ def test_an_abort_stops_waiting_and_returns_every_engine_sequence(llm):
         assert len(tracker) == 0 and admission.waiting_seqs == 0
 
     asyncio.run(main())
+
+
+def test_the_chat_role_chunk_waits_for_the_first_token(llm):
+    """vLLM's chat stream sends its role chunk with the first token; clients that start TTFT at
+    the first chunk with choices (``vllm bench serve --backend openai-chat``) rely on it."""
+    from expresslane.server.serving import Chat
+
+    async def main():
+        tracker = RequestTracker(llm.tokenizer, AdmissionPolicy(AdmissionLimits()), Metrics("tiny"))
+        group, _ = tracker.add("c", [("hi", [1, 2])], SamplingParams(max_tokens=2), lane="interactive",
+                               priority=0, eos=(0,), timeout=None)
+        stream = Chat(None, "tiny", "chatcmpl-c", group, SamplingParams(max_tokens=2), False, False).stream()
+        first = asyncio.ensure_future(anext(stream))
+        for _ in range(20):  # let the stream run as far as it can without an engine output
+            await asyncio.sleep(0)
+        assert not first.done()  # nothing sent before the engine's first token
+        tracker.handle(_decode(engine_turn(EngineCoreOutput("c-0", [7]))))
+        role = await first
+        assert b'"role":"assistant"' in role.replace(b" ", b"")
+        tracker.handle(_decode(engine_turn(EngineCoreOutput("c-0", [8], finish_reason="length"))))
+        rest = [chunk async for chunk in stream]
+        assert rest[-1] == b"data: [DONE]\n\n" and all(b'"role"' not in c for c in rest)
+
+    asyncio.run(main())
