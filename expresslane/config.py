@@ -172,7 +172,10 @@ def add_cli_args(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ("mode
             if f.name in skip:
                 continue
             flag = "--" + f.name.replace("_", "-")
-            kwargs: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": f.metadata["help"]}
+            # SUPPRESS: an unset flag leaves the config's own default (one place for it); help shows it
+            shown = f.default if f.default is not dataclasses.MISSING else None
+            help_ = f.metadata["help"] + ("" if shown is None or shown == "" else f" (default: {shown})")
+            kwargs: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": help_.replace("%", "%%")}
             if isinstance(f.default, bool):
                 kwargs["action"] = argparse.BooleanOptionalAction
             else:
