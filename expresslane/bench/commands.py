@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Callable
 
 from expresslane.config import engine_kwargs_from_args
 
@@ -32,6 +33,22 @@ def engine_flags(args: argparse.Namespace) -> dict:
 def fail(message: str) -> int:
     print(f"error: {message}", file=sys.stderr)
     return 2
+
+
+def run_and_report(args: argparse.Namespace, run: Callable[[], dict], table: Callable[[dict], str],
+                   measured: Callable[[dict], bool] = lambda result: True) -> int:
+    """Run a bench, print its table, write its JSON (``--output``). Exit 2 on a setup error
+    (bad model, flags or files), 1 when the run measured nothing."""
+    from expresslane.bench import records
+
+    try:
+        result = run()
+    except (ValueError, RuntimeError, FileNotFoundError) as e:
+        return fail(str(e))
+    print(table(result))
+    if args.output:
+        records.save_result(result, args.output)
+    return 0 if measured(result) else 1
 
 
 def serving_command(args: argparse.Namespace) -> int:
@@ -107,74 +124,47 @@ def report_command(args: argparse.Namespace) -> int:
 
 
 def one_batch_command(args: argparse.Namespace) -> int:
-    from expresslane.bench import records
     from expresslane.bench.one_batch import OneBatchConfig, format_one_batch, run_one_batch
 
-    try:
-        result = run_one_batch(OneBatchConfig(
-            model=args.model, batch_size=args.batch_size, input_len=args.input_len,
-            output_len=args.output_len, quantization=args.quantization,
-            peak_bandwidth=args.peak_bandwidth, baseline_model=args.baseline_model,
-            accuracy_trials=args.accuracy_trials, accuracy_texts=args.accuracy_texts,
-            accuracy_text_len=args.accuracy_text_len, accuracy_chart=args.accuracy_chart,
-            engine_args={k: v for k, v in engine_flags(args).items() if k != "quantization"}))
-    except (ValueError, RuntimeError, FileNotFoundError) as e:
-        return fail(str(e))
-    print(format_one_batch(result))
-    if args.output:
-        records.save_result(result, args.output)
-    return 0
+    return run_and_report(args, lambda: run_one_batch(OneBatchConfig(
+        model=args.model, batch_size=args.batch_size, input_len=args.input_len,
+        output_len=args.output_len, quantization=args.quantization,
+        peak_bandwidth=args.peak_bandwidth, baseline_model=args.baseline_model,
+        accuracy_trials=args.accuracy_trials, accuracy_texts=args.accuracy_texts,
+        accuracy_text_len=args.accuracy_text_len, accuracy_chart=args.accuracy_chart,
+        engine_args={k: v for k, v in engine_flags(args).items() if k != "quantization"})), format_one_batch)
 
 
 def flat_latency_command(args: argparse.Namespace) -> int:
-    from expresslane.bench import records
     from expresslane.bench.flat_latency import FlatLatencyConfig, format_flat_latency, run_flat_latency
 
-    try:
+    def run() -> dict:
         http = client_options(args, args.model) if args.base_url else None
-        result = run_flat_latency(FlatLatencyConfig(
+        return run_flat_latency(FlatLatencyConfig(
             model=None if http else args.model, http=http,
             input_lens=tuple(args.input_lens), num_short=args.num_short, short_len=args.short_len,
             long_len=args.long_len, output_len=args.output_len, repeats=args.repeats,
             modes=tuple(args.modes), baseline=args.baseline, engine_args=engine_flags(args),
             disable_tqdm=args.disable_tqdm))
-    except (ValueError, RuntimeError, FileNotFoundError) as e:
-        return fail(str(e))
-    print(format_flat_latency(result))
-    if args.output:
-        records.save_result(result, args.output)
-    return 0 if all(row["flatness"] is not None for row in result["rows"]) else 1
+
+    return run_and_report(args, run, format_flat_latency,
+                          lambda result: all(row["flatness"] is not None for row in result["rows"]))
 
 
 def throughput_command(args: argparse.Namespace) -> int:
-    from expresslane.bench import records
     from expresslane.bench.throughput import ThroughputConfig, format_throughput, run_throughput
 
-    try:
-        result = run_throughput(ThroughputConfig(
-            model=args.model, num_prompts=args.num_prompts, input_len=args.input_len,
-            output_len=args.output_len, hf_batch_size=args.hf_batch_size,
-            baseline=None if args.no_baseline else "hf", engine_args=engine_flags(args)))
-    except (ValueError, RuntimeError, FileNotFoundError) as e:
-        return fail(str(e))
-    print(format_throughput(result))
-    if args.output:
-        records.save_result(result, args.output)
-    return 0
+    return run_and_report(args, lambda: run_throughput(ThroughputConfig(
+        model=args.model, num_prompts=args.num_prompts, input_len=args.input_len,
+        output_len=args.output_len, hf_batch_size=args.hf_batch_size,
+        baseline=None if args.no_baseline else "hf", engine_args=engine_flags(args))), format_throughput)
 
 
 def overhead_command(args: argparse.Namespace) -> int:
-    from expresslane.bench import records
     from expresslane.bench.overhead import OverheadConfig, format_overhead, run_overhead
 
-    try:
-        result = run_overhead(OverheadConfig(
-            client=client_options(args, args.model), sequential=args.sequential,
-            concurrency=args.concurrency, rounds=args.rounds, warmup=args.warmup,
-            prompt_len=args.prompt_len, seed=args.seed, disable_tqdm=args.disable_tqdm))
-    except (ValueError, RuntimeError) as e:
-        return fail(str(e))
-    print(format_overhead(result))
-    if args.output:
-        records.save_result(result, args.output)
-    return 0 if result["sequential"]["measured"] else 1
+    return run_and_report(args, lambda: run_overhead(OverheadConfig(
+        client=client_options(args, args.model), sequential=args.sequential,
+        concurrency=args.concurrency, rounds=args.rounds, warmup=args.warmup,
+        prompt_len=args.prompt_len, seed=args.seed, disable_tqdm=args.disable_tqdm)),
+        format_overhead, lambda result: result["sequential"]["measured"])
