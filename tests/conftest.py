@@ -32,7 +32,6 @@ if os.environ.get("TRITON_INTERPRET") == "1":
 sys.path.insert(0, str(Path(__file__).parent))  # tests/models.py
 
 from models import ARCHS, build_model  # noqa: E402
-from redis_proc import RedisServer  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -49,6 +48,8 @@ def llama_dir(model_dirs) -> Path:
 # A real redis-server for the batch store's Redis tests (tests/batch, tests/server).
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory):
+    from redis_proc import RedisServer  # imported here: the GPU machine has no redis package
+
     s = RedisServer(tmp_path_factory.mktemp("redis"))
     try:
         yield s
