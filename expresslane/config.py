@@ -90,6 +90,9 @@ class ParallelConfig:
     node_rank: int = _knob(0, "this node's index; node 0 schedules and serves HTTP, the others run workers")
     dist_init_addr: str | None = _knob(None, "host:port of node 0 where the ranks meet (needed when nnodes > 1; "
                                        "default: a free 127.0.0.1 port)")
+    enable_expert_parallel: bool = _knob(False, "mixture-of-experts models: spread whole experts over the "
+                                         "tensor-parallel ranks (tokens travel to them by all-to-all) instead of "
+                                         "splitting every expert's weights")
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,13 @@ ARCHS = {
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=None, head_dim=16)),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=True, rope_theta=1e6)),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=32, rope_theta=1e6)),
+    # mixtures of experts, odd expert counts: top-2 renormalised; top-1 not renormalised (its weight is the
+    # softmax's), with layer 1 dense
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(num_local_experts=5, num_experts_per_tok=2,
+                                                            sliding_window=None)),
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
+        num_experts=7, num_experts_per_tok=1, norm_topk_prob=False, moe_intermediate_size=48, mlp_only_layers=[1],
+        head_dim=32, rope_theta=1e6)),
 }
 
 
@@ -36,7 +43,7 @@ def build_model(arch: str, out_dir: Path, seed: int = 0, peak: float = 8.0) -> P
     model = getattr(transformers, model_name)(config).float().eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if p.dim() == 2:  # wider weights than the 0.02 default: hidden states that depend on the input
+            if p.dim() >= 2:  # wider weights than the 0.02 default: hidden states that depend on the input
                 p.normal_(0.0, 0.15 if "embed" not in name else 1.0)
             elif "bias" in name:
                 p.normal_(0.0, 0.1)

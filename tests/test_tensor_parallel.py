@@ -12,7 +12,7 @@ from expresslane import LLM
 # than the 32 blocks x 16 of KV cache hold at once (preemption)
 PICKED = [0, 4, 8, 12] + list(range(len(LENGTHS), len(PROMPTS)))
 CASE = dict(max_num_batched_tokens=64, max_model_len=512, num_kv_blocks=32, enable_prefix_caching=True)
-REPLICATED = ("layernorm.weight", "norm.weight", "q_norm.weight", "k_norm.weight")
+REPLICATED = ("layernorm.weight", "norm.weight", "q_norm.weight", "k_norm.weight", "mlp.gate.weight")  # + MoE routers
 
 
 def _generate(llm: LLM) -> list[list[int]]:

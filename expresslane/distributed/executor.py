@@ -32,6 +32,7 @@ import torch.distributed as dist
 from expresslane.config import EngineConfig
 from expresslane.distributed.group import TPGroup
 from expresslane.distributed.layers import even_split, head_split
+from expresslane.layers.moe import check_expert_split, num_experts_of
 from expresslane.runner.model_runner import ModelRunner, resolve_device
 
 log = logging.getLogger(__name__)
@@ -53,10 +54,17 @@ def make_runner(config: EngineConfig, hf_config, model_dir: Path):
 
 def check_splits(config: EngineConfig, hf_config) -> None:
     """Refuse a model the ranks cannot split, before any process starts."""
-    size = config.parallel.tensor_parallel_size
+    p = config.parallel
+    size = p.tensor_parallel_size
     heads = hf_config.num_attention_heads
     head_split(heads, getattr(hf_config, "num_key_value_heads", None) or heads, TPGroup(0, size))
     even_split(hf_config.intermediate_size, TPGroup(0, size), "intermediate size")
+    if hasattr(hf_config, "num_experts_per_tok"):  # a mixture of experts
+        if p.enable_expert_parallel:
+            check_expert_split(num_experts_of(hf_config), size)
+        else:
+            even_split(getattr(hf_config, "moe_intermediate_size", None) or hf_config.intermediate_size,
+                       TPGroup(0, size), "MoE intermediate size")
     if config.model.quantization or getattr(hf_config, "quantization_config", None):
         raise ValueError("tensor parallelism with quantized weights is not supported yet; use "
                          "tensor_parallel_size=1 or an unquantized checkpoint")
@@ -159,7 +167,7 @@ class TPExecutor:
         log.info("tensor parallel: %d ranks (%d per node, %s), waiting at %s", size, per_node, dev_type, addr)
         try:
             self._control = init_group(0, size, addr, dev_type)
-            self.tp = TPGroup(0, size)
+            self.tp = TPGroup(0, size, expert_parallel=p.enable_expert_parallel)
             dist.broadcast_object_list([(config, str(model_dir))], src=0, group=self._control)
             self.runner = ModelRunner(rank_config(config, 0), hf_config, model_dir, self.tp)
         except BaseException:

@@ -48,7 +48,7 @@ def run_worker(rank: int, local_rank: int, local_world_size: int, world_size: in
     msg = [None]
     dist.broadcast_object_list(msg, src=0, group=control)
     config, model_dir = msg[0]
-    tp = TPGroup(rank, world_size)
+    tp = TPGroup(rank, world_size, expert_parallel=config.parallel.enable_expert_parallel)
     runner = ModelRunner(rank_config(config, local_rank), load_hf_config(model_dir), Path(model_dir), tp)
     runner.sampler = ReceivingSampler(tp)
     log.info("tensor-parallel rank %d/%d ready on %s", rank, world_size, runner.device)

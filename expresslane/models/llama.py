@@ -1,4 +1,5 @@
-"""The Llama family: Llama, Mistral, Qwen2 (qkv bias), Qwen3 (per-head q/k RMSNorm).
+"""The Llama family: Llama, Mistral, Qwen2 (qkv bias), Qwen3 (per-head q/k RMSNorm); the
+mixtures of experts (models/moe.py) are this model with a sparse MoE block as the MLP.
 
 The model sees flattened token ids, their positions, and one AttentionMetadata per
 step. q/k/v and gate/up projections are merged into one matmul each; the weight
@@ -6,6 +7,8 @@ loader maps Hugging Face names onto the merged parameters shard by shard.
 """
 
 from __future__ import annotations
+
+import re
 
 import torch
 import torch.nn.functional as F
@@ -16,6 +19,7 @@ from expresslane.distributed.group import TPGroup
 from expresslane.distributed.layers import (ColumnParallelLinear, ParallelLMHead, RowParallelLinear,
                                             VocabParallelEmbedding, even_split, gather_logits, head_split)
 from expresslane.layers.activation import silu_and_mul
+from expresslane.layers.moe import SparseMoE
 from expresslane.layers.norm import RMSNorm
 from expresslane.layers.rotary import RotaryEmbedding, rope_parameters
 from expresslane.quant import QuantConfig, QuantLinear
@@ -92,11 +96,12 @@ class MLP(nn.Module):
 
 class DecoderLayer(nn.Module):
     def __init__(self, cfg, backend: AttentionBackend, rotary: RotaryEmbedding, qkv_bias: bool, qk_norm: bool,
-                 quant: QuantConfig | None, prefix: str, tp: TPGroup):
+                 quant: QuantConfig | None, prefix: str, tp: TPGroup, mlp: nn.Module):
         super().__init__()
         fused = backend.fused_ops
         self.self_attn = Attention(cfg, backend, rotary, qkv_bias, qk_norm, quant, f"{prefix}.self_attn", tp)
-        self.mlp = MLP(cfg, quant, f"{prefix}.mlp", tp, fused)
+        self.mlp = mlp
+        self.sparse = isinstance(mlp, SparseMoE)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, fused)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, fused)
 
@@ -107,6 +112,8 @@ class DecoderLayer(nn.Module):
             x, residual = self.input_layernorm(x, residual)
         x = self.self_attn(positions, x, meta)
         x, residual = self.post_attention_layernorm(x, residual)
+        if self.sparse:  # it counts tokens per expert: the real ones (CUDA-graph padding has slot -1)
+            return self.mlp(x, meta.slot_mapping >= 0), residual
         return self.mlp(x), residual
 
 
@@ -129,13 +136,19 @@ class LlamaForCausalLM(nn.Module):
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.rotary = RotaryEmbedding(head_dim, cfg.max_position_embeddings, *rope_parameters(cfg))
         self.layers = nn.ModuleList(
-            DecoderLayer(cfg, backend, self.rotary, qkv_bias, self.qk_norm, quant, f"model.layers.{i}", tp)
+            DecoderLayer(cfg, backend, self.rotary, qkv_bias, self.qk_norm, quant, f"model.layers.{i}", tp,
+                         self.make_mlp(cfg, i, quant, f"model.layers.{i}.mlp", tp, backend.fused_ops))
             for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, backend.fused_ops)
         self.tie_word_embeddings = bool(getattr(cfg, "tie_word_embeddings", False))
         head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, tp) if sharded else nn.Linear(
             cfg.hidden_size, cfg.vocab_size, bias=False)
         self.lm_head = None if self.tie_word_embeddings else head
+
+    def make_mlp(self, cfg, index: int, quant: QuantConfig | None, prefix: str, tp: TPGroup,
+                 fused: bool) -> nn.Module:
+        """Layer `index`'s feed-forward block (the MoE models put a SparseMoE on some or all)."""
+        return MLP(cfg, quant, prefix, tp, fused)
 
     def forward(self, input_ids, positions, meta: AttentionMetadata) -> torch.Tensor:
         x, residual = self.run_layers(positions, self.embed_tokens(input_ids), None, meta, 0, len(self.layers))
@@ -163,9 +176,20 @@ class LlamaForCausalLM(nn.Module):
         """`weights`: iterable of (Hugging Face name, tensor). Every parameter must be set."""
         params = dict(self.named_parameters())
         quantized = {n: m for n, m in self.named_modules() if isinstance(m, QuantLinear)}
+        moe = {n: m for n, m in self.named_modules() if isinstance(m, SparseMoE)}
         loaded: set[str] = set()
         for hf_name, tensor in weights:
             if "rotary_emb.inv_freq" in hf_name or (self.tie_word_embeddings and hf_name == "lm_head.weight"):
+                continue
+            if expert := _EXPERT.search(hf_name):  # one expert's projection: its SparseMoE stacks them
+                layer, index, proj = expert.groups()
+                block = moe.get(f"layers.{layer}.mlp")
+                if block is None:
+                    raise ValueError(f"checkpoint tensor {hf_name!r}: layer {layer} of {type(self).__name__} "
+                                     "has no experts")
+                key = block.load_expert(int(index), _EXPERT_PARTS[proj], tensor)
+                if key is not None:  # None: an expert another rank holds
+                    loaded.add(f"layers.{layer}.mlp#{key}")
                 continue
             name, shard = self._map_name(hf_name)
             module, _, part = name.rpartition(".")
@@ -186,7 +210,9 @@ class LlamaForCausalLM(nn.Module):
                 _copy_shard(params[name], tensor, shard, self)
             loaded.add(name if shard is None else f"{name}#{shard}")
         expected = {n for n in params if not n.endswith(("qkv_proj.weight", "qkv_proj.bias", "gate_up_proj.weight",
-                                                          "gate_up_proj.bias"))}
+                                                          "gate_up_proj.bias"))
+                    and n.rpartition(".")[0] not in moe}  # a SparseMoE's stacked experts: by expert below
+        expected |= {f"{n}#{key}" for n, m in moe.items() for key in m.expected_keys()}
         expected |= {f"{n}#{s}" for n in params if "qkv_proj" in n for s in "qkv"}
         expected |= {f"{n}#{s}" for n in params if "gate_up_proj" in n for s in (0, 1)}
         missing = sorted(expected - loaded) + sorted(f"{n}{p}" for n, m in quantized.items() for p in m.missing())
@@ -195,7 +221,7 @@ class LlamaForCausalLM(nn.Module):
 
     @staticmethod
     def _map_name(hf_name: str) -> tuple[str, object]:
-        name = hf_name.removeprefix("model.")
+        name = hf_name.removeprefix("model.").replace(".block_sparse_moe.", ".mlp.")  # Mixtral's router
         for part, shard in (("q_proj", "q"), ("k_proj", "k"), ("v_proj", "v")):
             if f".{part}." in name:
                 return name.replace(part, "qkv_proj"), shard
@@ -203,6 +229,12 @@ class LlamaForCausalLM(nn.Module):
             if f".{part}." in name:
                 return name.replace(part, "gate_up_proj"), shard
         return name, None
+
+
+# one expert's projection, as Mixtral (w1 gate, w3 up, w2 down) and Qwen3-MoE name them
+_EXPERT = re.compile(r"layers\.(\d+)\.(?:block_sparse_moe|mlp)\.experts\.(\d+)\.(w1|w2|w3|gate_proj|up_proj|down_proj)"
+                     r"\.weight$")
+_EXPERT_PARTS = {"w1": "gate", "w3": "up", "w2": "down", "gate_proj": "gate", "up_proj": "up", "down_proj": "down"}
 
 
 def _copy_shard(param: nn.Parameter, tensor: torch.Tensor, shard, model: LlamaForCausalLM) -> None:

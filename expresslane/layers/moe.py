@@ -1,0 +1,133 @@
+"""Mixture-of-experts feed-forward: a router picks `top_k` of `num_experts` SwiGLU experts per
+token, and the token's output is the routing-weighted sum of theirs.
+
+    route:   probs = softmax(x @ gate^T) (float32); top_k of them; renormalised to sum 1
+             when the model says so (Mixtral always, Qwen3-MoE per `norm_topk_prob`)
+    experts: y = sum_j w_j * down_e(silu(gate_e(x)) * up_e(x)),  e = the j-th chosen expert
+
+Expert weights are stacked: ``w13`` [E, 2I, H] (gate rows, then up rows) and ``w2`` [E, H, I].
+Two paths compute the experts: the fused Triton kernels (``fused_moe.py``: tokens aligned by
+expert, one grouped GEMM for gate/up with SiLU-and-mul, one for down; no host sync, so CUDA
+graphs capture it) when the attention backend is `triton`, and the plain torch reference
+below otherwise (CPU, tests). Expert id -1 means "not here" (expert parallelism: the row
+belongs to another rank) and contributes nothing.
+
+Tensor parallelism splits every expert's intermediate size over the ranks (partial outputs
+summed by an all-reduce); with ``expert_parallel`` each rank holds whole experts, a 1/N
+share of them, and tokens travel to their experts' ranks (``distributed/expert_parallel.py``).
+Each block counts the tokens routed to each of its experts on the device
+(``expert_tokens``, read by the engine at a low rate for ``/metrics``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from expresslane.distributed.expert_parallel import dispatch_combine
+from expresslane.distributed.group import TPGroup
+from expresslane.distributed.layers import even_split
+
+
+def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights [T, k] float32, expert ids [T, k] int64), best expert first."""
+    probs = torch.softmax(router_logits.float(), dim=-1)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, ids
+
+
+def torch_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
+                  ids: torch.Tensor) -> torch.Tensor:
+    """The reference: each expert runs on the rows routed to it (a host sync per call: CPU and
+    tests only). x [T, H]; weights, ids [T, k] (id -1: skipped) -> [T, H] in x's dtype."""
+    out = torch.zeros(x.shape[0], w2.shape[1], dtype=torch.float32, device=x.device)
+    flat = ids.flatten()
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat + 1, minlength=w13.shape[0] + 1).tolist()
+    start = counts[0]  # rows routed nowhere here come first
+    for expert, n in enumerate(counts[1:]):
+        if n:
+            picked = order[start:start + n]
+            rows = picked // ids.shape[1]
+            gate, up = F.linear(x[rows], w13[expert]).chunk(2, dim=-1)
+            y = F.linear(F.silu(gate) * up, w2[expert])
+            out.index_add_(0, rows, y.float() * weights.flatten()[picked, None])
+        start += n
+    return out.to(x.dtype)
+
+
+def num_experts_of(cfg) -> int:
+    """Mixtral says num_local_experts, Qwen3-MoE num_experts (transformers 5 maps one onto the other)."""
+    return getattr(cfg, "num_local_experts", None) or cfg.num_experts
+
+
+def check_expert_split(num_experts: int, ranks: int) -> None:
+    """Expert parallelism gives every rank at least one expert."""
+    if -(-num_experts // ranks) * (ranks - 1) >= num_experts:
+        raise ValueError(f"expert parallelism over {ranks} ranks leaves a rank without experts: the model has "
+                         f"{num_experts}")
+
+
+class SparseMoE(nn.Module):
+    def __init__(self, hidden: int, intermediate: int, num_experts: int, top_k: int, renormalize: bool,
+                 tp: TPGroup, fused: bool):
+        super().__init__()
+        self.num_experts, self.top_k, self.renormalize = num_experts, top_k, renormalize
+        self.tp, self.fused = tp, fused
+        if tp.expert_parallel:  # whole experts: ceil(E / N) a rank, the last rank the rest
+            check_expert_split(num_experts, tp.size)
+            self.experts_per_rank = -(-num_experts // tp.size)
+            self.first_expert = tp.rank * self.experts_per_rank
+            local_experts = min(self.experts_per_rank, num_experts - self.first_expert)
+            self.inter_start, local_inter = 0, intermediate
+        else:  # every expert, a slice of each one's intermediate size
+            self.first_expert, local_experts = 0, num_experts
+            self.inter_start, local_inter = even_split(intermediate, tp, "MoE intermediate size")
+        self.intermediate = intermediate
+        self.gate = nn.Linear(hidden, num_experts, bias=False)  # the router, replicated on every rank
+        self.w13 = nn.Parameter(torch.empty(local_experts, 2 * local_inter, hidden))
+        self.w2 = nn.Parameter(torch.empty(local_experts, hidden, local_inter))
+        # tokens routed to each expert so far (every expert: each rank routes every token)
+        self.register_buffer("expert_tokens", torch.zeros(num_experts, dtype=torch.int64), persistent=False)
+
+    def experts(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """This rank's experts on x; ids are local (-1: not here)."""
+        if self.fused:
+            from expresslane.layers.fused_moe import fused_experts
+            return fused_experts(x, self.w13, self.w2, weights, ids)
+        return torch_experts(x, self.w13, self.w2, weights, ids)
+
+    def forward(self, x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """x [T, H]; valid [T] bool, True for real tokens (False: CUDA-graph padding, not counted)."""
+        weights, ids = route(self.gate(x), self.top_k, self.renormalize)
+        self.expert_tokens.scatter_add_(0, ids.flatten(), valid.to(torch.int64).repeat_interleave(self.top_k))
+        if self.tp.expert_parallel:
+            return dispatch_combine(x, weights, ids, self.experts_per_rank, self.tp, self.experts)
+        return self.tp.all_reduce(self.experts(x, weights, ids))
+
+    # -- weights -------------------------------------------------------------------------------
+    def load_expert(self, expert: int, part: str, tensor: torch.Tensor) -> str | None:
+        """One expert's checkpoint tensor: part 'gate', 'up' or 'down' ([I, H], [I, H], [H, I]).
+        Returns the key it filled, or None for an expert another rank holds."""
+        local = expert - self.first_expert
+        if not 0 <= expert < self.num_experts:
+            raise ValueError(f"expert {expert} out of range: the model has {self.num_experts}")
+        if not 0 <= local < self.w13.shape[0]:
+            return None
+        n = self.w2.shape[2]
+        if part == "down":
+            target, src = self.w2.data[local], tensor.narrow(1, self.inter_start, n)
+        else:
+            offset = 0 if part == "gate" else n
+            target, src = self.w13.data[local, offset:offset + n], tensor.narrow(0, self.inter_start, n)
+        if target.shape != src.shape:
+            raise ValueError(f"expert {expert} {part} tensor {tuple(tensor.shape)} does not fit "
+                             f"{tuple(target.shape)} (intermediate size {self.intermediate})")
+        target.copy_(src)
+        return f"{local}.{part}"
+
+    def expected_keys(self) -> set[str]:
+        return {f"{e}.{p}" for e in range(self.w13.shape[0]) for p in ("gate", "up", "down")}
