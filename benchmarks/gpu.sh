@@ -51,7 +51,7 @@ python3 -c 'import torch, triton, transformers; print("torch", torch.__version__
 if [ -z "${GPU_SKIP_TESTS:-}" ]; then  # GPU_SKIP_TESTS=1: benchmarks only (the tests ran on this commit)
   echo "== GPU tests"
   python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider 2>&1 | tee "$OUT/gpu-tests.log" | tail -15 || status=1
-  python3 -m pytest -q tests/test_triton_attention.py tests/test_triton_ops.py -p no:cacheprovider 2>&1 \
+  python3 -m pytest -q tests/test_triton_attention.py tests/test_triton_ops.py tests/test_triton_moe.py -p no:cacheprovider 2>&1 \
     | tee -a "$OUT/gpu-tests.log" | tail -3 || status=1
 fi
 

@@ -11,7 +11,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 PROMPTS = [[(7 * i + 3 * j) % 500 for j in range(n)] for i, n in enumerate((1, 17, 64, 150, 300, 33))]
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral", "mixtral", "qwen3_moe"])
 def test_cuda_float32_greedy_matches_transformers(model_dirs, arch):
     torch.backends.cuda.matmul.allow_tf32 = False
     llm = LLM(str(model_dirs[arch]), device="cuda", dtype="float32", max_num_batched_tokens=64, num_kv_blocks=256)

@@ -49,6 +49,13 @@ def _cases():
         yield "quant_gemm_kernel", "bf16", dict(FP8=False, GROUP=128, HAS_BIAS=False, **tiles), dict(
             w_ptr="*i32", scale_ptr="*fp16", zero_ptr="*u8")
     yield "per_token_quant_fp8_kernel", "bf16", dict(BLOCK=4096), dict(q_ptr="*fp8e4nv", scale_ptr="*fp32")
+    # the fused MoE grouped GEMM (layers/fused_moe.py): gate/up with SiLU-and-mul, and down; every tile shape
+    moe = dict(topk_w_ptr="*fp32", sorted_rows_ptr="*i32", block_expert_ptr="*i32", num_padded_ptr="*i64")
+    for bm, bn, bk in ((16, 64, 128), (32, 64, 64), (64, 64, 64)):
+        for dtype, precision in (("bf16", "tf32"), ("fp32", "ieee")):
+            for top_k, gated in ((8, True), (1, False)):
+                yield "moe_gemm_kernel", dtype, dict(TOP_K=top_k, GATED=gated, WEIGHTED=not gated, BLOCK_M=bm,
+                                                     BLOCK_N=bn, BLOCK_K=bk, PRECISION=precision), moe
 
 
 def _compile_all() -> None:
@@ -99,7 +106,7 @@ def test_every_triton_kernel_compiles():
     pytest.importorskip("triton.backends.nvidia.compiler")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0 and "compiled 7 kernels" in proc.stdout, proc.stderr[-3000:]
+    assert proc.returncode == 0 and "compiled 8 kernels" in proc.stdout, proc.stderr[-3000:]
 
 
 if __name__ == "__main__":
