@@ -26,6 +26,10 @@
 #   tp:      issue #12/#13 (needs 2 GPUs): NCCL all-reduce vs symmetric-memory one-shot all-reduce
 #            at decode sizes (8B hidden size); batch-1 decode and TTFT at TP=1 vs TP=2 (NCCL, CUDA
 #            graphs per rank) and how many greedy tokens TP=2 shares with TP=1 (bf16)
+#   moe:     issue #17: qwen3-30b-a3b shape (batch-1 decode vs the active-weight floor, TTFT 128 and 8192,
+#            decode throughput at batch 64 and 256) then transformers on the same shape (its random init),
+#            and mixtral-8x7b batch-1 decode; weights generated on the GPU (--load-format dummy: 61 and
+#            93 GB do not go through the disk); the fused MoE kernel tests ran with the GPU tests; ~5 min
 #   quick = small;  full = small 8b 7b.  The GPU tests run once, first, whatever the sections
 #   (GPU_SKIP_TESTS=1 leaves them out).
 # Results: JSON lines in ${OUT:-out}/gpu-results.jsonl, logs beside them.
@@ -131,6 +135,18 @@ for section in $SECTIONS; do
       model llama-3-8b
       echo "== tensor parallel: all-reduce choice, TP=1 vs TP=2 (llama-3-8b)"
       run python3 benchmarks/tp_bench.py --model "$MODELS/llama-3-8b" --tp 2 ;;
+    moe)
+      for m in qwen3-30b-a3b mixtral-8x7b; do  # config + tokenizer only: the engine makes the weights
+        [ -d "$MODELS/$m-bare" ] || python3 -m expresslane.cli.main make-model $m "$MODELS/$m-bare" --no-weights \
+          >/dev/null || status=1
+      done
+      Q=(python3 benchmarks/gpu_bench.py --model "$MODELS/qwen3-30b-a3b-bare" --load-format dummy)
+      echo "== qwen3-30b-a3b: expresslane"; run "${Q[@]}" --only engine --ttft-lengths 128,8192
+      echo "== mixtral-8x7b: expresslane (batch-1 decode)"
+      run python3 benchmarks/gpu_bench.py --model "$MODELS/mixtral-8x7b-bare" --load-format dummy --only engine \
+        --benches decode
+      echo "== qwen3-30b-a3b: transformers (at most 150 s; what it measured by then stays)"
+      timeout 150 "${Q[@]}" --only hf --ttft-lengths 128,8192 --out "$RES" || echo "transformers stopped (rc $?)" ;;
     *) echo "unknown section: $section" >&2; status=1 ;;
   esac
 done

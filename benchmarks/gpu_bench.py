@@ -34,7 +34,10 @@ def forward_flops(cfg, tokens: int) -> float:
     heads = cfg.num_attention_heads
     d = getattr(cfg, "head_dim", None) or h // heads
     kv = cfg.num_key_value_heads * d
-    linear = layers * (h * (heads * d + 2 * kv) + heads * d * h + 3 * h * cfg.intermediate_size) + h * cfg.vocab_size
+    ffn = 3 * h * cfg.intermediate_size
+    if getattr(cfg, "num_experts_per_tok", None):  # a mixture of experts: the experts a token runs
+        ffn = 3 * h * (getattr(cfg, "moe_intermediate_size", None) or cfg.intermediate_size) * cfg.num_experts_per_tok
+    linear = layers * (h * (heads * d + 2 * kv) + heads * d * h + ffn) + h * cfg.vocab_size
     attn = layers * 2 * heads * d * tokens * tokens  # QK^T and PV, causal half of 2*2
     return 2 * linear * tokens + attn
 
@@ -47,7 +50,7 @@ def engine_benchmarks(args, out) -> None:
     from expresslane import LLM, SamplingParams
 
     llm = LLM(args.model, max_num_seqs=256, max_num_batched_tokens=args.max_num_batched_tokens,
-              gpu_memory_utilization=0.85)
+              gpu_memory_utilization=0.85, load_format=args.load_format)
     core = llm.engine.core
     cfg, vocab = core.hf_config, core.hf_config.vocab_size
     wbytes = decode_weight_bytes(core.runner.model)
@@ -58,13 +61,14 @@ def engine_benchmarks(args, out) -> None:
     llm.generate([{"prompt_token_ids": p} for p in prompts_of(4, 64, vocab)], greedy(8), use_tqdm=False)  # warm-up
 
     # batch-1 decode: time per output token after the first
-    [o] = llm.generate([{"prompt_token_ids": prompts_of(1, 128, vocab, 1)[0]}], greedy(257), use_tqdm=False)
-    per_tok = (o.metrics.finished_time - o.metrics.first_token_time) / 256
-    emit(out, **common, bench="decode_batch1", ms_per_token=per_tok * 1e3, tokens_per_s=1 / per_tok,
-         floor_ms=floor_ms, pct_of_floor=100 * floor_ms / (per_tok * 1e3), weight_gb=wbytes / 1e9)
+    if "decode" in args.benches:
+        [o] = llm.generate([{"prompt_token_ids": prompts_of(1, 128, vocab, 1)[0]}], greedy(257), use_tqdm=False)
+        per_tok = (o.metrics.finished_time - o.metrics.first_token_time) / 256
+        emit(out, **common, bench="decode_batch1", ms_per_token=per_tok * 1e3, tokens_per_s=1 / per_tok,
+             floor_ms=floor_ms, pct_of_floor=100 * floor_ms / (per_tok * 1e3), weight_gb=wbytes / 1e9)
 
     # TTFT alone, inside the engine (arrival -> first token), median of 3
-    for n in args.ttft_lengths:
+    for n in args.ttft_lengths if "ttft" in args.benches else ():
         n = min(n, core.max_model_len - 2)
         ttfts = []
         for rep in range(3):
@@ -79,7 +83,7 @@ def engine_benchmarks(args, out) -> None:
         emit(out, **common, **row)
 
     # steady decode throughput at batch B with ~1k context, and GPU busy fraction
-    for batch in (64, 256):
+    for batch in (64, 256) if "throughput" in args.benches else ():
         eng = llm.engine
         for i, p in enumerate(prompts_of(batch, 1024, vocab, 7)):
             eng.add_request(f"b{batch}-{i}", {"prompt_token_ids": p}, greedy(64))
@@ -99,8 +103,10 @@ def engine_benchmarks(args, out) -> None:
         kernel_s, profiled_wall_s = gpu_kernel_time(eng, 8)
         while eng.has_unfinished():
             eng.step()
+        step_floor_s = decode_weight_bytes(core.runner.model, batch) / PEAK_BW  # weights only (not the KV reads)
         emit(out, **common, bench="decode_throughput", batch=batch, context=1024, step_ms=wall / steps * 1e3,
-             tokens_per_s=batch * steps / wall, gpu_busy_fraction=kernel_s / (wall / steps),
+             tokens_per_s=batch * steps / wall, weight_floor_tokens_per_s=batch / step_floor_s,
+             gpu_busy_fraction=kernel_s / (wall / steps),
              gpu_busy_fraction_of_profiled_wall=kernel_s / profiled_wall_s)
 
 
@@ -123,7 +129,14 @@ def gpu_kernel_time(eng, steps: int) -> tuple[float, float]:
 def hf_benchmarks(args, out) -> None:
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16).cuda().eval()
+    if args.load_format == "dummy":  # no weights on disk: transformers' own random init, on the GPU
+        from transformers import AutoConfig
+
+        with torch.device("cuda"):
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(args.model), dtype=torch.bfloat16)
+        model.eval()
+    else:
+        model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16).cuda().eval()
     vocab = model.config.vocab_size
     common = dict(engine="transformers", model=args.model.rstrip("/").split("/")[-1])
     kw = dict(do_sample=False, eos_token_id=None, pad_token_id=0)
@@ -138,17 +151,19 @@ def hf_benchmarks(args, out) -> None:
 
     with torch.inference_mode():
         gen(prompts_of(1, 64, vocab), 4)
-        p = prompts_of(1, 128, vocab, 1)
-        per_tok = (gen(p, 65) - gen(p, 1)) / 64
-        emit(out, **common, bench="decode_batch1", ms_per_token=per_tok * 1e3, tokens_per_s=1 / per_tok)
-        for n in args.ttft_lengths:
+        if "decode" in args.benches:
+            p = prompts_of(1, 128, vocab, 1)
+            per_tok = (gen(p, 65) - gen(p, 1)) / 64
+            emit(out, **common, bench="decode_batch1", ms_per_token=per_tok * 1e3, tokens_per_s=1 / per_tok)
+        for n in args.ttft_lengths if "ttft" in args.benches else ():
             n = min(n, model.config.max_position_embeddings - 2)
             emit(out, **common, bench="ttft", prompt_len=n,
                  ttft_ms=statistics.median(gen(prompts_of(1, n, vocab, 100 + r), 1) for r in range(3)) * 1e3)
-        batch = prompts_of(64, 1024, vocab, 7)
-        step = (gen(batch, 17) - gen(batch, 1)) / 16
-        emit(out, **common, bench="decode_throughput", batch=64, context=1024, step_ms=step * 1e3,
-             tokens_per_s=64 / step)
+        if "throughput" in args.benches:
+            batch = prompts_of(64, 1024, vocab, 7)
+            step = (gen(batch, 17) - gen(batch, 1)) / 16
+            emit(out, **common, bench="decode_throughput", batch=64, context=1024, step_ms=step * 1e3,
+                 tokens_per_s=64 / step)
 
 
 def main() -> None:
@@ -159,6 +174,11 @@ def main() -> None:
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
     ap.add_argument("--ttft-lengths", type=lambda s: [int(x) for x in s.split(",")],
                     default=[16, 128, 512, 2048, 8192])
+    ap.add_argument("--benches", type=lambda s: s.split(","), default=["decode", "ttft", "throughput"],
+                    help="comma-separated subset of decode,ttft,throughput")
+    ap.add_argument("--load-format", choices=("auto", "dummy"), default="auto",
+                    help="dummy: random weights made on the GPU (a make-model --no-weights directory); "
+                         "transformers then uses its own random init")
     args = ap.parse_args()
     if args.only != "hf":
         engine_benchmarks(args, args.out)

@@ -33,6 +33,9 @@ class ModelConfig:
     quantization: str | None = _knob(None, "weight quantization: default the checkpoint's quantization_config; "
                                      "fp8 also quantizes an unquantized checkpoint at load (W8A8)",
                                      (None, "fp8", "awq", "gptq", "compressed-tensors"))
+    load_format: str = _knob("auto", "auto: the weights in the model directory; dummy: random weights generated on "
+                             "the device, as make-model would write them (benchmarks; a directory made with "
+                             "make-model --no-weights)", ("auto", "dummy"))
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,8 @@ from expresslane.server.cli import add_serve_parser
 def _make_model(args: argparse.Namespace) -> int:
     from expresslane.models.presets import make_model
 
-    path = make_model(args.preset, args.dir, seed=args.seed, device=args.device, quantization=args.quantization)
+    path = make_model(args.preset, args.dir, seed=args.seed, device=args.device, quantization=args.quantization,
+                      weights=not args.no_weights)
     quant = f", {args.quantization}" if args.quantization else ""
     print(f"wrote {args.preset} (seed {args.seed}{quant}) to {path}")
     return 0
@@ -74,13 +75,17 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     p = sub.add_parser("make-model", help="write a model directory with random weights at a real architecture's shapes")
-    p.add_argument("preset", help="tiny, qwen2.5-0.5b, llama-3.2-1b, llama-3-8b, qwen2.5-7b or mistral-7b")
+    p.add_argument("preset", help="tiny, qwen2.5-0.5b, llama-3.2-1b, llama-3-8b, qwen2.5-7b, mistral-7b, "
+                   "mixtral-8x7b or qwen3-30b-a3b")
     p.add_argument("dir", help="output directory")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu", help="where to generate the weights (cuda is much faster)")
     p.add_argument("--quantization", choices=("fp8", "awq", "gptq"), default=None,
                    help="write the decoder layers' weights quantized: fp8 (compressed-tensors, per-channel "
                         "e4m3), awq or gptq (4-bit, group size 128)")
+    p.add_argument("--no-weights", action="store_true",
+                   help="write the config and tokenizer only; serve it with --load-format dummy (the engine "
+                        "generates the same weights on its device)")
     p.set_defaults(func=_make_model)
 
     p = sub.add_parser("generate", help="complete one prompt offline")

@@ -34,7 +34,7 @@ def dispatch_combine(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, 
     owner = torch.div(ids_s, per_rank, rounding_mode="floor")  # -1 for padding
     ranks = torch.arange(n, device=x.device).view(n, 1, 1)
     local = torch.where(owner == ranks, ids_s - ranks * per_rank, -1)  # [N, S, k]
-    send_x = xs.repeat_interleave(k, dim=0).repeat(n, 1)  # [N * S * k, H]: row t*k + j, for every rank
+    send_x = xs[None, :, None].expand(n, s, k, h).reshape(-1, h)  # [N * S * k, H]: row t*k + j, for every rank
     recv_x = tp.all_to_all(send_x)
     recv_ids = tp.all_to_all(local.reshape(-1, 1))
     out = experts(recv_x, torch.ones(recv_ids.shape, dtype=torch.float32, device=x.device), recv_ids)

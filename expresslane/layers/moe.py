@@ -75,6 +75,8 @@ class SparseMoE(nn.Module):
     def __init__(self, hidden: int, intermediate: int, num_experts: int, top_k: int, renormalize: bool,
                  tp: TPGroup, fused: bool):
         super().__init__()
+        if not 1 <= top_k <= num_experts:
+            raise ValueError(f"num_experts_per_tok {top_k} must be in [1, {num_experts}] (the model's experts)")
         self.num_experts, self.top_k, self.renormalize = num_experts, top_k, renormalize
         self.tp, self.fused = tp, fused
         if tp.expert_parallel:  # whole experts: ceil(E / N) a rank, the last rank the rest
@@ -103,7 +105,7 @@ class SparseMoE(nn.Module):
     def forward(self, x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         """x [T, H]; valid [T] bool, True for real tokens (False: CUDA-graph padding, not counted)."""
         weights, ids = route(self.gate(x), self.top_k, self.renormalize)
-        self.expert_tokens.scatter_add_(0, ids.flatten(), valid.to(torch.int64).repeat_interleave(self.top_k))
+        self.expert_tokens.scatter_add_(0, ids.flatten(), valid.to(torch.int64)[:, None].expand(ids.shape).flatten())
         if self.tp.expert_parallel:
             return dispatch_combine(x, weights, ids, self.experts_per_rank, self.tp, self.experts)
         return self.tp.all_reduce(self.experts(x, weights, ids))

@@ -41,9 +41,10 @@ _ST_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"
 
 def _config(arch: str, *, hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int, vocab: int,
             max_pos: int, rope_theta: float, tied: bool, dtype: str = "bfloat16", rms_norm_eps: float = 1e-5,
-            rope_scaling: dict | None = None) -> dict:
+            rope_scaling: dict | None = None, head_dim: int | None = None, moe: dict | None = None) -> dict:
     specials = special_token_ids(vocab)
-    model_type = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "MistralForCausalLM": "mistral"}[arch]
+    model_type = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "MistralForCausalLM": "mistral",
+                  "MixtralForCausalLM": "mixtral", "Qwen3MoeForCausalLM": "qwen3_moe"}[arch]
     config = {
         "architectures": [arch],
         "model_type": model_type,
@@ -52,7 +53,7 @@ def _config(arch: str, *, hidden: int, layers: int, heads: int, kv_heads: int, i
         "num_hidden_layers": layers,
         "num_attention_heads": heads,
         "num_key_value_heads": kv_heads,
-        "head_dim": hidden // heads,
+        "head_dim": head_dim or hidden // heads,
         "hidden_act": "silu",
         "max_position_embeddings": max_pos,
         "rms_norm_eps": rms_norm_eps,
@@ -74,7 +75,7 @@ def _config(arch: str, *, hidden: int, layers: int, heads: int, kv_heads: int, i
         config |= {"use_sliding_window": False, "sliding_window": None, "max_window_layers": layers}
     else:
         config |= {"sliding_window": None}
-    return config
+    return config | (moe or {})
 
 
 PRESETS: dict[str, dict] = {
@@ -92,7 +93,24 @@ PRESETS: dict[str, dict] = {
                           vocab=152064, max_pos=32768, rope_theta=1e6, tied=False, rms_norm_eps=1e-6),
     "mistral-7b": _config("MistralForCausalLM", hidden=4096, layers=32, heads=32, kv_heads=8, intermediate=14336,
                           vocab=32768, max_pos=32768, rope_theta=1e6, tied=False),
+    # mixtures of experts: 46.7B parameters (12.9B active per token), and 30.5B (3.3B active)
+    "mixtral-8x7b": _config("MixtralForCausalLM", hidden=4096, layers=32, heads=32, kv_heads=8, intermediate=14336,
+                            vocab=32000, max_pos=32768, rope_theta=1e6, tied=False,
+                            moe=dict(num_local_experts=8, num_experts_per_tok=2, router_jitter_noise=0.0,
+                                     output_router_logits=False, router_aux_loss_coef=0.02)),
+    "qwen3-30b-a3b": _config("Qwen3MoeForCausalLM", hidden=2048, layers=48, heads=32, kv_heads=4, head_dim=128,
+                             intermediate=6144, vocab=151936, max_pos=40960, rope_theta=1e6, tied=False,
+                             rms_norm_eps=1e-6,
+                             moe=dict(num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768,
+                                      norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+                                      attention_bias=False, use_sliding_window=False, max_window_layers=48,
+                                      output_router_logits=False, router_aux_loss_coef=0.001)),
 }
+
+
+def num_experts(config: dict) -> int:
+    """Experts per sparse layer (0: a dense model); Mixtral says num_local_experts, Qwen3-MoE num_experts."""
+    return config.get("num_local_experts") or config.get("num_experts") or 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,9 +122,11 @@ class ParamSpec:
 
 def param_specs(config: dict) -> list[ParamSpec]:
     """Every saved tensor of a preset, in HF checkpoint order (a tied lm_head is not saved)."""
-    h, inter, hd = config["hidden_size"], config["intermediate_size"], config["head_dim"]
+    h, inter = config["hidden_size"], config["intermediate_size"]
+    hd = config.get("head_dim") or h // config["num_attention_heads"]
     q_out, kv_out = config["num_attention_heads"] * hd, config["num_key_value_heads"] * hd
     biased = config["model_type"] == "qwen2"
+    qk_norm = config["model_type"] in ("qwen3", "qwen3_moe")
     specs = [ParamSpec("model.embed_tokens.weight", (config["vocab_size"], h), "normal")]
     for i in range(config["num_hidden_layers"]):
         p = f"model.layers.{i}"
@@ -114,16 +134,44 @@ def param_specs(config: dict) -> list[ParamSpec]:
             specs.append(ParamSpec(f"{p}.self_attn.{proj}.weight", (out, h), "normal"))
             if biased:
                 specs.append(ParamSpec(f"{p}.self_attn.{proj}.bias", (out,), "bias"))
-        specs += [ParamSpec(f"{p}.self_attn.o_proj.weight", (h, q_out), "normal"),
-                  ParamSpec(f"{p}.mlp.gate_proj.weight", (inter, h), "normal"),
-                  ParamSpec(f"{p}.mlp.up_proj.weight", (inter, h), "normal"),
-                  ParamSpec(f"{p}.mlp.down_proj.weight", (h, inter), "normal"),
+        specs.append(ParamSpec(f"{p}.self_attn.o_proj.weight", (h, q_out), "normal"))
+        if qk_norm:
+            specs += [ParamSpec(f"{p}.self_attn.{n}.weight", (hd,), "ones") for n in ("q_norm", "k_norm")]
+        specs += _mlp_specs(config, i, p) + [
                   ParamSpec(f"{p}.input_layernorm.weight", (h,), "ones"),
                   ParamSpec(f"{p}.post_attention_layernorm.weight", (h,), "ones")]
     specs.append(ParamSpec("model.norm.weight", (h,), "ones"))
     if not config["tie_word_embeddings"]:
         specs.append(ParamSpec("lm_head.weight", (config["vocab_size"], h), "normal"))
     return specs
+
+
+def _mlp_specs(config: dict, index: int, p: str) -> list[ParamSpec]:
+    """Layer `index`'s feed-forward: a dense SwiGLU, or a router and its experts (HF's per-expert names)."""
+    h, experts = config["hidden_size"], num_experts(config)
+    if config["model_type"] == "mixtral":
+        inter, names, prefix = config["intermediate_size"], ("w1", "w3", "w2"), f"{p}.block_sparse_moe"
+    else:
+        inter, names, prefix = config.get("moe_intermediate_size"), ("gate_proj", "up_proj", "down_proj"), f"{p}.mlp"
+        step = config.get("decoder_sparse_step") or 1
+        if not experts or index in (config.get("mlp_only_layers") or []) or (index + 1) % step:
+            inter = config["intermediate_size"]
+            return [ParamSpec(f"{p}.mlp.{n}.weight", shape, "normal")
+                    for n, shape in zip(names, ((inter, h), (inter, h), (h, inter)))]
+    specs = [ParamSpec(f"{prefix}.gate.weight", (experts, h), "normal")]
+    for e in range(experts):
+        specs += [ParamSpec(f"{prefix}.experts.{e}.{n}.weight", shape, "normal")
+                  for n, shape in zip(names, ((inter, h), (inter, h), (h, inter)))]
+    return specs
+
+
+def dummy_weights(config: dict, seed: int = 0, device: str | torch.device = "cpu"):
+    """(name, tensor) of every checkpoint tensor make-model would write for `config`, generated on
+    `device` instead of read from files (``--load-format dummy``: benchmarks of shapes too big to
+    write to disk)."""
+    dtype = _DTYPES[config.get("torch_dtype") or config.get("dtype") or "bfloat16"][0]
+    for spec in param_specs(config):
+        yield spec.name, _generate(spec, seed, dtype, str(device)).to(device)
 
 
 def _generate(spec: ParamSpec, seed: int, dtype: torch.dtype, device: str) -> torch.Tensor:
@@ -215,7 +263,8 @@ def _write_json(path: pathlib.Path, obj: dict) -> None:
     path.write_text(json.dumps(obj, indent=2) + "\n")
 
 
-def _build(out_dir: pathlib.Path, preset: str, seed: int, device: str, quantization: str | None) -> None:
+def _build(out_dir: pathlib.Path, preset: str, seed: int, device: str, quantization: str | None,
+           weights: bool) -> None:
     config = PRESETS[preset]
     if quantization is not None:
         config = {**config, "quantization_config": checkpoint.quantization_config(quantization)}
@@ -226,31 +275,39 @@ def _build(out_dir: pathlib.Path, preset: str, seed: int, device: str, quantizat
         "eos_token_id": [specials[EOS], specials[IM_END]],  # end of text, and end of a chat turn
     })
     save_tokenizer(config["vocab_size"], out_dir, config["max_position_embeddings"])
-    _write_weights(out_dir, config, seed, device, quantization)
+    if weights:
+        _write_weights(out_dir, config, seed, device, quantization)
     # Written last: its presence means the directory is complete.
-    _write_json(out_dir / MARKER_FILE, _marker(preset, seed, quantization))
+    _write_json(out_dir / MARKER_FILE, _marker(preset, seed, quantization, weights))
 
 
-def _marker(preset: str, seed: int, quantization: str | None = None) -> dict:
+def _marker(preset: str, seed: int, quantization: str | None = None, weights: bool = True) -> dict:
     marker = {"preset": preset, "seed": seed, "format_version": FORMAT_VERSION}
-    return marker if quantization is None else {**marker, "quantization": quantization}
+    if quantization is not None:
+        marker["quantization"] = quantization
+    return marker if weights else {**marker, "weights": False}
 
 
-def _existing(out_dir: pathlib.Path, preset: str, seed: int, quantization: str | None = None) -> bool:
+def _existing(out_dir: pathlib.Path, preset: str, seed: int, quantization: str | None = None,
+              weights: bool = True) -> bool:
     """True if out_dir already holds this model; False if absent or empty; raises if it holds anything else."""
     if not out_dir.exists() or (out_dir.is_dir() and not any(out_dir.iterdir())):
         return False
     marker = out_dir / MARKER_FILE
     found = json.loads(marker.read_text()) if marker.is_file() else None
-    if found == _marker(preset, seed, quantization):
+    if found == _marker(preset, seed, quantization, weights):
         return True
     raise FileExistsError(f"{out_dir} is not empty and holds {found or 'something not made by make-model'}, "
-                          f"not {_marker(preset, seed, quantization)}; remove it or choose another directory")
+                          f"not {_marker(preset, seed, quantization, weights)}; remove it or choose another "
+                          "directory")
 
 
 def make_model(preset: str, out_dir: str | os.PathLike, seed: int = 0, device: str = "cpu",
-               quantization: str | None = None) -> pathlib.Path:
+               quantization: str | None = None, weights: bool = True) -> pathlib.Path:
     """Write a random-weight model directory for ``preset`` and return its path.
+
+    ``weights=False`` writes the config and tokenizer only: the engine then generates the same
+    weights on its device (``load_format="dummy"``), for shapes too big to write to disk.
 
     Idempotent: a directory already made with the same preset, seed and quantization is returned as is.
     Built in a temporary sibling directory and renamed into place, so a crash leaves no
@@ -261,17 +318,19 @@ def make_model(preset: str, out_dir: str | os.PathLike, seed: int = 0, device: s
     out_dir = pathlib.Path(out_dir).expanduser().absolute()
     if quantization is not None and quantization not in checkpoint.FORMATS:
         raise ValueError(f"unknown quantization {quantization!r}; choose one of: {', '.join(checkpoint.FORMATS)}")
-    if _existing(out_dir, preset, seed, quantization):
+    if quantization is not None and num_experts(PRESETS[preset]):
+        raise ValueError(f"quantized mixture-of-experts presets ({preset}) are not supported yet")
+    if _existing(out_dir, preset, seed, quantization, weights):
         return out_dir
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_dir.parent / f".{out_dir.name}.tmp-{uuid.uuid4().hex}"
     tmp.mkdir()  # not tempfile.mkdtemp: its mode 0700 would survive the rename
     try:
-        _build(tmp, preset, seed, device, quantization)
+        _build(tmp, preset, seed, device, quantization, weights)
         try:
             os.rename(tmp, out_dir)  # atomic; replaces out_dir only if it is an empty directory
         except OSError:
-            if not _existing(out_dir, preset, seed, quantization):  # fine if a concurrent builder got there first
+            if not _existing(out_dir, preset, seed, quantization, weights):  # fine if a concurrent builder got there first
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

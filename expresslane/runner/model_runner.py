@@ -21,6 +21,8 @@ from expresslane.distributed.group import TPGroup
 from expresslane.distributed.layers import head_split
 from expresslane.engine.contract import NewRequest, ScheduledSeq, StepPlan
 from expresslane.models.loader import iter_weights
+from expresslane.models.model_dir import read_config
+from expresslane.models.presets import dummy_weights
 from expresslane.models.registry import model_class
 from expresslane.quant import resolve_quantization
 from expresslane.runner.cuda_graphs import DecodeGraphs, MixedGraphs, Patch
@@ -82,7 +84,11 @@ class ModelRunner:
                 self.model = model_class(hf_config)(hf_config, self.attn_backend, self.quant, self.tp)
             finally:
                 torch.set_default_dtype(prev)
-        self.model.load_weights(iter_weights(model_dir, self.device))
+        if config.model.load_format == "dummy":
+            weights = dummy_weights(read_config(model_dir), device=self.device)
+        else:
+            weights = iter_weights(model_dir, self.device)
+        self.model.load_weights(weights)
         self.model.eval()
         log.info("loaded %s in %.1fs on %s (%s%s)", model_dir, time.monotonic() - t0, self.device, self.dtype,
                  f", {self.quant.name} weights" if self.quant else "")
