@@ -15,7 +15,9 @@ a compact table with the issue's bars last.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import urllib.request
 from dataclasses import replace
 
 from _shared import emit, start_server, stop_server
@@ -25,6 +27,25 @@ from expresslane.bench.datasets import DatasetSpec
 from expresslane.bench.doctor import DoctorConfig, run_doctor
 from expresslane.bench.scenarios import ScenarioConfig, run_scenarios
 from expresslane.bench.serving import ServingConfig, run_serving
+
+
+def step_times(url: str) -> dict:
+    """The engine's step-cost model (/load) and its mean measured vs predicted step time so far
+    (/metrics): how well the model the scheduler sizes steps with fits this machine."""
+    with urllib.request.urlopen(url + "/load", timeout=5) as r:
+        step_cost = json.load(r).get("step_cost")
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
+        text = r.read().decode()
+    sums = {}
+    for line in text.splitlines():
+        for name in ("step_time_seconds", "step_time_predicted_seconds"):
+            for part in ("sum", "count"):
+                if line.startswith(f"expresslane:{name}_{part}"):
+                    sums[f"{name}_{part}"] = float(line.rsplit(" ", 1)[1])
+    mean = {name: 1e3 * sums[f"{name}_sum"] / sums[f"{name}_count"]
+            for name in ("step_time_seconds", "step_time_predicted_seconds") if sums.get(f"{name}_count")}
+    return {"step_cost": step_cost, "step_ms_mean": mean.get("step_time_seconds"),
+            "step_ms_predicted_mean": mean.get("step_time_predicted_seconds")}
 
 
 def measure(url: str, args: argparse.Namespace) -> dict:
@@ -56,6 +77,7 @@ def measure(url: str, args: argparse.Namespace) -> dict:
         "output_tok_per_s": tput["output_throughput"], "throughput_failed": tput["failed"],
         "batch1_decode_tok_per_s": 1000 / iso["batch1_itl_ms"] if iso["batch1_itl_ms"] else None,
         "diagnosis": [c["cause"] for c in doc["diagnosis"]["causes"]], "doctor_flags": doc["diagnosis"]["flags"],
+        **step_times(url),
     }
 
 
@@ -86,6 +108,9 @@ def table(rows: dict[str, dict]) -> str:
         out.append(f"{label:42}{cells}{('<=' if lower else '>=') + f'{bar:g}':>10}")
     for n in names:
         good = ", ".join(f"{p['rate']:g}: {p['good_per_s']:.1f} ({p['good_fraction']:.0%})" for p in rows[n]["goodput"])
+        if rows[n].get("step_ms_mean"):
+            out.append(f"{n}: mean step {rows[n]['step_ms_mean']:.2f} ms measured, "
+                       f"{rows[n]['step_ms_predicted_mean']:.2f} ms predicted by the step-cost model")
         out.append(f"{n}: goodput by rate {good}; doctor: {', '.join(rows[n]['diagnosis']) or 'flat'}"
                    + (f" -> {' '.join(rows[n]['doctor_flags'])}" if rows[n]["doctor_flags"] else ""))
     return "\n".join(out)

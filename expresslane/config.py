@@ -55,13 +55,14 @@ class SchedulerConfig:
     max_num_seqs: int = _knob(256, "most requests running at once")
     max_num_batched_tokens: int = _knob(2048, "token budget of one step (prefill chunks + decodes); under "
                                         "deadline the largest step, each sized below it by the SLO")
-    scheduling_policy: str = _knob("fcfs", "order of requests: fcfs (the default); priority (lower value first); "
-                                   "deadline (lanes, earliest TTFT deadline first, steps sized by the SLO with the "
-                                   "step-cost model, budget shares, interactive preempts batch)",
+    scheduling_policy: str = _knob("deadline", "order of requests: deadline (the default: lanes, earliest TTFT "
+                                   "deadline first, steps sized by the SLO with the step-cost model, budget shares, "
+                                   "interactive preempts batch); fcfs (arrival order, fixed prefill cap); priority "
+                                   "(lower value first)",
                                    ("fcfs", "priority", "deadline"))
     # a spec string (flag, keyword), parsed once into `Lanes` when the config is built
     lane_slo: Lanes | str = _knob(DEFAULT_LANE_SLO, "lane targets and budget shares, e.g. "
-                                  "'interactive:ttft=200ms,tpot=50ms;batch:ttft=30s,share=0.25' (over the defaults)")
+                                  "'interactive:ttft=200ms,tpot=25ms;batch:ttft=30s,share=0.25' (over the defaults)")
     long_prefill_token_threshold: int | None = _knob(
         None, "most prompt tokens one request may take in a step while other requests wait for the budget "
         "(fcfs/priority: leftover budget still goes to it); default: max_num_batched_tokens // 4, and under "

@@ -10,7 +10,7 @@ TTFT target), so interactive work goes first without starving old batch work, an
 waiting interactive request may preempt running batch requests when blocks or seats
 run out (engine/policy.py).
 
-Spec (``--lane-slo``): ``interactive:ttft=200ms,tpot=50ms,slack=0.2;batch:ttft=30s,share=0.25,queue=64``
+Spec (``--lane-slo``): ``interactive:ttft=200ms,tpot=25ms,slack=1.0;batch:ttft=30s,share=0.25,queue=64``
 (``queue``: the server refuses new requests of a lane with that many already waiting;
 ``slack``: how much a prefill chunk may lengthen the interactive decodes' step, see
 engine/policy.py).
@@ -32,11 +32,11 @@ class LaneSLO:
     share: float  # batch: its fraction of a step while interactive work is on (interactive: unused)
     queue: int = 0  # the server's cap on this lane's waiting requests (0 = none; over it: 503)
     # interactive: how much longer than its decodes alone a step may be made by the prefill it
-    # carries (0.2: 20%), by the step-cost model; the `tpot` target bounds it in any case
+    # carries (1.0: twice as long), by the step-cost model; the `tpot` target bounds it in any case
     slack: float = 0.0
 
 
-DEFAULT_LANE_SLO = "interactive:ttft=200ms,tpot=50ms,slack=0.2;batch:ttft=30s,tpot=500ms,share=0.25"
+DEFAULT_LANE_SLO = "interactive:ttft=200ms,tpot=25ms,slack=1.0;batch:ttft=30s,tpot=500ms,share=0.25"
 
 
 def resolve_lane(lane: str | None, priority: int) -> str:

@@ -171,7 +171,7 @@ def test_deadlines_at_risk_grow_the_step_up_to_the_tpot_target():
         sched.add_request(request(f"r{i}", 512, 8, 0.0))
     small = sched.schedule()
     sched.update(small, {})
-    now[0] = TTFT  # the head has waited its whole target
+    now[0] = sched.policy.deadline(sched._peek_waiting())  # the head is at its deadline
     big = sched.schedule()
     assert small.num_batched_tokens <= 300 < big.num_batched_tokens
     assert H200.predict(shape_of(small)) <= (1 + SLACK) * H200.predict(StepShape.of([(64, 1)] * 4)) * 1.5

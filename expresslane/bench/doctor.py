@@ -188,7 +188,7 @@ def flags_for(server: str, causes: list[str], chunk: int | None, budget: int | N
         if prefill or "queueing" in causes:
             out.append("--scheduling-policy deadline")
         if "decode slowed by prefill chunks" in causes:
-            out.append("--lane-slo interactive:slack=0.1")  # half the default prefill per decode step
+            out.append("--lane-slo interactive:slack=0.5")  # about half the default prefill per decode step
     elif server == "vllm":
         if prefill and chunk:  # vLLM caps every step's share of a long prefill, alone or not
             out += [f"--long-prefill-token-threshold {chunk}", f"--max-num-batched-tokens {max(2048, chunk)}"]

@@ -91,10 +91,16 @@ class PriorityPolicy(SchedulingPolicy):
 
 
 MIN_CHUNK = 16  # prefill tokens a step may always carry, whatever the cost model says
+# A prompt's TTFT deadline is its lane's target plus this many times its own prefill time alone.
+# At light load nothing waits anyway; under overload short prompts (cheap, and most requests) go
+# before long ones that arrived up to this stretch of their work earlier, and no long prompt
+# waits forever. Tuned in simulated time on the H200's step costs (benchmarks/flat_sim.py).
+PREFILL_STRETCH = 16.0
 
 
 class DeadlinePolicy(SchedulingPolicy):
-    """Lanes: earliest TTFT deadline first (arrival + the lane's TTFT target).
+    """Lanes: earliest TTFT deadline first (arrival + the lane's TTFT target + the prompt's
+    prefill time alone, stretched: ``deadline``).
 
     - Steps sized by the SLO (with a step-cost model, and no --long-prefill-token-threshold):
       while interactive work is on, a step's prefill keeps it within the interactive
@@ -120,7 +126,14 @@ class DeadlinePolicy(SchedulingPolicy):
         return (self.deadline(req), req.seq)
 
     def deadline(self, req: Request) -> float:
-        return req.arrival_time + self.lanes[req.lane].ttft
+        """Arrival + the lane's TTFT target + `PREFILL_STRETCH` times the prompt's prefill time
+        alone (by the cost model): latency in proportion to work. Computed once per request."""
+        if req.ttft_deadline is None:
+            work = 0.0
+            if self.cost_model is not None and req.num_prompt_tokens > 1:
+                work = self.cost_model.predict(StepShape(0).plus_chunk(0, req.num_prompt_tokens))
+            req.ttft_deadline = req.arrival_time + self.lanes[req.lane].ttft + PREFILL_STRETCH * work
+        return req.ttft_deadline
 
     def step_budget(self, head: Request | None, running: Collection[Request],
                     waiting_by_lane: dict[str, int], now: float = 0.0) -> StepBudget:
@@ -142,17 +155,16 @@ class DeadlinePolicy(SchedulingPolicy):
         model. The cap (``room``) is the prefill that keeps the step within ``(1 + slack)``
         times its decodes alone (a 1-token step when none decodes: what a request arriving
         now would wait behind) and within the lane's ``tpot`` target; when the queue's head
-        has waited half its TTFT target, up to the ``tpot`` target (deadlines at risk come
-        before decode smoothness); at least `MIN_CHUNK`, so prompts always progress.
+        is within half its lane's TTFT target of its deadline, up to the ``tpot`` target
+        (deadlines at risk come before decode smoothness); at least `MIN_CHUNK`, so prompts
+        always progress.
 
         - Interactive decodes running: the step is its decodes plus ``room`` prefill tokens;
           a waiting interactive prompt's first chunk is counted in first, so it starts this
           step even beside a long prompt that does not step aside.
         - None: no decode pace to keep. Any number of prompts may start (a burst of short
-          prompts shares one step), but no prompt takes more than the smallest chunk whose
-          time per token is within ``slack`` of the whole budget's (``efficient_chunk``):
-          a long one is cut into steps a request arriving next waits little behind, and
-          loses at most ``slack`` of its prefill speed."""
+          prompts shares one step), but none takes more than ``room``: a lone long prompt is
+          cut into steps that a request arriving next waits little behind."""
         slo = self.lanes["interactive"]
         decodes, start, pace = [], 0, False
         for r in running:
@@ -165,13 +177,13 @@ class DeadlinePolicy(SchedulingPolicy):
         base = StepShape.of(decodes)
         alone = self.cost_model.predict(base if decodes else StepShape(1))
         target = min(slo.tpot, (1.0 + slo.slack) * alone)
-        if head is not None and now - head.arrival_time > self.lanes[head.lane].ttft / 2:
+        if head is not None and now > self.deadline(head) - self.lanes[head.lane].ttft / 2:
             target = slo.tpot
         top = self.config.max_num_batched_tokens
         limit = top - base.num_tokens
-        if not pace:  # no decode pace to keep: chunks as small as prefill stays efficient
-            return top, self.efficient_chunk(start, limit, slo.slack)
         room = max(min(MIN_CHUNK, limit), self.cost_model.max_chunk(base, start, limit, target), 1)
+        if not pace:  # no decode pace to keep: a burst of prompts may share the step, none past `room`
+            return top, room
         if head is None or head.lane != "interactive":
             return min(top, base.num_tokens + room), room
         # the head's first chunk counts in the step's time; what is left goes to running prompts
@@ -179,24 +191,6 @@ class DeadlinePolicy(SchedulingPolicy):
         rest = self.cost_model.max_chunk(base.plus_chunk(0, starting), start, limit - starting, target)
         rest = max(rest, min(MIN_CHUNK, limit - starting))  # the head gets a chunk after a long one's
         return min(top, base.num_tokens + starting + rest), max(starting, rest)
-
-    def efficient_chunk(self, start: int, limit: int, slack: float) -> int:
-        """The smallest chunk whose time per token is within ``(1 + slack)`` of the whole
-        budget's (a lone long prompt loses at most `slack` of its prefill speed; a request
-        arriving next waits behind one such chunk). Binary search: per-token time falls
-        with the chunk (fixed costs amortised) until attention takes over, and the
-        budget's own chunk always qualifies."""
-        model = self.cost_model
-        empty = StepShape(0)
-        lo, hi = min(MIN_CHUNK, limit), max(limit, 1)
-        bar = (1.0 + slack) * model.predict(empty.plus_chunk(start, hi)) / hi
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if model.predict(empty.plus_chunk(start, mid)) / mid <= bar:
-                hi = mid
-            else:
-                lo = mid + 1
-        return max(lo, 1)
 
     def steps_aside(self, req: Request, budget: StepBudget, now: float) -> bool:
         """A long interactive prompt (more than the cap left) skips the step that admits a

@@ -1,0 +1,140 @@
+"""Issue #20's scenarios in simulated time: the real scheduler and policy, each step lasting
+what a step-cost model predicts for it (default: one shaped on the H200's measured 8B-shape
+figures). Compares scheduling configurations without a GPU; the GPU run (`gpu.sh flat`) is
+the measurement, this is the quick way to see what a policy change does before spending one.
+
+    python benchmarks/flat_sim.py --config default= --config fcfs=scheduling_policy:fcfs
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+
+import numpy as np
+
+from expresslane.config import SchedulerConfig
+from expresslane.engine.contract import EngineCoreRequest
+from expresslane.engine.cost_model import StepCostModel, StepShape
+from expresslane.engine.kv_cache import KVCacheManager
+from expresslane.engine.request import Request
+from expresslane.engine.scheduler import Scheduler
+from expresslane.sampling_params import SamplingParams
+
+# Llama-3-8B shape on one H200, from the measured figures (docs/performance.md): linear layers
+# 16 tok 3.9 ms ... 512 tok 9.5 ms, 2048 tok ~33 ms (TTFT-2048 39 ms with attention and host);
+# decode batch 1: 4.7 ms; batch 64 at 1k context: 7.5 ms; a lone 8k prompt in 2048-token
+# chunks: 195 ms.
+H200 = StepCostModel([1, 16, 64, 128, 160, 256, 512, 2048],
+                     [4.3e-3, 4.3e-3, 4.6e-3, 4.8e-3, 5.1e-3, 6.0e-3, 9.9e-3, 9.9e-3 + 1536 * 15.2e-6],
+                     k_decode=4.4e-8, k_prefill=1.3e-9, c_mixed=0.6e-3)
+
+
+def request(rid: str, n: int, out: int, t: float, lane: str = "interactive") -> Request:
+    rng = random.Random(rid)
+    sp = SamplingParams(temperature=0.0, max_tokens=out, ignore_eos=True)
+    return Request.from_core_request(
+        EngineCoreRequest(rid, [rng.randrange(1, 30000) for _ in range(n)], sp, (0,), t, 0, lane), 65536)
+
+
+def simulate(config: dict, arrivals: list[Request], model: StepCostModel = H200) -> dict[str, list[float]]:
+    """Each request's token times (seconds from t=0), by request id."""
+    now = [0.0]
+    cfg = SchedulerConfig(**{"max_num_batched_tokens": 2048, "max_num_seqs": 256, **config})
+    sched = Scheduler(cfg, KVCacheManager(60_000, 16), clock=lambda: now[0], cost_model=model)
+    todo = sorted(arrivals, key=lambda r: r.arrival_time)
+    times: dict[str, list[float]] = {r.request_id: [] for r in arrivals}
+    while todo or sched.has_unfinished():
+        while todo and todo[0].arrival_time <= now[0]:
+            sched.add_request(todo.pop(0))
+        if not sched.has_unfinished():
+            now[0] = todo[0].arrival_time
+            continue
+        plan = sched.schedule()
+        shape = StepShape.of((s.start_pos, len(s.token_ids)) for s in plan.seqs)
+        now[0] += max(model.predict(shape), 1e-4) if plan.seqs else 1e-4
+        for out in sched.update(plan, {s.request_id: 5 for s in plan.seqs if s.sample}):
+            times[out.request_id].extend([now[0]] * len(out.new_token_ids))
+    return times
+
+
+def beside_long(config: dict) -> dict[str, float]:
+    """16 shorts (64/64) sent 5 ms after one 8192/64 prompt, against each alone."""
+    shorts = lambda: [request(f"s{i}", 64, 64, 0.005) for i in range(16)]  # noqa: E731
+    alone_s = simulate(config, shorts())
+    alone_l = simulate(config, [request("long", 8192, 64, 0.0)])
+    mixed = simulate(config, [request("long", 8192, 64, 0.0), *shorts()])
+    ttft = lambda t, ids: statistics.median(t[i][0] - 0.005 for i in ids)  # noqa: E731
+    total = lambda t, ids: statistics.median(t[i][-1] - 0.005 for i in ids)  # noqa: E731
+    ids = [f"s{i}" for i in range(16)]
+    return {"short_ttft_alone_ms": 1e3 * ttft(alone_s, ids), "short_ttft_x": ttft(mixed, ids) / ttft(alone_s, ids),
+            "short_total_x": total(mixed, ids) / total(alone_s, ids),
+            "long_ttft_alone_ms": 1e3 * alone_l["long"][0], "long_ttft_x": mixed["long"][0] / alone_l["long"][0]}
+
+
+def poisson(rate: float, seconds: float, seed: int = 0, long_frac: float = 0.15) -> list[Request]:
+    rng, t, out = random.Random(seed), 0.0, []
+    while True:
+        t += rng.expovariate(rate)
+        if t > seconds:
+            return out
+        long = rng.random() < long_frac
+        out.append(request(f"{'long' if long else 'short'}{len(out)}", 8192 if long else 64, 64, t))
+
+
+def mixed_load(config: dict, rate: float, seconds: float = 20.0, seed: int = 0) -> dict[str, float]:
+    arrivals = poisson(rate, seconds, seed)
+    start = {r.request_id: r.arrival_time for r in arrivals}
+    t = simulate(config, arrivals)
+    shorts = [i for i in t if i.startswith("short")]
+    longs = [i for i in t if i.startswith("long")]
+    ttft = {i: t[i][0] - start[i] for i in t}
+    itl = [b - a for i in shorts for a, b in zip(t[i], t[i][1:])]
+    tpot = {i: (t[i][-1] - t[i][0]) / (len(t[i]) - 1) for i in shorts}
+    good = sum(ttft[i] <= 0.1 and tpot[i] <= 0.025 for i in shorts) + sum(ttft[i] <= 1.0 for i in longs)
+    return {"short_ttft_p99_ms": 1e3 * float(np.percentile([ttft[i] for i in shorts], 99)),
+            "short_itl_p99_ms": 1e3 * float(np.percentile(itl, 99)),
+            "long_ttft_p50_ms": 1e3 * float(np.median([ttft[i] for i in longs])) if longs else 0.0,
+            "good_per_s": good / seconds, "good_frac": good / len(t)}
+
+
+def throughput(config: dict, n: int = 256, prompt: int = 512, out: int = 256) -> float:
+    """Output tokens per second for `n` requests sent at once."""
+    t = simulate(config, [request(f"r{i}", prompt, out, 0.0) for i in range(n)])
+    return n * out / max(v[-1] for v in t.values())
+
+
+def parse_config(text: str) -> tuple[str, dict]:
+    name, _, rest = text.partition("=")
+    config = {}
+    for item in rest.split():
+        key, _, value = item.partition(":")
+        config[key] = int(value) if value.lstrip("-").isdigit() else value
+    return name, config
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", action="append", type=parse_config, required=True,
+                   help="NAME='key:value key:value' (SchedulerConfig fields); repeatable")
+    p.add_argument("--rates", type=float, nargs="+", default=[8, 16, 24, 32])
+    p.add_argument("--seconds", type=float, default=15.0)
+    args = p.parse_args()
+    for name, config in args.config:
+        b = beside_long(config)
+        print(f"{name}: beside 8k: short TTFT {b['short_ttft_x']:.2f}x (alone {b['short_ttft_alone_ms']:.1f} ms), "
+              f"short total {b['short_total_x']:.2f}x, long TTFT {b['long_ttft_x']:.2f}x "
+              f"(alone {b['long_ttft_alone_ms']:.0f} ms)")
+        lone = {n: 1e3 * simulate(config, [request("x", n, 1, 0.0)])["x"][0] for n in (128, 2048, 8192)}
+        print("   lone TTFT " + ", ".join(f"{n}: {ms:.1f} ms" for n, ms in lone.items())
+              + f"; throughput 256 x 512/256: {throughput(config):,.0f} tok/s")
+        for rate in args.rates:
+            m = mixed_load(config, rate, args.seconds)
+            print(f"   {rate:4.0f} req/s: short TTFT p99 {m['short_ttft_p99_ms']:7.1f} ms, ITL p99 "
+                  f"{m['short_itl_p99_ms']:5.1f} ms, long TTFT p50 {m['long_ttft_p50_ms']:7.1f} ms, "
+                  f"goodput {m['good_per_s']:5.1f}/s ({100 * m['good_frac']:.0f}%)")
+
+
+if __name__ == "__main__":
+    main()
