@@ -15,6 +15,7 @@ import statistics
 import numpy as np
 
 from expresslane.config import SchedulerConfig
+from expresslane.engine import policy
 from expresslane.engine.contract import EngineCoreRequest
 from expresslane.engine.cost_model import StepCostModel, StepShape
 from expresslane.engine.kv_cache import KVCacheManager
@@ -22,13 +23,13 @@ from expresslane.engine.request import Request
 from expresslane.engine.scheduler import Scheduler
 from expresslane.sampling_params import SamplingParams
 
-# Llama-3-8B shape on one H200, from the measured figures (docs/performance.md): linear layers
-# 16 tok 3.9 ms ... 512 tok 9.5 ms, 2048 tok ~33 ms (TTFT-2048 39 ms with attention and host);
-# decode batch 1: 4.7 ms; batch 64 at 1k context: 7.5 ms; a lone 8k prompt in 2048-token
-# chunks: 195 ms.
-H200 = StepCostModel([1, 16, 64, 128, 160, 256, 512, 2048],
-                     [4.3e-3, 4.3e-3, 4.6e-3, 4.8e-3, 5.1e-3, 6.0e-3, 9.9e-3, 9.9e-3 + 1536 * 15.2e-6],
-                     k_decode=4.4e-8, k_prefill=1.3e-9, c_mixed=0.6e-3)
+# The step-cost model the engine calibrated at start-up on one H200 (Llama-3-8B shape, bf16,
+# CUDA graphs; /load of `gpu.sh flat`, 2026-12-01). Prefill steps run outside the decode
+# graphs: a 256-token step costs 10.2 ms, twice its share of a 2048-token one (37.8 ms).
+H200 = StepCostModel([1, 16, 32, 64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048],
+                     [5.11e-3, 5.41e-3, 5.58e-3, 7.32e-3, 7.32e-3, 8.07e-3, 10.16e-3, 10.92e-3, 12.54e-3,
+                      18.68e-3, 22.17e-3, 32.85e-3, 37.81e-3],
+                     k_decode=3.53e-8, k_prefill=3.13e-9, c_mixed=0.0)
 
 
 def request(rid: str, n: int, out: int, t: float, lane: str = "interactive") -> Request:
@@ -120,7 +121,10 @@ def main() -> None:
                    help="NAME='key:value key:value' (SchedulerConfig fields); repeatable")
     p.add_argument("--rates", type=float, nargs="+", default=[8, 16, 24, 32])
     p.add_argument("--seconds", type=float, default=15.0)
+    p.add_argument("--stretch", type=float, default=policy.PREFILL_STRETCH,
+                   help="the deadline policy's PREFILL_STRETCH, to try other values")
     args = p.parse_args()
+    policy.PREFILL_STRETCH = args.stretch
     for name, config in args.config:
         b = beside_long(config)
         print(f"{name}: beside 8k: short TTFT {b['short_ttft_x']:.2f}x (alone {b['short_ttft_alone_ms']:.1f} ms), "

@@ -89,6 +89,20 @@ def test_observed_steps_refine_the_model_toward_the_machine_it_runs_on():
     assert model.predict(probe) == pytest.approx(1.5 * before, rel=0.1)
 
 
+def test_a_refit_that_predicts_worse_is_not_kept():
+    """Stalls (a step held up 100x by something else on the machine) are not the step's cost:
+    the least-squares refit bends toward them, predicts the samples worse, and is dropped."""
+    model = StepCostModel.fit(calibration(), max_tokens=2048)
+    model.refit_every = 16
+    probe = StepShape.of([(500, 1)] * 32)
+    before = model.predict(probe)
+    stalled = StepShape.of([(100, 1)] * 4)
+    for _ in range(16):
+        model.observe(stalled, 100 * h200_step(stalled))
+    assert model.num_observed == 16
+    assert model.predict(probe) == before
+
+
 def test_sizes_past_the_calibrated_ones_follow_the_last_segment():
     """A light (CPU) calibration stops at 256 tokens: bigger steps are not free."""
     samples = [(StepShape(n), 1e-3 + 1e-5 * n) for n in (1, 16, 64, 128, 256)]

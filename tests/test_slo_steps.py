@@ -10,7 +10,7 @@ from expresslane.config import SchedulerConfig
 from expresslane.engine.contract import EngineCoreRequest
 from expresslane.engine.cost_model import StepCostModel, StepShape
 from expresslane.engine.kv_cache import KVCacheManager
-from expresslane.engine.policy import MIN_CHUNK
+from expresslane.engine.policy import MIN_CHUNK, PREFILL_STRETCH
 from expresslane.engine.request import Request
 from expresslane.engine.scheduler import Scheduler
 from expresslane.sampling_params import SamplingParams
@@ -176,6 +176,17 @@ def test_deadlines_at_risk_grow_the_step_up_to_the_tpot_target():
     assert small.num_batched_tokens <= 300 < big.num_batched_tokens
     assert H200.predict(shape_of(small)) <= (1 + SLACK) * H200.predict(StepShape.of([(64, 1)] * 4)) * 1.5
     assert H200.predict(shape_of(big)) <= TPOT
+
+
+def test_deadlines_grow_with_the_prompt_s_work():
+    """A short prompt arriving 300 ms after an 8k one still ranks first; the 8k prompt's
+    deadline is its lane's target plus the stretch of its own prefill time alone."""
+    now = [0.0]
+    policy = scheduler(now).policy
+    long, short = request("long", 8192, 4, 0.0), request("short", 64, 4, 0.3)
+    assert policy.key(short) < policy.key(long)
+    work = H200.predict(StepShape(0).plus_chunk(0, 8192))
+    assert policy.deadline(long) == pytest.approx(TTFT + PREFILL_STRETCH * work)
 
 
 def test_the_flags_override_the_sizing():
