@@ -66,6 +66,9 @@ class StepStats:
     # ran right behind the one before; 0 otherwise) and what the step-cost model predicted
     step_time: float = 0.0
     predicted_step_time: float = 0.0
+    # mixtures of experts, now and then (when a copy of the device counters has landed; else None):
+    # per sparse layer index, the tokens routed to each expert since start (cumulative)
+    expert_tokens: dict[int, list[int]] | None = None
 
 
 # -- the step plan: scheduler -> runner -------------------------------------------------------

@@ -24,6 +24,8 @@ from expresslane.runner.step_timing import calibration_steps, time_steps
 
 log = logging.getLogger(__name__)
 
+EXPERT_LOAD_EVERY = 64  # steps between copies of the MoE per-expert counters to the host (none waits)
+
 
 @dataclass(slots=True)
 class _InFlight:
@@ -76,6 +78,10 @@ class EngineCore:
         self.cost_model = StepCostModel.fit(time_steps(self.runner, steps, repeats=3 if cuda else 1),
                                             s.max_num_batched_tokens)
         log.info("step cost model (%s): %s", self.runner.device, self.cost_model.describe())
+        self.runner.reset_expert_tokens()  # the start-up steps above routed dummy tokens
+        self._expert_copy = None  # a copy of the counters on its way to the host
+        self._steps_since_copy = 0
+        self.expert_tokens: dict[int, list[int]] | None = None  # the last counters read (MoE models)
         self.config = config.replace(num_kv_blocks=num_blocks)
         self.kv = KVCacheManager(num_blocks, bs, config.cache.enable_prefix_caching)
         self.scheduler = make_scheduler(config.scheduler, self.kv, cost_model=self.cost_model)
@@ -127,8 +133,25 @@ class EngineCore:
             kv_cache_usage=self.kv.usage, num_batched_tokens=plan.num_batched_tokens, batch_size=len(plan.seqs),
             step_duration=time.monotonic() - t0, prefix_cache_queries=self.kv.prefix_cache_queries,
             prefix_cache_hits=self.kv.prefix_cache_hits, num_preemptions=self.scheduler.num_preemptions,
-            step_time=measured, predicted_step_time=predicted)
+            step_time=measured, predicted_step_time=predicted, expert_tokens=self._expert_load(not plan.is_empty))
         return outputs
+
+    def _expert_load(self, stepped: bool) -> dict[int, list[int]] | None:
+        """The per-expert counters when a copy of them has landed this call, else None. A copy
+        starts every EXPERT_LOAD_EVERY steps and is picked up once done; when the engine goes
+        idle (nothing in flight) one is taken and waited for: the GPU has nothing else to run."""
+        self._steps_since_copy += stepped
+        idle = self._in_flight is None and not self.scheduler.has_unfinished()
+        if self._steps_since_copy and (idle or (self._expert_copy is None
+                                                 and self._steps_since_copy >= EXPERT_LOAD_EVERY)):
+            self._expert_copy = self.runner.copy_expert_tokens()  # idle: a fresh one replaces one on its way
+            self._steps_since_copy = 0
+        copy = self._expert_copy
+        if copy is None or not (idle or copy.ready()):
+            return None
+        self._expert_copy = None
+        self.expert_tokens = copy.get()
+        return self.expert_tokens
 
     def _time_step(self, step: _InFlight) -> tuple[float, float]:
         """A completed step's time and prediction; the time is known only when it ran right

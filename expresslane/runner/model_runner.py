@@ -26,6 +26,7 @@ from expresslane.models.presets import dummy_weights
 from expresslane.models.registry import model_class
 from expresslane.quant import resolve_quantization
 from expresslane.runner.cuda_graphs import DecodeGraphs, MixedGraphs, Patch
+from expresslane.runner.expert_load import ExpertTokensCopy, copy_expert_tokens, reset_expert_tokens
 from expresslane.runner.input_batch import InputBatch, StepInputs
 from expresslane.runner.sampler import Sampler, SamplingBatch
 from expresslane.sampling_params import SamplingParams
@@ -171,6 +172,13 @@ class ModelRunner:
             pool = torch.cuda.graph_pool_handle()
             self.decode_graphs.capture(pool)
             self.mixed_graphs.capture(pool)
+
+    # -- mixture-of-experts load (rank 0's counters are complete: every rank routes every token) ---
+    def copy_expert_tokens(self) -> ExpertTokensCopy | None:
+        return copy_expert_tokens(self.model)
+
+    def reset_expert_tokens(self) -> None:
+        reset_expert_tokens(self.model)
 
     # -- one step ------------------------------------------------------------------------------
     @torch.inference_mode()

@@ -86,7 +86,15 @@ class Metrics:
         self.gpu_memory_used = gauge("gpu_memory_used_bytes", "GPU memory in use, all processes (NVML).", gpu)
         self.gpu_memory_total = gauge("gpu_memory_total_bytes", "GPU memory in all (NVML).", gpu)
         self.gpu_power = gauge("gpu_power_watts", "GPU power draw (NVML).", gpu)
+        moe = ("model_name", "layer")
+        self.expert_tokens = counter("moe_expert_tokens", "Mixture of experts: tokens routed to each expert of each "
+                                     "sparse layer (a token counts once for each of its top-k experts).",
+                                     (*moe, "expert"))
+        self.expert_imbalance = gauge("moe_expert_load_imbalance", "Mixture of experts, per sparse layer: tokens of "
+                                      "its busiest expert over the mean per expert, in the traffic between the last "
+                                      "two updates (1 = balanced; E/k = every token on the same k experts).", moe)
         self._engine_totals = StepStats(0, 0, 0.0)
+        self._expert_totals: dict[int, list[int]] = {}
         for lane in LANES:  # every series exists from the start, at 0
             for reason in FINISH_REASONS:
                 self.success.labels(model_name, lane, reason)
@@ -127,6 +135,21 @@ class Metrics:
         if s.step_time:
             self.step_time.labels(m).observe(s.step_time)
             self.step_time_predicted.labels(m).observe(s.predicted_step_time)
+        if s.expert_tokens is not None:
+            self._expert_load(s.expert_tokens)
+
+    def _expert_load(self, totals: dict[int, list[int]]) -> None:
+        """The engine's cumulative per-expert counters: counters advance by the difference;
+        every expert's series exists once its layer is seen (an idle expert shows 0)."""
+        m = self.model_name
+        for layer, counts in totals.items():
+            last = self._expert_totals.get(layer) or [0] * len(counts)
+            delta = [max(0, now - before) for now, before in zip(counts, last)]
+            for expert, n in enumerate(delta):
+                self.expert_tokens.labels(m, str(layer), str(expert)).inc(n)
+            if sum(delta):
+                self.expert_imbalance.labels(m, str(layer)).set(max(delta) * len(delta) / sum(delta))
+        self._expert_totals = totals
 
     @property
     def last_engine_stats(self) -> StepStats:
@@ -136,6 +159,7 @@ class Metrics:
         for g in (self.running, self.waiting, self.kv_usage):
             g.labels(self.model_name).set(0)
         self._engine_totals = StepStats(0, 0, 0.0)  # a restarted engine counts from 0 again
+        self._expert_totals = {}
 
     def new_tokens(self, lane: str, n: int, gap: float | None) -> None:
         self.generation_tokens.labels(self.model_name, lane).inc(n)
