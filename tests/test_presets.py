@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from expresslane.models import presets
-from expresslane.models.presets import PRESETS, default_model_dir, make_model, num_experts, param_specs
+from expresslane.models.presets import PRESETS, make_model, num_experts, param_specs, tiny_model_dir
 from expresslane.models.tokenizer_builder import SPECIAL_TOKENS, build_tokenizer, special_token_ids
 
 TEXTS = [
@@ -137,13 +137,13 @@ def test_existing_directory_rules(tiny, tmp_path):
         make_model("gpt-5", tmp_path / "nope")
 
 
-def test_default_model_dir_builds_once(tmp_path, monkeypatch):
+def test_tiny_model_dir_builds_once(tmp_path, monkeypatch):
     monkeypatch.setenv("EXPRESSLANE_CACHE", str(tmp_path))
     with ThreadPoolExecutor(4) as pool:  # concurrent first uses all get the same complete directory
-        paths = set(pool.map(lambda _: default_model_dir(), range(4)))
+        paths = set(pool.map(lambda _: tiny_model_dir(), range(4)))
     assert paths == {tmp_path / "tiny-seed0-v1"}
     mtime = (tmp_path / "tiny-seed0-v1" / "model.safetensors").stat().st_mtime_ns
-    assert default_model_dir() == tmp_path / "tiny-seed0-v1"
+    assert tiny_model_dir() == tmp_path / "tiny-seed0-v1"
     assert (tmp_path / "tiny-seed0-v1" / "model.safetensors").stat().st_mtime_ns == mtime
     assert [p.name for p in tmp_path.iterdir()] == ["tiny-seed0-v1"]  # no temporary leftovers
 

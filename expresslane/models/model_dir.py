@@ -11,10 +11,22 @@ from pathlib import Path
 FORMAT_VERSION = 1  # of the directories make-model writes; part of the default model's cache path
 
 
+# The built-in pair, shipped with the package: a ~9M-parameter Llama trained on the Python
+# standard library's source, and a ~2M draft with the same tokenizer (benchmarks/train_pair.py;
+# each directory's training.json holds the recipe, held-out loss and sample completions).
+DATA_DIR = Path(__file__).parent / "data"
+DEFAULT_MODEL = DATA_DIR / "stdlib-llama-9m"
+DEFAULT_DRAFT_MODEL = DATA_DIR / "stdlib-llama-2m-draft"
+
+
+def cache_dir() -> Path:
+    """Where built models are cached (random presets the tests and benchmarks build)."""
+    return pathlib.Path(os.environ.get("EXPRESSLANE_CACHE") or pathlib.Path.home() / ".cache" / "expresslane")
+
+
 def default_model_path() -> Path:
-    """Where the built-in default model (the ``tiny`` preset) lives once built (presets.default_model_dir builds it)."""
-    cache = pathlib.Path(os.environ.get("EXPRESSLANE_CACHE") or pathlib.Path.home() / ".cache" / "expresslane")
-    return cache / f"tiny-seed0-v{FORMAT_VERSION}"
+    """The built-in default model: the trained target of the shipped pair."""
+    return DEFAULT_MODEL
 
 
 def check_model_dir(path: str | Path) -> Path:

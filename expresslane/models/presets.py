@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from expresslane.models.model_dir import FORMAT_VERSION, default_model_path
+from expresslane.models.model_dir import FORMAT_VERSION, cache_dir, default_model_path
 from expresslane.models.tokenizer_builder import EOS, IM_END, save_tokenizer, special_token_ids
 from expresslane.quant import checkpoint
 
@@ -338,5 +338,10 @@ def make_model(preset: str, out_dir: str | os.PathLike, seed: int = 0, device: s
 
 
 def default_model_dir() -> pathlib.Path:
-    """The built-in default model (the ``tiny`` preset), built into the cache on first use."""
-    return make_model("tiny", default_model_path())
+    """The built-in default model (shipped with the package; model_dir.DEFAULT_MODEL)."""
+    return default_model_path()
+
+
+def tiny_model_dir() -> pathlib.Path:
+    """The ``tiny`` random preset, built into the cache on first use (fast shapes for tests and benchmarks)."""
+    return make_model("tiny", cache_dir() / f"tiny-seed0-v{FORMAT_VERSION}")
