@@ -1,0 +1,15 @@
+"""The config tree: every user-facing knob, its help and its one default (see flags.py)."""
+
+from expresslane.config.engine import (
+    CacheConfig,
+    DeviceConfig,
+    EngineConfig,
+    ModelConfig,
+    ParallelConfig,
+    SchedulerConfig,
+    add_cli_args,
+    engine_kwargs_from_args,
+)
+
+__all__ = ["CacheConfig", "DeviceConfig", "EngineConfig", "ModelConfig", "ParallelConfig", "SchedulerConfig",
+           "add_cli_args", "engine_kwargs_from_args"]
