@@ -28,12 +28,14 @@ import json
 import os
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import aiohttp
 
 from expresslane.backoff import Backoff, parse_retry_after
 from expresslane.bench.records import RequestRecord
+from expresslane.config.bench import ClientOptions
+from expresslane.config.flags import default_of
 
 ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 # Generous like vLLM's client: a benchmark must see slow requests, not cut them off.
@@ -46,36 +48,13 @@ _RNG = random.Random()
 
 
 @dataclass(frozen=True, slots=True)
-class ClientOptions:
-    """How to talk to the server: the flags every ``--base-url`` subcommand shares."""
-
-    base_url: str  # server root; a trailing /v1 is accepted and removed
-    model: str | None = None  # None: the first model of GET /v1/models
-    endpoint: str = "completions"  # "completions" | "chat"
-    ignore_eos: bool = False
-    api_key: str | None = None  # sent as "Authorization: Bearer KEY"
-    headers: dict[str, str] = field(default_factory=dict)
-    extra_body: dict = field(default_factory=dict)  # merged into every request body, last
-    sampling: dict = field(default_factory=dict)  # temperature, top_p, ... (None values left out)
-    tokenizer: str | None = None  # local tokenizer for exact prompt lengths (else the server's)
-
-    def __post_init__(self) -> None:
-        if self.endpoint not in ENDPOINTS:
-            raise ValueError(f"endpoint must be one of {', '.join(ENDPOINTS)}, got {self.endpoint!r}")
-
-    def http_headers(self) -> dict[str, str]:
-        auth = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        return {**auth, **self.headers}
-
-
-@dataclass(frozen=True, slots=True)
 class Endpoint:
     """A resolved target: the model is known, the server's context length if it said."""
 
     base_url: str
     model: str
-    kind: str = "completions"
-    ignore_eos: bool = False
+    kind: str = default_of(ClientOptions, "endpoint")
+    ignore_eos: bool = default_of(ClientOptions, "ignore_eos")
     headers: dict[str, str] = field(default_factory=dict)
     body: dict = field(default_factory=dict)  # sampling, then --extra-body
     max_model_len: int | None = None
@@ -124,9 +103,23 @@ def make_session() -> aiohttp.ClientSession:
     return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=TIMEOUT)
 
 
+def request_headers(opts: ClientOptions) -> dict[str, str]:
+    """The API key (the flag, else $OPENAI_API_KEY) and the ``--header`` items."""
+    key = api_key_from_env(opts.api_key)
+    return {**({"Authorization": f"Bearer {key}"} if key else {}), **dict(parse_header(h) for h in opts.header)}
+
+
+def shared_body(opts: ClientOptions) -> dict:
+    """What every request body carries: the sampling options given, then ``--extra-body``."""
+    sampling = {f.name: getattr(opts.sampling, f.name) for f in fields(opts.sampling)}
+    return {**{k: v for k, v in sampling.items() if v is not None}, **parse_extra_body(opts.extra_body)}
+
+
 async def connect(session: aiohttp.ClientSession, opts: ClientOptions) -> Endpoint:
     """Resolve the model and the context length from ``GET /v1/models``."""
-    headers = opts.http_headers()
+    if not opts.base_url:
+        raise ValueError("no server: pass --base-url")
+    headers, body = request_headers(opts), shared_body(opts)
     root = server_root(opts.base_url)
     try:
         card = await model_card(session, root, headers, opts.model)
@@ -136,7 +129,6 @@ async def connect(session: aiohttp.ClientSession, opts: ClientOptions) -> Endpoi
         card = {}  # the model is given: run, and let the requests report what fails
     model = opts.model or card["id"]
     max_len = card.get("max_model_len")
-    body = {**{k: v for k, v in opts.sampling.items() if v is not None}, **opts.extra_body}
     return Endpoint(root, model, opts.endpoint, opts.ignore_eos, headers, body,
                     max_len if isinstance(max_len, int) and max_len > 0 else None)
 

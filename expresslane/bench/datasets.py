@@ -30,24 +30,9 @@ import numpy as np
 from tqdm import tqdm
 
 from expresslane.bench.prompts import PromptMaker
+from expresslane.config.bench import DatasetSpec
 
 SYNTHETIC = ("random", "sharegpt-like", "mixed", "prefix-repetition")
-
-
-@dataclass(frozen=True, slots=True)
-class DatasetSpec:
-    name: str = "random"  # one of SYNTHETIC, or a path to a .jsonl file
-    num_prompts: int | None = None  # None: 1000 synthetic, or every line of the file
-    input_len: int = 1024
-    output_len: int = 128
-    range_ratio: float = 0.0
-    long_fraction: float = 0.2  # mixed: share of long prompts
-    long_input_len: int = 4096  # mixed: length of the long prompts
-    long_threshold: int = 1024  # prompts longer than this are class "long"
-    class_lanes: bool = False  # send lane=interactive for short, lane=batch for long
-    prefix_len: int = 256  # prefix-repetition: shared tokens at the start of each prompt
-    num_prefixes: int = 10  # prefix-repetition: distinct shared prefixes
-    seed: int = 0
 
 
 @dataclass(frozen=True, slots=True)

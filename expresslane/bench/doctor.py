@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 import aiohttp
@@ -223,7 +223,7 @@ async def _run(cfg: DoctorConfig) -> dict:
     diagnosis = diagnose(measured, server["name"], p.long_len, split)
     return {"kind": "flat-doctor", "date": datetime.now().strftime("%Y%m%d-%H%M%S"),
             **run_facts(p.endpoint, p.maker, p.notices, []),
-            **{k: v for k, v in asdict(sc).items() if k != "client"}, "long_len_used": p.long_len,
+            **sc.settings(), "long_len_used": p.long_len,
             "server": server, **measured, "engine_split": split, "diagnosis": diagnosis}
 
 

@@ -21,56 +21,20 @@ from __future__ import annotations
 
 import dataclasses
 from contextlib import closing
-from dataclasses import dataclass, field
 from datetime import datetime
 
 import torch
 from tqdm import tqdm
 
-from expresslane.bench.client import ClientOptions
 from expresslane.bench.inprocess import MODES
 from expresslane.bench.records import RequestRecord
 from expresslane.bench.stats import distribution
 from expresslane.bench.tables import fmt, notify, text_table
+from expresslane.config.bench import FlatLatencyConfig
 
 # In the mixed scenario the long prompt is sent in the batch lane and the short ones in
 # the interactive lane; only the `deadline` policy (continuous-lanes) acts on lanes.
-BASELINES = ("hf",)
 PROMPT_SEED = 0  # every row draws the same prompts in the same order
-
-
-@dataclass(frozen=True, slots=True)
-class FlatLatencyConfig:
-    model: str | None = None  # in-process: model directory (over HTTP: http.model)
-    http: ClientOptions | None = None  # run against this server instead of in-process
-    input_lens: tuple[int, ...] = (8, 64, 512, 1536)  # (a); capped by the model's context
-    num_short: int = 8
-    short_len: int = 16
-    long_len: int = 1536
-    output_len: int = 4
-    repeats: int = 3
-    modes: tuple[str, ...] = tuple(MODES)
-    baseline: str | None = None  # "hf": add transformers generate on the same prompts
-    engine_args: dict = field(default_factory=dict)  # engine flags the user gave
-    disable_tqdm: bool = False
-
-    def validate(self) -> None:
-        for name in ("num_short", "short_len", "long_len", "output_len", "repeats"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not self.input_lens or min(self.input_lens) < 1:
-            raise ValueError(f"input lengths must be >= 1, got {list(self.input_lens)}")
-        if unknown := [m for m in self.modes if m not in MODES]:
-            raise ValueError(f"unknown mode(s) {', '.join(unknown)}; "
-                             f"choose from {', '.join(MODES)}")
-        if self.baseline not in (None, *BASELINES):
-            raise ValueError(f"baseline must be one of {', '.join(BASELINES)}, "
-                             f"got {self.baseline!r}")
-        if self.http is None and not self.modes:
-            raise ValueError("no mode to run")
-        if self.http is not None and (self.engine_args or self.baseline):
-            raise ValueError("engine flags and --baseline apply to in-process runs; the server at "
-                             "--base-url has its own settings")
 
 
 def engine_args(cfg: FlatLatencyConfig, mode: str) -> dict:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import random
 import statistics
 import time
-from dataclasses import dataclass, field
 from datetime import datetime
 
 import torch
@@ -27,41 +26,9 @@ import torch
 from expresslane import LLM, SamplingParams
 from expresslane.bench.floors import H200_PEAK_BANDWIDTH, decode_weight_bytes
 from expresslane.bench.inprocess import random_prompts, release_memory, synchronize
+from expresslane.config.bench import OneBatchConfig
 
-QUANTIZATIONS = ("none", "fp8", "awq", "gptq", "compressed-tensors")
 PROMPT_SEED = 0
-
-
-@dataclass(frozen=True, slots=True)
-class OneBatchConfig:
-    model: str | None = None
-    batch_size: int = 8
-    input_len: int = 32
-    output_len: int = 128
-    quantization: str = "none"
-    peak_bandwidth: float | None = None  # device bandwidth in B/s for the floor; None: one H200's
-    engine_args: dict = field(default_factory=dict)  # dtype, device, ... (engine flags)
-    # a quantized run (weights or --kv-cache-dtype fp8) also reports its accuracy against the
-    # unquantized model (baseline_model, default the same directory): expresslane.quant.accuracy
-    baseline_model: str | None = None
-    accuracy_trials: int = 3
-    accuracy_texts: int = 8  # texts per trial
-    accuracy_text_len: int = 256  # tokens per text
-    accuracy_chart: str | None = None  # PNG path: per-text accuracy before/after, stderr vs trials
-
-    def validate(self) -> None:
-        for name in ("batch_size", "input_len"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.output_len < 2:
-            raise ValueError(f"output_len must be >= 2 (one prefill step, then decode steps), "
-                             f"got {self.output_len}")
-        if self.quantization not in QUANTIZATIONS:
-            raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {self.quantization!r}")
-        if self.accuracy_trials < 1:
-            raise ValueError(f"accuracy_trials must be >= 1, got {self.accuracy_trials}")
-        if self.peak_bandwidth is not None and self.peak_bandwidth <= 0:
-            raise ValueError(f"peak bandwidth must be positive, got {self.peak_bandwidth}")
 
 
 def time_batch(llm: LLM, prompts: list[list[int]], output_len: int,

@@ -18,35 +18,23 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import datetime
 
 import numpy as np
 from tqdm import tqdm
 
 from expresslane.bench import client
-from expresslane.bench.client import ClientOptions
 from expresslane.bench.records import RequestRecord, first_errors
 from expresslane.bench.serving import connect, run_facts
 from expresslane.bench.stats import distribution
 from expresslane.bench.tables import notify
+from expresslane.config.bench import OverheadConfig
 
 PARTS = ("http_ttft", "engine_ttft", "overhead", "in", "out")
 # perf_counter (the client's clock) and monotonic (the engine's) read the same clock here?
 SHARED_CLOCK = (time.get_clock_info("perf_counter").implementation
                 == time.get_clock_info("monotonic").implementation)
-
-
-@dataclass(frozen=True, slots=True)
-class OverheadConfig:
-    client: ClientOptions
-    sequential: int = 200
-    concurrency: int = 64
-    rounds: int = 4
-    warmup: int = 10
-    prompt_len: int = 16
-    seed: int = 0
-    disable_tqdm: bool = False
 
 
 def parts(rec: RequestRecord) -> dict[str, float] | None:
@@ -75,9 +63,9 @@ def summarize(records: list[RequestRecord]) -> dict:
 
 
 async def measure(cfg: OverheadConfig) -> dict:
-    opts = replace(cfg.client, ignore_eos=True, extra_body={**cfg.client.extra_body, "return_metrics": True})
     async with client.make_session() as session:
-        ep, maker, notices = await connect(session, opts)
+        ep, maker, notices = await connect(session, cfg.client)
+        ep = replace(ep, ignore_eos=True, body={**ep.body, "return_metrics": True})
         for line in notices:
             notify(line)
         rng = np.random.default_rng(cfg.seed)

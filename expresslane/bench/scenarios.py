@@ -19,56 +19,20 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 import aiohttp
 import numpy as np
 
 from expresslane.bench import client
-from expresslane.bench.client import ClientOptions, Endpoint
+from expresslane.bench.client import Endpoint
 from expresslane.bench.prompts import PromptMaker
 from expresslane.bench.records import RequestRecord
 from expresslane.bench.serving import arrival_offsets, connect, run_facts
 from expresslane.bench.stats import distribution
+from expresslane.config.bench import ScenarioConfig
 
-SCENARIOS = ("isolated", "beside-long", "mixed", "goodput")
-
-
-@dataclass(frozen=True, slots=True)
-class ScenarioConfig:
-    client: ClientOptions
-    run: tuple[str, ...] = SCENARIOS
-    short_len: int = 64
-    long_len: int = 8192
-    output_len: int = 64
-    num_short: int = 16
-    lead_ms: float = 5.0  # the shorts leave this long after the long prompt
-    repeats: int = 3
-    rate: float = 8.0
-    duration: float = 20.0
-    long_fraction: float = 0.15
-    rates: tuple[float, ...] = (8.0, 16.0, 24.0, 32.0)
-    sweep_duration: float = 15.0
-    isolated_lens: tuple[int, ...] = (128, 2048, 8192)
-    long_lane: str | None = None  # lane sent with long prompts (expresslane's lanes); None: no lane
-    short_ttft_ms: float = 100.0  # the goodput SLO
-    short_tpot_ms: float = 25.0
-    long_ttft_ms: float = 1000.0
-    seed: int = 0
-
-    def validate(self) -> None:
-        if unknown := [s for s in self.run if s not in SCENARIOS]:
-            raise ValueError(f"unknown scenario(s) {', '.join(unknown)}; choose from {', '.join(SCENARIOS)}")
-        for name in ("short_len", "long_len", "output_len", "num_short", "repeats"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.output_len < 2:
-            raise ValueError("output_len must be >= 2: ITL and TPOT need two tokens")
-        if min(self.rates, default=1) <= 0 or self.rate <= 0 or self.duration <= 0 or self.sweep_duration <= 0:
-            raise ValueError("rates and durations must be positive")
-        if not 0.0 <= self.long_fraction <= 1.0:
-            raise ValueError(f"long_fraction must be in [0, 1], got {self.long_fraction}")
 
 
 @dataclass(slots=True)
@@ -270,9 +234,8 @@ async def _run(cfg: ScenarioConfig) -> dict:
     async with client.make_session() as session:
         p = await open_probe(session, cfg)
         measured = await measure(p, cfg)
-    settings = {k: v for k, v in asdict(cfg).items() if k != "client"}
     return {"kind": "flat-scenarios", "date": datetime.now().strftime("%Y%m%d-%H%M%S"),
-            **run_facts(p.endpoint, p.maker, p.notices, []), **settings,
+            **run_facts(p.endpoint, p.maker, p.notices, []), **cfg.settings(),
             "long_len_used": p.long_len, **measured}
 
 

@@ -16,37 +16,24 @@ import math
 import statistics
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from datetime import datetime
 
 import aiohttp
 import numpy as np
 from tqdm import tqdm
 
-from expresslane.bench import client, slo
-from expresslane.bench.client import ClientOptions, Endpoint
-from expresslane.bench.datasets import (SYNTHETIC, DatasetSpec, SampleRequest, Shape, count_file_prompts,
+from expresslane.bench import client, slo, stats
+from expresslane.bench.client import Endpoint
+from expresslane.bench.datasets import (SYNTHETIC, SampleRequest, Shape, count_file_prompts,
                                         draw_prompts, fit_context, sample_shapes)
 from expresslane.bench.prompts import PromptMaker, make_prompt_maker
 from expresslane.bench.records import RequestRecord, json_number
 from expresslane.bench.stats import measurement
 from expresslane.bench.tables import notify
+from expresslane.config.bench import ClientOptions, ServingConfig
 
 WARMUP_SALT, PROBE_SALT = 10_000, 20_000  # measured runs use salts 0, 1, ... (sweep points)
-
-
-@dataclass(frozen=True, slots=True)
-class ServingConfig:
-    client: ClientOptions
-    dataset: DatasetSpec = field(default_factory=DatasetSpec)
-    request_rate: float = math.inf
-    burstiness: float = 1.0
-    max_concurrency: int | None = None
-    warmup: int = 0
-    alone_probes: int = 3
-    goodput: dict[str, float] = field(default_factory=dict)
-    slo: tuple[slo.SloTarget, ...] = field(default_factory=lambda: slo.parse_slo(None))
-    disable_tqdm: bool = False
 
 
 @dataclass(slots=True)
@@ -83,7 +70,13 @@ async def chat_overhead(ep: Endpoint, maker: PromptMaker) -> int:
     return await maker.tokenizer.chat_overhead() if ep.kind == "chat" and maker.exact else 0
 
 
+def targets(cfg: ServingConfig) -> tuple[dict[str, float], tuple[slo.SloTarget, ...]]:
+    """``--goodput`` and ``--slo``, parsed (ValueError naming a bad item)."""
+    return stats.parse_goodput(list(cfg.goodput or ())), slo.parse_slo(cfg.slo)
+
+
 async def prepare(cfg: ServingConfig, session: aiohttp.ClientSession) -> Prepared:
+    targets(cfg)  # a bad target fails before any request
     ep, maker, notices = await connect(session, cfg.client)
     shapes = sample_shapes(cfg.dataset)
     if cfg.dataset.name not in SYNTHETIC:
@@ -177,6 +170,7 @@ def run_facts(ep: Endpoint, maker: PromptMaker, notices: list[str],
 def build_result(cfg: ServingConfig, prep: Prepared, records: list[RequestRecord],
                  duration: float, t0: float, rate: float, concurrency: int | None) -> dict:
     spec = cfg.dataset
+    goodput, slo_targets = targets(cfg)
     result = {
         "kind": "serving",
         "date": datetime.now().strftime("%Y%m%d-%H%M%S"),
@@ -188,11 +182,11 @@ def build_result(cfg: ServingConfig, prep: Prepared, records: list[RequestRecord
         "burstiness": cfg.burstiness,
         "max_concurrency": concurrency,
         "seed": spec.seed,
-        "goodput_config": cfg.goodput or None,
+        "goodput_config": goodput or None,
         "alone_ttft_ms": prep.alone_ttft_ms,
-        **measurement(records, duration, t0, cfg.goodput),
+        **measurement(records, duration, t0, goodput),
     }
-    result["slo"] = slo.judge(result, cfg.slo)
+    result["slo"] = slo.judge(result, slo_targets)
     return result
 
 

@@ -45,8 +45,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from expresslane.bench.records import first_errors
+from expresslane.config.bench import DEFAULT_SLO
 
-DEFAULT_SLO = "mean_ttft_ms:500,p99_ttft_ms:2000,p99_tpot_ms:100,failure_rate:0.01"
 THROUGHPUTS = {"requests_per_min": ("request_throughput", 60.0),
                "request_throughput": ("request_throughput", 1.0),
                "output_throughput": ("output_throughput", 1.0)}

@@ -17,19 +17,13 @@ The saturating point is kept in the result: it shows the knee of the curve.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 from expresslane.bench import client
-from expresslane.bench.serving import ServingConfig, prepare, run_point
+from expresslane.bench.serving import prepare, run_point
+from expresslane.config.bench import SaturationRule, ServingConfig
 
 VARIABLES = ("request_rate", "max_concurrency")
-
-
-@dataclass(frozen=True, slots=True)
-class SaturationRule:
-    min_gain: float = 0.10
-    latency_factor: float = 5.0
-    max_failure_rate: float = 0.05
 
 
 def saturation_reason(points: list[dict], rule: SaturationRule) -> str | None:

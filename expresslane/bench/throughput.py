@@ -11,31 +11,15 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import dataclass, field
 from datetime import datetime
 
 import torch
 
 from expresslane import LLM, SamplingParams
 from expresslane.bench.inprocess import random_prompts, release_memory, synchronize
+from expresslane.config.bench import ThroughputConfig
 
 PROMPT_SEED = 0
-
-
-@dataclass(frozen=True, slots=True)
-class ThroughputConfig:
-    model: str | None = None
-    num_prompts: int = 64
-    input_len: int = 128
-    output_len: int = 64
-    hf_batch_size: int = 64
-    baseline: str | None = "hf"  # None: expresslane alone
-    engine_args: dict = field(default_factory=dict)
-
-    def validate(self) -> None:
-        for name in ("num_prompts", "input_len", "output_len", "hf_batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
 def expresslane_run(cfg: ThroughputConfig) -> tuple[dict, list[list[int]], object]:
@@ -91,7 +75,7 @@ def run_throughput(cfg: ThroughputConfig) -> dict:
     cfg.validate()
     row, prompts, facts = expresslane_run(cfg)
     rows = [row]
-    if cfg.baseline == "hf":
+    if not cfg.no_baseline:
         rows.append(transformers_run(cfg, prompts, facts))
     return {"kind": "throughput", "date": datetime.now().strftime("%Y%m%d-%H%M%S"),
             "model_id": facts["model_id"], "device": facts["device"],

@@ -18,37 +18,19 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from dataclasses import dataclass, field
 from datetime import datetime
 
 import numpy as np
 from tqdm import tqdm
 
 from expresslane.bench import client, slo
-from expresslane.bench.client import ClientOptions, Endpoint
+from expresslane.bench.client import Endpoint
 from expresslane.bench.datasets import DatasetSpec, Shape, fit_context, shape, uniform_lengths
 from expresslane.bench.records import RequestRecord
 from expresslane.bench.serving import chat_overhead, connect, run_facts
 from expresslane.bench.stats import measurement
 from expresslane.bench.tables import notify
-
-
-@dataclass(frozen=True, slots=True)
-class TrafficConfig:
-    client: ClientOptions
-    num_users: int = 10
-    duration: float = 60.0  # seconds during which users start requests
-    think_time: float = 1.0  # mean seconds between a reply and the next request
-    mix: dict[str, float] = field(default_factory=lambda: {"interactive": 1.0})
-    input_len: int = 256
-    output_len: int = 128
-    batch_input_len: int = 2048
-    batch_output_len: int = 512
-    range_ratio: float = 0.0
-    long_threshold: int = 1024
-    seed: int = 0
-    slo: tuple[slo.SloTarget, ...] = field(default_factory=lambda: slo.parse_slo(None))
-    disable_tqdm: bool = False
+from expresslane.config.bench import TrafficConfig
 
 
 def parse_mix(spec: str) -> dict[str, float]:
@@ -115,7 +97,8 @@ def lane_lengths(cfg: TrafficConfig, ep: Endpoint, overhead: int) -> tuple[dict,
 async def simulate(cfg: TrafficConfig) -> dict:
     if cfg.num_users < 1 or cfg.duration <= 0 or cfg.think_time < 0:
         raise ValueError("need num_users >= 1, duration > 0 and think_time >= 0")
-    lanes = assign_lanes(cfg.mix, cfg.num_users)
+    mix, slo_targets = parse_mix(cfg.mix), slo.parse_slo(cfg.slo)
+    lanes = assign_lanes(mix, cfg.num_users)
     spec = DatasetSpec(long_threshold=cfg.long_threshold)
     records: list[RequestRecord] = []
     async with client.make_session() as session:
@@ -160,14 +143,14 @@ async def simulate(cfg: TrafficConfig) -> dict:
         "num_users": cfg.num_users,
         "duration_config": cfg.duration,
         "think_time": cfg.think_time,
-        "mix": cfg.mix,
+        "mix": mix,
         "lane_lengths": {lane: {"input_len": i, "output_len": o} for lane, (i, o) in lengths.items()},
-        "users_per_lane": {lane: lanes.count(lane) for lane in cfg.mix},
+        "users_per_lane": {lane: lanes.count(lane) for lane in mix},
         "seed": cfg.seed,
         "time_series": time_series(records, t0, cfg.duration),
         **measurement(records, elapsed, t0),
     }
-    result["slo"] = slo.judge(result, cfg.slo)
+    result["slo"] = slo.judge(result, slo_targets)
     return result
 
 

@@ -1,8 +1,8 @@
-"""The one frozen config tree: every engine knob lives here, nowhere else.
+"""The engine's part of the config tree: every engine knob lives here, nowhere else.
 
 ``EngineConfig.from_kwargs(model=..., max_num_seqs=...)`` routes flat keyword
 arguments (vLLM's names) to the sub-config that owns them; ``add_cli_args`` turns
-the same fields into ``--kebab-case`` flags. Values the engine must discover
+the same fields into ``--kebab-case`` flags (flags.py). Values the engine must discover
 (``max_model_len`` from the model, ``num_kv_blocks`` from memory) are ``None``
 here and filled in with ``dataclasses.replace`` when the engine resolves them.
 """
@@ -13,13 +13,10 @@ import argparse
 import dataclasses
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
+from expresslane.config.flags import _knob, add_args, check_choices, given
 from expresslane.lanes import DEFAULT_LANE_SLO, Lanes
-
-
-def _knob(default: Any, help: str, choices: tuple | None = None) -> Any:
-    return field(default=default, metadata={"help": help, "choices": choices})
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +98,8 @@ class ParallelConfig:
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
+    TITLE: ClassVar[str] = "engine"
+
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
@@ -148,10 +147,7 @@ class EngineConfig:
         if p.dist_init_addr is not None and not re.fullmatch(r"[^:\s]+:\d{1,5}", p.dist_init_addr):
             raise ValueError(f"dist_init_addr must be host:port, got {p.dist_init_addr!r}")
         for section in (m, c, s, self.device, p):
-            for f in dataclasses.fields(section):
-                choices = f.metadata.get("choices")
-                if choices and getattr(section, f.name) not in choices:
-                    raise ValueError(f"{f.name} must be one of {', '.join(map(str, choices))}, got {getattr(section, f.name)!r}")
+            check_choices(section)
 
     def replace(self, **kwargs: Any) -> "EngineConfig":
         """A copy with some flat fields changed (used when resolving discovered values)."""
@@ -172,34 +168,11 @@ def _field_owners() -> dict[str, str]:
 
 
 def add_cli_args(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ("model",)) -> None:
-    """One ``--flag`` per config field, typed from its default."""
-    group = parser.add_argument_group("engine")
-    for section in _SECTIONS.values():
-        for f in dataclasses.fields(section):
-            if f.name in skip:
-                continue
-            flag = "--" + f.name.replace("_", "-")
-            # SUPPRESS: an unset flag leaves the config's own default (one place for it); help shows it
-            shown = f.default if f.default is not dataclasses.MISSING else None
-            help_ = f.metadata["help"] + ("" if shown is None or shown == "" else f" (default: {shown})")
-            kwargs: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": help_.replace("%", "%%")}
-            if isinstance(f.default, bool):
-                kwargs["action"] = argparse.BooleanOptionalAction
-            else:
-                kwargs["type"] = _cli_type(f)
-                if f.metadata.get("choices"):
-                    kwargs["choices"] = f.metadata["choices"]
-            group.add_argument(flag, **kwargs)
-
-
-def _cli_type(f: dataclasses.Field) -> Any:
-    if isinstance(f.default, float):
-        return float
-    if isinstance(f.default, int) or "int" in str(f.type):
-        return int
-    return str
+    """One ``--flag`` per engine knob, in the "engine" help group (the model is a positional)."""
+    add_args(parser, EngineConfig, skip=skip)
 
 
 def engine_kwargs_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    owners = _field_owners()
-    return {k: v for k, v in vars(args).items() if k in owners}
+    """The engine knobs the user gave, flat (``EngineConfig.from_kwargs``'s form), with the
+    positional model where the command has one."""
+    return {**given(EngineConfig, args), **({"model": args.model} if hasattr(args, "model") else {})}

@@ -7,18 +7,16 @@ node. Exits when its workers do (node 0 stopped, or a worker failed).
 
 from __future__ import annotations
 
-import argparse
 import logging
 import signal
 
-from expresslane.config import EngineConfig, engine_kwargs_from_args
+from expresslane.config import EngineConfig
 from expresslane.distributed.executor import device_type, spawn_workers
 
 log = logging.getLogger(__name__)
 
 
-def run_worker_node(args: argparse.Namespace) -> int:
-    config = EngineConfig.from_kwargs(**{**engine_kwargs_from_args(args), "model": args.model})
+def run_worker_node(config: EngineConfig) -> int:
     p = config.parallel
     per_node = p.tensor_parallel_size // p.nnodes
     first = p.node_rank * per_node

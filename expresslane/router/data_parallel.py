@@ -16,12 +16,14 @@ import time
 
 import httpx
 
+from expresslane.config.flags import flag_name
+from expresslane.config.server import ListenConfig, RouterConfig, ServerConfig
 from expresslane.router.serve import free_port, run_router
 
 log = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
-_OWN_FLAGS = ("--data-parallel-size", "--port", "--host")
+_OWN_FLAGS = tuple(flag_name(ServerConfig, name) for name in ("data_parallel_size", "port", "host"))
 
 
 def replica_argv(argv: list[str]) -> list[str]:
@@ -58,8 +60,9 @@ def _gpu_slices(n: int, per_replica: int) -> list[str | None]:
     return [",".join(str(i * per_replica + j) for j in range(per_replica)) for i in range(n)]
 
 
-def serve_data_parallel(size: int, tp: int, host: str, port: int, log_level: str, argv: list[str],
-                        health_interval: float = 1.0, start_timeout: float = 600.0) -> int:
+def serve_data_parallel(size: int, tp: int, listen: ListenConfig, log_level: str, argv: list[str],
+                        start_timeout: float = 600.0) -> int:
+    """The replicas, then the router (its own defaults but the address) on ``listen``."""
     if size < 1:
         raise ValueError(f"--data-parallel-size must be >= 1, got {size}")
     base = replica_argv(argv)
@@ -75,7 +78,7 @@ def serve_data_parallel(size: int, tp: int, host: str, port: int, log_level: str
             urls.append(f"http://127.0.0.1:{p}")
         _wait_ready(procs, urls, start_timeout)
         log.warning("data parallel: %d replicas ready: %s", size, ", ".join(urls))
-        return run_router(urls, host, port, health_interval, log_level)
+        return run_router(RouterConfig(backend=tuple(urls), listen=listen), log_level)
     finally:
         for proc in procs:
             if proc.poll() is None:

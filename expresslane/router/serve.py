@@ -8,6 +8,7 @@ import sys
 
 import uvicorn
 
+from expresslane.config.server import RouterConfig
 from expresslane.router.app import Router, build_router_app
 
 
@@ -17,7 +18,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_router(backends: list[str], host: str, port: int, health_interval: float, log_level: str = "WARNING") -> int:
+def run_router(cfg: RouterConfig, log_level: str) -> int:
+    backends, host, port, health_interval = list(cfg.backend), cfg.listen.host, cfg.listen.port, cfg.health_interval
     if health_interval <= 0:
         raise ValueError(f"--health-interval must be positive, got {health_interval}")
     for url in backends:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
 from typing import AsyncIterator, Awaitable, Callable
 
 from fastapi import Depends, FastAPI, Request
@@ -20,11 +19,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from expresslane import __version__
+from expresslane.config.server import ServerConfig
 from expresslane.server import errors
 from expresslane.server.api_keys import KeyRing, token_cost
 from expresslane.server.batch_routes import BatchService
 from expresslane.server.engine_client import EngineClient
-from expresslane.server.limits import RequestLimits, check_chars, precheck, read_body
+from expresslane.server.limits import check_chars, precheck, read_body
 from expresslane.server.load import load_snapshot
 from expresslane.server.merging import RequestMerger
 from expresslane.server.metrics import Metrics
@@ -51,21 +51,6 @@ from expresslane.server.serving import (
 log = logging.getLogger(__name__)
 
 _INLINE_BYTES = 64 * 1024  # a body larger than this is tokenized in a worker thread
-
-
-@dataclass(frozen=True, slots=True)
-class ServerSettings:
-    host: str = "127.0.0.1"
-    port: int = 8000
-    api_key: str | None = None
-    api_key_file: str | None = None  # TOML: several keys with rate limits (server/api_keys.py)
-    enable_request_merging: bool = False  # identical concurrent requests share a generation (server/merging.py)
-    served_model_name: str = "tiny"
-    max_waiting_requests: int | None = None
-    max_waiting_tokens: int | None = None
-    request_timeout: float | None = None  # seconds from arrival; None = no deadline
-    shutdown_timeout: float = 30.0  # seconds to let in-flight requests finish after SIGTERM
-    limits: RequestLimits = RequestLimits()
 
 
 class SSEResponse(StreamingResponse):
@@ -115,7 +100,7 @@ async def _unless_client_gone(request: Request, work: Awaitable[bytes], on_gone:
     return Response(task.result(), media_type="application/json")
 
 
-def build_app(client: EngineClient, settings: ServerSettings, metrics: Metrics,
+def build_app(client: EngineClient, settings: ServerConfig, metrics: Metrics,
               batches: BatchService | None = None) -> FastAPI:
     app = FastAPI(title="expresslane", version=__version__)
     model_name = settings.served_model_name

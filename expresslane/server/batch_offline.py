@@ -24,14 +24,22 @@ from tqdm import tqdm
 from expresslane.batch.records import TERMINAL, FileRecord, jsonl, parse_input
 from expresslane.batch.store import BatchStore
 from expresslane.config import EngineConfig, engine_kwargs_from_args
-from expresslane.server.api import ServerSettings, build_app
-from expresslane.server.batch_routes import BatchService
+from expresslane.config.commands import LoggingConfig
+from expresslane.config.flags import from_args
+from expresslane.config.server import BatchApiConfig, BatchRunConfig, ServerConfig
 from expresslane.server.admission import AdmissionLimits
+from expresslane.server.api import build_app
+from expresslane.server.batch_routes import BatchService
 from expresslane.server.engine_client import EngineClient
 from expresslane.server.metrics import Metrics
 
 
 def run_batch(args: argparse.Namespace) -> int:
+    """The ``batch`` command: its flags are ``BatchRunConfig``, ``BatchApiConfig``, the served model name
+    and the engine's; the input file and the model are its positionals."""
+    run, queue = from_args(BatchRunConfig, args), from_args(BatchApiConfig, args)
+    name = from_args(ServerConfig, args).model_name(args.model)
+    log_level = from_args(LoggingConfig, args).log_level
     content = Path(args.input).read_bytes()
     first = next((line for line in content.decode("utf-8", "replace").splitlines() if line.strip()), "")
     endpoint = "/v1/chat/completions" if '"/v1/chat/completions"' in first else "/v1/completions"
@@ -40,11 +48,15 @@ def run_batch(args: argparse.Namespace) -> int:
         for p in problems[:10]:
             print(f"error: {args.input}:{p['line']}: {p['message']}", file=sys.stderr)
         return 2
-    engine_kwargs = {**engine_kwargs_from_args(args), "model": args.model}
+    engine_kwargs = engine_kwargs_from_args(args)
     EngineConfig.from_kwargs(**engine_kwargs)  # bad flags fail before the engine starts
+    if queue.batch_concurrency < 1 or queue.batch_lease_seconds <= 0:
+        raise ValueError("--batch-concurrency and --batch-lease-seconds must be positive")
     with tempfile.TemporaryDirectory(prefix="expresslane-batch-") as tmp:
-        url = args.batch_store if args.batch_store not in (None, "none") else f"sqlite:{Path(tmp) / 'queue.db'}"
-        return asyncio.run(_run(args, engine_kwargs, url, content, endpoint, len(items)))
+        given = queue.batch_store not in (None, "none")
+        url = queue.batch_store if given else f"sqlite:{Path(tmp) / 'queue.db'}"
+        return asyncio.run(_run(args.input, run.output, name, log_level, queue, engine_kwargs, url, content,
+                                endpoint, len(items)))
 
 
 def _find_or_create(store: BatchStore, content: bytes, name: str, endpoint: str) -> str:
@@ -59,19 +71,18 @@ def _find_or_create(store: BatchStore, content: bytes, name: str, endpoint: str)
     return store.create_batch(file_id, endpoint, "24h", None, int(time.time())).id
 
 
-async def _run(args: argparse.Namespace, engine_kwargs: dict, url: str, content: bytes, endpoint: str,
-               total: int) -> int:
-    name = args.served_model_name or args.model or "tiny"
+async def _run(input_path: str, output: str, name: str, log_level: str, queue: BatchApiConfig, engine_kwargs: dict,
+               url: str, content: bytes, endpoint: str, total: int) -> int:
     lanes = EngineConfig.from_kwargs(**engine_kwargs).scheduler.lane_slo
     metrics = Metrics(name, lanes)
-    client = EngineClient(engine_kwargs, metrics, AdmissionLimits(), args.log_level.upper())
-    batches = BatchService(url, concurrency=args.batch_concurrency, lease=args.batch_lease_seconds,
-                           poll=min(0.5, args.batch_lease_seconds / 3))
+    client = EngineClient(engine_kwargs, metrics, AdmissionLimits(), log_level.upper())
+    batches = BatchService(url, concurrency=queue.batch_concurrency, lease=queue.batch_lease_seconds,
+                           poll=min(0.5, queue.batch_lease_seconds / 3))
     try:
         await client.start()
-        app = build_app(client, ServerSettings(served_model_name=name), metrics, batches)
+        app = build_app(client, ServerConfig(served_model_name=name), metrics, batches)
         store = batches.store
-        batch_id = await asyncio.to_thread(_find_or_create, store, content, os.path.basename(args.input), endpoint)
+        batch_id = await asyncio.to_thread(_find_or_create, store, content, os.path.basename(input_path), endpoint)
         b = await asyncio.to_thread(store.get_batch, batch_id)
         bar = tqdm(total=total, initial=b.completed + b.failed, desc="batch", unit="req", dynamic_ncols=True)
         batches.start(app, on_result=lambda item, result: bar.update(1))
@@ -80,8 +91,8 @@ async def _run(args: argparse.Namespace, engine_kwargs: dict, url: str, content:
             b = await asyncio.to_thread(store.get_batch, batch_id)
         bar.close()
         results = sorted(await asyncio.to_thread(store.results, batch_id), key=lambda r: r.index)
-        Path(args.output).write_bytes(jsonl([r.line() for r in results]))
-        print(f"{b.completed} succeeded, {b.failed} failed -> {args.output}", file=sys.stderr)
+        Path(output).write_bytes(jsonl([r.line() for r in results]))
+        print(f"{b.completed} succeeded, {b.failed} failed -> {output}", file=sys.stderr)
         return 0
     finally:
         await batches.stop()

@@ -10,7 +10,6 @@ the request back in the queue for later; any other answer is its result.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import logging
@@ -27,6 +26,7 @@ from expresslane.batch.cli import default_store_url
 from expresslane.batch.records import FileRecord, Item, ItemResult, new_id
 from expresslane.batch.store import BatchStore, StoreError, check_upload, open_store
 from expresslane.batch.worker import BatchWorker, Outcome
+from expresslane.config.server import BatchApiConfig
 from expresslane.server import errors
 from expresslane.server.protocol import parse
 
@@ -161,7 +161,7 @@ class AppExecutor:
 
 
 class BatchService:
-    def __init__(self, store_url: str, *, concurrency: int = 256, lease: float = 60.0, poll: float = 1.0,
+    def __init__(self, store_url: str, *, concurrency: int, lease: float, poll: float,
                  registry: CollectorRegistry | None = None, model_name: str = ""):
         self.store: BatchStore = open_store(store_url)
         self.concurrency, self.lease, self.poll = concurrency, lease, poll
@@ -291,19 +291,17 @@ class BatchService:
 
 
 
-def service_from_args(args: argparse.Namespace, registry: CollectorRegistry, model_name: str) -> BatchService | None:
+def batch_service(cfg: BatchApiConfig, registry: CollectorRegistry, model_name: str) -> BatchService | None:
     """The Batch API of ``expresslane serve``; None with ``--batch-store none``, or when the default store
     cannot be opened (a read-only home: the server runs without it and says so)."""
-    if args.batch_store == "none":
+    if cfg.batch_store == "none":
         return None
-    if args.batch_concurrency < 1 or args.batch_lease_seconds <= 0:
-        raise ValueError("--batch-concurrency and --batch-lease-seconds must be positive")
-    url = args.batch_store or default_store_url(model_name)
+    url = cfg.batch_store or default_store_url(model_name)
     try:
-        return BatchService(url, concurrency=args.batch_concurrency, lease=args.batch_lease_seconds,
-                            poll=min(1.0, args.batch_lease_seconds / 3), registry=registry, model_name=model_name)
+        return BatchService(url, concurrency=cfg.batch_concurrency, lease=cfg.batch_lease_seconds,
+                            poll=min(1.0, cfg.batch_lease_seconds / 3), registry=registry, model_name=model_name)
     except Exception as e:  # sqlite3.Error, OSError, redis's ConnectionError, ...
-        if args.batch_store is None:
+        if cfg.batch_store is None:
             log.warning("the Batch API is off: its default store %s cannot be opened (%s); pass --batch-store",
                         url, e)
             return None

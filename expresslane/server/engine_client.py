@@ -22,6 +22,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable
 
+from expresslane.config.flags import default_of
+from expresslane.config.server import ServerConfig
 from expresslane.engine.inputs import InputProcessor
 from expresslane.lanes import resolve_lane
 from expresslane.models.model_dir import check_model_dir, default_model_path, read_config
@@ -43,7 +45,8 @@ MAX_RESTART_BACKOFF_S = 30.0
 
 class EngineClient:
     def __init__(self, engine_kwargs: dict[str, Any], metrics: Metrics, limits: AdmissionLimits,
-                 log_level: str = "WARNING", engine_restarts: int = 3, profile_dir: str | None = None):
+                 log_level: str, engine_restarts: int = default_of(ServerConfig, "engine_restarts"),
+                 profile_dir: str | None = None):
         self.state = "starting"
         self.model_dir: Path | None = None
         self.max_model_len: int | None = None

@@ -9,22 +9,22 @@ the engine died on the way). A second signal stops the wait.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import os
 import sys
 import time
+from dataclasses import replace
 
 import uvicorn
 
-from expresslane.config import EngineConfig, engine_kwargs_from_args
-from expresslane.server.api import ServerSettings, build_app
+from expresslane.config import EngineConfig
+from expresslane.config.server import ServerConfig
 from expresslane.server.admission import AdmissionLimits
-from expresslane.server.batch_routes import BatchService, service_from_args
+from expresslane.server.api import build_app
+from expresslane.server.batch_routes import BatchService, batch_service
 from expresslane.server.engine_client import EngineClient
 from expresslane.server.gpu_metrics import GpuSampler
-from expresslane.server.limits import RequestLimits
 from expresslane.server.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -73,50 +73,29 @@ class DrainingServer(uvicorn.Server):
         return await super().on_tick(counter)
 
 
-def settings_from_args(args: argparse.Namespace) -> ServerSettings:
-    if args.engine_restarts < 0:
-        raise ValueError(f"--engine-restarts must be >= 0, got {args.engine_restarts}")
-    for name in ("max_waiting_requests", "max_waiting_tokens", "request_timeout", "max_prompt_chars"):
-        value = getattr(args, name)
-        if value is not None and value <= 0:
-            raise ValueError(f"--{name.replace('_', '-')} must be positive, got {value}")
-    for name in ("max_request_body_bytes", "max_stop_strings", "max_sequences_per_request", "max_logprobs"):
-        if getattr(args, name) < (0 if name in ("max_stop_strings", "max_logprobs") else 1):
-            raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    if args.shutdown_timeout < 0:
-        raise ValueError(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
-    if not 0 <= args.port < 65536:
-        raise ValueError(f"--port must be in [0, 65535], got {args.port}")
-    return ServerSettings(host=args.host, port=args.port, api_key=args.api_key, api_key_file=args.api_key_file,
-                          served_model_name=args.served_model_name or args.model or "tiny",
-                          max_waiting_requests=args.max_waiting_requests, max_waiting_tokens=args.max_waiting_tokens,
-                          request_timeout=args.request_timeout, shutdown_timeout=args.shutdown_timeout,
-                          enable_request_merging=args.enable_request_merging,
-                          limits=RequestLimits(args.max_request_body_bytes, args.max_prompt_chars, args.max_stop_strings,
-                                               args.max_sequences_per_request, args.max_logprobs))
-
-
-def serve(args: argparse.Namespace) -> int:
-    settings = settings_from_args(args)
-    engine_kwargs = {**engine_kwargs_from_args(args), "model": args.model}
-    lanes = EngineConfig.from_kwargs(**engine_kwargs).scheduler.lane_slo  # bad flags fail here, before any process
-    log_level = args.log_level.upper()
+def serve(settings: ServerConfig, engine_kwargs: dict, log_level: str) -> int:
+    """Run ``expresslane serve`` with these settings (validated) and engine flags (the model included)."""
+    settings = replace(settings, served_model_name=settings.model_name(engine_kwargs.get("model")))
+    lanes = EngineConfig.from_kwargs(**engine_kwargs).scheduler.lane_slo
+    log_level = log_level.upper()
     metrics = Metrics(settings.served_model_name, lanes)
-    slo_ttft = lanes["interactive"].ttft if args.slo_admission else None
-    limits = AdmissionLimits(settings.max_waiting_requests, settings.max_waiting_tokens, slo_ttft,
+    admission = settings.admission
+    limits = AdmissionLimits(admission.max_waiting_requests, admission.max_waiting_tokens,
+                             lanes["interactive"].ttft if admission.slo_admission else None,
                              {lane: slo.queue for lane, slo in lanes.items()})
     profile_dir = None
-    if args.profile_dir is not None:
-        profile_dir = os.path.abspath(args.profile_dir)
+    if settings.profile_dir is not None:
+        profile_dir = os.path.abspath(settings.profile_dir)
         try:
             os.makedirs(profile_dir, exist_ok=True)
         except OSError as e:  # before any process starts
-            raise ValueError(f"--profile-dir {args.profile_dir!r}: cannot create it ({e.strerror})") from None
+            raise ValueError(f"--profile-dir {settings.profile_dir!r}: cannot create it ({e.strerror})") from None
         if not os.access(profile_dir, os.W_OK):
-            raise ValueError(f"--profile-dir {args.profile_dir!r}: not writable")
-    client = EngineClient(engine_kwargs, metrics, limits, log_level, args.engine_restarts, profile_dir)
-    batches = service_from_args(args, metrics.registry, settings.served_model_name)
-    config = uvicorn.Config(build_app(client, settings, metrics, batches), host=settings.host, port=settings.port,
+            raise ValueError(f"--profile-dir {settings.profile_dir!r}: not writable")
+    client = EngineClient(engine_kwargs, metrics, limits, log_level, settings.engine_restarts, profile_dir)
+    batches = batch_service(settings.batch, metrics.registry, settings.served_model_name)
+    host, port = settings.listen.host, settings.listen.port
+    config = uvicorn.Config(build_app(client, settings, metrics, batches), host=host, port=port,
                             log_level=log_level.lower(), access_log=log_level in ("DEBUG", "INFO"), lifespan="off",
                             timeout_graceful_shutdown=_FLUSH_S)
     server = DrainingServer(config, client, settings.shutdown_timeout)
@@ -137,12 +116,13 @@ def serve(args: argparse.Namespace) -> int:
     os._exit(code)
 
 
-async def _serve(server: DrainingServer, client: EngineClient, settings: ServerSettings,
+async def _serve(server: DrainingServer, client: EngineClient, settings: ServerConfig,
                  batches: BatchService | None) -> int:
     def announce() -> None:
         if batches is not None:  # batch work starts once the engine is ready
             batches.start(server.config.app)
-        print(f"expresslane: serving {settings.served_model_name!r} on http://{settings.host}:{settings.port}",
+        print(f"expresslane: serving {settings.served_model_name!r} on http://{settings.listen.host}:"
+              f"{settings.listen.port}",
               file=sys.stderr, flush=True)
 
     def ended(task: asyncio.Task) -> None:

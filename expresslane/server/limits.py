@@ -10,21 +10,11 @@ so a prompt over it is refused without tokenizing it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import msgspec
 from starlette.requests import Request
 
+from expresslane.config.server import RequestLimits
 from expresslane.server import errors
-
-
-@dataclass(frozen=True, slots=True)
-class RequestLimits:
-    max_request_body_bytes: int = 16 * 2**20
-    max_prompt_chars: int | None = None  # None: max_model_len × the longest token in characters
-    max_stop_strings: int = 64
-    max_sequences_per_request: int = 256  # prompts × n
-    max_logprobs: int = 20  # vLLM's --max-logprobs
 
 
 def _over(message: str, param: str | None, status: int = 400, code: str = "request_too_large") -> errors.APIError:

@@ -9,6 +9,8 @@ import socket
 import pytest
 
 from expresslane.bench.cli import add_bench_parser
+from expresslane.config.bench import ClientOptions
+from expresslane.config.flags import from_args
 
 from .conftest import bench
 
@@ -49,8 +51,10 @@ def test_version_and_help_with_defaults(capsys):
 def test_subcommands_share_the_client_flags():
     for sub in ("serving", "traffic", "flat-latency"):
         args = parser().parse_args(["bench", sub, "--base-url", "http://x", "--api-key", "k",
-                                    "--header", "A:b", "--extra-body", "{}", "--top-p", "0.5"])
-        assert (args.api_key, args.header, args.extra_body, args.top_p) == ("k", ["A:b"], "{}", 0.5)
+                                    "--header", "A:b", "--header", "C=d", "--extra-body", "{}", "--top-p", "0.5"])
+        opts = from_args(ClientOptions, args)
+        assert (opts.base_url, opts.api_key, opts.header, opts.extra_body, opts.sampling.top_p) == (
+            "http://x", "k", ("A:b", "C=d"), "{}", 0.5)
 
 
 def test_one_sweep_at_a_time(capsys):
@@ -84,7 +88,7 @@ def test_bad_options_exit_2_with_a_message(server, capsys, argv, message):
 
 
 def test_one_name_per_mode():
-    from expresslane.bench.cli import MODE_NAMES
     from expresslane.bench.inprocess import MODES
+    from expresslane.config.bench import MODE_NAMES
 
     assert MODE_NAMES == tuple(MODES)  # the CLI's default rows are the package's modes

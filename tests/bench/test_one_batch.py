@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
+from expresslane.config.bench import OneBatchConfig
+
 from .conftest import bench
 
 NUMBERS = ("prefill_latency_ms", "prefill_throughput", "median_decode_step_ms", "decode_throughput",
@@ -32,8 +36,11 @@ def test_one_batch_json_has_the_fields(tmp_path, capsys):
 
 
 def test_unknown_quantization_is_refused(capsys):
-    assert bench("one-batch", "--quantization", "int8") == 2
-    assert "quantization must be one of" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:  # the flag's choices (config tree): argparse refuses it
+        bench("one-batch", "--quantization", "int8")
+    assert exit_.value.code == 2 and "invalid choice: 'int8'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="quantization must be one of"):  # and the config, built in code
+        OneBatchConfig(quantization="int8").validate()
 
 
 def test_quantized_one_batch_reports_accuracy_and_memory(tmp_path, capsys):

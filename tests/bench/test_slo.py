@@ -124,7 +124,7 @@ def test_diagnoses_prefill_blocking_on_a_fifo_prefill_server(server):
     r = run_serving(ServingConfig(
         ClientOptions(server.base_url), dataset=DatasetSpec("mixed", 40, 16, 4, long_fraction=0.2,
                                              long_input_len=2000, seed=1),
-        request_rate=40.0, slo=parse_slo("p99_ttft_ms:100"), disable_tqdm=True))
+        request_rate=40.0, slo="p99_ttft_ms:100", disable_tqdm=True))
     assert r["failed"] == 0 and not r["slo"]["passed"]
     # Cannot flake on a slow machine: a short prompt queued behind a 2,000-token one waits for
     # its 200 ms prefill (an ordering of the fake server), the others ~7 ms; load delays both.

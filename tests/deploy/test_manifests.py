@@ -15,8 +15,8 @@ import yaml
 
 from expresslane.cli.main import build_parser
 from expresslane.config import EngineConfig, engine_kwargs_from_args
-from expresslane.lanes import Lanes
-from expresslane.server.launch import settings_from_args
+from expresslane.config.flags import from_args
+from expresslane.config.server import ServerConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "kubernetes"
@@ -47,6 +47,14 @@ def serve_args(objects):
     return build_parser().parse_args(c["args"])
 
 
+def serve_config(objects) -> tuple[ServerConfig, EngineConfig]:
+    """The container's `serve` flags as the server and the engine read them (validated)."""
+    args = serve_args(objects)
+    server = from_args(ServerConfig, args)
+    server.validate()
+    return server, EngineConfig.from_kwargs(**engine_kwargs_from_args(args))
+
+
 def test_kustomization_lists_every_manifest(objects):
     kustomization = load("kustomization.yaml")
     listed = set(kustomization["resources"])
@@ -57,12 +65,10 @@ def test_kustomization_lists_every_manifest(objects):
 
 
 def test_container_flags_parse_and_validate(objects):
-    args = serve_args(objects)
-    settings = settings_from_args(args)
-    EngineConfig.from_kwargs(**{**engine_kwargs_from_args(args), "model": args.model})
-    assert settings.host == "0.0.0.0"
-    assert settings.port == container(objects)["ports"][0]["containerPort"]
-    assert args.api_key == "$(EXPRESSLANE_API_KEY)"  # Kubernetes fills it from the env var
+    settings, _ = serve_config(objects)
+    assert settings.listen.host == "0.0.0.0"
+    assert settings.listen.port == container(objects)["ports"][0]["containerPort"]
+    assert settings.api_key == "$(EXPRESSLANE_API_KEY)"  # Kubernetes fills it from the env var
     assert {e["name"] for e in container(objects)["env"]} >= {"EXPRESSLANE_API_KEY"}
 
 
@@ -75,12 +81,12 @@ def test_probes_hit_health_on_the_named_port(objects):
 
 
 def test_drain_fits_the_grace_period_and_liveness_spares_it(objects):
-    args, c = serve_args(objects), container(objects)
+    (settings, _), c = serve_config(objects), container(objects)
     spec = objects["Deployment"]["spec"]["template"]["spec"]
     pre_stop = float(c["lifecycle"]["preStop"]["exec"]["command"][1])
-    assert spec["terminationGracePeriodSeconds"] > pre_stop + args.shutdown_timeout
+    assert spec["terminationGracePeriodSeconds"] > pre_stop + settings.shutdown_timeout
     live = c["livenessProbe"]
-    assert live["periodSeconds"] * live["failureThreshold"] > args.shutdown_timeout  # /health is 503 while draining
+    assert live["periodSeconds"] * live["failureThreshold"] > settings.shutdown_timeout  # /health is 503 while draining
 
 
 def test_service_and_servicemonitor_select_the_pods(objects):
@@ -112,7 +118,7 @@ def test_hpa_scales_the_deployment_on_the_adapters_metric_below_the_slo(objects)
     assert set(rule["resources"]["overrides"]) == {"namespace", "pod"}
     target = m["pods"]["target"]["averageValue"]
     target_s = float(target[:-1]) / 1000 if target.endswith("m") else float(target)
-    assert target_s < Lanes.parse(serve_args(objects).lane_slo)["interactive"].ttft
+    assert target_s < serve_config(objects)[1].scheduler.lane_slo["interactive"].ttft
 
 
 def test_dockerfile_builds_what_it_runs(objects):
@@ -131,7 +137,7 @@ def test_dockerfile_builds_what_it_runs(objects):
              if line.startswith(("ENTRYPOINT", "CMD"))]
     command = [w for part in entry for w in part]
     assert command[:2] == ["expresslane", "serve"]
-    args = build_parser().parse_args(command[1:])
-    assert args.host == "0.0.0.0" and args.port == container(objects)["ports"][0]["containerPort"]
+    listen = from_args(ServerConfig, build_parser().parse_args(command[1:])).listen
+    assert listen.host == "0.0.0.0" and listen.port == container(objects)["ports"][0]["containerPort"]
     ignore = (ROOT / "deploy" / "Dockerfile.dockerignore").read_text().split()
     assert "*" in ignore and {"!expresslane/", "!pyproject.toml", "!README.md"} <= set(ignore)
