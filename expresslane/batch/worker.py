@@ -40,8 +40,8 @@ def worker_name() -> str:
 
 
 class BatchWorker:
-    def __init__(self, store: BatchStore, execute: Executor, *, concurrency: int = 256, lease: float = 60.0,
-                 poll: float = 1.0, name: str | None = None, clock: Callable[[], float] = time.time,
+    def __init__(self, store: BatchStore, execute: Executor, *, concurrency: int, lease: float, poll: float,
+                 name: str | None = None, clock: Callable[[], float] = time.time,
                  on_result: Callable[[Item, ItemResult], None] | None = None,
                  on_sweep: Callable[[list[BatchRecord]], None] | None = None):
         if concurrency < 1 or lease <= 0 or poll <= 0:

@@ -141,7 +141,7 @@ def section(label: str, r: dict) -> str:
     return result_section(label, r)
 
 
-def html_page(results: Labelled, compare: bool = False) -> str:
+def html_page(results: Labelled, compare: bool) -> str:
     summary = "\n".join(line for label, r in results for line in tables.run_summary(label, r))
     body = [f"<h1>{TITLE}</h1>", f"<pre>{html.escape(summary)}</pre>"]
     pts = charts.points(results)
@@ -160,8 +160,7 @@ def html_page(results: Labelled, compare: bool = False) -> str:
             f"report</title><style>{CSS}</style></head><body>{''.join(body)}</body></html>")
 
 
-def write_report(paths: list[str], output: str, compare: bool = False,
-                 labels: list[str] | None = None) -> Path:
+def write_report(paths: list[str], output: str, compare: bool, labels: list[str] | None) -> Path:
     """Write ``output`` (.html or .png) from result files; returns its path."""
     out = Path(output)
     if out.suffix not in (".html", ".png"):

@@ -33,7 +33,7 @@ _PASS_HEADERS = ("authorization", "content-type", "x-request-id")
 
 
 class Router:
-    def __init__(self, backends: list[str], health_interval: float = 1.0):
+    def __init__(self, backends: list[str], health_interval: float):
         if not backends:
             raise ValueError("the router needs at least one --backend URL")
         self.replicas = [Replica(url.rstrip("/")) for url in backends]
