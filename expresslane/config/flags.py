@@ -143,7 +143,7 @@ def _add_knob(group: Any, cls: type, f: dataclasses.Field, required: bool, text:
         if m[key]:
             kwargs[key] = m[key]
     if kind != "bool" and not m["metavar"] and not m["choices"]:
-        kwargs["metavar"] = f.name.upper()  # argparse's own choice for a dest of this name
+        kwargs["metavar"] = _option(f).lstrip("-").replace("-", "_").upper()  # what argparse would show
     group.add_argument(*options, **kwargs)
 
 
