@@ -50,12 +50,21 @@ def _cases():
             w_ptr="*i32", scale_ptr="*fp16", zero_ptr="*u8")
     yield "per_token_quant_fp8_kernel", "bf16", dict(BLOCK=4096), dict(q_ptr="*fp8e4nv", scale_ptr="*fp32")
     # the fused MoE grouped GEMM (layers/fused_moe.py): gate/up with SiLU-and-mul, and down; every tile shape
-    moe = dict(topk_w_ptr="*fp32", sorted_rows_ptr="*i32", block_expert_ptr="*i32", num_padded_ptr="*i64")
+    moe = dict(topk_w_ptr="*fp32", sorted_rows_ptr="*i32", block_expert_ptr="*i32", num_padded_ptr="*i32")
     for bm, bn, bk in ((16, 64, 128), (32, 64, 64), (64, 64, 64)):
         for dtype, precision in (("bf16", "tf32"), ("fp32", "ieee")):
             for top_k, gated in ((8, True), (1, False)):
                 yield "moe_gemm_kernel", dtype, dict(TOP_K=top_k, GATED=gated, WEIGHTED=not gated, BLOCK_M=bm,
                                                      BLOCK_N=bn, BLOCK_K=bk, PRECISION=precision), moe
+    # routing (Mixtral 8 x top-2 renormalised, Qwen3-MoE 128 x top-8) and the alignment of rows by expert
+    for experts, k, renorm in ((8, 2, True), (128, 8, True), (7, 1, False)):
+        pow2e, pow2k = pow2(experts), pow2(k)
+        yield "route_kernel", "bf16", dict(TOP_K=k, K_PAD=pow2k, E_PAD=pow2e, RENORM=renorm), dict(
+            weights_ptr="*fp32", ids_ptr="*i32", counts_ptr="*i64")
+        for ids in ("*i32", "*i64"):  # routed here, or local ids after expert-parallel dispatch
+            yield "align_kernel", "bf16", dict(BLOCK_M=16, E_PAD=pow2(experts + 1), CHUNK=256,
+                                               TILE_CHUNK=max(1, 4096 // pow2(experts + 1))), dict(
+                ids_ptr=ids, rows_ptr="*i32", block_expert_ptr="*i32", num_padded_ptr="*i32", cursor_ptr="*i32")
 
 
 def _compile_all() -> None:
@@ -106,7 +115,7 @@ def test_every_triton_kernel_compiles():
     pytest.importorskip("triton.backends.nvidia.compiler")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0 and "compiled 8 kernels" in proc.stdout, proc.stderr[-3000:]
+    assert proc.returncode == 0 and "compiled 10 kernels" in proc.stdout, proc.stderr[-3000:]
 
 
 if __name__ == "__main__":

@@ -55,3 +55,17 @@ def test_alignment_groups_rows_by_expert(block_m):
         seen += real.tolist()
     assert sorted(seen) == sorted((flat >= 0).nonzero().flatten().tolist())  # each routed row once
     assert (rows[int(used):] == flat.numel()).all()
+
+
+@pytest.mark.parametrize("experts,k,renormalize", [(5, 2, True), (7, 1, False), (128, 8, True), (3, 3, False)])
+def test_fused_route_matches_reference(experts, k, renormalize):
+    g = torch.Generator().manual_seed(experts)
+    logits = torch.randn(37, experts, generator=g) * 3
+    slots = torch.arange(37)
+    slots[-5:] = -1  # CUDA-graph padding: routed, not counted
+    counts = torch.zeros(experts, dtype=torch.int64, device=DEVICE)
+    weights, ids = fused_moe.fused_route(logits.to(DEVICE), k, renormalize, counts, slots.to(DEVICE))
+    ref_w, ref_ids = route(logits, k, renormalize)
+    assert torch.equal(ids.cpu().long(), ref_ids)
+    assert torch.allclose(weights.cpu(), ref_w, atol=1e-6, rtol=1e-5)
+    assert torch.equal(counts.cpu(), torch.bincount(ref_ids[:-5].flatten(), minlength=experts))

@@ -1,7 +1,10 @@
-"""The fused MoE path (GPU, `triton` backend): the experts of a step in two grouped GEMMs.
+"""The fused MoE path (GPU, `triton` backend): routing, then the experts of a step in two
+grouped GEMMs; five launches a layer, sizes fixed by the shape (no host sync: CUDA graphs
+capture it).
 
-    align   the (token, slot) rows sorted by expert, each expert's run padded to BLOCK_M
-            (torch ops of fixed sizes, no host sync: CUDA graphs capture it)
+    route   per token: softmax, top-k, renormalisation, the per-expert counters (one kernel)
+    align   the (token, slot) rows grouped by expert, each expert's run padded to BLOCK_M
+            (one program: a histogram, a cumulative sum, atomic placement)
     GEMM 1  one launch over all experts: each BLOCK_M tile of rows belongs to one expert and
             multiplies its gate and up weights; SiLU(gate) * up is applied before the store
     GEMM 2  one launch: down projection, scaled by the routing weight, one row per (token, slot)
@@ -60,29 +63,99 @@ def moe_gemm_kernel(a_ptr, w_ptr, c_ptr, topk_w_ptr, sorted_rows_ptr, block_expe
                  mask=valid[:, None] & n_mask[None, :])
 
 
+@triton.jit
+def route_kernel(logits_ptr, weights_ptr, ids_ptr, counts_ptr, slot_ptr, E, stride_l,
+                 TOP_K: tl.constexpr, K_PAD: tl.constexpr, E_PAD: tl.constexpr, RENORM: tl.constexpr):
+    """One token: float32 softmax of its router logits, the top k (best first), renormalised
+    when RENORM; each chosen expert's counter + 1 unless the token is CUDA-graph padding."""
+    t = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, E_PAD)
+    x = tl.load(logits_ptr + t * stride_l + offs, mask=offs < E, other=float("-inf")).to(tl.float32)
+    p = tl.exp(x - tl.max(x, 0))
+    p = p / tl.sum(p, 0)
+    p = tl.where(offs < E, p, -1.0)
+    real = (tl.load(slot_ptr + t) >= 0).to(tl.int64)
+    slots = tl.arange(0, K_PAD)
+    weights = tl.zeros((K_PAD,), dtype=tl.float32)
+    ids = tl.zeros((K_PAD,), dtype=tl.int32)
+    for j in tl.static_range(TOP_K):
+        best = tl.max(p, 0)
+        idx = tl.min(tl.where(p == best, offs, E_PAD), 0)  # ties: the lower expert
+        weights = tl.where(slots == j, best, weights)
+        ids = tl.where(slots == j, idx, ids)
+        p = tl.where(offs == idx, -1.0, p)
+        tl.atomic_add(counts_ptr + idx, real)
+    if RENORM:
+        weights = weights / tl.sum(weights, 0)
+    tl.store(weights_ptr + t * TOP_K + slots, weights, mask=slots < TOP_K)
+    tl.store(ids_ptr + t * TOP_K + slots, ids, mask=slots < TOP_K)
+
+
+def fused_route(router_logits: torch.Tensor, top_k: int, renormalize: bool, counts: torch.Tensor,
+                slot_mapping: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """As layers.moe.route (ids int32), counting into `counts` the real tokens (slot >= 0)."""
+    tokens, experts = router_logits.shape
+    weights = torch.empty(tokens, top_k, dtype=torch.float32, device=router_logits.device)
+    ids = torch.empty(tokens, top_k, dtype=torch.int32, device=router_logits.device)
+    route_kernel[(tokens,)](router_logits, weights, ids, counts, slot_mapping, experts, router_logits.stride(0),
+                            TOP_K=top_k, K_PAD=_pow2(top_k), E_PAD=_pow2(experts), RENORM=renormalize)
+    return weights, ids
+
+
+@triton.jit
+def align_kernel(ids_ptr, rows_ptr, block_expert_ptr, num_padded_ptr, cursor_ptr, n, size, E,
+                 BLOCK_M: tl.constexpr, E_PAD: tl.constexpr, CHUNK: tl.constexpr, TILE_CHUNK: tl.constexpr):
+    """One program: the rows (token * k + slot) grouped by expert into `rows_ptr`, each expert's
+    run padded to BLOCK_M with the out-of-range row n; the expert of every tile; the rows in use."""
+    offs_e = tl.arange(0, E_PAD)
+    for start in range(0, size, CHUNK):  # every place starts as padding
+        o = start + tl.arange(0, CHUNK)
+        tl.store(rows_ptr + o, n, mask=o < size)
+    counts = tl.zeros((E_PAD,), dtype=tl.int32)
+    for start in range(0, n, CHUNK):  # rows per expert (id -1 and past-the-end rows: bin E, E_PAD > E)
+        o = start + tl.arange(0, CHUNK)
+        e = tl.load(ids_ptr + o, mask=o < n, other=-1).to(tl.int32)
+        counts += tl.histogram(tl.where(e < 0, E, e), E_PAD)
+    counts = tl.where(offs_e < E, counts, 0)
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    ends = tl.cumsum(padded, 0)
+    tl.store(cursor_ptr + offs_e, ends - padded)  # each expert's next free place
+    tl.store(num_padded_ptr, tl.sum(padded, 0))
+    for start in range(0, size // BLOCK_M, TILE_CHUNK):  # a tile's expert: how many experts end before it
+        tile = start + tl.arange(0, TILE_CHUNK)
+        before = (ends[None, :] <= (tile * BLOCK_M)[:, None]) & (offs_e < E)[None, :]
+        expert = tl.minimum(tl.sum(before.to(tl.int32), 1), E - 1)
+        tl.store(block_expert_ptr + tile, expert, mask=tile < size // BLOCK_M)
+    tl.debug_barrier()  # the padding and the cursors are visible to every thread before the rows land
+    for start in range(0, n, CHUNK):
+        o = start + tl.arange(0, CHUNK)
+        e = tl.load(ids_ptr + o, mask=o < n, other=-1).to(tl.int32)
+        routed = (o < n) & (e >= 0)
+        place = tl.atomic_add(cursor_ptr + tl.where(routed, e, 0), 1, mask=routed)
+        tl.store(rows_ptr + place, o, mask=routed)
+
+
 def align_by_expert(ids: torch.Tensor, num_experts: int, block_m: int):
-    """(sorted rows [P] int32, expert of each BLOCK_M tile [P / block_m] int32, rows in use [1]):
-    the flat (token * k + slot) rows grouped by expert, each group padded to a multiple of
-    block_m with the row number ``ids.numel()`` (out of range: not loaded, not stored). P is
-    the worst case, fixed by the shape: nothing is read back to the host."""
-    flat = ids.flatten()
-    n = flat.numel()
-    bucket = torch.where(flat < 0, num_experts, flat)  # rows that go nowhere: a last bucket, never computed
-    counts = torch.zeros(num_experts + 1, dtype=torch.int64, device=ids.device)
-    counts.scatter_add_(0, bucket, torch.ones_like(bucket))
-    padded = (counts[:num_experts] + block_m - 1) // block_m * block_m
-    ends = padded.cumsum(0)
-    order = torch.argsort(bucket, stable=True)
-    in_order = bucket[order]
-    rank = torch.arange(n, device=ids.device) - (counts.cumsum(0) - counts)[in_order]  # place within its group
+    """(rows [P] int32, expert of each BLOCK_M tile [P / block_m] int32, rows in use [1] int32):
+    the flat (token * k + slot) rows grouped by expert (in no set order within an expert: each
+    row's result is its own), each group padded to a multiple of block_m with the row number
+    ``ids.numel()`` (out of range: not loaded, not stored); rows of expert -1 are left out. P
+    is the worst case, fixed by the shape: nothing is read back to the host."""
+    n = ids.numel()
     size = -(-(n + num_experts * (block_m - 1)) // block_m) * block_m
-    starts = torch.cat([ends.new_zeros(1), ends])  # bucket E (nowhere) starts past the last tile
-    dest = torch.where(in_order < num_experts, starts[in_order] + rank, size)
-    rows = torch.full((size + 1,), n, dtype=torch.int32, device=ids.device)
-    rows.scatter_(0, dest, order.to(torch.int32))
-    tile_starts = torch.arange(0, size, block_m, device=ids.device)
-    block_expert = torch.searchsorted(ends, tile_starts, right=True).clamp_(max=num_experts - 1).to(torch.int32)
-    return rows[:size], block_expert, ends[-1:]
+    dev = ids.device
+    rows = torch.empty(size, dtype=torch.int32, device=dev)
+    block_expert = torch.empty(size // block_m, dtype=torch.int32, device=dev)
+    num_padded = torch.empty(1, dtype=torch.int32, device=dev)
+    e_pad = _pow2(num_experts + 1)
+    cursor = torch.empty(e_pad, dtype=torch.int32, device=dev)
+    align_kernel[(1,)](ids, rows, block_expert, num_padded, cursor, n, size, num_experts, BLOCK_M=block_m,
+                       E_PAD=e_pad, CHUNK=256, TILE_CHUNK=max(1, 4096 // e_pad), num_warps=8 if n > 4096 else 4)
+    return rows, block_expert, num_padded
+
+
+def _pow2(n: int) -> int:
+    return 1 << (max(n, 1) - 1).bit_length()
 
 
 def _tiles(rows: int, num_experts: int) -> tuple[int, int, int]:
@@ -96,8 +169,9 @@ def _tiles(rows: int, num_experts: int) -> tuple[int, int, int]:
 
 
 def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
-                  ids: torch.Tensor) -> torch.Tensor:
-    """As layers.moe.torch_experts: x [T, H], w13 [E, 2I, H], w2 [E, H, I], weights/ids [T, k]."""
+                  ids: torch.Tensor, all_routed: bool = False) -> torch.Tensor:
+    """As layers.moe.torch_experts: x [T, H], w13 [E, 2I, H], w2 [E, H, I], weights/ids [T, k].
+    `all_routed`: no id is -1, so every output row is written (no zero fill needed)."""
     tokens, k = ids.shape
     num_experts, two_i, hidden = w13.shape
     inter = two_i // 2
@@ -113,7 +187,7 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights:
     moe_gemm_kernel[grid](x, w13, act, weights, rows, block_expert, num_padded, inter, hidden, n,
                           x.stride(0), w13.stride(0), w13.stride(1), act.stride(0),
                           **{**common, "TOP_K": k}, GATED=True, WEIGHTED=False)
-    out = torch.zeros(n, hidden, dtype=x.dtype, device=x.device)  # rows of other ranks' experts stay 0
+    out = (torch.empty if all_routed else torch.zeros)(n, hidden, dtype=x.dtype, device=x.device)  # -1 rows: 0
     grid = (block_expert.shape[0], triton.cdiv(hidden, block_n))
     moe_gemm_kernel[grid](act, w2, out, weights.contiguous(), rows, block_expert, num_padded, hidden, inter, n,
                           act.stride(0), w2.stride(0), w2.stride(1), out.stride(0),

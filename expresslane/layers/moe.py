@@ -95,20 +95,27 @@ class SparseMoE(nn.Module):
         # tokens routed to each expert so far (every expert: each rank routes every token)
         self.register_buffer("expert_tokens", torch.zeros(num_experts, dtype=torch.int64), persistent=False)
 
-    def experts(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """This rank's experts on x; ids are local (-1: not here)."""
+    def experts(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+                all_routed: bool = False) -> torch.Tensor:
+        """This rank's experts on x; ids are local (-1: not here; `all_routed`: none is)."""
         if self.fused:
             from expresslane.layers.fused_moe import fused_experts
-            return fused_experts(x, self.w13, self.w2, weights, ids)
+            return fused_experts(x, self.w13, self.w2, weights, ids, all_routed)
         return torch_experts(x, self.w13, self.w2, weights, ids)
 
-    def forward(self, x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        """x [T, H]; valid [T] bool, True for real tokens (False: CUDA-graph padding, not counted)."""
-        weights, ids = route(self.gate(x), self.top_k, self.renormalize)
-        self.expert_tokens.scatter_add_(0, ids.flatten(), valid.to(torch.int64)[:, None].expand(ids.shape).flatten())
+    def forward(self, x: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
+        """x [T, H]; tokens with slot -1 (CUDA-graph padding) are not counted."""
+        logits = self.gate(x)
+        if self.fused:  # one kernel: softmax, top-k, renormalisation, counters
+            from expresslane.layers.fused_moe import fused_route
+            weights, ids = fused_route(logits, self.top_k, self.renormalize, self.expert_tokens, slot_mapping)
+        else:
+            weights, ids = route(logits, self.top_k, self.renormalize)
+            real = (slot_mapping >= 0).to(torch.int64)
+            self.expert_tokens.scatter_add_(0, ids.flatten(), real[:, None].expand(ids.shape).flatten())
         if self.tp.expert_parallel:
             return dispatch_combine(x, weights, ids, self.experts_per_rank, self.tp, self.experts)
-        return self.tp.all_reduce(self.experts(x, weights, ids))
+        return self.tp.all_reduce(self.experts(x, weights, ids, all_routed=True))
 
     # -- weights -------------------------------------------------------------------------------
     def load_expert(self, expert: int, part: str, tensor: torch.Tensor) -> str | None:

@@ -113,7 +113,7 @@ class DecoderLayer(nn.Module):
         x = self.self_attn(positions, x, meta)
         x, residual = self.post_attention_layernorm(x, residual)
         if self.sparse:  # it counts tokens per expert: the real ones (CUDA-graph padding has slot -1)
-            return self.mlp(x, meta.slot_mapping >= 0), residual
+            return self.mlp(x, meta.slot_mapping), residual
         return self.mlp(x), residual
 
 
