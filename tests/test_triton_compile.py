@@ -51,7 +51,7 @@ def _cases():
     yield "per_token_quant_fp8_kernel", "bf16", dict(BLOCK=4096), dict(q_ptr="*fp8e4nv", scale_ptr="*fp32")
     # the fused MoE grouped GEMM (layers/fused_moe.py): gate/up with SiLU-and-mul, and down; every tile shape
     moe = dict(topk_w_ptr="*fp32", sorted_rows_ptr="*i32", block_expert_ptr="*i32", num_padded_ptr="*i32")
-    for bm, bn, bk in ((16, 64, 128), (32, 64, 64), (64, 64, 64)):
+    for bm, bn, bk in ((16, 32, 128), (32, 64, 64), (64, 64, 64), (128, 64, 64)):
         for dtype, precision in (("bf16", "tf32"), ("fp32", "ieee")):
             for top_k, gated in ((8, True), (1, False)):
                 yield "moe_gemm_kernel", dtype, dict(TOP_K=top_k, GATED=gated, WEIGHTED=not gated, BLOCK_M=bm,

@@ -1,4 +1,4 @@
-"""The fused MoE path (align by expert + two grouped GEMMs, Triton's interpreter on CPU) against
+"""The fused MoE path (routing, align by expert, two grouped GEMMs; Triton's interpreter on CPU) against
 the torch reference, on fresh random inputs: odd expert counts, top-1 and top-2, rows routed
 nowhere (expert parallelism's -1), experts no row reaches, every tile size."""
 
@@ -25,8 +25,9 @@ def _inputs(seed: int, tokens: int, experts: int, k: int, hidden: int, inter: in
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("tokens,experts,k,drop", [(1, 5, 2, 0.0), (7, 7, 1, 0.0), (33, 5, 2, 0.3),
-                                                   (130, 3, 2, 0.0), (300, 3, 1, 0.5)])
+@pytest.mark.parametrize("tokens,experts,k,drop", [  # rows per expert: every tile size (fused_moe._tiles)
+    (1, 5, 2, 0.0), (7, 7, 1, 0.0), (33, 5, 2, 0.3), (90, 3, 2, 0.0), (130, 3, 2, 0.0), (300, 3, 1, 0.5),
+    (800, 3, 1, 0.0)])
 def test_fused_experts_match_reference(dtype, tokens, experts, k, drop):
     x, w13, w2, weights, ids = _inputs(tokens, tokens, experts, k, hidden=96, inter=80, dtype=dtype, drop=drop)
     ref = torch_experts(x.float(), w13.float(), w2.float(), weights, ids)

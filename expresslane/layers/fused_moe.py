@@ -158,14 +158,18 @@ def _pow2(n: int) -> int:
     return 1 << (max(n, 1) - 1).bit_length()
 
 
-def _tiles(rows: int, num_experts: int) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K): small tiles while few rows reach each expert (decode)."""
+def _tiles(rows: int, num_experts: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, warps) by the rows each expert gets: decode reads weights
+    for a row or two a tile (narrow tiles, many programs: every SM streams weights); prefill
+    multiplies (taller tiles)."""
     per_expert = rows / num_experts
     if per_expert <= 16:
-        return 16, 64, 128
+        return 16, 32, 128, 4
     if per_expert <= 64:
-        return 32, 64, 64
-    return 64, 64, 64
+        return 32, 64, 64, 4
+    if per_expert <= 256:
+        return 64, 64, 64, 4
+    return 128, 64, 64, 8
 
 
 def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
@@ -176,11 +180,11 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights:
     num_experts, two_i, hidden = w13.shape
     inter = two_i // 2
     n = tokens * k
-    block_m, block_n, block_k = _tiles(n, num_experts)
+    block_m, block_n, block_k, warps = _tiles(n, num_experts)
     rows, block_expert, num_padded = align_by_expert(ids, num_experts, block_m)
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
     common = dict(TOP_K=1, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, PRECISION=precision,
-                  num_warps=4, num_stages=3 if x.is_cuda else 1)
+                  num_warps=warps, num_stages=3 if x.is_cuda else 1)
     act = torch.empty(n, inter, dtype=x.dtype, device=x.device)
     x = x.contiguous()
     grid = (block_expert.shape[0], triton.cdiv(inter, block_n))
