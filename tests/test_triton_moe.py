@@ -70,3 +70,25 @@ def test_fused_route_matches_reference(experts, k, renormalize):
     assert torch.equal(ids.cpu().long(), ref_ids)
     assert torch.allclose(weights.cpu(), ref_w, atol=1e-6, rtol=1e-5)
     assert torch.equal(counts.cpu(), torch.bincount(ref_ids[:-5].flatten(), minlength=experts))
+
+
+def test_engine_counts_real_tokens_only(model_dirs):
+    """Through the CUDA-graph input path (run eagerly on CPU), padded decode batches and mixed
+    steps route padding tokens too; the counters take only the real ones: every computed
+    token x top-k per layer, none from start-up (profiling, calibration)."""
+    from expresslane import LLM, SamplingParams
+
+    llm = LLM(str(model_dirs["mixtral"]), attention_backend="triton", max_num_batched_tokens=48, max_num_seqs=6,
+              max_model_len=256, num_kv_blocks=64, enable_prefix_caching=False)
+    runner = llm.engine.core.runner
+    runner.build_graphs(llm.config.model.max_model_len, capture=False)
+    padded = []
+    real_run = runner.decode_graphs.run
+    runner.decode_graphs.run = lambda inputs, patch: (padded.append(len(inputs.seqs)), real_run(inputs, patch))[1]
+    prompts = [[(5 * i + j) % 500 for j in range(n)] for i, n in enumerate((3, 20, 33))]  # 3 decodes: padded to 4
+    llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(temperature=0, max_tokens=5,
+                                                                            ignore_eos=True), use_tqdm=False)
+    assert 3 in padded, padded  # decode graphs of bucket 4 ran with one padding sequence
+    computed = sum(len(p) for p in prompts) + 3 * 4
+    counts = llm.engine.core.expert_tokens
+    assert sorted(counts) == [0, 1] and all(sum(row) == computed * 2 for row in counts.values()), counts
