@@ -23,6 +23,10 @@
 #   quant:   issue #16: FP8 (W8A8) and AWQ INT4 weights and an FP8 KV cache against bf16, 8B
 #            shape (decode vs floor, TTFT, 8k prefill TFLOP/s, 256 x 512/256 throughput, batch 64
 #            at 8k, KV capacity, accuracy vs bf16), GPU greedy vs the CPU reference per format
+#   gemv:    decode GEMVs and quantized linears per kernel and 8B shape (bf16 / FP8 / INT4, 1..16
+#            rows, INT4 prompt paths): TB/s vs the H200 and vs bf16 cuBLAS; GEMV_SWEEP=1 adds
+#            the tile-shape and split sweep (~1 min more); decode attention over a bf16 vs an FP8
+#            KV cache (batch 64 x 8k, one layer)
 #   tp:      issue #12/#13 (needs 2 GPUs): NCCL all-reduce vs symmetric-memory one-shot all-reduce
 #            at decode sizes (8B hidden size); batch-1 decode and TTFT at TP=1 vs TP=2 (NCCL, CUDA
 #            graphs per rank) and how many greedy tokens TP=2 shares with TP=1 (bf16)
@@ -131,6 +135,10 @@ for section in $SECTIONS; do
         | tee -a "$OUT/gpu-tests.log" | tail -3 || status=1
       echo "== quantization: fp8, awq, fp8 KV cache vs bf16 (llama-3-8b)"
       run python3 benchmarks/quant_bench.py --model "$MODELS/llama-3-8b" --awq "$MODELS/llama-3-8b-awq" ;;
+    gemv)
+      echo "== decode GEMVs and quantized linears (8B shapes, random weights)"
+      run python3 benchmarks/gemv_bench.py ${GEMV_SWEEP:+--sweep}
+      run python3 benchmarks/kv_attention_bench.py ;;
     tp)
       model llama-3-8b
       echo "== tensor parallel: all-reduce choice, TP=1 vs TP=2 (llama-3-8b)"

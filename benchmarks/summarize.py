@@ -49,8 +49,26 @@ def fmt(r: dict) -> str:
         return (f"GPU metrics idle -> {r['clients']} clients: utilisation {100 * r['idle_gpu_utilization_perc']:.0f}% -> "
                 f"{100 * r['load_gpu_utilization_perc']:.0f}%, memory {r['idle_gpu_memory_used_bytes'] / 2**30:.1f} -> "
                 f"{r['load_gpu_memory_used_bytes'] / 2**30:.1f} GiB{power}")
-    quant = fmt_quant(r)
+    quant = fmt_quant(r) or fmt_gemv(r)
     return quant if quant is not None else json.dumps(r)
+
+
+def fmt_gemv(r: dict) -> str | None:
+    """benchmarks/gemv_bench.py's and kv_attention_bench.py's rows."""
+    b = r["bench"]
+    if b == "gemv_check":
+        return f"GPU vs float32 {r['fmt']:>4} {r['shape']:<7} M={r['m']:<3} max rel err {r['max_rel_err']:.4f} ok={r['ok']}"
+    if b == "gemv" and "us" in r:
+        vs = f"  {r['speedup_vs_cublas_bf16']:.2f}x bf16 cuBLAS" if "speedup_vs_cublas_bf16" in r else ""
+        return (f"{r['fmt']:>4} {r['impl']:<14} {r['shape']:<7} M={r['m']:<5} {r['us']:9.2f} us  "
+                f"{r['weight_tb_per_s']:.2f} TB/s ({r['pct_of_bw']:.0f}%){vs}")
+    if b == "gemv_decode_step":
+        return (f"decode-step linears {r['fmt']:>4} {r['impl']:<7} ({r['configs']}) {r['ms']:.3f} ms  "
+                f"{r['weight_tb_per_s']:.2f} TB/s ({r['pct_of_bw']:.0f}% of copy bandwidth)")
+    if b == "kv_decode_attention":
+        return (f"decode attention {r['kv_dtype']} KV, batch {r['batch']} x {r['context']}: {r['us']:.0f} us  "
+                f"{r['kv_tb_per_s']:.2f} TB/s of KV")
+    return None
 
 
 def fmt_quant(r: dict) -> str | None:

@@ -81,3 +81,23 @@ def test_fp8_kv_engine_greedy_equals_across_backends(llama_dir):
         got[backend] = [o.outputs[0].token_ids for o in llm.generate(
             [{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)]
     assert got["torch"] == got["triton"]
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_triton_fp8_cache_bf16_queries(case):
+    """bf16 queries over an FP8 cache: the kernel's dots run in float16 (q converted exactly,
+    the e4m3 values exact, p rounded to 2^-11); against float32 attention over the same cache,
+    the bf16 output rounding (2^-8 relative) dominates."""
+    if DEVICE.type == "cpu":
+        pytest.skip("16-bit dot products are a GPU matter (the interpreter has no bfloat16)")
+    heads, kv_heads, dim, bs, seqs = CASES[case]
+    q, k, v, kv, meta, pos = make_step(seqs, heads, kv_heads, dim, bs, torch.float32, seed=40 + case)
+    scales = (0.5, 3.0)
+    kv8 = _fp8_copy(kv, scales)
+    backend = triton_backend.TritonAttentionBackend(heads, kv_heads, dim, DEVICE)
+    backend.prepare(meta)
+    qb = q.to(torch.bfloat16)
+    ref = TorchAttentionBackend().attend(qb.float(), kv8, meta, dim ** -0.5, scales)
+    out = backend.attend(qb, kv8, meta, dim ** -0.5, scales).float()
+    err = (out - ref).norm() / ref.norm()
+    assert err < 4e-3, f"relative error {err:.2e}"

@@ -81,9 +81,9 @@ def test_int4_gemm_half_precision(dtype):
     assert ((got - want).abs() <= bound).all()
 
 
-@pytest.mark.parametrize("m", [1, 16, 300])
+@pytest.mark.parametrize("m", [1, 5, 16, 300])
 def test_fp8_linear_bf16_on_gpu(m):
-    """The CUDA paths of Fp8Method (fused Triton kernel up to 16 rows, per-token quantization +
+    """The CUDA paths of Fp8Method (per-token quantization, then the GEMV up to 16 rows and
     torch._scaled_mm above) against the float32 reference: both use the same e4m3 operands and
     float32 accumulation; the bf16 output rounding (2^-8 relative) is the difference."""
     if DEVICE == "cpu":
@@ -101,3 +101,107 @@ def test_fp8_linear_bf16_on_gpu(m):
     want = fp8_linear_reference(x.float(), layer.weight, layer.weight_scale, None)
     bound = want.abs() * 2**-7 + (x.float().abs() @ layer.dequantized_weight().abs().t()) * 2**-12
     assert isinstance(layer, nn.Module) and ((got - want).abs() <= bound).all()
+
+
+# --- decode GEMVs (quant/gemv.py): split-K over programs, the last of a tile reducing ---
+
+GEMV_ROWS = [1, 3, 16]
+SPLITS = [1, 3, None]  # one program per tile, an uneven split, the default (as many as the K steps allow)
+
+
+def _counters_clear():
+    from expresslane.quant.gemv import _counters
+    assert int(_counters(torch.device(DEVICE)).abs().sum()) == 0  # every tile's last program reset its counter
+
+
+@pytest.mark.parametrize("m", GEMV_ROWS)
+@pytest.mark.parametrize("split", SPLITS)
+def test_fp8_gemv_matches_reference(m, split):
+    """x quantized per token first (per_token_quant_fp8): the same e4m3 operands as the
+    reference, float32 sums in another order (per BLOCK_K step, scaled), the bound of
+    test_fp8_gemm_matches_reference. N = 200 is not a multiple of the tile (masked edge tile).
+    On a GPU the dot is an FP8 tensor-core MMA, whose running sums are short of float32: a
+    step of 64 inputs keeps them within the bound."""
+    from expresslane.quant.gemv import gemv
+
+    k, n = 512, 200
+    x, w, b = _inputs(m, k, n, seed=200 + m)
+    wq, ws = quantize_per_row(w)
+    wq, ws = wq.to(DEVICE), ws.to(DEVICE)
+    want = fp8_linear_reference(x, wq, ws, b)
+    bound = (x.abs() @ (wq.float().abs() * ws[:, None]).t()) * 2 * k * 2**-24 + 1e-6
+    got = gemv(x, wq, ws, b, block_n=64, block_k=64, split=split)
+    assert ((got - want).abs() <= bound).all()
+    _counters_clear()
+
+
+@pytest.mark.parametrize("m", GEMV_ROWS)
+def test_gemv_unquantized_matches_reference(m):
+    """W in the activation dtype (the bf16 GEMV; float32 here, exact-precision dot)."""
+    from expresslane.quant.gemv import gemv
+
+    k, n = 384, 128
+    x, w, b = _inputs(m, k, n, seed=300 + m)
+    w = w.to(DEVICE)
+    got = gemv(x, w, None, b, block_n=64, block_k=128, split=None)
+    want = x @ w.t() + b
+    bound = (x.abs() @ w.abs().t()) * k * 2**-24 + 1e-6
+    assert ((got - want).abs() <= bound).all()
+    _counters_clear()
+
+
+@pytest.mark.parametrize("m", [1, 3])
+@pytest.mark.parametrize("group", [32, 128, 256])
+@pytest.mark.parametrize("split", SPLITS)
+def test_int4_gemv_matches_reference(m, group, split):
+    """Nibbles decoded through the float 2^23 + q 2^p (exact), (q - z) x summed per group in
+    float32 and scaled once: within K float32 roundings of the sum of |products| of the
+    dequantized reference. N = 80: a partial column tile (block 64)."""
+    from expresslane.quant.gemv import int4_gemv
+
+    k, n = 512, 80
+    x, w, b = _inputs(m, k, n, seed=400 + m)
+    q, z, s = quantize_groups(w, group, sym=False)
+    qweight, zeros, scales = pack_rows(q).to(DEVICE), z.to(DEVICE, torch.uint8), s.half().to(DEVICE)
+    wf = dequantize(qweight, zeros, scales, group)
+    got = int4_gemv(x, qweight, scales, zeros, b, group, block_n=64, split=split)
+    want = x @ wf + b
+    bound = (x.abs() @ wf.abs()) * 2 * k * 2**-24 + 1e-6
+    assert ((got - want).abs() <= bound).all()
+    _counters_clear()
+
+
+def test_int4_dequantize_is_exact():
+    """The dense weight of the long-input path: (q - z) * s in float32, exactly the reference."""
+    from expresslane.quant.kernels import int4_dequantize
+
+    k, n, group = 256, 272, 64
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(5))
+    q, z, s = quantize_groups(w, group, sym=True)
+    qweight, zeros, scales = pack_rows(q).to(DEVICE), z.to(DEVICE, torch.uint8), s.half().to(DEVICE)
+    got = int4_dequantize(qweight, scales, zeros, group, torch.float32)
+    assert torch.equal(got.cpu(), dequantize(qweight, zeros, scales, group).cpu())
+
+
+@pytest.mark.parametrize("m", [1, 3, 5, 40, 200])
+@pytest.mark.parametrize("n", [384, 16384])
+def test_int4_linear_paths_on_gpu(m, n):
+    """Int4Method's CUDA paths by rows and width (GEMV; the tile kernel for wide layers;
+    dequantize + cuBLAS) in bf16 against float32 on the same inputs: weights rounded to bf16
+    at most once (2^-8 relative), the output once more."""
+    if DEVICE == "cpu":
+        pytest.skip("needs CUDA (16-bit activations)")
+    from expresslane.quant.int4 import Int4Method, awq_tensors
+    from expresslane.quant.linear import QuantLinear
+
+    k = 512
+    x, w, _ = _inputs(m, k, n, seed=9, dtype=torch.bfloat16)
+    with torch.device(DEVICE):
+        layer = QuantLinear(k, [n], False, Int4Method("awq", 128))
+    for name, t in awq_tensors(w, 128).items():
+        layer.load_part(0, name, t.to(DEVICE))
+    got = layer(x).float()
+    wf = layer.dequantized_weight()
+    want = x.float() @ wf.t()
+    bound = (x.float().abs() @ wf.abs().t()) * 2**-7 + want.abs() * 2**-8 + 1e-4
+    assert ((got - want).abs() <= bound).all()

@@ -15,7 +15,7 @@ import pytest
 # pointers by argument name; every other pointer is an activation (the case's dtype)
 _POINTERS = {"pos_ptr": "*i64", "slot_ptr": "*i64", "block_tables_ptr": "*i32", "seq_lens_ptr": "*i32",
              "query_start_loc_ptr": "*i32", "work_ptr": "*i32", "cos_sin_ptr": "*fp32", "part_acc_ptr": "*fp32",
-             "part_ml_ptr": "*fp32"}
+             "part_ml_ptr": "*fp32", "part_ptr": "*fp32", "count_ptr": "*i32"}
 _FLOATS = {"scale", "eps", "k_scale", "v_scale"}
 
 
@@ -48,7 +48,20 @@ def _cases():
                 w_ptr="*fp8e4nv", scale_ptr="*fp32", zero_ptr="*fp32")
         yield "quant_gemm_kernel", "bf16", dict(FP8=False, GROUP=128, HAS_BIAS=False, **tiles), dict(
             w_ptr="*i32", scale_ptr="*fp16", zero_ptr="*u8")
-    yield "per_token_quant_fp8_kernel", "bf16", dict(BLOCK=4096), dict(q_ptr="*fp8e4nv", scale_ptr="*fp32")
+    for one_pass, block in ((True, 16384), (False, 4096)):
+        yield "per_token_quant_fp8_kernel", "bf16", dict(BLOCK=block, ONE_PASS=one_pass), dict(
+            q_ptr="*fp8e4nv", scale_ptr="*fp32")
+    # decode GEMVs (quant/gemv.py): bf16 / fp8 (x quantized before), split or not
+    fp8_ptrs = dict(w_ptr="*fp8e4nv", ws_ptr="*fp32", xs_ptr="*fp32", x_ptr="*fp8e4nv")
+    for fp8, dot, ptrs in ((False, "act", {}), (True, "fp8", fp8_ptrs)):
+        for split, even in ((1, True), (8, False)):
+            yield "gemv_kernel", "bf16", dict(FP8=fp8, DOT=dot, HAS_BIAS=split == 1, SPLIT_K=split > 1, EVEN=even,
+                                              BLOCK_M=16, BLOCK_N=64, BLOCK_K=256), ptrs
+    for split in (1, 16):
+        yield "int4_gemv_kernel", "bf16", dict(GROUP=128, ROWS=8, HAS_BIAS=True, SPLIT_K=split > 1, EVEN_N=split > 1,
+                                               BLOCK_N=256), dict(qw_ptr="*i32", scale_ptr="*fp16", zero_ptr="*u8")
+    yield "int4_dequant_kernel", "bf16", dict(GROUP=128, BLOCK_R=16, BLOCK_N=256), dict(
+        qw_ptr="*i32", scale_ptr="*fp16", zero_ptr="*u8")
     # the fused MoE grouped GEMM (layers/fused_moe.py): gate/up with SiLU-and-mul, and down; every tile shape
     moe = dict(topk_w_ptr="*fp32", sorted_rows_ptr="*i32", block_expert_ptr="*i32", num_padded_ptr="*i32")
     for bm, bn, bk in ((16, 32, 128), (32, 64, 64), (64, 64, 64), (128, 64, 64)):
@@ -115,7 +128,7 @@ def test_every_triton_kernel_compiles():
     pytest.importorskip("triton.backends.nvidia.compiler")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0 and "compiled 10 kernels" in proc.stdout, proc.stderr[-3000:]
+    assert proc.returncode == 0 and "compiled 13 kernels" in proc.stdout, proc.stderr[-3000:]
 
 
 if __name__ == "__main__":

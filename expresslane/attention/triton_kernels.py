@@ -109,6 +109,11 @@ def paged_attention_kernel(
     d_ok = d < HEAD_DIM
     q = tl.load(q_ptr + (q_start + tok)[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    if k_cache_ptr.dtype.element_ty == tl.float8e4nv and q.dtype == tl.bfloat16:
+        # 16-bit dots over an FP8 cache in float16: e4m3 -> f16 is one cvt per two values, while
+        # e4m3 -> bf16 goes through f16 -> bf16, a quarter-rate conversion that bounded the
+        # decode kernel. bf16 q converts exactly (within +-65504; p in [0, 1] gains precision).
+        q = tl.minimum(tl.maximum(q.to(tl.float32), -65504.0), 65504.0).to(tl.float16)
     q_pos = ctx - q_len + tok
 
     # keys this tile can see at all; a decode split takes a BLOCK_N-aligned slice of them

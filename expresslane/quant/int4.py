@@ -29,6 +29,27 @@ AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # AWQ nibble i holds column AWQ_ORDER[i] o
 SEQ_ORDER = tuple(range(8))
 
 
+GEMV_M = 3  # on CUDA: rows up to which the split-K GEMV runs (CUDA cores: each row costs its own arithmetic)
+TILE_N, TILE_M = 16384, 512  # layers this wide keep the tile kernel up to this many rows
+
+
+def _cuda_matmul(x: torch.Tensor, layer: nn.Module, n: int) -> torch.Tensor:
+    """Decode sizes: the GEMV. Else, by what measured faster on an H200 (benchmarks/gemv_bench.py):
+    the fused Triton tile kernel for wide layers (many N tiles fill the GPU) up to TILE_M rows,
+    otherwise dequantize (a 16-bit copy of the weight, written and read once per call) and one
+    cuBLAS GEMM, which is as fast as bf16 itself for long prompts."""
+    from expresslane.quant.gemv import int4_gemv
+    from expresslane.quant.kernels import int4_dequantize, quant_gemm
+
+    m = x.shape[0]
+    if m <= GEMV_M:
+        return int4_gemv(x, layer.qweight, layer.scales, layer.zeros, layer.bias, layer.group)
+    if n >= TILE_N and m < TILE_M:
+        return quant_gemm(x, layer.qweight, layer.scales, layer.zeros, layer.bias, n, layer.group)
+    w = int4_dequantize(layer.qweight, layer.scales, layer.zeros, layer.group, x.dtype)
+    return torch.addmm(layer.bias.to(x.dtype), x, w) if layer.bias is not None else x @ w
+
+
 def _to_int32(x: torch.Tensor) -> torch.Tensor:
     """int64 holding 32-bit patterns -> int32 with the same bits."""
     return torch.where(x >= 2**31, x - 2**32, x).to(torch.int32)
@@ -165,8 +186,7 @@ class Int4Method:
             x2 = x2[:, layer.perm]
         n = layer.scales.shape[1]
         if x.is_cuda:
-            from expresslane.quant.kernels import quant_gemm
-            out = quant_gemm(x2.contiguous(), layer.qweight, layer.scales, layer.zeros, layer.bias, n, layer.group)
+            out = _cuda_matmul(x2.contiguous(), layer, n)
         else:  # the reference: dequantize, then a float32 matmul
             w = dequantize(layer.qweight, layer.zeros, layer.scales, layer.group)
             out = x2.float() @ w

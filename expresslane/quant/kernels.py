@@ -77,12 +77,13 @@ def quant_gemm_kernel(x_ptr, w_ptr, scale_ptr, zero_ptr, bias_ptr, out_ptr, M, N
             rp = k0 // 8 + tl.arange(0, BLOCK_K // 8)
             packed = tl.load(w_ptr + rp[:, None] * N + rn[None, :], mask=n_ok[None, :] & (rp < K // 8)[:, None],
                              other=0)
-            q = (packed[:, None, :] >> (tl.arange(0, 8) * 4)[None, :, None]) & 0xF
-            q = tl.reshape(q, (BLOCK_K, BLOCK_N))
+            # nibble | 0x4B000000 is the float 2^23 + q: no int->float conversions (a quarter-rate op)
+            q = ((packed[:, None, :] >> (tl.arange(0, 8) * 4)[None, :, None]) & 0xF) | 0x4B000000
+            q = tl.reshape(q, (BLOCK_K, BLOCK_N)).to(tl.float32, bitcast=True)
             g = k0 // GROUP
             s = tl.load(scale_ptr + g * N + rn, mask=n_ok, other=0.0).to(tl.float32)
-            z = tl.load(zero_ptr + g * N + rn, mask=n_ok, other=0).to(tl.float32)
-            w = ((q.to(tl.float32) - z[None, :]) * s[None, :]).to(x.dtype)
+            z = tl.load(zero_ptr + g * N + rn, mask=n_ok, other=0).to(tl.float32) + 8388608.0
+            w = ((q - z[None, :]) * s[None, :]).to(x.dtype)
         acc += tl.dot(x, w, input_precision=PRECISION)
     if FP8:
         w_scale = tl.load(scale_ptr + rn, mask=n_ok, other=0.0)
@@ -94,19 +95,54 @@ def quant_gemm_kernel(x_ptr, w_ptr, scale_ptr, zero_ptr, bias_ptr, out_ptr, M, N
 
 
 @triton.jit
-def per_token_quant_fp8_kernel(x_ptr, q_ptr, scale_ptr, K, stride_xm, BLOCK: tl.constexpr):
-    """One program per row: scale = max|x| / 448, q = e4m3(x / scale)."""
+def int4_dequant_kernel(qw_ptr, scale_ptr, zero_ptr, out_ptr, K, N, GROUP: tl.constexpr,
+                        BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
+    """qweight [K / 8, N] -> out [K, N] in out's dtype: w = (q - z) * s in float32, rounded once
+    (what quant_gemm_kernel feeds its dot). A packed row's 8 inputs share a group (8 | GROUP)."""
+    rp = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    ok = (rp < K // 8)[:, None] & (rn < N)[None, :]
+    packed = tl.load(qw_ptr + rp.to(tl.int64)[:, None] * N + rn[None, :], mask=ok, other=0)
+    zs = ((rp * 8) // GROUP).to(tl.int64)[:, None] * N + rn[None, :]
+    z = tl.load(zero_ptr + zs, mask=ok, other=0).to(tl.float32) + 8388608.0
+    s = tl.load(scale_ptr + zs, mask=ok, other=0.0).to(tl.float32)
+    for j in tl.static_range(8):
+        q = (((packed >> (4 * j)) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True)
+        o = out_ptr + (rp.to(tl.int64) * 8 + j)[:, None] * N + rn[None, :]
+        tl.store(o, ((q - z) * s).to(out_ptr.dtype.element_ty), mask=ok)
+
+
+def int4_dequantize(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group: int,
+                    dtype: torch.dtype) -> torch.Tensor:
+    """The W4A16 weight as a dense [K, N] tensor of ``dtype`` (long inputs: then one cuBLAS GEMM)."""
+    k8, n = qweight.shape
+    out = torch.empty((k8 * 8, n), dtype=dtype, device=qweight.device)
+    int4_dequant_kernel[(triton.cdiv(k8, 16), triton.cdiv(n, 256))](
+        qweight, scales, zeros, out, k8 * 8, n, GROUP=group, BLOCK_R=16, BLOCK_N=256, num_warps=4)
+    return out
+
+
+@triton.jit
+def per_token_quant_fp8_kernel(x_ptr, q_ptr, scale_ptr, K, stride_xm, BLOCK: tl.constexpr, ONE_PASS: tl.constexpr):
+    """One program per row: scale = max|x| / 448, q = e4m3(x / scale). ONE_PASS (K <= BLOCK):
+    the row is read once (decode-sized inputs: this kernel's latency is on the critical path)."""
     row = tl.program_id(0).to(tl.int64)
-    amax = tl.zeros([BLOCK], tl.float32)
-    for k0 in range(0, K, BLOCK):
-        k = k0 + tl.arange(0, BLOCK)
+    if ONE_PASS:
+        k = tl.arange(0, BLOCK)
         x = tl.load(x_ptr + row * stride_xm + k, mask=k < K, other=0.0).to(tl.float32)
-        amax = tl.maximum(amax, tl.abs(x))
-    scale = tl.maximum(tl.max(amax, 0), 1e-12) / 448.0
-    for k0 in range(0, K, BLOCK):
-        k = k0 + tl.arange(0, BLOCK)
-        x = tl.load(x_ptr + row * stride_xm + k, mask=k < K, other=0.0).to(tl.float32)
+        scale = tl.maximum(tl.max(tl.abs(x), 0), 1e-12) / 448.0
         tl.store(q_ptr + row * K + k, _quantize_e4m3(x, scale).to(tl.float8e4nv), mask=k < K)
+    else:
+        amax = tl.zeros([BLOCK], tl.float32)
+        for k0 in range(0, K, BLOCK):
+            k = k0 + tl.arange(0, BLOCK)
+            x = tl.load(x_ptr + row * stride_xm + k, mask=k < K, other=0.0).to(tl.float32)
+            amax = tl.maximum(amax, tl.abs(x))
+        scale = tl.maximum(tl.max(amax, 0), 1e-12) / 448.0
+        for k0 in range(0, K, BLOCK):
+            k = k0 + tl.arange(0, BLOCK)
+            x = tl.load(x_ptr + row * stride_xm + k, mask=k < K, other=0.0).to(tl.float32)
+            tl.store(q_ptr + row * K + k, _quantize_e4m3(x, scale).to(tl.float8e4nv), mask=k < K)
     tl.store(scale_ptr + row, scale)
 
 
@@ -116,7 +152,10 @@ def per_token_quant_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     q = torch.empty((m, k), dtype=torch.float8_e4m3fn, device=x.device)
     scale = torch.empty((m, 1), dtype=torch.float32, device=x.device)
     if m:
-        per_token_quant_fp8_kernel[(m,)](x, q, scale, k, x.stride(0), BLOCK=min(4096, triton.next_power_of_2(k)))
+        one_pass = k <= 16384 and m <= 64  # few long rows: one read each; many rows: the GPU is full anyway
+        block = triton.next_power_of_2(k) if one_pass else min(4096, triton.next_power_of_2(k))
+        per_token_quant_fp8_kernel[(m,)](x, q, scale, k, x.stride(0), BLOCK=block, ONE_PASS=one_pass,
+                                         num_warps=8 if block > 4096 else 4)
     return q, scale
 
 
