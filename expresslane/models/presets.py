@@ -121,10 +121,14 @@ class ParamSpec:
 
 
 def param_specs(config: dict) -> list[ParamSpec]:
-    """Every saved tensor of a preset, in HF checkpoint order (a tied lm_head is not saved)."""
-    h, inter = config["hidden_size"], config["intermediate_size"]
-    hd = config.get("head_dim") or h // config["num_attention_heads"]
-    q_out, kv_out = config["num_attention_heads"] * hd, config["num_key_value_heads"] * hd
+    """Every saved tensor of a preset (or a config.json of the same families), in HF checkpoint
+    order (a tied lm_head is not saved)."""
+    if config.get("model_type") not in _FAMILIES:
+        raise ValueError(f"random weights are made for model types {', '.join(_FAMILIES)}, not "
+                         f"{config.get('model_type')!r}")
+    h, heads = config["hidden_size"], config["num_attention_heads"]
+    hd = config.get("head_dim") or h // heads
+    q_out, kv_out = heads * hd, (config.get("num_key_value_heads") or heads) * hd
     biased = config["model_type"] == "qwen2"
     qk_norm = config["model_type"] in ("qwen3", "qwen3_moe")
     specs = [ParamSpec("model.embed_tokens.weight", (config["vocab_size"], h), "normal")]
@@ -141,9 +145,12 @@ def param_specs(config: dict) -> list[ParamSpec]:
                   ParamSpec(f"{p}.input_layernorm.weight", (h,), "ones"),
                   ParamSpec(f"{p}.post_attention_layernorm.weight", (h,), "ones")]
     specs.append(ParamSpec("model.norm.weight", (h,), "ones"))
-    if not config["tie_word_embeddings"]:
+    if not config.get("tie_word_embeddings", False):
         specs.append(ParamSpec("lm_head.weight", (config["vocab_size"], h), "normal"))
     return specs
+
+
+_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe")
 
 
 def _mlp_specs(config: dict, index: int, p: str) -> list[ParamSpec]:
