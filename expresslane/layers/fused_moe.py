@@ -103,14 +103,12 @@ def fused_route(router_logits: torch.Tensor, top_k: int, renormalize: bool, coun
 
 
 @triton.jit
-def align_kernel(ids_ptr, rows_ptr, block_expert_ptr, num_padded_ptr, cursor_ptr, n, size, E,
+def align_kernel(ids_ptr, rows_ptr, block_expert_ptr, num_padded_ptr, cursor_ptr, n, E,
                  BLOCK_M: tl.constexpr, E_PAD: tl.constexpr, CHUNK: tl.constexpr, TILE_CHUNK: tl.constexpr):
     """One program: the rows (token * k + slot) grouped by expert into `rows_ptr`, each expert's
-    run padded to BLOCK_M with the out-of-range row n; the expert of every tile; the rows in use."""
+    run padded to BLOCK_M with the out-of-range row n; the rows in use and the expert of each of
+    their tiles (places and tiles past them are left as they are: nothing reads them)."""
     offs_e = tl.arange(0, E_PAD)
-    for start in range(0, size, CHUNK):  # every place starts as padding
-        o = start + tl.arange(0, CHUNK)
-        tl.store(rows_ptr + o, n, mask=o < size)
     counts = tl.zeros((E_PAD,), dtype=tl.int32)
     for start in range(0, n, CHUNK):  # rows per expert (id -1 and past-the-end rows: bin E, E_PAD > E)
         o = start + tl.arange(0, CHUNK)
@@ -119,13 +117,17 @@ def align_kernel(ids_ptr, rows_ptr, block_expert_ptr, num_padded_ptr, cursor_ptr
     counts = tl.where(offs_e < E, counts, 0)
     padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
     ends = tl.cumsum(padded, 0)
+    total = tl.sum(padded, 0)
     tl.store(cursor_ptr + offs_e, ends - padded)  # each expert's next free place
-    tl.store(num_padded_ptr, tl.sum(padded, 0))
-    for start in range(0, size // BLOCK_M, TILE_CHUNK):  # a tile's expert: how many experts end before it
+    tl.store(num_padded_ptr, total)
+    for start in range(0, total, CHUNK):  # the places in use start as padding (the GEMMs read no further)
+        o = start + tl.arange(0, CHUNK)
+        tl.store(rows_ptr + o, n, mask=o < total)
+    for start in range(0, total // BLOCK_M, TILE_CHUNK):  # a tile's expert: how many experts end before it
         tile = start + tl.arange(0, TILE_CHUNK)
         before = (ends[None, :] <= (tile * BLOCK_M)[:, None]) & (offs_e < E)[None, :]
         expert = tl.minimum(tl.sum(before.to(tl.int32), 1), E - 1)
-        tl.store(block_expert_ptr + tile, expert, mask=tile < size // BLOCK_M)
+        tl.store(block_expert_ptr + tile, expert, mask=tile < total // BLOCK_M)
     tl.debug_barrier()  # the padding and the cursors are visible to every thread before the rows land
     for start in range(0, n, CHUNK):
         o = start + tl.arange(0, CHUNK)
@@ -136,11 +138,12 @@ def align_kernel(ids_ptr, rows_ptr, block_expert_ptr, num_padded_ptr, cursor_ptr
 
 
 def align_by_expert(ids: torch.Tensor, num_experts: int, block_m: int):
-    """(rows [P] int32, expert of each BLOCK_M tile [P / block_m] int32, rows in use [1] int32):
+    """(rows [P] int32, expert of each BLOCK_M tile [P / block_m] int32, rows in use U [1] int32):
     the flat (token * k + slot) rows grouped by expert (in no set order within an expert: each
     row's result is its own), each group padded to a multiple of block_m with the row number
-    ``ids.numel()`` (out of range: not loaded, not stored); rows of expert -1 are left out. P
-    is the worst case, fixed by the shape: nothing is read back to the host."""
+    ``ids.numel()`` (out of range: not loaded, not stored); rows of expert -1 are left out.
+    Only the first U places and U / block_m tiles are written. P is the worst case, fixed by
+    the shape: nothing is read back to the host."""
     n = ids.numel()
     size = -(-(n + num_experts * (block_m - 1)) // block_m) * block_m
     dev = ids.device
@@ -149,7 +152,7 @@ def align_by_expert(ids: torch.Tensor, num_experts: int, block_m: int):
     num_padded = torch.empty(1, dtype=torch.int32, device=dev)
     e_pad = _pow2(num_experts + 1)
     cursor = torch.empty(e_pad, dtype=torch.int32, device=dev)
-    align_kernel[(1,)](ids, rows, block_expert, num_padded, cursor, n, size, num_experts, BLOCK_M=block_m,
+    align_kernel[(1,)](ids, rows, block_expert, num_padded, cursor, n, num_experts, BLOCK_M=block_m,
                        E_PAD=e_pad, CHUNK=256, TILE_CHUNK=max(1, 4096 // e_pad), num_warps=8 if n > 4096 else 4)
     return rows, block_expert, num_padded
 
