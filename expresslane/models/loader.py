@@ -18,7 +18,8 @@ def safetensors_files(path: Path) -> list[Path]:
     else:
         files = sorted(path.glob("*.safetensors"))
     if not files:
-        raise FileNotFoundError(f"no *.safetensors weights in {str(path)!r}")
+        raise FileNotFoundError(f"no *.safetensors weights in {str(path)!r} (random weights instead: load_format "
+                                "'dummy', --load-format dummy)")
     missing = [f.name for f in files if not f.is_file()]
     if missing:
         raise FileNotFoundError(f"weight shards missing in {str(path)!r}: {missing}")
