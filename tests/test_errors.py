@@ -5,6 +5,8 @@ import shutil
 
 import pytest
 
+from safetensors.torch import load_file, save_file
+
 from expresslane import LLM, SamplingParams
 from expresslane.config import EngineConfig
 
@@ -123,3 +125,18 @@ def test_weights_of_the_wrong_shape(llama_dir, model_dirs, tmp_path):
         shutil.copy(f, d / f.name)
     with pytest.raises(ValueError, match="checkpoint"):
         LLM(str(d))
+
+
+def test_expert_tensors_of_the_wrong_shape_or_missing(model_dirs, tmp_path):
+    bad = tmp_path / "bad"
+    shutil.copytree(model_dirs["mixtral"], bad)
+    tensors = load_file(bad / "model.safetensors")
+    tensors["model.layers.1.block_sparse_moe.experts.3.w2.weight"] = tensors[
+        "model.layers.1.block_sparse_moe.experts.3.w2.weight"][:, :-1].contiguous()
+    save_file(tensors, bad / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"expert 3 down tensor of shape \(64, 127\); the model's is \(64, 128\)"):
+        LLM(str(bad))
+    del tensors["model.layers.1.block_sparse_moe.experts.3.w2.weight"]
+    save_file(tensors, bad / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"missing 1 tensors, e.g. \['layers.1.mlp#3.down'\]"):
+        LLM(str(bad))

@@ -35,3 +35,4 @@ def test_ep2_matches_ep1(model_dirs, arch):
 def test_ep_refuses_a_rank_without_experts(model_dirs):
     with pytest.raises(ValueError, match="leaves a rank without experts"):
         LLM(str(model_dirs["mixtral"]), tensor_parallel_size=4, enable_expert_parallel=True, **CASE)
+

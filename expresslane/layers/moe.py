@@ -126,16 +126,15 @@ class SparseMoE(nn.Module):
             raise ValueError(f"expert {expert} out of range: the model has {self.num_experts}")
         if not 0 <= local < self.w13.shape[0]:
             return None
-        n = self.w2.shape[2]
+        hidden, n = self.w2.shape[1], self.w2.shape[2]
+        full = (hidden, self.intermediate) if part == "down" else (self.intermediate, hidden)
+        if tuple(tensor.shape) != full:
+            raise ValueError(f"expert {expert} {part} tensor of shape {tuple(tensor.shape)}; the model's is {full}")
         if part == "down":
-            target, src = self.w2.data[local], tensor.narrow(1, self.inter_start, n)
+            self.w2.data[local].copy_(tensor.narrow(1, self.inter_start, n))
         else:
             offset = 0 if part == "gate" else n
-            target, src = self.w13.data[local, offset:offset + n], tensor.narrow(0, self.inter_start, n)
-        if target.shape != src.shape:
-            raise ValueError(f"expert {expert} {part} tensor {tuple(tensor.shape)} does not fit "
-                             f"{tuple(target.shape)} (intermediate size {self.intermediate})")
-        target.copy_(src)
+            self.w13.data[local, offset:offset + n].copy_(tensor.narrow(0, self.inter_start, n))
         return f"{local}.{part}"
 
     def expected_keys(self) -> set[str]:
