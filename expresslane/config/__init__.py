@@ -7,9 +7,10 @@ from expresslane.config.engine import (
     ModelConfig,
     ParallelConfig,
     SchedulerConfig,
+    SpeculativeConfig,
     add_cli_args,
     engine_kwargs_from_args,
 )
 
 __all__ = ["CacheConfig", "DeviceConfig", "EngineConfig", "ModelConfig", "ParallelConfig", "SchedulerConfig",
-           "add_cli_args", "engine_kwargs_from_args"]
+           "SpeculativeConfig", "add_cli_args", "engine_kwargs_from_args"]

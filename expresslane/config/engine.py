@@ -21,7 +21,7 @@ from expresslane.lanes import DEFAULT_LANE_SLO, Lanes
 
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
-    model: str | None = _knob(None, "model directory (Hugging Face layout); default: the built-in tiny model")
+    model: str | None = _knob(None, "model directory (Hugging Face layout); default: the built-in stdlib-llama-9m")
     tokenizer: str | None = _knob(None, "tokenizer directory (default: the model directory)")
     dtype: str = _knob("auto", "weights and activations dtype; auto = the model's dtype on GPU, float32 on CPU",
                        ("auto", "float32", "float16", "bfloat16"))
@@ -97,6 +97,27 @@ class ParallelConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class SpeculativeConfig:
+    speculative_method: str | None = _knob(
+        None, "speculative decoding: ngram (proposals from the request's own prompt and output) or draft_model "
+        "(a smaller model, --speculative-model); default: draft_model when --speculative-model is given, else off",
+        (None, "ngram", "draft_model"))
+    speculative_model: str | None = _knob(None, "draft model directory (same tokenizer as the model), e.g. the "
+                                          "built-in expresslane/models/data/stdlib-llama-2m-draft")
+    num_speculative_tokens: int = _knob(4, "tokens proposed per decoding request and step (verified in one "
+                                        "target step)")
+    prompt_lookup_max: int = _knob(4, "ngram: longest suffix looked up in the request's tokens")
+    prompt_lookup_min: int = _knob(2, "ngram: shortest suffix looked up")
+    speculative_disable_by_batch_size: int | None = _knob(
+        None, "speculate only while at most this many requests decode; default: whenever the step-cost model "
+        "predicts less time per generated token (off at high batch)")
+
+    @property
+    def method(self) -> str | None:
+        return self.speculative_method or ("draft_model" if self.speculative_model else None)
+
+
+@dataclass(frozen=True, slots=True)
 class EngineConfig:
     TITLE: ClassVar[str] = "engine"
 
@@ -105,6 +126,7 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     device: DeviceConfig = field(default_factory=DeviceConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> "EngineConfig":
@@ -146,7 +168,21 @@ class EngineConfig:
             raise ValueError("dist_init_addr (host:port of node 0) is needed when nnodes > 1")
         if p.dist_init_addr is not None and not re.fullmatch(r"[^:\s]+:\d{1,5}", p.dist_init_addr):
             raise ValueError(f"dist_init_addr must be host:port, got {p.dist_init_addr!r}")
-        for section in (m, c, s, self.device, p):
+        sd = self.speculative
+        if sd.method == "draft_model" and not sd.speculative_model:
+            raise ValueError("speculative_method draft_model needs speculative_model (a draft model directory)")
+        if sd.method is not None and (not isinstance(sd.num_speculative_tokens, int) or
+                                      not 1 <= sd.num_speculative_tokens <= 16):
+            raise ValueError(f"num_speculative_tokens must be in 1..16, got {sd.num_speculative_tokens!r}")
+        if not 1 <= sd.prompt_lookup_min <= sd.prompt_lookup_max:
+            raise ValueError(f"need 1 <= prompt_lookup_min <= prompt_lookup_max, got {sd.prompt_lookup_min} and "
+                             f"{sd.prompt_lookup_max}")
+        if sd.method is not None and p.tensor_parallel_size > 1:
+            raise ValueError("speculative decoding runs with tensor_parallel_size 1 only (for now)")
+        if sd.speculative_disable_by_batch_size is not None and sd.speculative_disable_by_batch_size < 1:
+            raise ValueError(f"speculative_disable_by_batch_size must be positive, got "
+                             f"{sd.speculative_disable_by_batch_size}")
+        for section in (m, c, s, self.device, p, sd):
             check_choices(section)
 
     def replace(self, **kwargs: Any) -> "EngineConfig":
@@ -160,7 +196,7 @@ class EngineConfig:
 
 
 _SECTIONS = {"model": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig, "device": DeviceConfig,
-             "parallel": ParallelConfig}
+             "parallel": ParallelConfig, "speculative": SpeculativeConfig}
 
 
 def _field_owners() -> dict[str, str]:

@@ -17,12 +17,13 @@ from expresslane.engine.kv_cache import KVCacheManager
 from expresslane.engine.policy import StepBudget
 from expresslane.engine.request import Request
 from expresslane.engine.scheduler import Scheduler
+from expresslane.engine.spec_decode import SpecDecoder
 
 
 class FixedBatchScheduler(Scheduler):
     def _schedule(self) -> list[tuple[Request, int]]:
         if self.running:
-            scheduled, _ = self._schedule_running(StepBudget.unlimited())
+            scheduled, _ = self._schedule_running(StepBudget.unlimited(), self.speculating())
             return scheduled
         if not self._batch_ready():
             return []
@@ -43,6 +44,6 @@ class FixedBatchScheduler(Scheduler):
 
 
 def make_scheduler(config: SchedulerConfig, kv: KVCacheManager, clock=time.monotonic,
-                   cost_model: StepCostModel | None = None) -> Scheduler:
+                   cost_model: StepCostModel | None = None, spec: SpecDecoder | None = None) -> Scheduler:
     cls = Scheduler if config.batching == "continuous" else FixedBatchScheduler
-    return cls(config, kv, clock, cost_model)
+    return cls(config, kv, clock, cost_model, spec)

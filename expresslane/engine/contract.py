@@ -66,6 +66,10 @@ class StepStats:
     # ran right behind the one before; 0 otherwise) and what the step-cost model predicted
     step_time: float = 0.0
     predicted_step_time: float = 0.0
+    # speculative decoding, cumulative (vLLM's spec_decode_* counters)
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
     # mixtures of experts, now and then (when a copy of the device counters has landed; else None):
     # per sparse layer index, the tokens routed to each expert since start (cumulative)
     expert_tokens: dict[int, list[int]] | None = None
@@ -97,6 +101,10 @@ class ScheduledSeq:
     # the (single) input token is the one this request sampled in the previous step, still
     # on the device: the runner takes it from there
     from_previous: bool = False
+    # speculative decoding: the last `num_spec_tokens` of token_ids are proposals (placeholders
+    # the runner's draft model fills, with a draft model); the runner verifies them and
+    # returns the accepted ones and one token of the target's own (1 to num_spec_tokens + 1)
+    num_spec_tokens: int = 0
 
 
 @dataclass(slots=True)

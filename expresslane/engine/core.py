@@ -18,6 +18,7 @@ from expresslane.engine.contract import EngineCoreOutput, EngineCoreRequest, Ste
 from expresslane.engine.cost_model import StepCostModel, StepShape
 from expresslane.engine.kv_cache import KVCacheManager
 from expresslane.engine.request import Request, check_prompt_length
+from expresslane.engine.spec_decode import SpecDecoder
 from expresslane.models.model_dir import check_model_dir, load_hf_config
 from expresslane.runner.model_runner import StepResult
 from expresslane.runner.step_timing import calibration_steps, time_steps
@@ -34,6 +35,7 @@ class _InFlight:
     shape: StepShape
     index: int  # the step() call that launched it
     done: float = 0.0  # when its results were known on the host
+    speculative: bool = False  # verifies proposals: lands before the next plan
 
 
 def resolve_model_dir(model: str | None) -> Path:
@@ -84,7 +86,10 @@ class EngineCore:
         self.expert_tokens: dict[int, list[int]] | None = None  # the last counters read (MoE models)
         self.config = config.replace(num_kv_blocks=num_blocks)
         self.kv = KVCacheManager(num_blocks, bs, config.cache.enable_prefix_caching)
-        self.scheduler = make_scheduler(config.scheduler, self.kv, cost_model=self.cost_model)
+        self.spec = None if config.speculative.method is None else SpecDecoder(config.speculative, self.cost_model)
+        if self.spec is not None:
+            self.spec.draft_cost_ratio = self.runner.draft_cost_ratio()
+        self.scheduler = make_scheduler(config.scheduler, self.kv, cost_model=self.cost_model, spec=self.spec)
         self._last = StepStats(0, 0, 0.0)
         self._in_flight: _InFlight | None = None  # the step the GPU may still be running
         self._sync_launch = not cuda  # execute() returns when the step is done
@@ -113,20 +118,23 @@ class EngineCore:
         on the device from the step that sampled it)."""
         t0 = time.monotonic()
         self._calls += 1
+        outputs: list[EngineCoreOutput] = []
+        measured = predicted = 0.0
+        prev = self._in_flight
+        if prev is not None and (prev.speculative or self.scheduler.speculating()):
+            # a speculative step's outcome (how many tokens) shapes the next plan: no pipelining
+            outputs, measured, predicted = self._land(prev)
+            self._in_flight = prev = None
         plan = self.scheduler.schedule()
         launched = None
         if not plan.is_empty:
             shape = StepShape.of((s.start_pos, len(s.token_ids)) for s in plan.seqs)
-            launched = _InFlight(plan, self.runner.execute(plan), shape, self._calls)
+            launched = _InFlight(plan, self.runner.execute(plan), shape, self._calls,
+                                 speculative=any(s.num_spec_tokens for s in plan.seqs))
             if self._sync_launch:
                 launched.done = time.monotonic()
-        outputs: list[EngineCoreOutput] = []
-        measured = predicted = 0.0
-        if (prev := self._in_flight) is not None:
-            outputs = self.scheduler.update(prev.plan, *prev.result.get())
-            if not self._sync_launch:
-                prev.done = time.monotonic()
-            measured, predicted = self._time_step(prev)
+        if prev is not None:
+            outputs, measured, predicted = self._land(prev)
         self._in_flight = launched
         self._last = StepStats(
             num_running=self.scheduler.num_running, num_waiting=self.scheduler.num_waiting,
@@ -134,7 +142,18 @@ class EngineCore:
             step_duration=time.monotonic() - t0, prefix_cache_queries=self.kv.prefix_cache_queries,
             prefix_cache_hits=self.kv.prefix_cache_hits, num_preemptions=self.scheduler.num_preemptions,
             step_time=measured, predicted_step_time=predicted, expert_tokens=self._expert_load(not plan.is_empty))
+        if self.spec is not None:
+            c = self.spec.counters
+            self._last.spec_num_drafts, self._last.spec_num_draft_tokens = c.num_drafts, c.num_draft_tokens
+            self._last.spec_num_accepted_tokens = c.num_accepted_tokens
         return outputs
+
+    def _land(self, step: _InFlight) -> tuple[list[EngineCoreOutput], float, float]:
+        """Apply a launched step's sampled tokens (waits for them); its time and prediction."""
+        outputs = self.scheduler.update(step.plan, *step.result.get())
+        if not self._sync_launch:
+            step.done = time.monotonic()
+        return (outputs, *self._time_step(step))
 
     def _expert_load(self, stepped: bool) -> dict[int, list[int]] | None:
         """The per-expert counters when a copy of them has landed this call, else None. A copy

@@ -22,12 +22,13 @@ from expresslane.engine.cost_model import StepCostModel
 from expresslane.engine.kv_cache import KVCacheManager
 from expresslane.engine.policy import POLICIES, StepBudget
 from expresslane.engine.request import Request, RequestStatus
+from expresslane.engine.spec_decode import SpecDecoder
 from expresslane.lanes import LANES
 
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv: KVCacheManager, clock=time.monotonic,
-                 cost_model: StepCostModel | None = None):
+                 cost_model: StepCostModel | None = None, spec: SpecDecoder | None = None):
         self.config = config
         self.kv = kv
         self.clock = clock
@@ -42,6 +43,8 @@ class Scheduler:
         self._step_ids = itertools.count()
         self._in_flight: dict[int, list[tuple[Request, int]]] = {}  # step id -> its (request, tokens)
         self.num_preemptions = 0
+        self.spec = spec
+        self._proposals: dict[str, list[int]] = {}  # this plan's speculating requests: their proposals
 
     # -- queue -------------------------------------------------------------------------
     def add_request(self, req: Request) -> None:
@@ -84,25 +87,36 @@ class Scheduler:
             if req.num_blocks_sent == 0:
                 plan.new_requests.append(req.runner_state())
             plan.seqs.append(self._describe(req, n))
-            # the step will compute them: later plans build on that
-            req.num_computed_tokens += n
+            # the step will compute them: later plans build on that (proposals count once accepted)
+            req.num_computed_tokens += n - len(self._proposals.get(req.request_id, ()))
             if req.num_computed_tokens == req.num_tokens_with_pending:
                 req.num_pending += 1
         self._in_flight[plan.step_id] = scheduled
+        self._proposals = {}
         return plan
+
+    def speculating(self) -> bool:
+        """Whether the next step speculates (the engine then lands the step in flight before
+        planning it: proposals need each request's last token here). Decoding requests are
+        those with every known token computed or but one."""
+        if self.spec is None:
+            return False
+        return self.spec.worth_it([r for r in self.running.values() if r.num_computed_tokens >= r.num_tokens - 1])
 
     def _schedule(self) -> list[tuple[Request, int]]:
         head = self._peek_waiting()
         budget = self.policy.step_budget(head, self.running.values(), self._waiting_by_lane, self.clock())
-        scheduled, preempted = self._schedule_running(budget)
+        scheduled, preempted = self._schedule_running(budget, self.speculating())
         if not preempted:
             self._admit(scheduled, budget, self.config.max_num_seqs)
             if budget.top_up:
                 self._top_up(scheduled, budget)
         return scheduled
 
-    def _schedule_running(self, budget: StepBudget) -> tuple[list[tuple[Request, int]], bool]:
-        """Running requests in policy order; preempt from the lowest-ranked end when blocks run out."""
+    def _schedule_running(self, budget: StepBudget, speculate: bool = False
+                          ) -> tuple[list[tuple[Request, int]], bool]:
+        """Running requests in policy order; preempt from the lowest-ranked end when blocks run out.
+        With `speculate`, a decoding request with its last token known computes its proposals too."""
         scheduled: list[tuple[Request, int]] = []
         preempted = False
         now = self.clock()
@@ -116,7 +130,9 @@ class Scheduler:
                 continue  # its last token is being sampled now
             if self.policy.steps_aside(req, budget, now):
                 continue
-            n = budget.take(req, req.num_tokens_with_pending - req.num_computed_tokens)
+            wanted = req.num_tokens_with_pending - req.num_computed_tokens
+            proposals = self._propose(req, budget) if speculate else []
+            n = budget.take(req, wanted + len(proposals))
             if n == 0:
                 continue  # its lane's share of this step is spent
             while not self.kv.allocate_slots(req, n):
@@ -132,7 +148,13 @@ class Scheduler:
             else:
                 scheduled.append((req, n))
                 budget.spend(req, n)
+                if proposals:
+                    self._proposals[req.request_id] = proposals
         return scheduled, preempted
+
+    def _propose(self, req: Request, budget: StepBudget) -> list[int]:
+        k = min(self.spec.max_tokens_for(req), budget.take(req, 1 << 30) - 1)
+        return self.spec.propose(req, k) if k > 0 else []
 
     def _admit(self, scheduled: list[tuple[Request, int]], budget: StepBudget, max_running: int) -> None:
         """Waiting requests in policy order while budget, seats and blocks allow."""
@@ -191,6 +213,12 @@ class Scheduler:
 
     def _describe(self, req: Request, n: int) -> ScheduledSeq:
         start = req.num_computed_tokens
+        proposals = self._proposals.get(req.request_id, [])
+        if proposals:  # a decode with its last token known, and what may follow it
+            new_blocks = self.kv.block_ids(req.request_id, req.num_blocks_sent)
+            req.num_blocks_sent += len(new_blocks)
+            return ScheduledSeq(req.request_id, [req.all_token_ids[start], *proposals], start, new_blocks, True,
+                                num_spec_tokens=len(proposals))
         known = req.all_token_ids[start:start + n]
         new_blocks = self.kv.block_ids(req.request_id, req.num_blocks_sent)
         req.num_blocks_sent += len(new_blocks)
@@ -222,6 +250,7 @@ class Scheduler:
         request finished or aborted since then ignores its token, a preempted one keeps it."""
         now = self.clock()
         outputs = []
+        proposed = {s.request_id: s.num_spec_tokens for s in plan.seqs if s.num_spec_tokens}
         for req, _ in self._in_flight.pop(plan.step_id, ()):
             token = sampled.get(req.request_id)
             if token is None:
@@ -229,13 +258,22 @@ class Scheduler:
             req.num_pending -= 1
             if req.is_finished:
                 continue
-            req.append_token(token)
+            tokens = [token] if isinstance(token, int) else token  # a verified speculation: 1 to k + 1 tokens
+            if req.request_id in proposed:
+                self.spec.record(proposed[req.request_id], len(tokens) - 1)
+            for i, token in enumerate(tokens):
+                req.append_token(token)
+                if req.finish_reason is not None:
+                    tokens = tokens[:i + 1]
+                    break
+            # accepted proposals' KV is in the cache; a rejected one's slot is overwritten by the next step
+            req.num_computed_tokens += len(tokens) - 1
             first = req.first_token_time is None
             if first:
                 req.first_token_time = now
             # A step's logprobs has a row for every request, None where that request asked for none.
             lp = logprobs.get(req.request_id) if logprobs else None
-            out = EngineCoreOutput(req.request_id, [token], num_cached_tokens=req.num_cached_tokens,
+            out = EngineCoreOutput(req.request_id, tokens, num_cached_tokens=req.num_cached_tokens,
                                    new_logprobs=None if lp is None else [lp])
             if first:
                 out.first_scheduled_time, out.first_token_time = req.first_scheduled_time, now

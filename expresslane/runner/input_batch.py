@@ -32,6 +32,7 @@ class StepInputs:
     num_decodes: int
     sampling: np.ndarray  # indices of the seqs that sample, in the step's order
     from_previous: np.ndarray  # indices of the seqs whose input token is on the device
+    num_spec: np.ndarray  # [B] proposals among each seq's tokens (speculative decoding; its last ones)
 
     @property
     def num_tokens(self) -> int:
@@ -83,6 +84,7 @@ class InputBatch:
         starts = np.empty(num, dtype=np.int64)
         token_ids: list[int] = []
         sampling, from_previous = [], []
+        num_spec = np.zeros(num, dtype=np.int64)
         num_decodes = 0
         for i, s in enumerate(seqs):
             row = rows[i] = self.rows[s.request_id]
@@ -98,6 +100,7 @@ class InputBatch:
                 sampling.append(i)
             if s.from_previous:
                 from_previous.append(i)
+            num_spec[i] = s.num_spec_tokens
         qsl = np.zeros(num + 1, dtype=np.int32)
         np.cumsum(counts, out=qsl[1:])
         seq_of_token = np.repeat(np.arange(num), counts)
@@ -109,7 +112,8 @@ class InputBatch:
             seqs=seqs, rows=rows, token_ids=np.array(token_ids, dtype=np.int64), positions=positions,
             slot_mapping=slots, query_start_loc=qsl, seq_lens=(starts + counts).astype(np.int32),
             block_tables=self.block_table[rows, :width], num_decodes=num_decodes,
-            sampling=np.array(sampling, dtype=np.int64), from_previous=np.array(from_previous, dtype=np.int64))
+            sampling=np.array(sampling, dtype=np.int64), from_previous=np.array(from_previous, dtype=np.int64),
+            num_spec=num_spec)
 
     def sampling_rows(self, inputs: StepInputs) -> tuple[list[SamplingParams], list[tuple[int, ...]]]:
         """Parameters and banned tokens of the sampling seqs; counts this sample against

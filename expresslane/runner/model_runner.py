@@ -29,6 +29,7 @@ from expresslane.runner.cuda_graphs import DecodeGraphs, MixedGraphs, Patch
 from expresslane.runner.expert_load import ExpertTokensCopy, copy_expert_tokens, reset_expert_tokens
 from expresslane.runner.input_batch import InputBatch, StepInputs
 from expresslane.runner.sampler import Sampler, SamplingBatch
+from expresslane.runner.spec_verify import verify
 from expresslane.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -91,6 +92,12 @@ class ModelRunner:
             weights = iter_weights(model_dir, self.device)
         self.model.load_weights(weights)
         self.model.eval()
+        sd = config.speculative
+        self.draft = None
+        if sd.method == "draft_model":
+            from expresslane.runner.draft_model import DraftModel
+            self.draft = DraftModel(sd.speculative_model, hf_config.vocab_size, self.device, self.dtype,
+                                    config.device.attention_backend)
         log.info("loaded %s in %.1fs on %s (%s%s)", model_dir, time.monotonic() - t0, self.device, self.dtype,
                  f", {self.quant.name} weights" if self.quant else "")
         self.sampler = Sampler(self.device, config.model.seed)
@@ -108,7 +115,8 @@ class ModelRunner:
     def kv_block_bytes(self) -> int:
         attn = self.model.layers[0].self_attn
         per_layer = 2 * self.block_size * attn.num_kv_heads * attn.head_dim * self.kv_dtype.itemsize
-        return per_layer * len(self.model.layers)
+        draft = self.draft.kv_block_bytes(self.block_size, self.kv_dtype) if self.draft else 0
+        return per_layer * len(self.model.layers) + draft
 
     @torch.inference_mode()
     def profile_num_blocks(self, max_blocks: int) -> int:
@@ -151,12 +159,14 @@ class ModelRunner:
         self.kv_caches = [torch.zeros(shape, dtype=self.kv_dtype, device=self.device) for _ in self.model.layers]
         for layer, cache in zip(self.model.layers, self.kv_caches):
             layer.self_attn.kv_cache = cache
+        if self.draft is not None:
+            self.draft.allocate_kv_cache(num_blocks, self.block_size, self.kv_dtype)
 
     def build_graphs(self, max_model_len: int, capture: bool = True) -> None:
         """Decode and mixed-step graphs, when the backend allows them and not enforce_eager.
         `capture=False` keeps the static-buffer path but runs it eagerly (tests on CPU)."""
-        if self.config.device.enforce_eager or not self.attn_backend.supports_cuda_graphs:
-            return
+        if self.config.device.enforce_eager or not self.attn_backend.supports_cuda_graphs or self.draft is not None:
+            return  # (the draft model runs eagerly, and so does the target beside it, for now)
         if capture and self.device.type != "cuda":
             return
         max_blocks = -(-max_model_len // self.block_size)
@@ -187,6 +197,8 @@ class ModelRunner:
         for rid in plan.finished_request_ids:
             self._generators.pop(rid, None)
         inputs = self.batch.apply(plan)
+        if inputs.num_spec.any():
+            return self._execute_spec(inputs)
         logits = self._logits(inputs)
         if logits is None:
             self._prev_rows = {}  # nothing sampled: no next-step input comes from this step
@@ -198,9 +210,58 @@ class ModelRunner:
         self._prev_tokens, self._prev_rows = tokens, {rid: i for i, rid in enumerate(ids)}
         return StepResult(ids, tokens, logprobs)
 
+    def _execute_spec(self, inputs: StepInputs) -> "StepResult":
+        """A step that verifies proposals (eager): logits at each speculating seq's last token
+        and proposals, at the other sampling seqs' last token; the core lands it before the
+        next plan, so no later step takes an input token from it on the device."""
+        sampling = inputs.sampling
+        ends = inputs.query_start_loc[1:][sampling].astype(np.int64)  # one past each sampling seq's last token
+        counts = inputs.num_spec[sampling]
+        spec, plain = np.flatnonzero(counts > 0), np.flatnonzero(counts == 0)
+        ids = [inputs.seqs[i].request_id for i in sampling]
+        params, banned = self.batch.sampling_rows(inputs)
+        gens = [self._generator(rid, p) for rid, p in zip(ids, params)]
+        spec_params, spec_gens = [params[i] for i in spec], [gens[i] for i in spec]
+        k = counts[spec]
+        draft_probs = None
+        if self.draft is not None:  # proposals first: they are the verify step's inputs
+            drafts, draft_probs = self.draft.propose(self, inputs, sampling[spec], spec_params, spec_gens,
+                                                     self.sampler.generator)
+            fill = np.concatenate([np.arange(e - n, e) for e, n in zip(ends[spec], k)])
+            cols = np.concatenate([np.arange(n) for n in k])
+            owner = np.repeat(np.arange(len(spec)), k)
+            patch = Patch(fill, owner * drafts.shape[1] + cols, drafts.reshape(-1))
+        else:
+            drafts = np.full((len(spec), int(k.max())), -1, dtype=np.int64)
+            for j, i in enumerate(spec):
+                drafts[j, :k[j]] = inputs.seqs[sampling[i]].token_ids[1:]
+            drafts, patch = to_device(drafts, torch.int64, self.device), None
+        input_ids, positions, meta = self._prepare(inputs, patch)
+        hidden = self.model(input_ids, positions, meta)
+        self._prev_tokens, self._prev_rows = None, {}
+        plain_tokens = logprobs = None
+        if len(plain):
+            logits = self.model.compute_logits(hidden[to_device(ends[plain] - 1, torch.int64, self.device)])
+            batch = SamplingBatch([params[i] for i in plain], [banned[i] for i in plain], [gens[i] for i in plain])
+            plain_tokens, logprobs = self.sampler(logits, batch)
+        rows = np.concatenate([np.arange(e - n - 1, e) for e, n in zip(ends[spec], k)])
+        logits = self.model.compute_logits(hidden[to_device(rows, torch.int64, self.device)])
+        spec_tokens, spec_counts = verify(logits, k, drafts, spec_params, spec_gens, self.sampler.generator,
+                                          draft_probs)
+        return StepResult([ids[i] for i in plain], plain_tokens, logprobs,
+                          ([ids[i] for i in spec], spec_tokens, spec_counts))
+
+    def draft_cost_ratio(self) -> float:
+        """A draft step's cost relative to a target step, by parameter count (0 without a draft model)."""
+        if self.draft is None:
+            return 0.0
+        return self.draft.num_params / sum(p.numel() for p in self.model.parameters())
+
     def _logits(self, inputs: StepInputs) -> torch.Tensor | None:
         """Run the model; logits of the seqs that sample (None if none does)."""
         patch = self._previous_tokens_patch(inputs)
+        if self.draft is not None:
+            self.draft.follow(self, inputs, patch)
         num_tokens, num_seqs = inputs.num_tokens, len(inputs.seqs)
         if self.decode_graphs is not None and self.decode_graphs.fits(num_tokens, num_seqs):
             logits = self.decode_graphs.run(inputs, patch)
@@ -235,8 +296,9 @@ class ModelRunner:
             gen.manual_seed(params.seed)
         return gen
 
-    def _prepare(self, inputs: StepInputs, patch: Patch | None = None):
-        """Eager-path tensors and attention metadata, in one host->device copy."""
+    def _prepare(self, inputs: StepInputs, patch: Patch | None = None, backend=None):
+        """Eager-path tensors and attention metadata (prepared for `backend`, default the
+        model's), in one host->device copy."""
         arrays = [inputs.token_ids, inputs.positions, inputs.slot_mapping, inputs.block_tables, inputs.seq_lens,
                   inputs.query_start_loc]
         staged = stage(arrays + (list(patch.indices) if patch else []), self.device)
@@ -250,7 +312,7 @@ class ModelRunner:
             query_start_loc=qsl.to(torch.int32), num_decodes=nd, seq_lens_cpu=inputs.seq_lens.tolist(),
             query_start_loc_cpu=inputs.query_start_loc.tolist(),
             max_decode_seq_len=int(inputs.seq_lens[:nd].max()) if nd else 0)
-        self.attn_backend.prepare(meta)
+        (backend or self.attn_backend).prepare(meta)
         return input_ids, positions, meta
 
 
@@ -258,23 +320,35 @@ _GREEDY = SamplingParams(temperature=0.0, max_tokens=1)
 
 
 class StepResult:
-    """Sampled ids of a launched step, copied to the host without blocking the launch."""
+    """Sampled ids of a launched step, copied to the host without blocking the launch. With
+    `spec` (request ids, tokens [S, K + 1], counts [S]): speculating requests' verified tokens."""
 
     def __init__(self, request_ids: list[str], tokens: torch.Tensor | None,
-                 logprobs: list[dict[int, float]] | None):
+                 logprobs: list[dict[int, float]] | None,
+                 spec: tuple[list[str], torch.Tensor, torch.Tensor] | None = None):
         self.request_ids, self.logprobs = request_ids, logprobs
+        self.spec_ids = spec[0] if spec else []
+        device = [t for t in (tokens, *(spec[1:] if spec else ())) if t is not None]
         self._event = None
-        self._host = tokens
-        if tokens is not None and tokens.is_cuda:
-            self._host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
-            self._host.copy_(tokens, non_blocking=True)
+        self._host = device
+        if device and device[0].is_cuda:
+            self._host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in device]
+            for h, t in zip(self._host, device):
+                h.copy_(t, non_blocking=True)
             self._event = torch.cuda.Event()
             self._event.record()
 
-    def get(self) -> tuple[dict[str, int], dict[str, dict[int, float]] | None]:
-        if self._host is None:
+    def get(self) -> tuple[dict[str, int | list[int]], dict[str, dict[int, float]] | None]:
+        """Each sampling request's token; a speculating request's tokens as a list."""
+        if not self._host:
             return {}, None
         if self._event is not None:
             self._event.synchronize()
-        sampled = dict(zip(self.request_ids, self._host.tolist()))
+        host = list(self._host)
+        sampled: dict[str, int | list[int]] = {}
+        if self.request_ids:
+            sampled.update(zip(self.request_ids, host.pop(0).tolist()))
+        if self.spec_ids:
+            tokens, counts = host
+            sampled.update((rid, row[:n]) for rid, row, n in zip(self.spec_ids, tokens.tolist(), counts.tolist()))
         return sampled, (dict(zip(self.request_ids, self.logprobs)) if self.logprobs is not None else None)

@@ -45,7 +45,7 @@ class Sampler:
         out = logits.argmax(dim=-1)
         if not all(greedy):
             temps = to_device([p.temperature if p.temperature > 0 else 1.0 for p in batch.params], torch.float32, dev)
-            probs = _filter(logits / temps[:, None], batch.params).softmax(dim=-1)
+            probs = filter_logits(logits / temps[:, None], batch.params).softmax(dim=-1)
             noise = torch.empty_like(probs).exponential_(generator=self.generator)
             for i, gen in enumerate(batch.generators):
                 if gen is not None:  # seeded: its own stream, whatever the batch
@@ -79,7 +79,7 @@ class Sampler:
         return out
 
 
-def _filter(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+def filter_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     """Mask tokens outside top_k, top_p and min_p with -inf (rows without a filter untouched)."""
     top_k = [p.top_k for p in params]
     top_p = [p.top_p for p in params]

@@ -1,0 +1,112 @@
+"""Speculative decoding, the scheduler's side (torch-free): who speculates, how many tokens,
+and prompt-lookup (n-gram) proposals.
+
+A decoding request that speculates computes ``1 + k`` tokens in one target step: its last
+token and ``k`` proposed ones; the runner verifies them (runner/spec_verify.py) and returns
+the accepted proposals plus one token of its own (1 to k + 1 tokens). Proposals come from
+the request's own prompt and output (``ngram``: the tokens that followed the latest earlier
+occurrence of its last n tokens) or from a draft model the runner runs (``draft_model``:
+the plan then carries placeholders). Whether a step speculates at all is decided once per
+step: by ``speculative_disable_by_batch_size`` when given, else by the step-cost model
+(speculate when the expected time per generated token is lower).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from expresslane.config import SpeculativeConfig
+from expresslane.engine.cost_model import StepCostModel, StepShape
+from expresslane.engine.request import Request
+
+PRIOR_ACCEPTANCE = 0.5  # per proposed token, until the engine has measured its own
+GAIN_MARGIN = 0.9  # speculate only when the model predicts at least 10% less time per token
+
+
+def ngram_propose(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
+    """Up to ``k`` tokens that followed the latest earlier occurrence of the last n tokens
+    (the longest n in max_n..min_n that occurs); [] when none does."""
+    if k <= 0 or len(tokens) < min_n + 1:
+        return []
+    arr = np.asarray(tokens, dtype=np.int64)
+    for n in range(min(max_n, len(tokens) - 1), min_n - 1, -1):
+        suffix = arr[-n:]
+        windows = np.lib.stride_tricks.sliding_window_view(arr[:-1], n)  # every earlier n-gram, the last excluded
+        hits = np.flatnonzero((windows == suffix).all(axis=1))
+        if len(hits):
+            start = int(hits[-1]) + n
+            return arr[start:start + k].tolist()
+    return []
+
+
+@dataclass(slots=True)
+class SpecCounters:
+    """Cumulative, for /metrics (vLLM's spec_decode_* counters)."""
+
+    num_drafts: int = 0  # verify steps of a request with at least one proposed token
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+
+
+class SpecDecoder:
+    def __init__(self, config: SpeculativeConfig, cost_model: StepCostModel | None):
+        self.config = config
+        self.cost_model = cost_model
+        self.counters = SpecCounters()
+        self.draft_cost_ratio = 0.0  # a draft step's time over a target step's (the engine sets it)
+
+    @property
+    def proposes_on_host(self) -> bool:
+        return self.config.method == "ngram"
+
+    def acceptance(self) -> float:
+        c = self.counters
+        if c.num_draft_tokens < 64:
+            return PRIOR_ACCEPTANCE
+        return c.num_accepted_tokens / c.num_draft_tokens
+
+    def max_tokens_for(self, req: Request) -> int:
+        """How many tokens ``req`` may propose now (0: it decodes plainly). It must be decoding
+        with its last token known (none in flight), want no logprobs, be past min_tokens, and
+        have room for the proposals and the target's own token."""
+        sp = req.sampling_params
+        if req.num_pending or req.num_computed_tokens != req.num_tokens - 1 or sp.logprobs is not None:
+            return 0
+        if req.num_output_tokens < sp.min_tokens:
+            return 0
+        room = min(req.max_tokens - req.num_output_tokens, req.max_model_len - req.num_tokens) - 1
+        return max(0, min(self.config.num_speculative_tokens, room))
+
+    def propose(self, req: Request, k: int) -> list[int]:
+        """Proposals from the request's tokens (ngram), or ``k`` placeholders the runner's draft model fills."""
+        if not self.proposes_on_host:
+            return [0] * k
+        c = self.config
+        return ngram_propose(req.all_token_ids, k, c.prompt_lookup_min, c.prompt_lookup_max)
+
+    def worth_it(self, decoding: list[Request]) -> bool:
+        """Whether this step speculates: at most `speculative_disable_by_batch_size` decoding
+        requests when that is given; else when the step-cost model predicts less time per
+        generated token with k proposals each (at the acceptance rate measured so far)."""
+        if not decoding:
+            return False
+        limit = self.config.speculative_disable_by_batch_size
+        if limit is not None:
+            return len(decoding) <= limit
+        if self.cost_model is None:
+            return False
+        k = self.config.num_speculative_tokens
+        a = self.acceptance()
+        expected = (1 - a ** (k + 1)) / (1 - a) if a < 1 else k + 1.0  # tokens per request per step
+        plain = self.cost_model.predict(StepShape.of((r.num_tokens - 1, 1) for r in decoding))
+        spec = self.cost_model.predict(StepShape.of((r.num_tokens - 1, 1 + k) for r in decoding))
+        spec *= 1 + k * self.draft_cost_ratio  # the draft's k steps, relative to a target step
+        return spec / expected < GAIN_MARGIN * plain
+
+    def record(self, proposed: int, accepted: int) -> None:
+        if proposed:
+            self.counters.num_drafts += 1
+            self.counters.num_draft_tokens += proposed
+            self.counters.num_accepted_tokens += accepted
