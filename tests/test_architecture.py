@@ -28,6 +28,7 @@ TIERS = [
     ("expresslane.engine.policy", 4, "scheduler/kv"),
     ("expresslane.engine.kv_cache", 4, "scheduler/kv"),
     ("expresslane.engine.request", 4, "scheduler/kv"),
+    ("expresslane.engine.spec_decode", 4, "scheduler/kv"),
     ("expresslane.runner", 3, "runner"),
     ("expresslane.distributed.executor", 3, "runner"),  # tensor parallelism: runners on every rank
     ("expresslane.distributed.worker", 3, "runner"),

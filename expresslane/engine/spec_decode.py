@@ -70,9 +70,12 @@ class SpecDecoder:
     def max_tokens_for(self, req: Request) -> int:
         """How many tokens ``req`` may propose now (0: it decodes plainly). It must be decoding
         with its last token known (none in flight), want no logprobs, be past min_tokens, and
-        have room for the proposals and the target's own token."""
+        have room for the proposals and the target's own token. A seeded sampling request never
+        speculates: its tokens must not depend on the batch (which steps speculate does)."""
         sp = req.sampling_params
         if req.num_pending or req.num_computed_tokens != req.num_tokens - 1 or sp.logprobs is not None:
+            return 0
+        if sp.seed is not None and not sp.greedy:
             return 0
         if req.num_output_tokens < sp.min_tokens:
             return 0

@@ -70,8 +70,7 @@ class DraftModel:
         self.model(input_ids, positions, meta)
 
     def propose(self, runner, inputs: StepInputs, spec: np.ndarray, params: list[SamplingParams],
-                generators: list[torch.Generator | None], shared: torch.Generator
-                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Proposals of the speculating seqs (`spec`: their indices in the step): tokens [S, K]
         and, when one samples, the draft's distributions q [S, K, V] they were drawn from."""
         counts = inputs.num_spec[spec]
@@ -103,14 +102,14 @@ class DraftModel:
                 rows = np.full(len(spec), 0, dtype=np.int64)
                 rows[live] = np.arange(len(live))
                 logits = self.model.compute_logits(hidden[to_device(rows, torch.int64, self.device)])
-            tokens[:, j], q = _choose(logits, params, generators, shared)
+            tokens[:, j], q = _choose(logits, params, generator)
             if probs is not None:
                 probs[:, j] = q
         return tokens, probs
 
 
-def _choose(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
-            shared: torch.Generator) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _choose(logits: torch.Tensor, params: list[SamplingParams], generator: torch.Generator
+            ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Greedy rows: the argmax; the others: a draw from q (temperature and filters applied)."""
     out = logits.argmax(dim=-1)
     if all(p.greedy for p in params):
@@ -118,9 +117,6 @@ def _choose(logits: torch.Tensor, params: list[SamplingParams], generators: list
     dev = logits.device
     temps = to_device([p.temperature if p.temperature > 0 else 1.0 for p in params], torch.float32, dev)
     q = filter_logits(logits / temps[:, None], params).softmax(dim=-1)
-    noise = torch.empty_like(q).exponential_(generator=shared)
-    for i, gen in enumerate(generators):
-        if gen is not None:
-            noise[i].exponential_(generator=gen)
+    noise = torch.empty_like(q).exponential_(generator=generator)
     greedy = to_device([p.greedy for p in params], torch.bool, dev)
     return torch.where(greedy, out, (q / noise).argmax(dim=-1)), q

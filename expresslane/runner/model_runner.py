@@ -221,11 +221,11 @@ class ModelRunner:
         ids = [inputs.seqs[i].request_id for i in sampling]
         params, banned = self.batch.sampling_rows(inputs)
         gens = [self._generator(rid, p) for rid, p in zip(ids, params)]
-        spec_params, spec_gens = [params[i] for i in spec], [gens[i] for i in spec]
+        spec_params = [params[i] for i in spec]  # (none seeded: seeded sampling does not speculate)
         k = counts[spec]
         draft_probs = None
         if self.draft is not None:  # proposals first: they are the verify step's inputs
-            drafts, draft_probs = self.draft.propose(self, inputs, sampling[spec], spec_params, spec_gens,
+            drafts, draft_probs = self.draft.propose(self, inputs, sampling[spec], spec_params,
                                                      self.sampler.generator)
             fill = np.concatenate([np.arange(e - n, e) for e, n in zip(ends[spec], k)])
             cols = np.concatenate([np.arange(n) for n in k])
@@ -246,8 +246,7 @@ class ModelRunner:
             plain_tokens, logprobs = self.sampler(logits, batch)
         rows = np.concatenate([np.arange(e - n - 1, e) for e, n in zip(ends[spec], k)])
         logits = self.model.compute_logits(hidden[to_device(rows, torch.int64, self.device)])
-        spec_tokens, spec_counts = verify(logits, k, drafts, spec_params, spec_gens, self.sampler.generator,
-                                          draft_probs)
+        spec_tokens, spec_counts = verify(logits, k, drafts, spec_params, self.sampler.generator, draft_probs)
         return StepResult([ids[i] for i in plain], plain_tokens, logprobs,
                           ([ids[i] for i in spec], spec_tokens, spec_counts))
 

@@ -11,7 +11,7 @@ token of the target's own, so every step yields 1 to k + 1 tokens.
   max(p - q, 0) renormalised, and after k acceptances from p at the last position. Each
   token is then distributed exactly as p. Prompt lookup (ngram) proposals are deterministic:
   q is one-hot, so d is accepted with probability p(d) and a rejection draws from p without d.
-  A request with a seed draws its uniforms and its sample from its own generator.
+  Draws come from the engine's generator (seeded sampling requests do not speculate).
 """
 
 from __future__ import annotations
@@ -25,8 +25,7 @@ from expresslane.sampling_params import SamplingParams
 
 
 def verify(logits: torch.Tensor, counts: np.ndarray, drafts: torch.Tensor, params: list[SamplingParams],
-           generators: list[torch.Generator | None], shared: torch.Generator,
-           draft_probs: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+           generator: torch.Generator, draft_probs: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [sum(counts + 1), V] float32: each seq's k + 1 rows in order; counts [S] its k;
     drafts [S, K] its proposals (padded); draft_probs [S, K, V] the draft's q, or None (ngram).
     Returns (tokens [S, K + 1] padded with -1, number of tokens [S]) on the device."""
@@ -46,12 +45,8 @@ def verify(logits: torch.Tensor, counts: np.ndarray, drafts: torch.Tensor, param
         flat = filter_logits((logits / temps[:, None, None]).view(num * width, -1),
                              [p for p in params for _ in range(width)])
         probs = flat.softmax(dim=-1).view(num, width, -1)
-        uniform = torch.rand(num, width - 1, device=dev, generator=shared)
-        noise = torch.empty(num, probs.shape[-1], device=dev).exponential_(generator=shared)
-        for i, gen in enumerate(generators):
-            if gen is not None:  # seeded: its own stream, whatever the batch
-                uniform[i] = torch.rand(width - 1, device=dev, generator=gen)
-                noise[i].exponential_(generator=gen)
+        uniform = torch.rand(num, width - 1, device=dev, generator=generator)
+        noise = torch.empty(num, probs.shape[-1], device=dev).exponential_(generator=generator)
         p_draft = probs[:, :-1].gather(2, drafts[..., None]).squeeze(2)  # p(d) [S, K]
         if draft_probs is None:
             ratio = p_draft

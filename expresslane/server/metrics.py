@@ -71,6 +71,14 @@ class Metrics:
         self.prefix_queries = counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
         self.prefix_hits = counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.")
         self.preemptions = counter("num_preemptions", "Requests preempted (recomputed later).")
+        self.spec_drafts = counter("spec_decode_num_drafts", "Speculative decoding: verify steps of a request with "
+                                   "at least one proposed token.")
+        self.spec_draft_tokens = counter("spec_decode_num_draft_tokens", "Speculative decoding: tokens proposed "
+                                         "(ngram or draft model).")
+        self.spec_accepted_tokens = counter("spec_decode_num_accepted_tokens", "Speculative decoding: proposed "
+                                            "tokens the model accepted.")
+        self.spec_acceptance = gauge("spec_decode_draft_acceptance_rate", "Speculative decoding: accepted over "
+                                     "proposed tokens since start (0 before any proposal).")
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of requests that started.", req)
         self.generation_tokens = counter("generation_tokens", "Tokens generated.", req)
         self.success = counter("request_success", "Finished requests by finish reason (the unit of the latency "
@@ -104,7 +112,8 @@ class Metrics:
             self.errors.labels(model_name, status, reason)
         for g in (self.running, self.waiting, self.kv_usage):
             g.labels(model_name).set(0)
-        for c in (self.prefix_queries, self.prefix_hits, self.preemptions):
+        for c in (self.prefix_queries, self.prefix_hits, self.preemptions, self.spec_drafts, self.spec_draft_tokens,
+                  self.spec_accepted_tokens, self.spec_acceptance):
             c.labels(model_name)
         for lane, slo in (lane_slo or {}).items():
             self.slo_ttft.labels(model_name, lane).set(slo.ttft)
@@ -127,6 +136,11 @@ class Metrics:
         self.prefix_queries.labels(m).inc(max(0, s.prefix_cache_queries - last.prefix_cache_queries))
         self.prefix_hits.labels(m).inc(max(0, s.prefix_cache_hits - last.prefix_cache_hits))
         self.preemptions.labels(m).inc(max(0, s.num_preemptions - last.num_preemptions))
+        self.spec_drafts.labels(m).inc(max(0, s.spec_num_drafts - last.spec_num_drafts))
+        self.spec_draft_tokens.labels(m).inc(max(0, s.spec_num_draft_tokens - last.spec_num_draft_tokens))
+        self.spec_accepted_tokens.labels(m).inc(max(0, s.spec_num_accepted_tokens - last.spec_num_accepted_tokens))
+        if s.spec_num_draft_tokens:
+            self.spec_acceptance.labels(m).set(s.spec_num_accepted_tokens / s.spec_num_draft_tokens)
         self._engine_totals = s
         if s.batch_size:  # turns that only handled messages ran no model
             self.iteration_tokens.labels(m).observe(s.num_batched_tokens)

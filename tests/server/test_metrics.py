@@ -210,3 +210,29 @@ def test_engine_counters_carry_on_across_an_engine_restart():
     metrics.engine_stopped()  # the engine died
     metrics.engine_step(StepStats(1, 0, 0.1, prefix_cache_queries=10, prefix_cache_hits=4, num_preemptions=1))
     assert (total("prefix_cache_queries"), total("prefix_cache_hits"), total("num_preemptions")) == (110, 44, 3)
+
+
+def test_speculative_decoding_counters_on_a_live_server(server):
+    """`serve --speculative-method ngram`: a greedy completion that repeats its prompt equals the
+    plain server's (the shared `server` fixture), and the proposed / accepted counters move."""
+    from openai import OpenAI
+
+    from .conftest import API_KEY, Server
+
+    spec = Server("--speculative-method", "ngram", "--num-speculative-tokens", "4",
+                  "--speculative-disable-by-batch-size", "8").wait_ready()
+    try:
+        prompt = "def add(a, b):\n    return a + b\n\n\ndef add(a, b):\n    return"
+        client = OpenAI(base_url=spec.url + "/v1", api_key=API_KEY, max_retries=0, timeout=60)
+        got = client.completions.create(model="tiny", prompt=prompt, max_tokens=24, temperature=0)
+        m = spec.metrics()
+        proposed = metric(m, "expresslane:spec_decode_num_draft_tokens_total")
+        accepted = metric(m, "expresslane:spec_decode_num_accepted_tokens_total")
+        assert proposed > 0 and 0 < accepted <= proposed
+        assert metric(m, "expresslane:spec_decode_num_drafts_total") > 0
+        assert metric(m, "expresslane:spec_decode_draft_acceptance_rate") == pytest.approx(accepted / proposed)
+    finally:
+        spec.stop()
+    plain = OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=60)
+    want = plain.completions.create(model="tiny", prompt=prompt, max_tokens=24, temperature=0)
+    assert got.choices[0].text == want.choices[0].text

@@ -1,0 +1,134 @@
+"""Speculative decoding on the shipped pair (the trained target and its draft): greedy output
+identical to decoding one token at a time, alone and in mixed batches with preemption;
+speculative sampling keeps the target's distribution; proposals and acceptance counted."""
+
+import numpy as np
+import pytest
+import torch
+
+from expresslane import LLM, SamplingParams
+from expresslane.bench.code_corpus import stdlib_files
+from expresslane.engine.spec_decode import ngram_propose
+from expresslane.models.model_dir import DEFAULT_DRAFT_MODEL
+from expresslane.runner.spec_verify import verify
+
+ENGINE = dict(max_model_len=1024, num_kv_blocks=200, max_num_batched_tokens=256)
+METHODS = {"ngram": dict(speculative_method="ngram"),
+           "draft_model": dict(speculative_model=str(DEFAULT_DRAFT_MODEL))}
+
+
+def test_ngram_proposals():
+    assert ngram_propose([1, 2, 3, 4, 9, 1, 2, 3], 3, 2, 4) == [4, 9, 1]  # longest suffix (1 2 3) found
+    assert ngram_propose([5, 1, 2, 7, 1, 2, 8, 1, 2], 2, 2, 2) == [8, 1]  # the latest occurrence
+    assert ngram_propose([1, 2, 3, 4], 2, 2, 4) == []  # the suffix occurs nowhere earlier
+    assert ngram_propose([1, 2, 1, 2], 5, 1, 3) == [1, 2]  # fewer tokens than asked at the end
+
+
+def _prompts() -> list[str]:
+    """Held-out code, some repeating part of itself (where prompt lookup pays)."""
+    files = [t for _, t in stdlib_files("held-out")]
+    edit = [t[:600] + "\n\n# again:\n" + t[:120] for t in files[:3]]
+    return edit + [t[300:700] for t in files[3:6]] + ["def f(x):", "import os\n"]
+
+
+@pytest.fixture(scope="module")
+def reference():
+    llm = LLM(**ENGINE)
+    return llm, [o.outputs[0].token_ids for o in llm.generate(_prompts(), _greedy(32))]
+
+
+def _greedy(n: int) -> SamplingParams:
+    return SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_greedy_equals_plain_decoding(method, reference):
+    _, ref = reference
+    llm = LLM(**ENGINE, **METHODS[method], num_speculative_tokens=4, speculative_disable_by_batch_size=64)
+    prompts = _prompts()
+    alone = llm.generate(prompts[:1], _greedy(32))[0].outputs[0].token_ids
+    assert alone == ref[0]
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, _greedy(32))]
+    assert got == ref
+    stats = llm.engine.core.stats()
+    assert stats.spec_num_draft_tokens > 0 and 0 < stats.spec_num_accepted_tokens <= stats.spec_num_draft_tokens
+    assert stats.spec_num_drafts <= stats.spec_num_draft_tokens
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_greedy_equal_with_preemption_and_sampling_neighbours(method, reference):
+    """Few KV blocks: requests are preempted and recomputed; sampling requests run beside (seeded ones do
+    not speculate: their tokens stay the same alone or in any batch)."""
+    ref_llm, ref = reference
+    prompts = _prompts()
+    small = dict(ENGINE, max_model_len=512, num_kv_blocks=34, max_num_seqs=8)
+    sampled = SamplingParams(temperature=1.0, max_tokens=24, seed=7, ignore_eos=True)
+    unseeded = SamplingParams(temperature=0.8, top_p=0.9, max_tokens=24, ignore_eos=True)
+    llm = LLM(**small, **METHODS[method], num_speculative_tokens=3, speculative_disable_by_batch_size=64)
+    outs = llm.generate(prompts + prompts[:3], [_greedy(32)] * len(prompts) + [sampled] * 2 + [unseeded])
+    assert [o.outputs[0].token_ids for o in outs[:len(prompts)]] == ref
+    stats = llm.engine.core.stats()
+    assert stats.num_preemptions > 0 and stats.spec_num_draft_tokens > 0
+    again = llm.generate(prompts[:2], [sampled] * 2)  # a seeded request's tokens do not depend on the batch
+    assert [o.outputs[0].token_ids for o in again] == [o.outputs[0].token_ids for o in outs[len(prompts):-1]]
+    assert len(outs[-1].outputs[0].token_ids) == 24
+
+
+def test_off_at_high_batch():
+    """Without a batch-size limit the step-cost model decides; with a limit below the batch nothing is proposed."""
+    llm = LLM(**ENGINE, speculative_method="ngram", speculative_disable_by_batch_size=2)
+    llm.generate(_prompts()[:4], _greedy(8))  # four decode together: over the limit until some finish
+    stats = llm.engine.core.stats()
+    assert stats.spec_num_draft_tokens == 0
+
+
+def _chi2_ok(samples: np.ndarray, probs: np.ndarray) -> bool:
+    """Pearson's chi-square against the expected counts, at p ~ 1e-4 (the critical value for the df)."""
+    counts = np.bincount(samples, minlength=len(probs))
+    expected = probs * len(samples)
+    keep = expected > 5
+    stat = (((counts - expected) ** 2)[keep] / expected[keep]).sum() + counts[~keep].sum()
+    df = keep.sum() - 1
+    return stat < df + 6 * np.sqrt(2 * df) + 10
+
+
+@pytest.mark.parametrize("proposer", ["ngram", "draft"])
+def test_speculative_sampling_keeps_the_target_distribution(proposer):
+    """20,000 independent verifications of k = 2 proposals on fixed logits: the first token is
+    distributed as p at position 0, and the second (when the first proposal was accepted) as
+    p at position 1, whatever the proposals."""
+    torch.manual_seed(0)
+    vocab, k, n = 6, 2, 20000
+    target = torch.randn(k + 1, vocab) * 1.5
+    p = target.softmax(-1).numpy()
+    gen = torch.Generator().manual_seed(1)
+    if proposer == "ngram":  # deterministic proposals (one-hot q): the token 0 then 1
+        drafts = torch.tensor([[0, 1]]).repeat(n, 1)
+        q = None
+    else:  # drawn from a draft distribution q (different from p)
+        q_logits = torch.randn(k, vocab)
+        q1 = q_logits.softmax(-1)
+        drafts = torch.stack([torch.multinomial(q1[j], n, replacement=True, generator=gen) for j in range(k)], 1)
+        q = q1[None].repeat(n, 1, 1)
+    logits = target[None].repeat(n, 1, 1).reshape(n * (k + 1), vocab)
+    params = [SamplingParams(temperature=1.0)] * n
+    tokens, counts = verify(logits, np.full(n, k), drafts, params, gen, q)
+    tokens, counts = tokens.numpy(), counts.numpy()
+    assert _chi2_ok(tokens[:, 0], p[0])
+    second = tokens[counts >= 2, 1]  # the first token was the accepted proposal
+    first_accepted = tokens[counts >= 2, 0]
+    for tok in np.unique(first_accepted):
+        sel = second[first_accepted == tok]
+        if len(sel) > 500:
+            assert _chi2_ok(sel, p[1])
+    assert set(counts.tolist()) <= {1, 2, 3} and (tokens[np.arange(n), counts - 1] >= 0).all()
+
+
+def test_greedy_verification_stops_at_the_first_mismatch():
+    vocab = 5
+    logits = torch.full((3, vocab), -5.0)
+    logits[0, 2] = logits[1, 4] = logits[2, 1] = 5.0  # argmax per position: 2, 4, 1
+    params = [SamplingParams(temperature=0)]
+    for drafts, want in (([2, 4], [2, 4, 1]), ([2, 3], [2, 4]), ([0, 4], [2])):
+        tokens, counts = verify(logits, np.array([2]), torch.tensor([drafts]), params, torch.Generator())
+        assert tokens[0, :counts[0]].tolist() == want
