@@ -165,8 +165,8 @@ class ModelRunner:
     def build_graphs(self, max_model_len: int, capture: bool = True) -> None:
         """Decode and mixed-step graphs, when the backend allows them and not enforce_eager.
         `capture=False` keeps the static-buffer path but runs it eagerly (tests on CPU)."""
-        if self.config.device.enforce_eager or not self.attn_backend.supports_cuda_graphs or self.draft is not None:
-            return  # (the draft model runs eagerly, and so does the target beside it, for now)
+        if self.config.device.enforce_eager or not self.attn_backend.supports_cuda_graphs:
+            return
         if capture and self.device.type != "cuda":
             return
         max_blocks = -(-max_model_len // self.block_size)
