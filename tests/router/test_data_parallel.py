@@ -4,6 +4,7 @@ replicas get work."""
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -24,6 +25,11 @@ def test_data_parallel_serve(llm):  # noqa: F811
     server = Server("--data-parallel-size", "2")
     try:
         server.wait_ready(timeout=240)
+        # the router is up once one replica is: wait until both are, or every request goes to the first
+        deadline = time.monotonic() + 240  # a hang guard, not a figure
+        while "down" in httpx.get(server.url + "/health").json()["replicas"].values():
+            assert time.monotonic() < deadline, "a replica never came up"
+            time.sleep(0.2)
         client = OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=60)
         prompts = [f"request number {i} " * 10 for i in range(12)]
 
