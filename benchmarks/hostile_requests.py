@@ -5,9 +5,13 @@ prober (every 20 ms), then sends one hostile request and reports, for the time i
 flight: the slowest /health answer, the largest gap between two chunks of the other
 streams, the hostile request's own status and time, and the API process's RSS before,
 at its peak and 2 s after. Kinds: `prompt10mb` (a 10 MB prompt), `stops300k` (300,000
-stop strings), `n128lp20` (n=128 with logprobs=20).
+stop strings), `n128lp20` (n=128 with logprobs=20), `ids256x2047` (the largest valid
+token-id batch, 256 prompts of 2,047 ids, 3 MB of JSON, naming another model: a 404 right
+after the body is decoded and validated, so the window is the parse alone). `--repeat N` sends it N times
+and reports the RSS 2 s after each.
 
     python benchmarks/hostile_requests.py                       # every kind, default limits
+    python benchmarks/hostile_requests.py --kind n128lp20 --repeat 5
     python benchmarks/hostile_requests.py --kind stops300k -- --max-stop-strings 1000000
 """
 
@@ -31,6 +35,8 @@ KINDS = {
     "stops300k": {"prompt": "a short prompt", "max_tokens": 64, "ignore_eos": True,
                   "stop": [f"stop-{i}-x" for i in range(300_000)]},
     "n128lp20": {"prompt": "a short prompt", "max_tokens": 64, "ignore_eos": True, "n": 128, "logprobs": 20},
+    "ids256x2047": {"prompt": [[(i * 7919 + j) % 2000 + 10 for i in range(2047)] for j in range(256)],
+                    "max_tokens": 1, "model": "not-this-one"},
 }
 
 
@@ -48,7 +54,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-async def measure(url: str, pid: int, kind: str) -> dict:
+async def measure(url: str, pid: int, kind: str, repeat: int) -> dict:
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=httpx.Limits(max_connections=None)) as http:
         await http.post("/v1/completions", json={"prompt": "warm up", "max_tokens": 4})
         rss_before = rss_mb(pid)
@@ -90,18 +96,24 @@ async def measure(url: str, pid: int, kind: str) -> dict:
         stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)
         await asyncio.sleep(2.0)
+        rss_after = [round(rss_mb(pid), 1)]
+        for _ in range(repeat - 1):
+            await http.post("/v1/completions", content=body, headers={"Content-Type": "application/json"})
+            await asyncio.sleep(2.0)
+            rss_after.append(round(rss_mb(pid), 1))
         err = r.json().get("error") if r.headers.get("content-type", "").startswith("application/json") else None
         return {"kind": kind, "status": r.status_code, "error": err and err["message"][:120],
                 "body_mb": round(len(body) / 1e6, 1), "in_flight_s": round(window[1] - window[0], 3),
                 "health_max_ms": round(1e3 * max(health, default=0.0), 1), "health_samples": len(health),
                 "stream_gap_max_ms": round(1e3 * max(gaps, default=0.0), 1), "stream_gaps": len(gaps),
                 "rss_before_mb": round(rss_before, 1), "rss_peak_mb": round(peak[0], 1),
-                "rss_after_mb": round(rss_mb(pid), 1)}
+                "rss_after_mb": rss_after[0] if repeat == 1 else rss_after}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--kind", choices=sorted(KINDS), action="append", help="default: every kind")
+    p.add_argument("--repeat", type=int, default=1, help="send the hostile request this many times (RSS after each)")
     p.add_argument("serve_args", nargs="*", help="extra `expresslane serve` flags (after --)")
     args = p.parse_args()
     for kind in args.kind or list(KINDS):
@@ -122,7 +134,7 @@ def main() -> None:
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise SystemExit(f"server did not start; log: {log.name}")
                 time.sleep(0.2)
-            row = asyncio.run(measure(url, proc.pid, kind))
+            row = asyncio.run(measure(url, proc.pid, kind, args.repeat))
             row["serve_args"] = " ".join(args.serve_args)
             print(json.dumps(row), flush=True)
         finally:

@@ -4,7 +4,7 @@ Part 1, stage by stage (in-process, the real objects, min of --repeats runs): ea
 the server and the engine run once per request, timed at prompt lengths 128, 2048 and
 8192, reported in us and in us per prompt token (the slope between the two longest):
 
-  json+validate   CompletionRequest.model_validate_json of the body (text, or token ids)
+  json+validate   protocol.parse of the body (text, or token ids): msgspec decode + pydantic
   tokenize        transformers' encode of the prompt text, and InputProcessor's (the Rust
                   tokenizer directly: the same ids)
   id checks       InputProcessor.tokenize of a token-id prompt + InputProcessor.check
@@ -49,7 +49,7 @@ from expresslane.engine.scheduler import Scheduler
 from expresslane.models.presets import default_model_dir
 from expresslane.runner.input_batch import InputBatch
 from expresslane.sampling_params import SamplingParams
-from expresslane.server.protocol import CompletionRequest
+from expresslane.server.protocol import CompletionRequest, parse
 from expresslane.server.wire import Add, ToEngine
 from expresslane.tokenizer import load_tokenizer
 
@@ -83,8 +83,8 @@ def stages(n: int, tokenizer, repeats: int) -> dict[str, float]:
     encode, decode = msgspec.msgpack.Encoder().encode, msgspec.msgpack.Decoder(ToEngine).decode
     wire = encode(Add([core_req]))
     out: dict[str, float] = {
-        "json+validate (text)": best_us(lambda: CompletionRequest.model_validate_json(body_text), repeats),
-        "json+validate (ids)": best_us(lambda: CompletionRequest.model_validate_json(body_ids), repeats),
+        "json+validate (text)": best_us(lambda: parse(CompletionRequest, body_text), repeats),
+        "json+validate (ids)": best_us(lambda: parse(CompletionRequest, body_ids), repeats),
         "tokenize (transformers)": best_us(lambda: tokenizer.encode(text), repeats),
         "tokenize (InputProcessor)": best_us(lambda: inputs.tokenize(text), repeats),
         "id checks": best_us(lambda: (inputs.tokenize({"prompt_token_ids": ids}), inputs.check(ids, params)),

@@ -35,6 +35,7 @@ from expresslane.server.protocol import (
     GenerateRequest,
     SamplingRequest,
     TokenizeRequest,
+    decode,
     parse,
 )
 from expresslane.server.serving import (
@@ -168,12 +169,17 @@ def build_app(client: EngineClient, settings: ServerConfig, metrics: Metrics,
                 "root": str(client.model_dir) if client.model_dir else None, "max_model_len": client.max_model_len}
         return {"object": "list", "data": [card]}
 
-    async def body(request: Request) -> bytes:
+    async def body(request: Request) -> tuple[object, int]:
+        """The decoded body and its size in bytes. A large one is checked against the limits before
+        its validation, and the loop serves others between its decoding and its validation."""
         raw = await read_body(request, settings.limits.max_request_body_bytes)
-        if len(raw) > _INLINE_BYTES and client.state == "ready":
-            precheck(raw, settings.limits, settings.limits.max_prompt_chars or client.max_prompt_chars,
-                     client.max_model_len)
-        return raw
+        obj = decode(raw)
+        if len(raw) > _INLINE_BYTES:
+            if client.state == "ready":
+                precheck(obj, settings.limits, settings.limits.max_prompt_chars or client.max_prompt_chars,
+                         client.max_model_len, client.inputs.vocab_size)
+            await asyncio.sleep(0)
+        return obj, len(raw)
 
     async def run(request: Request, req: SamplingRequest, prepare, endpoint, prefix: str, size: int) -> Response:
         check_model(req.model)
@@ -195,18 +201,18 @@ def build_app(client: EngineClient, settings: ServerConfig, metrics: Metrics,
 
     @app.post("/v1/completions", dependencies=auth)
     async def completions(request: Request) -> Response:
-        raw = await body(request)
-        return await run(request, parse(CompletionRequest, raw), prepare_completion, Completions, "cmpl", len(raw))
+        obj, size = await body(request)
+        return await run(request, parse(CompletionRequest, obj), prepare_completion, Completions, "cmpl", size)
 
     @app.post("/v1/chat/completions", dependencies=auth)
     async def chat_completions(request: Request) -> Response:
-        raw = await body(request)
-        return await run(request, parse(ChatCompletionRequest, raw), prepare_chat, Chat, "chatcmpl", len(raw))
+        obj, size = await body(request)
+        return await run(request, parse(ChatCompletionRequest, obj), prepare_chat, Chat, "chatcmpl", size)
 
     @app.post("/generate", dependencies=auth)
     async def generate(request: Request) -> Response:
-        raw = await body(request)
-        return await run(request, parse(GenerateRequest, raw), prepare_generate, Generate, "gen", len(raw))
+        obj, size = await body(request)
+        return await run(request, parse(GenerateRequest, obj), prepare_generate, Generate, "gen", size)
 
     @app.post("/start_profile", dependencies=auth)
     async def start_profile() -> dict:
@@ -219,8 +225,8 @@ def build_app(client: EngineClient, settings: ServerConfig, metrics: Metrics,
 
     @app.post("/tokenize", dependencies=auth)
     async def tokenize(request: Request) -> dict:
-        raw = await body(request)
-        req = parse(TokenizeRequest, raw)
+        obj, size = await body(request)
+        req = parse(TokenizeRequest, obj)
         check_model(req.model)
         client.check_accepting()
         if (req.prompt is None) == (req.messages is None):
@@ -234,12 +240,12 @@ def build_app(client: EngineClient, settings: ServerConfig, metrics: Metrics,
                 return chat_prompt(client.tokenizer, req.messages, req.add_generation_prompt)[1]
             return client.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
 
-        ids = await asyncio.to_thread(encode) if len(raw) > _INLINE_BYTES else encode()
+        ids = await asyncio.to_thread(encode) if size > _INLINE_BYTES else encode()
         return {"count": len(ids), "max_model_len": client.max_model_len, "tokens": ids}
 
     @app.post("/detokenize", dependencies=auth)
     async def detokenize(request: Request) -> dict:
-        req = parse(DetokenizeRequest, await body(request))
+        req = parse(DetokenizeRequest, (await body(request))[0])
         check_model(req.model)
         client.check_accepting()
         vocab = client.inputs.vocab_size

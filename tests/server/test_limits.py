@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from .conftest import Server
+from .conftest import MAX_MODEL_LEN, Server
 
 
 @pytest.fixture(scope="module")
@@ -56,3 +56,28 @@ def test_the_default_prompt_limit_is_what_the_context_could_hold(server):
                    json={"prompt": "word " * 400_000})
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
     assert "--max-prompt-chars" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("body,param,text", [
+    ({"messages": [{"role": "user", "content": "x"}] * 5000}, "messages", "at least one"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": ""}] * 5000}]}, "messages", "at least one"),
+    ({"prompt": "x", "stop_token_ids": [1] * 1_000_000}, "stop_token_ids", "vocabulary"),
+], ids=["messages", "content parts", "stop_token_ids"])
+def test_a_large_body_with_more_items_than_any_request_needs_is_refused_before_validation(server, body, param, text):
+    """More messages and parts than the context has tokens, or more stop token ids than the vocabulary
+    has: counted on the decoded body (over 64 KiB), before pydantic builds a model for each."""
+    path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+    r = httpx.post(server.url + path, json=body, headers=server.headers, timeout=60)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param and text in r.json()["error"]["message"], r.text
+    assert httpx.get(server.url + "/health").json() == {"status": "ok"}
+
+
+def test_the_largest_token_id_batch_is_served(server):
+    """Prompts × n at --max-sequences-per-request (256), each one token short of the context: a
+    body of about 0.5 MB, decoded once and validated without pydantic's JSON parser."""
+    ids = [[(i * 7919 + j) % 1000 + 10 for i in range(MAX_MODEL_LEN - 1)] for j in range(256)]
+    r = httpx.post(server.url + "/v1/completions", headers=server.headers, timeout=300,
+                   json={"prompt": ids, "max_tokens": 1})
+    assert r.status_code == 200, r.text
+    assert len(r.json()["choices"]) == 256
