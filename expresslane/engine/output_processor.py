@@ -30,7 +30,8 @@ def child_params(params: SamplingParams, index: int) -> SamplingParams:
 
 @dataclass(slots=True)
 class _Child:
-    parent: "_Parent"
+    parent_id: str  # an id, not the parent itself: no reference cycle, so a finished request's outputs
+    # (a large one: tens of MB of logprobs) are freed at once by refcount, not by a later full collection
     output: CompletionOutput
     detok: IncrementalDetokenizer
 
@@ -70,7 +71,7 @@ class OutputProcessor:
         for i, cid in enumerate(ids):
             detok = IncrementalDetokenizer(self.tokenizer, prompt_token_ids, stop,
                                            params.skip_special_tokens, params.include_stop_str_in_output)
-            child = _Child(parent, CompletionOutput(i, "", [], logprobs=[] if params.logprobs is not None else None),
+            child = _Child(request_id, CompletionOutput(i, "", [], logprobs=[] if params.logprobs is not None else None),
                            detok)
             parent.children.append(child)
             self._children[cid] = child
@@ -92,7 +93,7 @@ class OutputProcessor:
             child = self._children.get(out.request_id)
             if child is None or child.output.finished:
                 continue  # finished here already (stop string) while the core was still running it
-            parent = child.parent
+            parent = self._parents[child.parent_id]
             comp = child.output
             comp.token_ids.extend(out.new_token_ids)
             if out.new_logprobs and comp.logprobs is not None:

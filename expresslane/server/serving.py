@@ -24,6 +24,7 @@ from expresslane.sampling_params import SamplingParams
 from expresslane.server import errors
 from expresslane.server.engine_client import EngineClient
 from expresslane.server.limits import RequestLimits, check_chars, check_counts
+from expresslane.server.memory import LARGE_ITEMS, trim_soon
 from expresslane.server.tracker import RequestGroup
 from expresslane.server.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, GenerateRequest
 
@@ -40,7 +41,6 @@ DEFAULT_CHAT_TEMPLATE = (
 Prompt = tuple[str | None, list[int]]
 _encode_json = msgspec.json.Encoder().encode
 DONE = b"data: [DONE]\n\n"
-_INLINE_ITEMS = 20_000  # tokens and logprobs of a response built on the event loop; more: in a worker thread
 
 
 def sse(obj: dict) -> bytes:
@@ -260,6 +260,9 @@ class _Endpoint:
                 log.exception("stream %s failed", self.id)
                 e = errors.internal(f"internal error: {e!r}")
             yield sse(self.client.metrics.error_body(e))
+        if self.items(finals.values()) > LARGE_ITEMS:
+            finals.clear()
+            trim_soon()
         yield DONE
 
     def ordered(self, finals: dict[str, RequestOutput]) -> list[RequestOutput]:
@@ -271,8 +274,17 @@ class _Endpoint:
         async for out in self.group.outputs():
             finals[out.request_id] = out
         ordered = self.ordered(finals)
-        size = sum(len(c.token_ids) for o in ordered for c in o.outputs) * (1 + (self.params.logprobs or 0))
-        return await asyncio.to_thread(self.body, ordered) if size > _INLINE_ITEMS else self.body(ordered)
+        if self.items(ordered) <= LARGE_ITEMS:
+            return self.body(ordered)
+        body = await asyncio.to_thread(self.body, ordered)
+        finals.clear()
+        ordered.clear()
+        trim_soon()  # after the locals above are freed: the task starts on the loop's next turn
+        return body
+
+    def items(self, finals) -> int:
+        """Tokens × (1 + logprobs) of a response: what its size and its garbage scale with."""
+        return sum(len(c.token_ids) for o in finals for c in o.outputs) * (1 + (self.params.logprobs or 0))
 
     def body(self, ordered: list[RequestOutput]) -> bytes:
         body = self.response(ordered)
@@ -308,14 +320,14 @@ class Completions(_Endpoint):
     def logprobs(self, token_ids: list[int], lps: list[dict[int, float]] | None) -> dict | None:
         if lps is None:
             return None
-        decode = self.client.token_text
-        tokens = [decode(t) for t in token_ids]
+        texts = self.client.token_texts
+        tokens = [texts[t] for t in token_ids]
         offsets, at = [], 0
         for tok in tokens:
             offsets.append(at)
             at += len(tok)
         return {"tokens": tokens, "token_logprobs": [lp.get(t) for t, lp in zip(token_ids, lps)],
-                "top_logprobs": [{decode(k): v for k, v in lp.items()} for lp in lps], "text_offset": offsets}
+                "top_logprobs": [{texts[k]: v for k, v in lp.items()} for lp in lps], "text_offset": offsets}
 
 
 class Chat(_Endpoint):
@@ -342,11 +354,11 @@ class Chat(_Endpoint):
     def logprobs(self, token_ids: list[int], lps: list[dict[int, float]] | None) -> dict | None:
         if lps is None:
             return None
-        decode = self.client.token_text
+        texts = self.client.token_texts
         k = self.params.logprobs or 0
 
         def entry(t: int, lp: float) -> dict:
-            s = decode(t)
+            s = texts[t]
             return {"token": s, "logprob": lp, "bytes": list(s.encode())}
 
         return {"content": [{**entry(t, lp.get(t, float("-inf"))),

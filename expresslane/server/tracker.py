@@ -37,7 +37,8 @@ class _Prompt:
     """One prompt of a request (an ``OutputProcessor`` parent) and its engine sequences."""
 
     key: str
-    group: "RequestGroup"
+    queue: asyncio.Queue  # its request's (not the RequestGroup: no reference cycle, see OutputProcessor's _Child)
+    keys: list[str]  # its request's prompts
     lane: str
     num_prompt_tokens: int
     seq_ids: list[str]
@@ -115,11 +116,11 @@ class RequestTracker:
         arrival = time.monotonic()
         group = RequestGroup({}, asyncio.Queue(), None if timeout is None else arrival + timeout, timeout)
         batch = []
+        keys = [f"{request_id}-{i}" for i in range(len(prompts))]
         engine_params = dataclasses.replace(params, stop=[])  # stop strings are matched here, not in the engine
-        for i, (text, ids) in enumerate(prompts):
-            key = f"{request_id}-{i}"
+        for key, (text, ids) in zip(keys, prompts):
             seq_ids = self.outputs.add_request(key, text, ids, params, arrival)
-            p = _Prompt(key, group, lane, len(ids), seq_ids, set(seq_ids))
+            p = _Prompt(key, group.queue, keys, lane, len(ids), seq_ids, set(seq_ids))
             group.tracked[key] = self._prompts[key] = p
             for j, sid in enumerate(seq_ids):
                 self._seqs[sid] = p
@@ -144,15 +145,15 @@ class RequestTracker:
         p = self._prompts.get(key)
         if p is None:
             return []
-        to_abort = [sid for k in p.group.tracked for sid in self.abort(k)]
-        p.group.queue.put_nowait(error)
+        to_abort = [sid for k in p.keys for sid in self.abort(k)]
+        p.queue.put_nowait(error)
         return to_abort
 
     def fail_all(self, error: errors.APIError) -> None:
         """The engine is gone: every request in flight ends with ``error``."""
-        groups = {id(p.group): p.group for p in self._prompts.values()}
-        for g in groups.values():
-            g.queue.put_nowait(error)
+        queues = {id(p.queue): p.queue for p in self._prompts.values()}
+        for q in queues.values():
+            q.put_nowait(error)
         self._prompts.clear()
         self._seqs.clear()
         self.outputs = OutputProcessor(self.tokenizer)
@@ -231,5 +232,5 @@ class RequestTracker:
                 del self._prompts[out.request_id]
                 self._forget(p)
                 self.metrics.finished(p.lane, out)
-            p.group.queue.put_nowait(out)
+            p.queue.put_nowait(out)
         return stopped

@@ -101,3 +101,37 @@ def test_the_chat_role_chunk_waits_for_the_first_token(llm):
         assert rest[-1] == b"data: [DONE]\n\n" and all(b'"role"' not in c for c in rest)
 
     asyncio.run(main())
+
+
+def test_a_finished_request_leaves_no_reference_cycles(llm):
+    """Its outputs (for n=128 with logprobs, tens of MB) are freed by refcount the moment the last
+    reference goes, not by a later full collection: the API process's memory returns after it."""
+    import gc
+
+    async def main():
+        tracker = RequestTracker(llm.tokenizer, AdmissionPolicy(AdmissionLimits()), Metrics("tiny"))
+        group, _ = tracker.add("r", [("hello", [1, 2, 3]), ("there", [4])], SamplingParams(n=2, max_tokens=2,
+                               logprobs=2), lane="interactive", priority=0, eos=(0,), timeout=None)
+        lp = [{7: -0.1, 8: -2.0}]
+        tracker.handle(_decode(engine_turn(*(EngineCoreOutput(f"r-{p}#{c}", [7], new_logprobs=lp)
+                                             for p in range(2) for c in range(2)))))
+        tracker.handle(_decode(engine_turn(*(EngineCoreOutput(f"r-{p}#{c}", [8], new_logprobs=lp,
+                                                               finish_reason="length")
+                                             for p in range(2) for c in range(2)))))
+        outs = [group.queue.get_nowait() for _ in range(4)]
+        assert len(tracker) == 0 and all(o.finished for o in outs[2:])
+        return group, outs
+
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        group, outs = asyncio.run(main())
+        del group, outs
+        gc.collect()
+        ours = {type(o).__name__ for o in gc.garbage if type(o).__module__.startswith("expresslane")}
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert ours == set(), f"reference cycles through {ours}"
