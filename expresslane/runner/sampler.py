@@ -40,10 +40,13 @@ class Sampler:
         if banned:
             rows, cols = zip(*banned)
             logits[to_device(rows, torch.int64, dev), to_device(cols, torch.int64, dev)] = float("-inf")
-        logprobs = self._logprobs(logits, batch)
+        wants_logprobs = any(p.logprobs is not None for p in batch.params)
+        lp = torch.log_softmax(logits, dim=-1) if wants_logprobs else None  # once: the top-k and the chosen
+        logprobs = self._logprobs(lp, batch) if wants_logprobs else None
         greedy = [p.greedy for p in batch.params]
-        out = logits.argmax(dim=-1)
-        if not all(greedy):
+        if all(greedy):
+            out = logits.argmax(dim=-1)
+        else:
             temps = to_device([p.temperature if p.temperature > 0 else 1.0 for p in batch.params], torch.float32, dev)
             probs = filter_logits(logits / temps[:, None], batch.params).softmax(dim=-1)
             noise = torch.empty_like(probs).exponential_(generator=self.generator)
@@ -51,23 +54,24 @@ class Sampler:
                 if gen is not None:  # seeded: its own stream, whatever the batch
                     noise[i].exponential_(generator=gen)
             sampled = (probs / noise).argmax(dim=-1)
-            out = sampled if not any(greedy) else torch.where(to_device(greedy, torch.bool, dev), out, sampled)
+            out = sampled if not any(greedy) else torch.where(to_device(greedy, torch.bool, dev),
+                                                              logits.argmax(dim=-1), sampled)
         if logprobs is not None:
-            chosen = torch.log_softmax(logits, dim=-1).gather(1, out[:, None]).squeeze(1).tolist()
+            chosen = lp.gather(1, out[:, None]).squeeze(1).tolist()
             for i, tok in enumerate(out.tolist()):
                 if logprobs[i] is not None:
                     logprobs[i][tok] = chosen[i]
         return out, logprobs
 
     @staticmethod
-    def _logprobs(logits: torch.Tensor, batch: SamplingBatch) -> list[dict[int, float] | None] | None:
-        """Top-`logprobs` entries of the model's distribution (before temperature and filters)."""
+    def _logprobs(lp: torch.Tensor, batch: SamplingBatch) -> list[dict[int, float] | None]:
+        """Top-`logprobs` entries of the model's distribution (log_softmax of the logits, before
+        temperature and filters). One host copy of the [B, k] top-k, sliced per row."""
         wanted = [p.logprobs for p in batch.params]
-        if all(k is None for k in wanted):
-            return None
-        lp = torch.log_softmax(logits, dim=-1)
         k_max = max(k for k in wanted if k is not None)
-        top = lp.topk(k_max, dim=-1) if k_max else None
+        if k_max:
+            top = lp.topk(k_max, dim=-1)
+            ids, values = top.indices.tolist(), top.values.tolist()
         out: list[dict[int, float] | None] = []
         for i, k in enumerate(wanted):
             if k is None:
@@ -75,7 +79,7 @@ class Sampler:
             elif k == 0:
                 out.append({})
             else:
-                out.append(dict(zip(top.indices[i, :k].tolist(), top.values[i, :k].tolist())))
+                out.append(dict(zip(ids[i][:k], values[i][:k])))
         return out
 
 
