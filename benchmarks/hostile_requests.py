@@ -48,6 +48,10 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
+def _quantile(xs: list[float], q: float) -> float:
+    return sorted(xs)[min(len(xs) - 1, int(q * len(xs)))] if xs else 0.0
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -106,6 +110,8 @@ async def measure(url: str, pid: int, kind: str, repeat: int) -> dict:
                 "body_mb": round(len(body) / 1e6, 1), "in_flight_s": round(window[1] - window[0], 3),
                 "health_max_ms": round(1e3 * max(health, default=0.0), 1), "health_samples": len(health),
                 "stream_gap_max_ms": round(1e3 * max(gaps, default=0.0), 1), "stream_gaps": len(gaps),
+                "stream_gap_p50_ms": round(1e3 * _quantile(gaps, 0.5), 1),
+                "stream_gap_p90_ms": round(1e3 * _quantile(gaps, 0.9), 1),
                 "rss_before_mb": round(rss_before, 1), "rss_peak_mb": round(peak[0], 1),
                 "rss_after_mb": rss_after[0] if repeat == 1 else rss_after}
 
