@@ -50,5 +50,8 @@ class InputProcessor:
         except ValueError as e:  # empty, or longer than the context
             raise InputError(str(e), "prompt", "context_length_exceeded" if prompt_token_ids else "invalid_value") \
                 from None
+        if len(params.stop_token_ids) > self.vocab_size:
+            raise InputError(f"{len(params.stop_token_ids)} stop token ids is more than the vocabulary has tokens "
+                             f"({self.vocab_size})", "stop_token_ids")
         if any(not 0 <= t < self.vocab_size for t in params.stop_token_ids):
             raise InputError(f"stop_token_ids must be in [0, {self.vocab_size})", "stop_token_ids")

@@ -24,7 +24,7 @@ from expresslane.server import errors
 from expresslane.server.api_keys import KeyRing, token_cost
 from expresslane.server.batch_routes import BatchService
 from expresslane.server.engine_client import EngineClient
-from expresslane.server.limits import check_chars, precheck, read_body
+from expresslane.server.limits import check_chars, check_tokens, precheck, read_body
 from expresslane.server.load import load_snapshot
 from expresslane.server.merging import RequestMerger
 from expresslane.server.metrics import Metrics
@@ -248,6 +248,7 @@ def build_app(client: EngineClient, settings: ServerConfig, metrics: Metrics,
         req = parse(DetokenizeRequest, (await body(request))[0])
         check_model(req.model)
         client.check_accepting()
+        check_tokens(len(req.tokens), client.max_model_len)
         vocab = client.inputs.vocab_size
         if any(not 0 <= t < vocab for t in req.tokens):
             raise errors.bad_request(f"token ids must be in [0, {vocab})", "tokens")

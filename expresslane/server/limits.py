@@ -63,6 +63,14 @@ def check_chars(text_lengths: list[int], max_chars: int, max_model_len: int, par
                 f"by default what this model's maximum context length of {max_model_len} tokens could hold)", param)
 
 
+def check_tokens(n: int, max_model_len: int) -> None:
+    """/detokenize: no sequence of this model is longer than its context (and decoding millions
+    of ids holds the GIL for seconds)."""
+    if n > max_model_len:
+        raise errors.context_too_long(f"{n} token ids is more than this model's maximum context length of "
+                                      f"{max_model_len} tokens", "tokens")
+
+
 def precheck(obj: object, limits: RequestLimits, max_chars: int, max_model_len: int, vocab_size: int) -> None:
     """The limits, checked on a large decoded body before its validation (pydantic builds a model
     per message and checks every item: about 1 s for a million messages). Anything malformed is
@@ -83,6 +91,8 @@ def precheck(obj: object, limits: RequestLimits, max_chars: int, max_model_len: 
         if isinstance(p, list) and len(p) >= max_model_len:
             raise errors.context_too_long(f"the prompt has {len(p)} tokens; this model's maximum context length is "
                                           f"{max_model_len} tokens", "prompt")
+    if isinstance(obj.get("tokens"), list):  # /detokenize
+        check_tokens(len(obj["tokens"]), max_model_len)
     stop_ids = obj.get("stop_token_ids")
     if isinstance(stop_ids, list) and len(stop_ids) > vocab_size:
         raise _over(f"{len(stop_ids)} stop token ids is more than the vocabulary has tokens ({vocab_size})",

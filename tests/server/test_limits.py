@@ -62,7 +62,8 @@ def test_the_default_prompt_limit_is_what_the_context_could_hold(server):
     ({"messages": [{"role": "user", "content": "x"}] * 5000}, "messages", "at least one"),
     ({"messages": [{"role": "user", "content": [{"type": "text", "text": ""}] * 5000}]}, "messages", "at least one"),
     ({"prompt": "x", "stop_token_ids": [1] * 1_000_000}, "stop_token_ids", "vocabulary"),
-], ids=["messages", "content parts", "stop_token_ids"])
+    ({"prompt": "x", "stop_token_ids": [1] * 9000}, "stop_token_ids", "vocabulary"),  # a small body (the vocab: 8,192)
+], ids=["messages", "content parts", "stop_token_ids", "stop_token_ids, small body"])
 def test_a_large_body_with_more_items_than_any_request_needs_is_refused_before_validation(server, body, param, text):
     """More messages and parts than the context has tokens, or more stop token ids than the vocabulary
     has: counted on the decoded body (over 64 KiB), before pydantic builds a model for each."""
@@ -81,3 +82,15 @@ def test_the_largest_token_id_batch_is_served(server):
                    json={"prompt": ids, "max_tokens": 1})
     assert r.status_code == 200, r.text
     assert len(r.json()["choices"]) == 256
+
+
+def test_detokenize_takes_at_most_the_context(server):
+    """Decoding millions of ids holds the GIL for seconds; no sequence of the model is longer
+    than its context. Refused the same way small (validated) and large (pre-checked)."""
+    for n in (MAX_MODEL_LEN + 1, 40_000):
+        r = httpx.post(server.url + "/detokenize", headers=server.headers, timeout=60, json={"tokens": [5] * n})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "tokens", r.text
+        assert r.json()["error"]["code"] == "context_length_exceeded"
+    r = httpx.post(server.url + "/detokenize", headers=server.headers, timeout=60,
+                   json={"tokens": [5] * MAX_MODEL_LEN})
+    assert r.status_code == 200, r.text
