@@ -28,7 +28,7 @@ def add_batch_parser(subparsers) -> None:
     p = subparsers.add_parser("batch", help="run a Batch API input file (JSONL) offline, like vLLM's run_batch")
     # the positionals (not knobs)
     p.add_argument("input", help="input file: one request a line, {custom_id, method, url, body} (OpenAI's format)")
-    p.add_argument("model", nargs="?", default=None, help="model directory (default: the built-in tiny model)")
+    p.add_argument("model", nargs="?", default=None, help="model directory (default: the built-in stdlib-llama-9m)")
     add_args(p, BatchRunConfig)
     add_args(p, ServerConfig, only=("served_model_name",),
              help={"served_model_name": "the model name the request bodies use (default: the model argument, or "

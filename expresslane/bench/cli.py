@@ -22,7 +22,7 @@ from expresslane.config.bench import (ChartOutput, ClientOptions, DoctorScenario
                                       ServingConfig, SweepConfig, ThroughputConfig, TrafficConfig)
 from expresslane.config.flags import add_args
 
-_MODEL_HELP = "model directory (default: the built-in tiny model)"
+_MODEL_HELP = "model directory (default: the built-in stdlib-llama-9m)"
 
 
 def add_model_arg(p: argparse.ArgumentParser, help: str = _MODEL_HELP) -> None:
@@ -63,7 +63,7 @@ def add_bench_parser(subparsers) -> None:
 
     p = sub.add_parser("flat-latency", help="does a short request wait for a long one? TTFT alone and mixed, per "
                                             "batching mode, in-process or against a server")
-    add_model_arg(p, "model directory (default: the built-in tiny model); with --base-url, the model name to "
+    add_model_arg(p, "model directory (default: the built-in stdlib-llama-9m); with --base-url, the model name to "
                      "request (default: the first of GET /v1/models)")
     add_args(p, ClientOptions, skip=("model",), help={"base_url": "server root, e.g. http://127.0.0.1:8000; "
                                                                    "without it, the run is in-process"})

@@ -86,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_make_model)
 
     p = sub.add_parser("generate", help="complete one prompt offline")
-    p.add_argument("model", nargs="?", default=None, help="model directory (default: the built-in tiny model)")
+    p.add_argument("model", nargs="?", default=None, help="model directory (default: the built-in stdlib-llama-9m)")
     add_args(p, GenerateConfig)
     add_cli_args(p)
     p.set_defaults(func=_generate)

@@ -16,7 +16,7 @@ from expresslane.config.server import ServerConfig
 
 def add_serve_parser(subparsers) -> None:
     p = subparsers.add_parser("serve", help="OpenAI-compatible HTTP server (SSE streaming, Prometheus metrics)")
-    p.add_argument("model", nargs="?", default=None, help="model directory (default: the built-in tiny model)")
+    p.add_argument("model", nargs="?", default=None, help="model directory (default: the built-in stdlib-llama-9m)")
     add_args(p, ServerConfig)
     add_cli_args(p)
     p.set_defaults(func=_serve)
