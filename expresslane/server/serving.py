@@ -25,7 +25,7 @@ from expresslane.server import errors
 from expresslane.server.engine_client import EngineClient
 from expresslane.server.limits import RequestLimits, check_chars, check_counts
 from expresslane.server.memory import LARGE_ITEMS, trim_soon
-from expresslane.server.tracker import RequestGroup
+from expresslane.server.tracker import RequestGroup, TopLogprobs
 from expresslane.server.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, GenerateRequest
 
 log = logging.getLogger(__name__)
@@ -41,6 +41,12 @@ DEFAULT_CHAT_TEMPLATE = (
 Prompt = tuple[str | None, list[int]]
 _encode_json = msgspec.json.Encoder().encode
 DONE = b"data: [DONE]\n\n"
+
+
+def _encoded(choice: dict) -> msgspec.Raw:
+    """A response's choice as JSON right away: its logprobs' dicts and floats are freed before the
+    next choice is built, rather than all of them living until the whole body is encoded."""
+    return msgspec.Raw(_encode_json(choice))
 
 
 def sse(obj: dict) -> bytes:
@@ -166,7 +172,7 @@ class Delta:
     index: int  # choice index: prompt_index * n + completion index
     text: str
     token_ids: list[int]
-    logprobs: list[dict[int, float]] | None
+    logprobs: list[TopLogprobs] | None
     finish_reason: str | None
     stop_reason: int | str | None
 
@@ -313,11 +319,12 @@ class Completions(_Endpoint):
 
     def response(self, finals: list[RequestOutput]) -> dict:
         return self.envelope("text_completion", [
-            {"index": self.choice_index(i, c), "text": c.text, "logprobs": self.logprobs(c.token_ids, c.logprobs),
-             "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
+            _encoded({"index": self.choice_index(i, c), "text": c.text,
+                      "logprobs": self.logprobs(c.token_ids, c.logprobs), "finish_reason": c.finish_reason,
+                      "stop_reason": c.stop_reason})
             for i, o in enumerate(finals) for c in o.outputs])
 
-    def logprobs(self, token_ids: list[int], lps: list[dict[int, float]] | None) -> dict | None:
+    def logprobs(self, token_ids: list[int], lps: list[TopLogprobs] | None) -> dict | None:
         if lps is None:
             return None
         texts = self.client.token_texts
@@ -346,12 +353,12 @@ class Chat(_Endpoint):
 
     def response(self, finals: list[RequestOutput]) -> dict:
         return self.envelope("chat.completion", [
-            {"index": self.choice_index(i, c), "message": {"role": "assistant", "content": c.text},
-             "logprobs": self.logprobs(c.token_ids, c.logprobs), "finish_reason": c.finish_reason,
-             "stop_reason": c.stop_reason}
+            _encoded({"index": self.choice_index(i, c), "message": {"role": "assistant", "content": c.text},
+                      "logprobs": self.logprobs(c.token_ids, c.logprobs), "finish_reason": c.finish_reason,
+                      "stop_reason": c.stop_reason})
             for i, o in enumerate(finals) for c in o.outputs])
 
-    def logprobs(self, token_ids: list[int], lps: list[dict[int, float]] | None) -> dict | None:
+    def logprobs(self, token_ids: list[int], lps: list[TopLogprobs] | None) -> dict | None:
         if lps is None:
             return None
         texts = self.client.token_texts

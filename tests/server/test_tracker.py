@@ -135,3 +135,14 @@ def test_a_finished_request_leaves_no_reference_cycles(llm):
         gc.garbage.clear()
         gc.enable()
     assert ours == set(), f"reference cycles through {ours}"
+
+
+def test_top_logprobs_read_as_the_engine_dict():
+    from expresslane.server.tracker import TopLogprobs
+
+    lp = {7: -0.125, 3: -1.5, 2**31 - 1: -30.000000000000004}
+    top = TopLogprobs(lp)
+    assert list(top.items()) == list(lp.items())  # order and exact floats kept
+    assert [top.get(t) for t in (7, 3, 2**31 - 1, 5)] == [-0.125, -1.5, -30.000000000000004, None]
+    assert top.get(5, float("-inf")) == float("-inf")
+    assert list(TopLogprobs({}).items()) == []
