@@ -34,6 +34,10 @@
 #            decode throughput at batch 64 and 256) then transformers on the same shape (its random init),
 #            and mixtral-8x7b batch-1 decode; weights generated on the GPU (--load-format dummy: 61 and
 #            93 GB do not go through the disk); the fused MoE kernel tests ran with the GPU tests; ~5 min
+#   hostile: issue #19: one hostile request (10 MB prompt, 300k stop strings, n=128 with logprobs=20,
+#            the largest token-id batch) beside two streams and a /health probe every 20 ms, on the
+#            built-in model: /health and the streams' gaps, API RSS (needs the server wheels and
+#            httpx's in .whl/: httpx, httpcore, h11, anyio, sniffio, idna, certifi)
 #   quick = small;  full = small 8b 7b.  The GPU tests run once, first, whatever the sections
 #   (GPU_SKIP_TESTS=1 leaves them out).
 # Results: JSON lines in ${OUT:-out}/gpu-results.jsonl, logs beside them.
@@ -155,6 +159,11 @@ for section in $SECTIONS; do
         --benches decode
       echo "== qwen3-30b-a3b: transformers (at most 150 s; what it measured by then stays)"
       timeout 150 "${Q[@]}" --only hf --ttft-lengths 128,8192 --out "$RES" || echo "transformers stopped (rc $?)" ;;
+    hostile)
+      echo "== hostile requests beside two streams (built-in model)"
+      run python3 benchmarks/hostile_requests.py
+      echo "== n=128, logprobs=20 five times: the API's RSS after each"
+      run python3 benchmarks/hostile_requests.py --kind n128lp20 --repeat 5 ;;
     *) echo "unknown section: $section" >&2; status=1 ;;
   esac
 done

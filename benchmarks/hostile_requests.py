@@ -29,6 +29,7 @@ import tempfile
 import time
 
 import httpx
+from _shared import emit
 
 KINDS = {
     "prompt10mb": {"prompt": "word " * 2_000_000, "max_tokens": 4},
@@ -119,6 +120,7 @@ async def measure(url: str, pid: int, kind: str, repeat: int) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--kind", choices=sorted(KINDS), action="append", help="default: every kind")
+    p.add_argument("--out", default=None, help="append the JSON lines to this file")
     p.add_argument("--repeat", type=int, default=1, help="send the hostile request this many times (RSS after each)")
     p.add_argument("serve_args", nargs="*", help="extra `expresslane serve` flags (after --)")
     args = p.parse_args()
@@ -142,7 +144,7 @@ def main() -> None:
                 time.sleep(0.2)
             row = asyncio.run(measure(url, proc.pid, kind, args.repeat))
             row["serve_args"] = " ".join(args.serve_args)
-            print(json.dumps(row), flush=True)
+            emit(args.out, bench="hostile_request", **row)
         finally:
             proc.send_signal(signal.SIGTERM)
             try:
