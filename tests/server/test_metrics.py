@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from expresslane.engine.core import StepStats
+from expresslane.lanes import Lanes
 from expresslane.router.metrics import RouterMetrics
 from expresslane.server.api_keys import KeyRing
 from expresslane.server.gpu_metrics import GpuSampler
@@ -88,9 +89,10 @@ def test_renamed_and_configured_series(server):
     m = server.metrics()
     assert any(k.startswith("expresslane:iteration_tokens_total_bucket") for k in m)
     assert not any(k.startswith("expresslane:iteration_tokens_bucket") for k in m)
-    assert metric(m, "expresslane:lane_slo_ttft_seconds", lane="interactive") == pytest.approx(0.2)
-    assert metric(m, "expresslane:lane_slo_ttft_seconds", lane="batch") == pytest.approx(30.0)
-    assert metric(m, "expresslane:lane_slo_tpot_seconds", lane="interactive") == pytest.approx(0.05)
+    lanes = Lanes.parse("")  # the defaults
+    assert metric(m, "expresslane:lane_slo_ttft_seconds", lane="interactive") == pytest.approx(lanes.interactive.ttft)
+    assert metric(m, "expresslane:lane_slo_ttft_seconds", lane="batch") == pytest.approx(lanes.batch.ttft)
+    assert metric(m, "expresslane:lane_slo_tpot_seconds", lane="interactive") == pytest.approx(lanes.interactive.tpot)
     # a CPU server: the GPU gauges have no samples, and nothing else minds
     assert not any(k.startswith("expresslane:gpu_") for k in m)
     assert httpx.get(server.url + "/health").status_code == 200
