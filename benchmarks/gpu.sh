@@ -38,6 +38,9 @@
 #            the largest token-id batch) beside two streams and a /health probe every 20 ms, on the
 #            built-in model: /health and the streams' gaps, API RSS (needs the server wheels and
 #            httpx's in .whl/: httpx, httpcore, h11, anyio, sniffio, idna, certifi)
+#   spec:    issue #11 on the built-in trained pair: bf16 top-1 agreement with transformers on held-out
+#            code; speculative decoding (ngram, draft model) vs none at batch 1 and 64 on held-out code
+#            completion and edit-style prompts: decode speed-up, acceptance, tokens equal (bf16); ~3 min
 #   quick = small;  full = small 8b 7b.  The GPU tests run once, first, whatever the sections
 #   (GPU_SKIP_TESTS=1 leaves them out).
 # Results: JSON lines in ${OUT:-out}/gpu-results.jsonl, logs beside them.
@@ -164,6 +167,15 @@ for section in $SECTIONS; do
       run python3 benchmarks/hostile_requests.py
       echo "== n=128, logprobs=20 five times: the API's RSS after each"
       run python3 benchmarks/hostile_requests.py --kind n128lp20 --repeat 5 ;;
+    spec)
+      PAIR=expresslane/models/data
+      echo "== bf16 top-1 agreement of the trained target with transformers, held-out code"
+      run python3 benchmarks/bf16_agreement.py --model "$PAIR/stdlib-llama-9m" --held-out-code --num-seqs 64
+      echo "== speculative decoding: ngram and draft vs none, batch 1 and 64, held-out code (bf16)"
+      run python3 benchmarks/spec_decode_bench.py --dtype bfloat16 --batch-sizes 1,64 --num-prompts 64
+      echo "== the same, speculating whatever the batch (what it would cost where the cost model says no)"
+      run python3 benchmarks/spec_decode_bench.py --dtype bfloat16 --batch-sizes 1,64 --num-prompts 64 \
+        --methods none,ngram --speculative-disable-by-batch-size 256 ;;
     *) echo "unknown section: $section" >&2; status=1 ;;
   esac
 done

@@ -19,8 +19,15 @@ def fmt(r: dict) -> str:
             extra += f"  (weight-read bound {r['weight_floor_tokens_per_s']:.0f} tok/s)"
         return f"decode batch {r['batch']:>3} @1k ctx {r['tokens_per_s']:8.0f} tok/s  {r['step_ms']:6.1f} ms/step{extra}"
     if b == "bf16_top1_agreement":
-        return (f"bf16 top-1 agreement  {100 * r['agreement']:.2f}% of {r['positions']} positions, "
+        return (f"bf16 top-1 agreement  {100 * r['agreement']:.2f}% of {r['positions']} positions "
+                f"({r.get('text', 'random ids')}), "
                 f"{100 * r['agreement_clear']:.2f}% where the top-2 margin is clear")
+    if b == "spec_decode":
+        acc = "" if r.get("acceptance_rate") is None else \
+            f"  acceptance {r['acceptance_rate']:.2f}, {r['tokens_per_verify']} tok/verify"
+        speed = f"  {r['speedup']:.2f}x none, same tokens {r['same_tokens_as_none']}" if "speedup" in r else ""
+        return (f"spec {r['method']:<11} {r['workload']:<10} b={r['batch']:<3} {r['decode_tok_s_per_request']:7.1f} "
+                f"tok/s/request{speed}{acc}")
     if b == "lanes_scenario":
         return (f"lanes {r['mode']:<17} long={r['long_lane']:<11} short P99 {r['short_mixed_p99_ms']:6.1f} ms "
                 f"({r['short_p99_ratio']:.2f}x alone)  long TTFT {r['long_mixed_ms']:6.1f} ms "

@@ -132,3 +132,24 @@ def test_greedy_verification_stops_at_the_first_mismatch():
     for drafts, want in (([2, 4], [2, 4, 1]), ([2, 3], [2, 4]), ([0, 4], [2])):
         tokens, counts = verify(logits, np.array([2]), torch.tensor([drafts]), params, torch.Generator())
         assert tokens[0, :counts[0]].tolist() == want
+
+
+def test_benchmark_reports_acceptance_on_held_out_code(tmp_path):
+    """benchmarks/spec_decode_bench.py at a CPU size: rows for each method, greedy tokens equal."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / "rows.jsonl"
+    subprocess.run([sys.executable, "spec_decode_bench.py", "--methods", "none,ngram", "--batch-sizes", "1,3",
+                    "--num-prompts", "3", "--max-tokens", "12", "--prompt-tokens", "96",
+                    "--speculative-disable-by-batch-size", "8", "--out", str(out)],
+                   cwd=root / "benchmarks", check=True, capture_output=True, timeout=600)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert {(r["method"], r["workload"], r["batch"]) for r in rows} == {
+        (m, w, b) for m in ("none", "ngram") for w in ("completion", "edit") for b in (1, 3)}
+    spec = [r for r in rows if r["method"] == "ngram"]
+    assert all(r["same_tokens_as_none"] and r["speedup"] > 0 for r in spec)
+    assert all(0 <= r["acceptance_rate"] <= 1 and r["verifies"] > 0 for r in spec)

@@ -180,7 +180,10 @@ class EngineCore:
             return 0.0, 0.0
         measured = step.done - last[0]
         predicted = self.cost_model.predict(step.shape)
-        self.cost_model.observe(step.shape, measured)
+        if step.speculative:  # another path (eager, not pipelined): it tells speculation what it costs
+            self.spec.observe(measured, predicted)
+        else:
+            self.cost_model.observe(step.shape, measured)
         return measured, predicted
 
     def stats(self) -> StepStats:

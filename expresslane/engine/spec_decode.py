@@ -8,7 +8,9 @@ the request's own prompt and output (``ngram``: the tokens that followed the lat
 occurrence of its last n tokens) or from a draft model the runner runs (``draft_model``:
 the plan then carries placeholders). Whether a step speculates at all is decided once per
 step: by ``speculative_disable_by_batch_size`` when given, else by the step-cost model
-(speculate when the expected time per generated token is lower).
+(speculate when the expected time per generated token is lower). A verify step runs another
+path than the steps the model was fitted on (eager, not pipelined), so the prediction for it
+is scaled by what such steps measured against their prediction so far.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ class SpecDecoder:
         self.cost_model = cost_model
         self.counters = SpecCounters()
         self.draft_cost_ratio = 0.0  # a draft step's time over a target step's (the engine sets it)
+        self.verify_scale = 1.0  # verify steps' measured time over predicted (moving average)
 
     @property
     def proposes_on_host(self) -> bool:
@@ -105,8 +108,14 @@ class SpecDecoder:
         expected = (1 - a ** (k + 1)) / (1 - a) if a < 1 else k + 1.0  # tokens per request per step
         plain = self.cost_model.predict(StepShape.of((r.num_tokens - 1, 1) for r in decoding))
         spec = self.cost_model.predict(StepShape.of((r.num_tokens - 1, 1 + k) for r in decoding))
-        spec *= 1 + k * self.draft_cost_ratio  # the draft's k steps, relative to a target step
+        spec *= (1 + k * self.draft_cost_ratio) * self.verify_scale  # with the draft's k steps
         return spec / expected < GAIN_MARGIN * plain
+
+    def observe(self, measured: float, predicted: float) -> None:
+        """A verify step's time (completion to completion) and the cost model's prediction for it."""
+        if predicted > 0:
+            with_draft = predicted * (1 + self.config.num_speculative_tokens * self.draft_cost_ratio)
+            self.verify_scale += 0.2 * (measured / with_draft - self.verify_scale)
 
     def record(self, proposed: int, accepted: int) -> None:
         if proposed:
