@@ -153,3 +153,25 @@ def test_benchmark_reports_acceptance_on_held_out_code(tmp_path):
     spec = [r for r in rows if r["method"] == "ngram"]
     assert all(r["same_tokens_as_none"] and r["speedup"] > 0 for r in spec)
     assert all(0 <= r["acceptance_rate"] <= 1 and r["verifies"] > 0 for r in spec)
+
+
+def test_verify_steps_through_the_graph_input_path(tmp_path):
+    """The triton backend (Triton's interpreter on CPU) with the mixed-step graphs' static buffers:
+    verify steps take their logits rows from the graph path, proposals patched in on the device;
+    greedy tokens as without speculation. A tiny random model (the interpreter is slow) as its own
+    draft, so every proposal is accepted. (Prompt lookup differs only in where proposals come from.)"""
+    pytest.importorskip("triton")
+    from models import build_model
+
+    model = str(build_model("llama", tmp_path / "m"))
+    engine = dict(attention_backend="triton", max_model_len=128, num_kv_blocks=24, max_num_seqs=4,
+                  max_num_batched_tokens=64)
+    prompts = [{"prompt_token_ids": [5, 6, 7, 8, 9, 5, 6, 7]}, {"prompt_token_ids": list(range(20, 50))}]
+    runs = []
+    for extra in ({}, dict(speculative_model=model, num_speculative_tokens=3, speculative_disable_by_batch_size=8)):
+        llm = LLM(model, **engine, **extra)
+        llm.engine.core.runner.build_graphs(128, capture=False)
+        runs.append([o.outputs[0].token_ids for o in llm.generate(prompts, _greedy(10), use_tqdm=False)])
+    assert runs[0] == runs[1]
+    stats = llm.engine.core.stats()
+    assert stats.spec_num_draft_tokens > 0 and stats.spec_num_accepted_tokens == stats.spec_num_draft_tokens

@@ -205,8 +205,13 @@ class MixedGraphs(_Graphs):
     def fits(self, num_tokens: int, num_seqs: int) -> bool:
         return num_tokens <= self.max_size and num_seqs <= self._seqs(num_tokens)
 
-    def run(self, inputs: StepInputs, patch: Patch | None) -> torch.Tensor:
-        """Logits at each seq's last token, [num_seqs, vocab]."""
+    def fits_rows(self, num_tokens: int, num_seqs: int, num_rows: int) -> bool:
+        """Whether a step fits that wants logits at `num_rows` tokens of its choice (a verify step)."""
+        return self.fits(num_tokens, num_seqs) and num_rows <= self.max_seqs
+
+    def run(self, inputs: StepInputs, patch: Patch | None, rows: np.ndarray | None = None) -> torch.Tensor:
+        """Logits at each seq's last token, [num_seqs, vocab]; or at the step's tokens `rows`
+        (indices into its tokens, at most `max_seqs`: `fits_rows`), [len(rows), vocab]."""
         t, b = inputs.num_tokens, len(inputs.seq_lens)
         size = next(s for s in self.sizes if s >= t and self._seqs(s) >= b)
         seqs = self._seqs(size)
@@ -217,10 +222,11 @@ class MixedGraphs(_Graphs):
         work[:len(planned)] = planned
         work[len(planned):] = (b, 0)  # items of the padding seq b: no tokens, no context
         fields = self._token_fields(inputs, size, b + 1)  # the padding seq's context: 0
-        fields += [(self.query_start_loc[:b + 2], qsl, t), (self.logits_rows[:seqs], qsl[1:] - 1, 0),
+        wanted = qsl[1:] - 1 if rows is None else rows
+        fields += [(self.query_start_loc[:b + 2], qsl, t), (self.logits_rows[:seqs], wanted, 0),
                    (self.work[:capacity], work, 0)]
         self._load(fields, patch)
-        return self._replay(size, b)
+        return self._replay(size, len(wanted))
 
 
 class Patch:

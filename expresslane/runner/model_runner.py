@@ -236,19 +236,27 @@ class ModelRunner:
             for j, i in enumerate(spec):
                 drafts[j, :k[j]] = inputs.seqs[sampling[i]].token_ids[1:]
             drafts, patch = to_device(drafts, torch.int64, self.device), None
-        input_ids, positions, meta = self._prepare(inputs, patch)
-        hidden = self.model(input_ids, positions, meta)
+        # logits rows: each plain seq's last token, then each speculating seq's last known token and proposals
+        rows = np.concatenate([ends[plain] - 1, *(np.arange(e - n - 1, e) for e, n in zip(ends[spec], k))])
+        logits = self._logits_at(inputs, patch, rows.astype(np.int64))
         self._prev_tokens, self._prev_rows = None, {}
         plain_tokens = logprobs = None
         if len(plain):
-            logits = self.model.compute_logits(hidden[to_device(ends[plain] - 1, torch.int64, self.device)])
             batch = SamplingBatch([params[i] for i in plain], [banned[i] for i in plain], [gens[i] for i in plain])
-            plain_tokens, logprobs = self.sampler(logits, batch)
-        rows = np.concatenate([np.arange(e - n - 1, e) for e, n in zip(ends[spec], k)])
-        logits = self.model.compute_logits(hidden[to_device(rows, torch.int64, self.device)])
-        spec_tokens, spec_counts = verify(logits, k, drafts, spec_params, self.sampler.generator, draft_probs)
+            plain_tokens, logprobs = self.sampler(logits[:len(plain)], batch)
+        spec_tokens, spec_counts = verify(logits[len(plain):], k, drafts, spec_params, self.sampler.generator,
+                                          draft_probs)
         return StepResult([ids[i] for i in plain], plain_tokens, logprobs,
                           ([ids[i] for i in spec], spec_tokens, spec_counts))
+
+    def _logits_at(self, inputs: StepInputs, patch: Patch | None, rows: np.ndarray) -> torch.Tensor:
+        """Logits at the step's tokens `rows`: a mixed-step graph when the step fits one, else eager."""
+        if self.mixed_graphs is not None and self.mixed_graphs.fits_rows(inputs.num_tokens, len(inputs.seqs),
+                                                                           len(rows)):
+            return self.mixed_graphs.run(inputs, patch, rows)
+        input_ids, positions, meta = self._prepare(inputs, patch)
+        hidden = self.model(input_ids, positions, meta)
+        return self.model.compute_logits(hidden[to_device(rows, torch.int64, self.device)])
 
     def draft_cost_ratio(self) -> float:
         """A draft step's cost relative to a target step, by parameter count (0 without a draft model)."""
