@@ -179,14 +179,17 @@ def test_verify_steps_through_the_graph_input_path(tmp_path):
 
 @pytest.mark.parametrize("mode", [dict(speculative_disable_by_batch_size=2),
                                   dict(speculative_disable_by_batch_size=3, batching="static", max_batch_size=4),
-                                  dict(speculative_disable_by_batch_size=2, scheduling_policy="deadline")])
+                                  dict(speculative_disable_by_batch_size=2, scheduling_policy="deadline"),
+                                  dict(speculative_disable_by_batch_size=2, speculative_method="draft_model",
+                                       speculative_model=str(DEFAULT_DRAFT_MODEL))])
 def test_speculation_turning_on_and_off_keeps_greedy_output(mode, reference):
     """Requests of different lengths: speculation is off while more than the limit decode and on
-    once they finish (steps in flight are landed before a speculating plan); same tokens."""
+    once they finish (steps in flight are landed before a speculating plan; a draft model then
+    catches up on the tokens it did not compute); same tokens."""
     _, ref = reference
     prompts = _prompts()
     lengths = [8, 32, 12, 28, 16, 24, 10, 20]
-    llm = LLM(**ENGINE, speculative_method="ngram", num_speculative_tokens=4, **mode)
+    llm = LLM(**ENGINE, num_speculative_tokens=4, **{"speculative_method": "ngram", **mode})
     outs = llm.generate(prompts, [_greedy(n) for n in lengths])
     assert [o.outputs[0].token_ids for o in outs] == [r[:n] for r, n in zip(ref, lengths)]
     assert llm.engine.core.stats().spec_num_draft_tokens > 0

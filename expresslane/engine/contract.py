@@ -105,6 +105,9 @@ class ScheduledSeq:
     # the runner's draft model fills, with a draft model); the runner verifies them and
     # returns the accepted ones and one token of the target's own (1 to num_spec_tokens + 1)
     num_spec_tokens: int = 0
+    # a draft model's catch-up: the tokens before token_ids[0] its cache lacks (it computes only
+    # when a request speculates), from position start_pos - len(draft_token_ids)
+    draft_token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)

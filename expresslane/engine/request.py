@@ -45,6 +45,7 @@ class Request:
     num_cached_tokens: int = -1  # prefix-cache hit at first scheduling; -1 until then
     num_preemptions: int = 0
     num_blocks_sent: int = 0  # KV block ids the runner has (0: it does not know the request)
+    num_draft_computed: int = 0  # tokens a draft model's cache holds (speculative decoding)
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: str | None = None
     stop_reason: int | None = None

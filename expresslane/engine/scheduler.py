@@ -217,8 +217,9 @@ class Scheduler:
         if proposals:  # a decode with its last token known, and what may follow it
             new_blocks = self.kv.block_ids(req.request_id, req.num_blocks_sent)
             req.num_blocks_sent += len(new_blocks)
+            catch_up = [] if self.spec.proposes_on_host else req.all_token_ids[req.num_draft_computed:start]
             return ScheduledSeq(req.request_id, [req.all_token_ids[start], *proposals], start, new_blocks, True,
-                                num_spec_tokens=len(proposals))
+                                num_spec_tokens=len(proposals), draft_token_ids=catch_up)
         known = req.all_token_ids[start:start + n]
         new_blocks = self.kv.block_ids(req.request_id, req.num_blocks_sent)
         req.num_blocks_sent += len(new_blocks)
@@ -236,7 +237,7 @@ class Scheduler:
         # whoever gets them next writes after that step.
         del self.running[req.request_id]
         self.kv.free(req)
-        req.num_computed_tokens = 0
+        req.num_computed_tokens = req.num_draft_computed = 0
         if req.num_blocks_sent:
             req.num_blocks_sent = 0
             self._preempted_ids.append(req.request_id)
@@ -260,7 +261,10 @@ class Scheduler:
                 continue
             tokens = [token] if isinstance(token, int) else token  # a verified speculation: 1 to k + 1 tokens
             if req.request_id in proposed:
-                self.spec.record(proposed[req.request_id], len(tokens) - 1)
+                k = proposed[req.request_id]
+                self.spec.record(k, len(tokens) - 1)
+                # the draft fed its last known token and proposals 1..k-1: valid up to the accepted ones
+                req.num_draft_computed = req.num_computed_tokens + min(len(tokens) - 1, k - 1)
             for i, token in enumerate(tokens):
                 req.append_token(token)
                 if req.finish_reason is not None:

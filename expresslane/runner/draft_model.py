@@ -1,18 +1,18 @@
 """The draft model of speculative decoding (``speculative_method="draft_model"``).
 
 It shares the target's block tables: its own KV cache has as many blocks, and the
-scheduler's block ids index both. It follows every step the target runs (the same prompt
-chunks and decodes, so its cache holds what the target's does), and before a verify step it
-proposes: one forward over the step with each speculating seq cut to its last known token
-(that gives every proposal's first token), then one single-token forward per further
-proposal, feeding the previous proposal in on the device. The last proposal is fed too,
-only to write its KV: if every proposal is accepted, the next step starts after it.
-All of a seq's writes land in the slots the scheduler allocated for its k + 1 tokens.
+scheduler's block ids index both. It runs only in steps that speculate (a step that does
+not costs nothing more than without it): first one forward over the speculating seqs, each
+with the tokens its cache lacks (`ScheduledSeq.draft_token_ids`, the scheduler keeps count:
+`Request.num_draft_computed`) and its last known token, which gives every proposal's first
+token; then one single-token forward per further proposal, feeding the previous proposal in
+on the device. Writes land in the request's own blocks: positions before its last known
+token (computed by the target, so allocated) and the slots allocated for its k + 1 tokens.
+A block shared through the prefix cache gets the same draft KV again (same tokens).
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -64,41 +64,34 @@ class DraftModel:
         for layer in self.model.layers:
             layer.self_attn.kv_cache = torch.zeros(shape, dtype=kv_dtype, device=self.device)
 
-    def follow(self, runner, inputs: StepInputs, patch: Patch | None) -> None:
-        """Run the target's step (no logits): the draft's cache keeps up with the target's."""
-        input_ids, positions, meta = runner._prepare(inputs, patch, self.backend)
-        self.model(input_ids, positions, meta)
-
     def propose(self, runner, inputs: StepInputs, spec: np.ndarray, params: list[SamplingParams],
                 generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Proposals of the speculating seqs (`spec`: their indices in the step): tokens [S, K]
         and, when one samples, the draft's distributions q [S, K, V] they were drawn from."""
         counts = inputs.num_spec[spec]
         width = int(counts.max())
-        # pass 0: the whole step, speculating seqs cut to their last known token (no new blocks: applied)
-        cut = [replace(s, token_ids=s.token_ids[:1], num_spec_tokens=0, new_block_ids=[]) if inputs.num_spec[i]
-               else replace(s, new_block_ids=[]) for i, s in enumerate(inputs.seqs)]
-        order = sorted(range(len(cut)), key=lambda i: len(cut[i].token_ids) != 1)  # decodes first
-        step = runner.batch._gather([cut[i] for i in order])
+        # pass 0: each speculating seq's catch-up and last known token (its blocks are in the table already)
+        seqs = [inputs.seqs[i] for i in spec]
+        first = [ScheduledSeq(s.request_id, [*s.draft_token_ids, s.token_ids[0]], s.start_pos - len(s.draft_token_ids),
+                              [], True) for s in seqs]
+        order = sorted(range(len(first)), key=lambda i: len(first[i].token_ids) != 1)  # decodes first
+        step = runner.batch._gather([first[i] for i in order])
         input_ids, positions, meta = runner._prepare(step, None, self.backend)
         hidden = self.model(input_ids, positions, meta)
         where = {orig: new for new, orig in enumerate(order)}
-        last = step.query_start_loc[1:][[where[i] for i in spec]].astype(np.int64) - 1
+        last = step.query_start_loc[1:][[where[i] for i in range(len(seqs))]].astype(np.int64) - 1
         logits = self.model.compute_logits(hidden[to_device(last, torch.int64, self.device)])
         tokens = torch.zeros(len(spec), width, dtype=torch.int64, device=self.device)
         probs = None if all(p.greedy for p in params) else \
             torch.zeros(len(spec), width, logits.shape[-1], device=self.device)
-        for j in range(width + 1):
-            if j:  # feed proposal j (1-based) at the position after the seq's last known token + j - 1
-                live = np.flatnonzero(counts >= j)
-                seqs = [ScheduledSeq(inputs.seqs[spec[i]].request_id, [0], inputs.seqs[spec[i]].start_pos + j, [],
-                                     True) for i in live]
-                step = runner.batch._gather(seqs)
+        for j in range(width):
+            if j:  # feed proposal j (1-based) at its position, for the seqs that propose more than j
+                live = np.flatnonzero(counts > j)
+                step = runner.batch._gather([ScheduledSeq(seqs[i].request_id, [0], seqs[i].start_pos + j, [], True)
+                                             for i in live])
                 patch = Patch(np.arange(len(live)), live, tokens[:, j - 1])
                 input_ids, positions, meta = runner._prepare(step, patch, self.backend)
                 hidden = self.model(input_ids, positions, meta)
-                if j == width:
-                    break  # the last proposal's KV is written; nothing more to propose
                 rows = np.full(len(spec), 0, dtype=np.int64)
                 rows[live] = np.arange(len(live))
                 logits = self.model.compute_logits(hidden[to_device(rows, torch.int64, self.device)])

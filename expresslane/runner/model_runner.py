@@ -267,8 +267,6 @@ class ModelRunner:
     def _logits(self, inputs: StepInputs) -> torch.Tensor | None:
         """Run the model; logits of the seqs that sample (None if none does)."""
         patch = self._previous_tokens_patch(inputs)
-        if self.draft is not None:
-            self.draft.follow(self, inputs, patch)
         num_tokens, num_seqs = inputs.num_tokens, len(inputs.seqs)
         if self.decode_graphs is not None and self.decode_graphs.fits(num_tokens, num_seqs):
             logits = self.decode_graphs.run(inputs, patch)
