@@ -6,6 +6,8 @@ import json
 
 import pytest
 
+from expresslane.models.presets import tiny_model_dir
+
 from .conftest import bench
 from .fake_server import Behavior
 
@@ -24,7 +26,8 @@ def run(tmp_path, capsys, *argv: str) -> dict:
 
 
 def test_in_process_static_batching_holds_short_prompts_for_the_long_one(tmp_path, capsys):
-    r = run(tmp_path, capsys, "--modes", "static,continuous,continuous-lanes", "--repeats", "2",
+    # the random tiny preset: the scheduling facts below do not need the trained default's weights
+    r = run(tmp_path, capsys, str(tiny_model_dir()), "--modes", "static,continuous,continuous-lanes", "--repeats", "2",
             "--input-lens", "8,2000", "--num-short", "4", "--long-len", "600", "--device", "cpu",
             "--max-model-len", "1024", "--disable-tqdm")
     assert r["kind"] == "flat-latency" and r["target"] == "in-process"
