@@ -78,6 +78,19 @@ def _features(shapes: list[StepShape], knots: np.ndarray) -> np.ndarray:
     return np.hstack([hats, extra.reshape(len(shapes), 3)])
 
 
+def _design(samples: list[tuple[StepShape, float]], knots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(features, seconds) of the samples."""
+    return _features([s for s, _ in samples], knots), np.array([t for _, t in samples], dtype=np.float64)
+
+
+def _error(x: np.ndarray, y: np.ndarray, params: tuple[np.ndarray, float, float, float]) -> float:
+    """Mean relative error of a model's predictions over a design, in one product (the refit runs
+    in the step loop): the features interpolate exactly as `predict` does, clamped at 0 alike."""
+    token_times, *attention = params
+    predicted = np.maximum(x @ np.concatenate([token_times, attention]), 0.0)
+    return float(np.mean(np.abs(predicted - y) / y))
+
+
 class StepCostModel:
     """Predicted seconds of a step; fit from (StepShape, seconds) samples."""
 
@@ -103,27 +116,20 @@ class StepCostModel:
         knots = [k for k in DEFAULT_KNOTS if k < top] + [top]
         model = cls(knots, np.zeros(len(knots)))
         model._calibration = list(samples)
-        model.token_times, model.k_decode, model.k_prefill, model.c_mixed = model._solve(model._calibration)
+        model.token_times, model.k_decode, model.k_prefill, model.c_mixed = model._solve(
+            *_design(model._calibration, model.knots))
         return model
 
     def _refit(self) -> None:
         """Refit on calibration + recent samples; keep the result only if it predicts them better."""
         self._since_fit = 0
-        samples = self._calibration + list(self._recent)
-        old = (self.token_times, self.k_decode, self.k_prefill, self.c_mixed)
-        before = self._error(samples)
-        self.token_times, self.k_decode, self.k_prefill, self.c_mixed = self._solve(samples)
-        if self._error(samples) > before:
-            self.token_times, self.k_decode, self.k_prefill, self.c_mixed = old
+        x, y = _design(self._calibration + list(self._recent), self.knots)
+        new = self._solve(x, y)
+        if _error(x, y, new) <= _error(x, y, (self.token_times, self.k_decode, self.k_prefill, self.c_mixed)):
+            self.token_times, self.k_decode, self.k_prefill, self.c_mixed = new
 
-    def _error(self, samples: list[tuple[StepShape, float]]) -> float:
-        """Mean relative error of the predictions."""
-        return float(np.mean([abs(self.predict(s) - t) / t for s, t in samples]))
-
-    def _solve(self, samples: list[tuple[StepShape, float]]) -> tuple[np.ndarray, float, float, float]:
-        """Least squares over the samples: (token_times, k_decode, k_prefill, c_mixed)."""
-        x = _features([s for s, _ in samples], self.knots)
-        y = np.array([t for _, t in samples], dtype=np.float64)
+    def _solve(self, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float, float, float]:
+        """Least squares over the design (`_design`): (token_times, k_decode, k_prefill, c_mixed)."""
         n = len(self.knots)
         keep = list(range(n + 3))
         while True:
