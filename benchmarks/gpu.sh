@@ -32,8 +32,9 @@
 #            graphs per rank) and how many greedy tokens TP=2 shares with TP=1 (bf16)
 #   moe:     issue #17: qwen3-30b-a3b shape (batch-1 decode vs the active-weight floor, TTFT 128 and 8192,
 #            decode throughput at batch 64 and 256) then transformers on the same shape (its random init),
-#            and mixtral-8x7b batch-1 decode; weights generated on the GPU (--load-format dummy: 61 and
-#            93 GB do not go through the disk); the fused MoE kernel tests ran with the GPU tests; ~5 min
+#            and mixtral-8x7b batch-1 decode, and qwen3-30b-a3b with AWQ (INT4) experts batch-1 decode;
+#            weights generated on the GPU (--load-format dummy: 61 and 93 GB do not go through the disk);
+#            the fused MoE kernel tests ran with the GPU tests; ~6 min
 #   hostile: issue #19: one hostile request (10 MB prompt, 300k stop strings, n=128 with logprobs=20,
 #            the largest token-id batch) beside two streams and a /health probe every 20 ms, on the
 #            built-in model: /health and the streams' gaps, API RSS (needs the server wheels and
@@ -159,6 +160,11 @@ for section in $SECTIONS; do
       echo "== qwen3-30b-a3b: expresslane"; run "${Q[@]}" --only engine --ttft-lengths 128,8192
       echo "== mixtral-8x7b: expresslane (batch-1 decode)"
       run python3 benchmarks/gpu_bench.py --model "$MODELS/mixtral-8x7b-bare" --load-format dummy --only engine \
+        --benches decode
+      [ -d "$MODELS/qwen3-30b-a3b-awq-bare" ] || python3 -m expresslane.cli.main make-model qwen3-30b-a3b \
+        "$MODELS/qwen3-30b-a3b-awq-bare" --no-weights --quantization awq >/dev/null || status=1
+      echo "== qwen3-30b-a3b with AWQ experts (INT4, group 128): expresslane (batch-1 decode)"
+      run python3 benchmarks/gpu_bench.py --model "$MODELS/qwen3-30b-a3b-awq-bare" --load-format dummy --only engine \
         --benches decode
       echo "== qwen3-30b-a3b: transformers (at most 150 s; what it measured by then stays)"
       timeout 150 "${Q[@]}" --only hf --ttft-lengths 128,8192 --out "$RES" || echo "transformers stopped (rc $?)" ;;

@@ -7,6 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -194,5 +195,28 @@ def test_moe_preset_loads_in_transformers_and_the_engine(preset, tmp_path, monke
     assert not list(bare.glob("*.safetensors"))
     [again] = LLM(str(bare), load_format="dummy").generate([{"prompt_token_ids": prompt}], greedy, use_tqdm=False)
     assert again.outputs[0].token_ids == out.outputs[0].token_ids
-    with pytest.raises(ValueError, match="mixture-of-experts"):
+    with pytest.raises(ValueError, match="fp8 mixture-of-experts"):
         make_model("shrunk", tmp_path / "quantized", quantization="fp8")
+
+
+@pytest.mark.parametrize("preset,fmt", [("mixtral-8x7b", "awq"), ("qwen3-30b-a3b", "gptq")])
+def test_quantized_moe_preset_written_and_dummy_agree(preset, fmt, tmp_path, monkeypatch):
+    """make-model --quantization awq|gptq of a MoE preset quantizes the experts too (groups of 128),
+    and --load-format dummy generates the same quantized weights on the engine's device."""
+    from expresslane import LLM, SamplingParams
+    from expresslane.quant.int4_experts import Int4Experts
+
+    wide = dict(hidden_size=128, intermediate_size=128, head_dim=32) | ({"moe_intermediate_size": 128} if fmt == "gptq" else {})
+    monkeypatch.setitem(PRESETS, "shrunk", _shrunk(preset) | wide)
+    path = make_model("shrunk", tmp_path / "full", quantization=fmt)
+    names = safe_open(str(path / "model.safetensors"), "pt").keys()
+    assert any(".experts.0." in n and n.endswith(".qweight") for n in names)
+    assert not any(".experts." in n and n.endswith(".weight") for n in names)
+    greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    prompt = [5, 77, 300, 12, 9, 400, 31]
+    llm = LLM(str(path))
+    assert isinstance(llm.engine.core.runner.model.layers[0].mlp.w13, Int4Experts)
+    [out] = llm.generate([{"prompt_token_ids": prompt}], greedy, use_tqdm=False)
+    bare = make_model("shrunk", tmp_path / "bare", quantization=fmt, weights=False)
+    [again] = LLM(str(bare), load_format="dummy").generate([{"prompt_token_ids": prompt}], greedy, use_tqdm=False)
+    assert again.outputs[0].token_ids == out.outputs[0].token_ids

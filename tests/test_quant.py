@@ -13,10 +13,9 @@ from expresslane import LLM, SamplingParams
 from expresslane.quant import QuantLinear
 from expresslane.quant.int4 import pack_cols, pack_rows
 from models import _hf_model
-from quant_models import GROUP, fake_quant_rows, quantize_dir
+from quant_models import GROUP, fake_quant_rows, quantize_dir, reference_weight
 
 FORMATS = ["fp8", "fp8-tensor", "fp8-block", "awq", "gptq", "gptq-desc"]
-AWQ_SLOT = [0, 4, 1, 5, 2, 6, 3, 7]  # nibble holding column j of each 8 (AutoAWQ's pack order 0,2,4,6,1,3,5,7)
 
 
 def test_pack_orders_are_the_formats():
@@ -27,37 +26,6 @@ def test_pack_orders_are_the_formats():
     assert pack_rows(vals[:, None]).item() == 0x76543210
     assert pack_cols(torch.full((1, 8), 7)).item() == 0x77777777
     assert pack_cols(torch.full((1, 8), 15)).item() == -1  # int32 bit pattern 0xFFFFFFFF
-
-
-def _nibbles(words: torch.Tensor) -> torch.Tensor:
-    """int32 [..., W] -> [..., W, 8]: nibble i of every word (bits 4i .. 4i+3)."""
-    w = words.to(torch.int64) & 0xFFFFFFFF
-    return torch.stack([(w >> (4 * i)) & 0xF for i in range(8)], -1)
-
-
-def reference_weight(parts: dict[str, torch.Tensor], fmt: str) -> torch.Tensor:
-    """float32 [N, K] of one linear from its checkpoint tensors, from the formats' definitions
-    (fmt "awq-128": AWQ with groups of 128 inputs; else GROUP)."""
-    fmt, _, group = fmt.partition("-")
-    group = int(group) if group.isdigit() else GROUP
-    if fmt.startswith("fp8"):
-        w = parts["weight"].float()
-        if "weight_scale_inv" in parts:  # block-wise
-            s = parts["weight_scale_inv"].float()
-            bn, bk = w.shape[0] // s.shape[0], w.shape[1] // s.shape[1]
-            return w * s.repeat_interleave(bn, 0).repeat_interleave(bk, 1)
-        s = parts["weight_scale"].float()
-        return w * (s.reshape(-1, 1) if s.numel() > 1 else s)
-    scales = parts["scales"].float()
-    if fmt == "awq":  # qweight [K, N/8], column j of word c at nibble AWQ_SLOT[j]
-        q = _nibbles(parts["qweight"])[:, :, AWQ_SLOT].flatten(1)
-        z = _nibbles(parts["qzeros"])[:, :, AWQ_SLOT].flatten(1)
-        g = torch.arange(q.shape[0]) // group
-    else:  # qweight [K/8, N], input 8r + j at nibble j of row r; zeros stored minus one
-        q = _nibbles(parts["qweight"].t()).flatten(1).t()
-        z = _nibbles(parts["qzeros"]).flatten(1) + 1
-        g = parts["g_idx"].long()
-    return ((q - z[g]).float() * scales[g]).t()
 
 
 def _checkpoint_layers(model_dir) -> dict[str, dict[str, torch.Tensor]]:

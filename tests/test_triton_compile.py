@@ -64,11 +64,14 @@ def _cases():
         qw_ptr="*i32", scale_ptr="*fp16", zero_ptr="*u8")
     # the fused MoE grouped GEMM (layers/fused_moe.py): gate/up with SiLU-and-mul, and down; every tile shape
     moe = dict(topk_w_ptr="*fp32", sorted_rows_ptr="*i32", block_expert_ptr="*i32", num_padded_ptr="*i32")
+    int4 = dict(w_ptr="*i32", s_ptr="*fp16", z_ptr="*u8")  # INT4 experts (AWQ / GPTQ checkpoints)
     for bm, bn, bk in ((16, 32, 128), (32, 64, 64), (64, 64, 64), (128, 64, 64)):
         for dtype, precision in (("bf16", "tf32"), ("fp32", "ieee")):
             for top_k, gated in ((8, True), (1, False)):
-                yield "moe_gemm_kernel", dtype, dict(TOP_K=top_k, GATED=gated, WEIGHTED=not gated, BLOCK_M=bm,
-                                                     BLOCK_N=bn, BLOCK_K=bk, PRECISION=precision), moe
+                for w4, group in ((False, 1), (True, 128)):
+                    yield "moe_gemm_kernel", dtype, dict(TOP_K=top_k, GATED=gated, WEIGHTED=not gated, BLOCK_M=bm,
+                                                         BLOCK_N=bn, BLOCK_K=bk, PRECISION=precision, W4=w4,
+                                                         GROUP=group), {**moe, **(int4 if w4 else {})}
     # routing (Mixtral 8 x top-2 renormalised, Qwen3-MoE 128 x top-8) and the alignment of rows by expert
     for experts, k, renorm in ((8, 2, True), (128, 8, True), (7, 1, False)):
         pow2e, pow2k = pow2(experts), pow2(k)

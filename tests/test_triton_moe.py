@@ -8,6 +8,7 @@ import torch
 fused_moe = pytest.importorskip("expresslane.layers.fused_moe")
 
 from expresslane.layers.moe import route, torch_experts  # noqa: E402
+from expresslane.quant.int4_experts import Int4Experts  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 DTYPES = [torch.float32] + ([torch.bfloat16] if DEVICE.type == "cuda" else [])
@@ -92,3 +93,32 @@ def test_engine_counts_real_tokens_only(model_dirs):
     computed = sum(len(p) for p in prompts) + 3 * 4
     counts = llm.engine.core.expert_tokens
     assert sorted(counts) == [0, 1] and all(sum(row) == computed * 2 for row in counts.values()), counts
+
+
+def _int4_experts(w: torch.Tensor, fmt: str, group: int):
+    """Float experts [E, N, K] as Int4Experts, through each expert's checkpoint tensors."""
+    from expresslane.quant.int4 import Int4Method, awq_tensors, gptq_tensors
+
+    method = Int4Method(fmt, group, zero_offset=1 if fmt == "gptq" else 0)
+    experts, n, k = w.shape
+    packed = Int4Experts(experts, n, k, method)
+    for e in range(experts):
+        for name, t in (awq_tensors if fmt == "awq" else gptq_tensors)(w[e], group).items():
+            packed.load(e, slice(0, n), name, t)
+    return packed
+
+
+@pytest.mark.parametrize("fmt,group", [("awq", 32), ("gptq", 128)])
+@pytest.mark.parametrize("tokens,experts,k,drop", [(1, 5, 2, 0.0), (33, 5, 2, 0.3), (300, 3, 1, 0.0)])
+def test_fused_int4_experts_match_reference(fmt, group, tokens, experts, k, drop):
+    """The grouped GEMMs dequantizing INT4 in-kernel (groups wider and narrower than a K tile)
+    equal the reference on the same experts, and float experts holding the dequantized weights."""
+    x, w13, w2, weights, ids = _inputs(tokens, tokens, experts, k, hidden=128, inter=128, dtype=torch.float32,
+                                       drop=drop)
+    q13, q2 = _int4_experts(w13, fmt, group), _int4_experts(w2, fmt, group)
+    ref = torch_experts(x, q13, q2, weights, ids)
+    dense = torch.stack([q13[e] for e in range(experts)]), torch.stack([q2[e] for e in range(experts)])
+    assert torch.allclose(ref, torch_experts(x, *dense, weights, ids), atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(ref, torch_experts(x, w13, w2, weights, ids), atol=1e-5, rtol=1e-5)  # 4 bits: lossy
+    out = fused_moe.fused_experts(*(t.to(DEVICE) for t in (x, q13.to(DEVICE), q2.to(DEVICE), weights, ids)))
+    assert torch.allclose(out.cpu(), ref, atol=1e-4, rtol=1e-4), (out.cpu() - ref).abs().max()

@@ -21,14 +21,39 @@ import torch
 import triton
 import triton.language as tl
 
+from expresslane.quant.int4_experts import Int4Experts
+
 
 @triton.jit
-def moe_gemm_kernel(a_ptr, w_ptr, c_ptr, topk_w_ptr, sorted_rows_ptr, block_expert_ptr, num_padded_ptr,
-                    N, K, num_rows, stride_am, stride_we, stride_wn, stride_cm,
+def _weight_tile(w_ptr, s_ptr, z_ptr, expert, k0, k, k_ok, cols, cols_ok, stride_we, stride_wn, stride_se,
+                 stride_sg, dtype: tl.constexpr, W4: tl.constexpr, GROUP: tl.constexpr):
+    """[BLOCK_K, BLOCK_N]: W^T of `expert` at inputs k, outputs cols. Float W [E, N, K]; W4: the
+    packed INT4 layout (qweight [E, K/8, N], scales and zeros [E, K/G, N]), dequantized here as
+    (q - z) * s; one group per tile (GROUP is a multiple of BLOCK_K)."""
+    mask = k_ok[:, None] & cols_ok[None, :]
+    if W4:
+        packed = tl.load(w_ptr + expert * stride_we + (k // 8)[:, None] * stride_wn + cols[None, :], mask=mask,
+                         other=0)
+        q = (packed >> ((k % 8) * 4)[:, None]) & 0xF
+        group = expert * stride_se + (k0 // GROUP) * stride_sg + cols
+        z = tl.load(z_ptr + group, mask=cols_ok, other=0).to(tl.int32)
+        scale = tl.load(s_ptr + group, mask=cols_ok, other=0.0).to(tl.float32)
+        w = ((q - z[None, :]).to(tl.float32) * scale[None, :]).to(dtype)
+    else:
+        w = tl.load(w_ptr + expert * stride_we + cols[None, :].to(tl.int64) * stride_wn + k[:, None], mask=mask,
+                    other=0.0)
+    return w
+
+
+@triton.jit
+def moe_gemm_kernel(a_ptr, w_ptr, s_ptr, z_ptr, c_ptr, topk_w_ptr, sorted_rows_ptr, block_expert_ptr, num_padded_ptr,
+                    N, K, num_rows, stride_am, stride_we, stride_wn, stride_se, stride_sg, stride_cm,
                     TOP_K: tl.constexpr, GATED: tl.constexpr, WEIGHTED: tl.constexpr, BLOCK_M: tl.constexpr,
-                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, W4: tl.constexpr,
+                    GROUP: tl.constexpr):
     """C[row, n] = A[row // TOP_K] . W[expert, n] for the rows of one expert's tile; GATED: W
-    holds gate rows [0, N) then up rows [N, 2N) and C = silu(gate) * up; WEIGHTED: C *= w[row]."""
+    holds gate rows [0, N) then up rows [N, 2N) and C = silu(gate) * up; WEIGHTED: C *= w[row].
+    W4: W is INT4 (see _weight_tile; s_ptr, z_ptr and their strides are its scales and zeros)."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     if pid_m * BLOCK_M < tl.load(num_padded_ptr):
@@ -39,19 +64,21 @@ def moe_gemm_kernel(a_ptr, w_ptr, c_ptr, topk_w_ptr, sorted_rows_ptr, block_expe
         n_mask = offs_n < N
         offs_k = tl.arange(0, BLOCK_K)
         a_ptrs = a_ptr + (rows // TOP_K)[:, None] * stride_am + offs_k[None, :]
-        w_ptrs = w_ptr + expert * stride_we + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
+        dtype = a_ptr.dtype.element_ty
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
-            k_mask = offs_k + k0 < K
+            k = k0 + offs_k
+            k_mask = k < K
             a = tl.load(a_ptrs, mask=valid[:, None] & k_mask[None, :], other=0.0)
-            w = tl.load(w_ptrs, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
+            w = _weight_tile(w_ptr, s_ptr, z_ptr, expert, k0, k, k_mask, offs_n, n_mask, stride_we, stride_wn,
+                             stride_se, stride_sg, dtype, W4, GROUP)
             acc = tl.dot(a, w, acc, input_precision=PRECISION)
             if GATED:
-                w_up = tl.load(w_ptrs + N * stride_wn, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
+                w_up = _weight_tile(w_ptr, s_ptr, z_ptr, expert, k0, k, k_mask, offs_n + N, n_mask, stride_we,
+                                    stride_wn, stride_se, stride_sg, dtype, W4, GROUP)
                 acc_up = tl.dot(a, w_up, acc_up, input_precision=PRECISION)
             a_ptrs += BLOCK_K
-            w_ptrs += BLOCK_K
         dtype = c_ptr.dtype.element_ty
         if GATED:
             gate = acc.to(dtype).to(tl.float32)
@@ -175,10 +202,21 @@ def _tiles(rows: int, num_experts: int) -> tuple[int, int, int, int]:
     return 128, 64, 64, 8
 
 
-def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
-                  ids: torch.Tensor, all_routed: bool = False) -> torch.Tensor:
-    """As layers.moe.torch_experts: x [T, H], w13 [E, 2I, H], w2 [E, H, I], weights/ids [T, k].
-    `all_routed`: no id is -1, so every output row is written (no zero fill needed)."""
+def _weights(w, block_k: int) -> tuple[tuple, dict, int]:
+    """A stacked expert family's kernel arguments: (tensors and strides, constexprs, BLOCK_K)."""
+    if isinstance(w, Int4Experts):
+        q, s, z = w.qweight, w.scales, w.zeros
+        assert s.stride() == z.stride()
+        return ((q, s, z, q.stride(0), q.stride(1), s.stride(0), s.stride(1)), dict(W4=True, GROUP=w.group),
+                min(block_k, w.group & -w.group))  # a power of two that divides the group
+    return (w, w, w, w.stride(0), w.stride(1), 0, 0), dict(W4=False, GROUP=1), block_k
+
+
+def fused_experts(x: torch.Tensor, w13, w2, weights: torch.Tensor, ids: torch.Tensor,
+                  all_routed: bool = False) -> torch.Tensor:
+    """As layers.moe.torch_experts: x [T, H], w13 [E, 2I, H], w2 [E, H, I] (float tensors, or
+    Int4Experts of those shapes), weights/ids [T, k]. `all_routed`: no id is -1, so every
+    output row is written (no zero fill needed)."""
     tokens, k = ids.shape
     num_experts, two_i, hidden = w13.shape
     inter = two_i // 2
@@ -186,17 +224,19 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights:
     block_m, block_n, block_k, warps = _tiles(n, num_experts)
     rows, block_expert, num_padded = align_by_expert(ids, num_experts, block_m)
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
-    common = dict(TOP_K=1, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, PRECISION=precision,
-                  num_warps=warps, num_stages=3 if x.is_cuda else 1)
+    common = dict(BLOCK_M=block_m, BLOCK_N=block_n, PRECISION=precision, num_warps=warps,
+                  num_stages=3 if x.is_cuda else 1)
     act = torch.empty(n, inter, dtype=x.dtype, device=x.device)
     x = x.contiguous()
+    w_args, w_const, bk = _weights(w13, block_k)
     grid = (block_expert.shape[0], triton.cdiv(inter, block_n))
-    moe_gemm_kernel[grid](x, w13, act, weights, rows, block_expert, num_padded, inter, hidden, n,
-                          x.stride(0), w13.stride(0), w13.stride(1), act.stride(0),
-                          **{**common, "TOP_K": k}, GATED=True, WEIGHTED=False)
+    moe_gemm_kernel[grid](x, *w_args[:3], act, weights, rows, block_expert, num_padded, inter, hidden, n,
+                          x.stride(0), *w_args[3:], act.stride(0),
+                          **common, **w_const, BLOCK_K=bk, TOP_K=k, GATED=True, WEIGHTED=False)
     out = (torch.empty if all_routed else torch.zeros)(n, hidden, dtype=x.dtype, device=x.device)  # -1 rows: 0
+    w_args, w_const, bk = _weights(w2, block_k)
     grid = (block_expert.shape[0], triton.cdiv(hidden, block_n))
-    moe_gemm_kernel[grid](act, w2, out, weights.contiguous(), rows, block_expert, num_padded, hidden, inter, n,
-                          act.stride(0), w2.stride(0), w2.stride(1), out.stride(0),
-                          **common, GATED=False, WEIGHTED=True)
+    moe_gemm_kernel[grid](act, *w_args[:3], out, weights.contiguous(), rows, block_expert, num_padded, hidden, inter,
+                          n, act.stride(0), *w_args[3:], out.stride(0),
+                          **common, **w_const, BLOCK_K=bk, TOP_K=1, GATED=False, WEIGHTED=True)
     return out.view(tokens, k, hidden).sum(1)

@@ -5,7 +5,9 @@ token, and the token's output is the routing-weighted sum of theirs.
              when the model says so (Mixtral always, Qwen3-MoE per `norm_topk_prob`)
     experts: y = sum_j w_j * down_e(silu(gate_e(x)) * up_e(x)),  e = the j-th chosen expert
 
-Expert weights are stacked: ``w13`` [E, 2I, H] (gate rows, then up rows) and ``w2`` [E, H, I].
+Expert weights are stacked: ``w13`` [E, 2I, H] (gate rows, then up rows) and ``w2`` [E, H, I];
+in an AWQ or GPTQ checkpoint they are INT4 (``quant/int4_experts.py``: the same two families,
+packed, dequantized inside the fused GEMMs).
 Two paths compute the experts: the fused Triton kernels (``fused_moe.py``: tokens aligned by
 expert, one grouped GEMM for gate/up with SiLU-and-mul, one for down; no host sync, so CUDA
 graphs capture it) when the attention backend is `triton`, and the plain torch reference
@@ -28,6 +30,8 @@ from torch import nn
 from expresslane.distributed.expert_parallel import dispatch_combine
 from expresslane.distributed.group import TPGroup
 from expresslane.distributed.layers import even_split
+from expresslane.quant.int4 import Int4Method
+from expresslane.quant.int4_experts import Int4Experts
 
 
 def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -52,8 +56,8 @@ def torch_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights:
         if n:
             picked = order[start:start + n]
             rows = picked // ids.shape[1]
-            gate, up = F.linear(x[rows], w13[expert]).chunk(2, dim=-1)
-            y = F.linear(F.silu(gate) * up, w2[expert])
+            gate, up = F.linear(x[rows], w13[expert].to(x.dtype)).chunk(2, dim=-1)
+            y = F.linear(F.silu(gate) * up, w2[expert].to(x.dtype))
             out.index_add_(0, rows, y.float() * weights.flatten()[picked, None])
         start += n
     return out.to(x.dtype)
@@ -73,7 +77,7 @@ def check_expert_split(num_experts: int, ranks: int) -> None:
 
 class SparseMoE(nn.Module):
     def __init__(self, hidden: int, intermediate: int, num_experts: int, top_k: int, renormalize: bool,
-                 tp: TPGroup, fused: bool):
+                 tp: TPGroup, fused: bool, int4: Int4Method | None = None):
         super().__init__()
         if not 1 <= top_k <= num_experts:
             raise ValueError(f"num_experts_per_tok {top_k} must be in [1, {num_experts}] (the model's experts)")
@@ -90,8 +94,12 @@ class SparseMoE(nn.Module):
             self.inter_start, local_inter = even_split(intermediate, tp, "MoE intermediate size")
         self.intermediate = intermediate
         self.gate = nn.Linear(hidden, num_experts, bias=False)  # the router, replicated on every rank
-        self.w13 = nn.Parameter(torch.empty(local_experts, 2 * local_inter, hidden))
-        self.w2 = nn.Parameter(torch.empty(local_experts, hidden, local_inter))
+        if int4 is None:
+            self.w13 = nn.Parameter(torch.empty(local_experts, 2 * local_inter, hidden))
+            self.w2 = nn.Parameter(torch.empty(local_experts, hidden, local_inter))
+        else:  # whole experts only: the models refuse tensor parallelism with quantized weights
+            self.w13 = Int4Experts(local_experts, 2 * local_inter, hidden, int4)
+            self.w2 = Int4Experts(local_experts, hidden, local_inter, int4)
         # tokens routed to each expert so far (every expert: each rank routes every token)
         self.register_buffer("expert_tokens", torch.zeros(num_experts, dtype=torch.int64), persistent=False)
 
@@ -118,15 +126,23 @@ class SparseMoE(nn.Module):
         return self.tp.all_reduce(self.experts(x, weights, ids, all_routed=True))
 
     # -- weights -------------------------------------------------------------------------------
-    def load_expert(self, expert: int, part: str, tensor: torch.Tensor) -> str | None:
-        """One expert's checkpoint tensor: part 'gate', 'up' or 'down' ([I, H], [I, H], [H, I]).
-        Returns the key it filled, or None for an expert another rank holds."""
+    def load_expert(self, expert: int, part: str, name: str, tensor: torch.Tensor) -> str | None:
+        """One expert's checkpoint tensor `name` ('weight', or an INT4 format's 'qweight', 'scales',
+        ...) of part 'gate', 'up' or 'down' ([I, H], [I, H], [H, I] as float weights). Returns the
+        key it completed; None for an expert another rank holds or a part still awaiting tensors."""
         local = expert - self.first_expert
         if not 0 <= expert < self.num_experts:
             raise ValueError(f"expert {expert} out of range: the model has {self.num_experts}")
         if not 0 <= local < self.w13.shape[0]:
             return None
         hidden, n = self.w2.shape[1], self.w2.shape[2]
+        if isinstance(self.w13, Int4Experts):
+            family, start = (self.w2, 0) if part == "down" else (self.w13, 0 if part == "gate" else n)
+            width = hidden if part == "down" else n
+            return f"{local}.{part}" if family.load(local, slice(start, start + width), name, tensor) else None
+        if name != "weight":
+            raise ValueError(f"checkpoint tensor {name!r} of expert {expert} {part}: the model's experts are not "
+                             "quantized (expected 'weight')")
         full = (hidden, self.intermediate) if part == "down" else (self.intermediate, hidden)
         if tuple(tensor.shape) != full:
             raise ValueError(f"expert {expert} {part} tensor of shape {tuple(tensor.shape)}; the model's is {full}")

@@ -182,12 +182,12 @@ class LlamaForCausalLM(nn.Module):
             if "rotary_emb.inv_freq" in hf_name or (self.tie_word_embeddings and hf_name == "lm_head.weight"):
                 continue
             if expert := _EXPERT.search(hf_name):  # one expert's projection: its SparseMoE stacks them
-                layer, index, proj = expert.groups()
+                layer, index, proj, part = expert.groups()
                 block = moe.get(f"layers.{layer}.mlp")
                 if block is None:
                     raise ValueError(f"checkpoint tensor {hf_name!r}: layer {layer} of {type(self).__name__} "
                                      "has no experts")
-                key = block.load_expert(int(index), _EXPERT_PARTS[proj], tensor)
+                key = block.load_expert(int(index), _EXPERT_PARTS[proj], part, tensor)
                 if key is not None:  # None: an expert another rank holds
                     loaded.add(f"layers.{layer}.mlp#{key}")
                 continue
@@ -211,7 +211,8 @@ class LlamaForCausalLM(nn.Module):
             loaded.add(name if shard is None else f"{name}#{shard}")
         expected = {n for n in params if not n.endswith(("qkv_proj.weight", "qkv_proj.bias", "gate_up_proj.weight",
                                                           "gate_up_proj.bias"))
-                    and n.rpartition(".")[0] not in moe}  # a SparseMoE's stacked experts: by expert below
+                    and n.rpartition(".")[0] not in moe  # a SparseMoE's stacked experts: by expert below
+                    and n.rsplit(".", 2)[0] not in moe}  # (INT4 experts: w13.qweight, ...)
         expected |= {f"{n}#{key}" for n, m in moe.items() for key in m.expected_keys()}
         expected |= {f"{n}#{s}" for n in params if "qkv_proj" in n for s in "qkv"}
         expected |= {f"{n}#{s}" for n in params if "gate_up_proj" in n for s in (0, 1)}
@@ -233,7 +234,7 @@ class LlamaForCausalLM(nn.Module):
 
 # one expert's projection, as Mixtral (w1 gate, w3 up, w2 down) and Qwen3-MoE name them
 _EXPERT = re.compile(r"layers\.(\d+)\.(?:block_sparse_moe|mlp)\.experts\.(\d+)\.(w1|w2|w3|gate_proj|up_proj|down_proj)"
-                     r"\.weight$")
+                     r"\.(weight|qweight|qzeros|scales|g_idx)$")
 _EXPERT_PARTS = {"w1": "gate", "w3": "up", "w2": "down", "gate_proj": "gate", "up_proj": "up", "down_proj": "down"}
 
 

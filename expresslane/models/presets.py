@@ -175,10 +175,18 @@ def _mlp_specs(config: dict, index: int, p: str) -> list[ParamSpec]:
 def dummy_weights(config: dict, seed: int = 0, device: str | torch.device = "cpu"):
     """(name, tensor) of every checkpoint tensor make-model would write for `config`, generated on
     `device` instead of read from files (``--load-format dummy``: benchmarks of shapes too big to
-    write to disk)."""
+    write to disk); quantized as its make-model ``quantization_config`` says."""
     dtype = _DTYPES[config.get("torch_dtype") or config.get("dtype") or "bfloat16"][0]
+    qc = config.get("quantization_config")
+    fmt = None if qc is None else {"compressed-tensors": "fp8"}.get(qc["quant_method"], qc["quant_method"])
     for spec in param_specs(config):
-        yield spec.name, _generate(spec, seed, dtype, str(device)).to(device)
+        w = _generate(spec, seed, dtype, str(device)).to(device)
+        if fmt is None or not checkpoint.is_quantized(spec.name):
+            yield spec.name, w
+            continue
+        prefix = spec.name.removesuffix("weight")
+        for suffix, t in checkpoint.tensors(fmt, w, qc.get("group_size", checkpoint.GROUP_SIZE), cpu=False).items():
+            yield prefix + suffix, t
 
 
 def _generate(spec: ParamSpec, seed: int, dtype: torch.dtype, device: str) -> torch.Tensor:
@@ -325,8 +333,8 @@ def make_model(preset: str, out_dir: str | os.PathLike, seed: int = 0, device: s
     out_dir = pathlib.Path(out_dir).expanduser().absolute()
     if quantization is not None and quantization not in checkpoint.FORMATS:
         raise ValueError(f"unknown quantization {quantization!r}; choose one of: {', '.join(checkpoint.FORMATS)}")
-    if quantization is not None and num_experts(PRESETS[preset]):
-        raise ValueError(f"quantized mixture-of-experts presets ({preset}) are not supported yet")
+    if quantization == "fp8" and num_experts(PRESETS[preset]):
+        raise ValueError(f"fp8 mixture-of-experts presets ({preset}) are not supported; awq and gptq are")
     if _existing(out_dir, preset, seed, quantization, weights):
         return out_dir
     out_dir.parent.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,8 @@ from expresslane.quant.int4 import awq_tensors, gptq_tensors
 
 FORMATS = ("fp8", "awq", "gptq")
 GROUP_SIZE = 128
-_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+            "w1", "w2", "w3")  # Mixtral's experts: gate, down, up
 
 
 def is_quantized(name: str) -> bool:
@@ -57,8 +58,8 @@ def plan(fmt: str, shape: tuple[int, int], dtype: torch.dtype,
             ("scales", torch.float16, (g, n)), ("g_idx", torch.int32, (k,))]
 
 
-def tensors(fmt: str, w: torch.Tensor, group_size: int = GROUP_SIZE) -> dict[str, torch.Tensor]:
-    """One float weight [N, K] -> its quantized tensors, in `plan`'s order (on the CPU)."""
+def tensors(fmt: str, w: torch.Tensor, group_size: int = GROUP_SIZE, cpu: bool = True) -> dict[str, torch.Tensor]:
+    """One float weight [N, K] -> its quantized tensors, in `plan`'s order (on the CPU, or on w's device)."""
     if fmt == "fp8":
         scale = (w.float().abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 448.0).to(w.dtype)
         q = (w.float() / scale.float()).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
@@ -67,4 +68,4 @@ def tensors(fmt: str, w: torch.Tensor, group_size: int = GROUP_SIZE) -> dict[str
         out = awq_tensors(w, group_size)
     else:
         out = gptq_tensors(w, group_size)
-    return {name: t.cpu() for name, t in out.items()}
+    return {name: t.cpu() for name, t in out.items()} if cpu else out

@@ -131,8 +131,8 @@ class Int4Method:
         self.required = ("qweight", "qzeros", "scales") + (("g_idx",) if fmt == "gptq" else ())
         self.ignored = ()
 
-    def _shard(self, p: dict[str, torch.Tensor], k: int) -> tuple[torch.Tensor, ...]:
-        """One shard -> (q [K, n] ints, zeros [K/G, n] ints, scales [K/G, n], g_idx [K] or None)."""
+    def unpack(self, p: dict[str, torch.Tensor], k: int) -> tuple[torch.Tensor, ...]:
+        """One shard's checkpoint tensors -> (q [K, n] ints, zeros [K/G, n] ints, scales [K/G, n], g_idx [K] or None)."""
         if self.name == "awq":
             q, z = unpack_cols(p["qweight"], AWQ_ORDER), unpack_cols(p["qzeros"], AWQ_ORDER)
             g_idx = None
@@ -151,7 +151,7 @@ class Int4Method:
         group = self.group_size if self.group_size > 0 else k
         if k % group or group % 16:
             raise ValueError(f"{self.name}: {k} inputs do not split into groups of {group} (a multiple of 16)")
-        qs, zs, ss, g_idxs = zip(*(self._shard(p, k) for p in shards))
+        qs, zs, ss, g_idxs = zip(*(self.unpack(p, k) for p in shards))
         q, z, s = torch.cat(qs, 1), torch.cat(zs, 1), torch.cat(ss, 1)
         perm = None
         if g_idxs[0] is not None:

@@ -1,0 +1,118 @@
+"""INT4 experts (AWQ and GPTQ checkpoints of Mixtral and Qwen3-MoE; vLLM's moe_wna16): the
+loader against float32 references computed from the raw checkpoint tensors (quant_models'
+independent bit layouts), and the engine's greedy tokens against transformers running the
+dequantized weights, through chunked prefill."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from expresslane import LLM, SamplingParams
+from expresslane.layers.moe import SparseMoE
+from expresslane.quant.int4_experts import Int4Experts
+from models import hf_greedy
+from quant_models import quantize_dir, reference_weight
+
+GROUP = 16  # the tiny Qwen3-MoE's experts have 48 intermediate channels
+CASES = [(arch, fmt) for arch in ("mixtral", "qwen3_moe") for fmt in ("awq", "gptq")]
+_INT4_PARTS = ("qweight", "qzeros", "scales", "g_idx")
+
+
+@pytest.fixture(scope="module")
+def moe_quant(model_dirs, tmp_path_factory):
+    """(arch, fmt) -> (quantized dir, its dequantized float32 twin)."""
+    root = tmp_path_factory.mktemp("quant_moe")
+    out = {}
+    for arch, fmt in CASES:
+        qdir = quantize_dir(model_dirs[arch], root / f"{arch}-{fmt}", fmt, group=GROUP)
+        out[arch, fmt] = qdir, _dequantized_dir(qdir, fmt, root / f"{arch}-{fmt}-float")
+    return out
+
+
+def _references(qdir: Path, fmt: str) -> dict[str, torch.Tensor]:
+    """HF module name -> float32 [N, K] of every INT4 projection in the checkpoint."""
+    parts: dict[str, dict[str, torch.Tensor]] = {}
+    for name, t in load_file(qdir / "model.safetensors").items():
+        module, _, part = name.rpartition(".")
+        if part in _INT4_PARTS:
+            parts.setdefault(module, {})[part] = t
+    return {module: reference_weight(p, f"{fmt}-{GROUP}") for module, p in parts.items()}
+
+
+def _dequantized_dir(qdir: Path, fmt: str, dst: Path) -> Path:
+    """The float32 checkpoint that a quantized one stands for (transformers runs it)."""
+    dst.mkdir()
+    for f in qdir.iterdir():
+        if f.suffix != ".safetensors":
+            shutil.copy(f, dst / f.name)
+    tensors = {n: t for n, t in load_file(qdir / "model.safetensors").items() if n.rpartition(".")[2] not in _INT4_PARTS}
+    tensors |= {f"{module}.weight": w.contiguous() for module, w in _references(qdir, fmt).items()}
+    save_file(tensors, str(dst / "model.safetensors"))
+    config = json.loads((dst / "config.json").read_text())
+    del config["quantization_config"]
+    (dst / "config.json").write_text(json.dumps(config))
+    return dst
+
+
+@pytest.mark.parametrize("arch,fmt", CASES)
+def test_experts_load_the_checkpoint_exactly(moe_quant, arch, fmt):
+    qdir, _ = moe_quant[arch, fmt]
+    refs = _references(qdir, fmt)
+    model = LLM(str(qdir), num_kv_blocks=64).engine.core.runner.model
+    gate, up, down = ("w1", "w3", "w2") if arch == "mixtral" else ("gate_proj", "up_proj", "down_proj")
+    block = "block_sparse_moe" if arch == "mixtral" else "mlp"
+    checked = 0
+    for i, layer in enumerate(model.layers):
+        if not isinstance(layer.mlp, SparseMoE):
+            continue
+        moe = layer.mlp
+        assert isinstance(moe.w13, Int4Experts) and isinstance(moe.w2, Int4Experts)
+        for e in range(moe.num_experts):
+            p = f"model.layers.{i}.{block}.experts.{e}"
+            assert torch.equal(moe.w13[e], torch.cat([refs[f"{p}.{gate}"], refs[f"{p}.{up}"]]))
+            assert torch.equal(moe.w2[e], refs[f"{p}.{down}"])
+            checked += 1
+    assert checked == moe.num_experts * sum(isinstance(layer.mlp, SparseMoE) for layer in model.layers) > 0
+
+
+PROMPTS = [[(13 * i + 7 * j) % 500 for j in range(n)] for i, n in enumerate((1, 11, 40, 90))]
+
+
+@pytest.mark.parametrize("arch,fmt", CASES)
+def test_engine_greedy_matches_dequantized_transformers(moe_quant, arch, fmt):
+    qdir, float_dir = moe_quant[arch, fmt]
+    want = [hf_greedy(float_dir, p, 8) for p in PROMPTS]
+    llm = LLM(str(qdir), max_num_batched_tokens=32, num_kv_blocks=128)  # long prompts: chunked
+    outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS],
+                        SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == want
+
+
+def test_fp8_moe_is_refused_by_name(model_dirs):
+    with pytest.raises(ValueError, match="not supported for mixture-of-experts models; use an unquantized, AWQ or GPTQ"):
+        LLM(str(model_dirs["mixtral"]), quantization="fp8")
+
+
+def test_desc_act_experts_are_refused(model_dirs, tmp_path):
+    qdir = quantize_dir(model_dirs["qwen3_moe"], tmp_path / "q", "gptq", desc_act=True, group=GROUP)
+    with pytest.raises(ValueError, match="desc_act"):
+        LLM(str(qdir), num_kv_blocks=64)
+
+
+def test_fused_int4_experts_in_the_engine(moe_quant):
+    """The `triton` backend's fused MoE GEMMs on INT4 experts (Triton's interpreter on CPU)."""
+    pytest.importorskip("triton")
+    qdir, float_dir = moe_quant["mixtral", "gptq"]
+    prompts = [PROMPTS[1]]  # one short prompt: the interpreter is slow
+    llm = LLM(str(qdir), attention_backend="triton", max_num_batched_tokens=16, max_num_seqs=2, max_model_len=64,
+              num_kv_blocks=16)  # small start-up steps
+    assert llm.engine.core.runner.model.layers[0].mlp.fused
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                        SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(float_dir, p, 4) for p in prompts]
