@@ -75,13 +75,19 @@ def test_triton_backend_matches_transformers(model_dirs, references):
 
 def test_graph_input_path_matches_transformers(model_dirs, references):
     """The CUDA-graph families' static buffers and padding, run eagerly (no capture) on CPU:
-    decode batches padded to a bucket, small mixed steps on a padded work list."""
+    decode batches padded to a bucket, small mixed steps on a padded work list, each mixed
+    bucket with a prefill tile of its own (8, 16, 32 query tokens per work item)."""
     pytest.importorskip("triton")
+    from expresslane.attention.triton_tiles import PrefillTile
+
     arch = "qwen3"
     picked = [0, 2, 3, 5, 8, 16, 17]
     llm = LLM(str(model_dirs[arch]), attention_backend="triton", max_num_batched_tokens=48, max_num_seqs=6,
               max_model_len=384, num_kv_blocks=64)
     runner = llm.engine.core.runner
+    tiles = ((0, PrefillTile(rows=16, block_n=16)), (16, PrefillTile(rows=32, block_n=32)),
+             (48, PrefillTile(rows=64, block_n=16)))  # head dim 32, group 2; buckets 8, 16, 32, 48
+    runner.attn_backend.prefill_tiles = {32: tiles}
     runner.build_graphs(llm.config.model.max_model_len, capture=False)
     used = {"decode": 0, "mixed": 0}
     for family in used:

@@ -55,8 +55,8 @@ def _compile_all() -> None:
                              "stride_oh", "stride_bt", "stride_pa_s", "stride_pa_h", "stride_pml_s"], "i32")
     for decode in (True, False):
         ir = compile_ir(triton_kernels.paged_attention_kernel, {**ptrs, **scalars, **strides}, {
-            "G": 4, "G_PAD": 4, "BLOCK_Q": 4 if decode else 16, "BLOCK_N": 64, "HEAD_DIM": 128, "D_PAD": 128,
-            "PAGE": 16, "DECODE": decode, "PRECISION": "tf32"})
+            "G": 4, "G_PAD": 4, "HK": 8, "BLOCK_Q": 4 if decode else 16, "BLOCK_N": 64, "HEAD_DIM": 128, "D_PAD": 128,
+            "PAGE": 16, "DECODE": decode, "MASK_ALL": False, "PRECISION": "tf32"})
         assert "tt.dot" in ir
     print("compiled")
 

@@ -23,7 +23,8 @@ def _cases():
     """(kernel name, activation dtype, constexprs[, pointer types by name]) for every launch
     configuration."""
     pow2 = lambda n: 1 << (n - 1).bit_length()  # noqa: E731
-    for heads, kv_heads, dim in ((32, 8, 128), (14, 2, 64), (4, 1, 128)):  # Llama-3-8B, Qwen2.5-0.5B, MQA
+    # Llama-3-8B, Qwen2.5-0.5B, MQA, a padded head dim (96 -> 128: the head-dim masks)
+    for heads, kv_heads, dim in ((32, 8, 128), (14, 2, 64), (4, 1, 128), (12, 4, 96)):
         g = heads // kv_heads
         for kv_fp8 in (False, True):  # --kv-cache-dtype auto / fp8
             yield "rope_store_kernel", "bf16", dict(
@@ -31,11 +32,13 @@ def _cases():
                 HALF_PAD=pow2(dim // 2), KV_FP8=kv_fp8), dict(cache_ptr="*fp8e4nv") if kv_fp8 else {}
         for dtype, precision, cache in (("bf16", "tf32", {}), ("fp32", "ieee", {}),
                                         ("bf16", "tf32", dict(k_cache_ptr="*fp8e4nv", v_cache_ptr="*fp8e4nv"))):
-            for decode in (True, False):
-                block_q = max(1, (16 if decode else 64) // pow2(g))
+            # decode, then every prefill tile shape the benchmark sweeps (the tables' entries among them)
+            for decode, rows, block_n, mask_all in ((True, 16, 64, False), (True, 16, 64, True), (False, 64, 64, False),
+                                                    (False, 64, 64, True), (False, 128, 128, False),
+                                                    (False, 64, 32, False)):
                 yield "paged_attention_kernel", dtype, dict(
-                    G=g, G_PAD=pow2(g), BLOCK_Q=block_q, BLOCK_N=64, HEAD_DIM=dim, D_PAD=max(16, pow2(dim)),
-                    PAGE=16, DECODE=decode, PRECISION=precision), cache
+                    G=g, G_PAD=pow2(g), HK=kv_heads, BLOCK_Q=max(1, rows // pow2(g)), BLOCK_N=block_n, HEAD_DIM=dim,
+                    D_PAD=max(16, pow2(dim)), PAGE=16, DECODE=decode, MASK_ALL=mask_all, PRECISION=precision), cache
         yield "reduce_splits_kernel", "bf16", dict(HEAD_DIM=dim, D_PAD=max(16, pow2(dim)), MAX_SPLITS=16)
     for has_res in (True, False):
         yield "_rmsnorm_kernel", "bf16", dict(HAS_RES=has_res, BLOCK=4096)
@@ -120,9 +123,12 @@ def _compile_all() -> None:
                              ctx))
         assert "tt.func" in ir and "tt.store" in ir, name
         compiled.add(name)
-    # every kernel is compiled, directly or inlined into one that is (helpers such as _rotate_half)
-    inlined = {name for name in kernels if any(name + "(" in kernels[k].src for k in compiled)}
-    missing = set(kernels) - compiled - inlined
+    # every kernel is compiled, directly or inlined into one that is (helpers such as _rotate_half,
+    # and the helpers they call)
+    covered = set(compiled)
+    while more := {n for n in kernels if n not in covered and any(n + "(" in kernels[k].src for k in covered)}:
+        covered |= more
+    missing = set(kernels) - covered
     assert not missing, f"kernels without a compile case: {sorted(missing)}"
     print("compiled", len(compiled), "kernels")
 

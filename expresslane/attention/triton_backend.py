@@ -1,9 +1,10 @@
 """The `triton` attention backend: paged kernels, CUDA-graph friendly decode.
 
 Decode seqs run split-KV (grid: seq x KV head x split, then a reduction), with the
-number of splits fixed by the batch size alone so a captured graph replays with any
-context lengths. Prefill chunks run one program per (seq, tile of query tokens, KV
-head); the tile list is built once per step in `prepare`.
+number of splits and the tile fixed by the batch size alone so a captured graph replays
+with any context lengths. Prefill chunks run one program per (seq, tile of query tokens,
+KV head); `prepare` picks the step's prefill tile by its prefill tokens (triton_tiles.py)
+and builds the work list, the items with the most keys first.
 """
 
 from __future__ import annotations
@@ -13,11 +14,8 @@ import torch
 
 from expresslane.attention.backend import AttentionMetadata
 from expresslane.attention.triton_kernels import paged_attention_kernel, reduce_splits_kernel, rope_store_kernel
+from expresslane.attention.triton_tiles import DECODE_TILES, PREFILL_TILES, DecodeTile, PrefillTile, Table, pick
 from expresslane.device import to_device
-
-MAX_SPLITS = 16
-_PREFILL_ROWS = 64  # query rows (tokens x heads of a group) per prefill program
-_BLOCK_N = 64  # keys per inner-loop tile
 
 
 def _pow2(n: int) -> int:
@@ -34,36 +32,66 @@ class TritonAttentionBackend:
     supports_cuda_graphs = True
     fused_ops = True
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, device: torch.device):
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, device: torch.device,
+                 prefill_tiles: Table | None = None, decode_tiles: Table | None = None):
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.group = num_heads // num_kv_heads
         self.g_pad = _pow2(self.group)
         self.d_pad = max(16, _pow2(head_dim))
-        self.prefill_q = max(1, _PREFILL_ROWS // self.g_pad)
         self.decode_q = max(1, 16 // self.g_pad)  # tl.dot needs >= 16 rows; extra rows are masked
         self.sms = _num_sms(device)
+        # tile tables (triton_tiles.py); a benchmark passes its own to sweep shapes
+        self.prefill_tiles = PREFILL_TILES if prefill_tiles is None else prefill_tiles
+        self.decode_tiles = DECODE_TILES if decode_tiles is None else decode_tiles
+
+    def prefill_tile(self, num_tokens: int) -> PrefillTile:
+        """The tile of a step with `num_tokens` prefill tokens (a mixed graph: its bucket size)."""
+        return pick(self.prefill_tiles, self.d_pad, num_tokens, PrefillTile())
+
+    def decode_tile(self, num_decodes: int) -> DecodeTile:
+        return pick(self.decode_tiles, self.d_pad, num_decodes, DecodeTile())
+
+    def block_q(self, tile: PrefillTile) -> int:
+        """Query tokens per prefill program: the tile's rows over the padded group (at least one)."""
+        return max(1, tile.rows // self.g_pad)
 
     def num_splits(self, num_decodes: int) -> int:
-        """Enough programs to fill the GPU about twice; depends on the batch size only."""
-        want = -(-2 * self.sms // max(1, num_decodes * self.num_kv_heads))
-        return max(1, min(MAX_SPLITS, want))
+        """Enough programs to fill the GPU `waves` times; depends on the batch size only."""
+        tile = self.decode_tile(num_decodes)
+        want = -(-tile.waves * self.sms // max(1, num_decodes * self.num_kv_heads))
+        return max(1, min(tile.max_splits, want))
 
-    def plan_prefill(self, query_start_loc, first_seq: int) -> np.ndarray:
-        """One (seq, first query token) work item per tile of `prefill_q` query tokens: [W, 2] int32."""
+    def plan_prefill(self, query_start_loc, seq_lens, first_seq: int, tile: PrefillTile) -> np.ndarray:
+        """One (seq, first query token) work item per tile of query tokens: [W, 2] int32, in
+        decreasing order of the keys they attend to, so the longest start first and the launch
+        does not end on a late long one (each item writes its own rows: the order changes no
+        result)."""
         qsl = np.asarray(query_start_loc, dtype=np.int64)[first_seq:]
-        tiles = -(-(qsl[1:] - qsl[:-1]) // self.prefill_q)
+        bq = self.block_q(tile)
+        q_lens = qsl[1:] - qsl[:-1]
+        tiles = -(-q_lens // bq)
         seq = np.repeat(np.arange(first_seq, first_seq + len(tiles)), tiles)
         first_tile = np.repeat(np.cumsum(tiles) - tiles, tiles)
-        return np.stack([seq, (np.arange(len(seq)) - first_tile) * self.prefill_q], axis=1).astype(np.int32)
+        q_off = (np.arange(len(seq)) - first_tile) * bq
+        ctx = np.repeat(np.asarray(seq_lens, dtype=np.int64)[first_seq:first_seq + len(tiles)], tiles)
+        keys = np.minimum(ctx, ctx - np.repeat(q_lens, tiles) + q_off + bq)
+        order = np.argsort(-keys, kind="stable")
+        return np.stack([seq[order], q_off[order]], axis=1).astype(np.int32)
 
     def max_prefill_work(self, num_tokens: int, num_seqs: int) -> int:
-        return num_tokens // self.prefill_q + num_seqs
+        return num_tokens // self.block_q(self.prefill_tile(num_tokens)) + num_seqs
 
     def prepare(self, meta: AttentionMetadata) -> None:
-        """Per-step, host-side: the prefill work list and the decode split count."""
-        meta.num_splits = self.num_splits(meta.num_decodes)
-        work = self.plan_prefill(meta.query_start_loc_cpu, meta.num_decodes)
-        meta.prefill_work = to_device(work, torch.int32, meta.seq_lens.device) if len(work) else None
+        """Per-step, host-side: the decode split count, the prefill tile and work list."""
+        nd = meta.num_decodes
+        meta.num_splits = self.num_splits(nd)
+        qsl = meta.query_start_loc_cpu
+        if len(qsl) > nd + 1:
+            meta.prefill_tile = self.prefill_tile(qsl[-1] - qsl[nd])
+            work = self.plan_prefill(qsl, meta.seq_lens_cpu, nd, meta.prefill_tile)
+            meta.prefill_work = to_device(work, torch.int32, meta.seq_lens.device)
+        else:
+            meta.prefill_work = None
 
     def store(self, positions, q, k, v, rotary, kv_cache, meta: AttentionMetadata,
               kv_scales=(1.0, 1.0)) -> torch.Tensor:
@@ -85,7 +113,7 @@ class TritonAttentionBackend:
         hk, d = self.num_kv_heads, self.head_dim
         out = torch.empty_like(q)
         kc, vc = kv_cache[0], kv_cache[1]
-        common = dict(G=self.group, G_PAD=self.g_pad, BLOCK_N=_BLOCK_N, HEAD_DIM=d, D_PAD=self.d_pad,
+        common = dict(G=self.group, G_PAD=self.g_pad, HK=hk, HEAD_DIM=d, D_PAD=self.d_pad,
                       PAGE=kc.shape[1],
                       # float32 means "reference accuracy": no TF32 rounding of the dot operands
                       PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
@@ -93,19 +121,22 @@ class TritonAttentionBackend:
                    meta.block_tables.stride(0))
         nd = meta.num_decodes
         if nd:
-            s = meta.num_splits
+            s, tile = meta.num_splits, self.decode_tile(nd)
             part_acc = torch.empty(nd, self.num_heads, s, self.d_pad, dtype=torch.float32, device=q.device)
             part_ml = torch.empty(nd, self.num_heads, s, 2, dtype=torch.float32, device=q.device)
             paged_attention_kernel[(nd, hk, s)](
                 q, kc, vc, out, part_acc, part_ml, meta.block_tables, meta.seq_lens, meta.query_start_loc,
                 meta.seq_lens, scale, s, *kv_scales, *strides, part_acc.stride(0), part_acc.stride(1), part_ml.stride(0),
-                BLOCK_Q=self.decode_q, DECODE=True, **common)
+                BLOCK_Q=self.decode_q, BLOCK_N=tile.block_n, DECODE=True, MASK_ALL=tile.mask_all,
+                num_warps=tile.num_warps, num_stages=tile.num_stages, **common)
             reduce_splits_kernel[(nd, self.num_heads)](
                 part_acc, part_ml, out, s, part_acc.stride(0), part_acc.stride(1), part_ml.stride(0),
-                out.stride(0), out.stride(1), HEAD_DIM=d, D_PAD=self.d_pad, MAX_SPLITS=_pow2(MAX_SPLITS))
+                out.stride(0), out.stride(1), HEAD_DIM=d, D_PAD=self.d_pad, MAX_SPLITS=_pow2(tile.max_splits))
         if meta.prefill_work is not None:
-            paged_attention_kernel[(meta.prefill_work.shape[0], hk, 1)](
+            tile = meta.prefill_tile
+            paged_attention_kernel[(meta.prefill_work.shape[0] * hk,)](
                 q, kc, vc, out, out, out, meta.block_tables, meta.seq_lens, meta.query_start_loc,
                 meta.prefill_work, scale, 1, *kv_scales, *strides, 0, 0, 0,
-                BLOCK_Q=self.prefill_q, DECODE=False, **common)
+                BLOCK_Q=self.block_q(tile), BLOCK_N=tile.block_n, DECODE=False, MASK_ALL=tile.mask_all,
+                num_warps=tile.num_warps, num_stages=tile.num_stages, **common)
         return out

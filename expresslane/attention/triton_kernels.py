@@ -11,6 +11,10 @@ padded to a power of two), so each K/V tile is loaded once for the whole group::
 A key at position j is visible to a query at position p iff j <= p; a query's
 position is ``seq_len - q_len + token``. Softmax is online (running max m, sum l).
 Rows with nothing to attend to (padding, empty splits) produce zeros, never NaN.
+
+The key loop runs in two parts: whole BLOCK_N tiles of keys that every row of the tile
+sees (all of a cached prefix and the keys before the tile's first query token) without
+masks, then the few tiles that cross the diagonal (or a decode split's ragged end) masked.
 """
 
 from __future__ import annotations
@@ -76,25 +80,72 @@ def rope_store_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, slot_ptr, cos_sin_ptr, q_out
 
 
 @triton.jit
+def _load_kv(ptrs, mask, d_mask, CAUSAL: tl.constexpr, MASK_D: tl.constexpr):
+    """A K or V tile: masked by key (`mask`) on a causal tile, by head dim alone when the head
+    dim is padded, not at all otherwise."""
+    if CAUSAL:
+        x = tl.load(ptrs, mask=mask, other=0.0)
+    elif MASK_D:
+        x = tl.load(ptrs, mask=d_mask, other=0.0)
+    else:
+        x = tl.load(ptrs)
+    return x
+
+
+@triton.jit
+def _attend_keys(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, table_ptr, start, hi, q_pos, kv_head_off, d, d_ok,
+                 qk_scale, stride_kb, stride_ks, BLOCK_N: tl.constexpr, PAGE: tl.constexpr, CAUSAL: tl.constexpr,
+                 MASK_D: tl.constexpr, PRECISION: tl.constexpr):
+    """Keys start..start+BLOCK_N into the online softmax of the tile's rows. CAUSAL=False is
+    only for a tile whose keys are all < hi and visible to every row: no masks, no -inf."""
+    n = start + tl.arange(0, BLOCK_N)
+    n_ok = n < hi
+    if CAUSAL:
+        page = tl.load(table_ptr + n // PAGE, mask=n_ok, other=0)
+    else:
+        page = tl.load(table_ptr + n // PAGE)
+    kv_off = page.to(tl.int64) * stride_kb + (n % PAGE) * stride_ks + kv_head_off
+    k = _load_kv(k_cache_ptr + kv_off[None, :] + d[:, None], n_ok[None, :] & d_ok[:, None], d_ok[:, None], CAUSAL,
+                 MASK_D).to(q.dtype)  # (a no-op unless the cache is FP8)
+    s = tl.dot(q, k, input_precision=PRECISION) * qk_scale
+    if CAUSAL:
+        s = tl.where(n_ok[None, :] & (n[None, :] <= q_pos[:, None]), s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that sees no key yet
+    else:
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = m_new
+    p = tl.math.exp2(s - m_safe[:, None])
+    alpha = tl.math.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = _load_kv(v_cache_ptr + kv_off[:, None] + d[None, :], n_ok[:, None] & d_ok[None, :], d_ok[None, :], CAUSAL,
+                 MASK_D).to(q.dtype)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    return acc, m_new, l_i
+
+
+@triton.jit
 def paged_attention_kernel(
         q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
         block_tables_ptr, seq_lens_ptr, query_start_loc_ptr, work_ptr,
         scale, num_splits, k_scale, v_scale,
         stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_ot, stride_oh, stride_bt,
         stride_pa_s, stride_pa_h, stride_pml_s,
-        G: tl.constexpr, G_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
+        G: tl.constexpr, G_PAD: tl.constexpr, HK: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
         HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, PAGE: tl.constexpr, DECODE: tl.constexpr,
-        PRECISION: tl.constexpr):
-    """Prefill (DECODE=False): program 0-axis = work item (seq, q_off) from work_ptr.
-    Decode (DECODE=True): program 0-axis = seq, 2-axis = split of its keys; partials go
-    to part_acc/part_ml for reduce_splits_kernel."""
-    kv_head = tl.program_id(1)
-    split = tl.program_id(2)
+        MASK_ALL: tl.constexpr, PRECISION: tl.constexpr):
+    """Prefill (DECODE=False): one program per (work item (seq, q_off) from work_ptr, KV head),
+    the HK KV heads of an item adjacent (program w * HK + kv_head), so the work list's order is
+    the launch order. Decode (DECODE=True): program 0-axis = seq, 1-axis = KV head, 2-axis =
+    split of its keys; partials go to part_acc/part_ml for reduce_splits_kernel."""
     if DECODE:
         seq = tl.program_id(0)
+        kv_head = tl.program_id(1)
+        split = tl.program_id(2)
         q_off = 0
     else:
-        w = tl.program_id(0)
+        w = tl.program_id(0) // HK
+        kv_head = tl.program_id(0) % HK
         seq = tl.load(work_ptr + 2 * w)
         q_off = tl.load(work_ptr + 2 * w + 1)
     q_start = tl.load(query_start_loc_ptr + seq)
@@ -114,10 +165,11 @@ def paged_attention_kernel(
         # e4m3 -> bf16 goes through f16 -> bf16, a quarter-rate conversion that bounded the
         # decode kernel. bf16 q converts exactly (within +-65504; p in [0, 1] gains precision).
         q = tl.minimum(tl.maximum(q.to(tl.float32), -65504.0), 65504.0).to(tl.float16)
-    q_pos = ctx - q_len + tok
+    q_first = ctx - q_len + q_off  # position of the tile's first query token
+    q_pos = q_first + rows // G_PAD
 
     # keys this tile can see at all; a decode split takes a BLOCK_N-aligned slice of them
-    kv_end = tl.minimum(ctx, ctx - q_len + q_off + BLOCK_Q)
+    kv_end = tl.minimum(ctx, q_first + BLOCK_Q)
     if DECODE:
         per_split = tl.cdiv(tl.cdiv(kv_end, num_splits), BLOCK_N) * BLOCK_N
         lo = split * per_split
@@ -125,29 +177,28 @@ def paged_attention_kernel(
     else:
         lo = 0
         hi = kv_end
+    # keys lo..mid are visible to every row (<= q_first) and fill whole tiles: no masks there;
+    # only the tiles from mid on (the diagonal, a split's ragged end) are masked. MASK_ALL masks
+    # every tile (one loop: less code, for tile shapes where that measures faster)
+    if MASK_ALL:
+        mid = lo
+    else:
+        mid = lo + tl.maximum(tl.minimum(hi, q_first + 1) - lo, 0) // BLOCK_N * BLOCK_N
 
     m_i = tl.full([BLOCK_Q * G_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_Q * G_PAD], tl.float32)
     acc = tl.zeros([BLOCK_Q * G_PAD, D_PAD], tl.float32)
     qk_scale = scale * k_scale * 1.4426950408889634  # exp(x) = exp2(x * log2 e); an FP8 cache's k scale
-    for start in range(lo, hi, BLOCK_N):
-        n = start + tl.arange(0, BLOCK_N)
-        n_ok = n < hi
-        page = tl.load(block_tables_ptr + seq * stride_bt + n // PAGE, mask=n_ok, other=0)
-        kv_off = page.to(tl.int64) * stride_kb + (n % PAGE) * stride_ks + kv_head * stride_kh
-        k = tl.load(k_cache_ptr + kv_off[None, :] + d[:, None], mask=n_ok[None, :] & d_ok[:, None],
-                    other=0.0).to(q.dtype)  # (a no-op unless the cache is FP8)
-        s = tl.dot(q, k, input_precision=PRECISION) * qk_scale
-        s = tl.where(n_ok[None, :] & (n[None, :] <= q_pos[:, None]), s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(s - m_safe[:, None])
-        alpha = tl.math.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_cache_ptr + kv_off[:, None] + d[None, :], mask=n_ok[:, None] & d_ok[None, :],
-                    other=0.0).to(q.dtype)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
+    table = block_tables_ptr + seq * stride_bt
+    kv_head_off = kv_head * stride_kh
+    for start in range(lo, mid, BLOCK_N):
+        acc, m_i, l_i = _attend_keys(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, table, start, hi, q_pos, kv_head_off,
+                                     d, d_ok, qk_scale, stride_kb, stride_ks, BLOCK_N, PAGE, False, HEAD_DIM != D_PAD,
+                                     PRECISION)
+    for start in range(mid, hi, BLOCK_N):
+        acc, m_i, l_i = _attend_keys(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, table, start, hi, q_pos, kv_head_off,
+                                     d, d_ok, qk_scale, stride_kb, stride_ks, BLOCK_N, PAGE, True, HEAD_DIM != D_PAD,
+                                     PRECISION)
 
     acc = acc * v_scale
     if DECODE:

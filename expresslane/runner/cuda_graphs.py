@@ -185,7 +185,8 @@ class MixedGraphs(_Graphs):
         sizes = bucket_sizes(max_tokens, small=(8, 16, 32, 64), step=128)
         self.max_seqs = min(sizes[-1], max_num_seqs)
         super().__init__(model, backend, sizes, sizes[-1], self.max_seqs + 1, max_blocks, device, logits_out)
-        self.work = torch.zeros(backend.max_prefill_work(sizes[-1], self.max_seqs), 2, dtype=torch.int32,
+        # one work list for all buckets (each bucket's prefill tile is its own: as many items as the largest needs)
+        self.work = torch.zeros(max(backend.max_prefill_work(s, self._seqs(s)) for s in sizes), 2, dtype=torch.int32,
                                 device=device)
 
     def _seqs(self, size: int) -> int:
@@ -197,6 +198,7 @@ class MixedGraphs(_Graphs):
             slot_mapping=self.slot_mapping[:size], block_tables=self.block_tables[:b + 1],
             seq_lens=self.seq_lens[:b + 1], query_start_loc=self.query_start_loc[:b + 2], num_decodes=0,
             seq_lens_cpu=[], query_start_loc_cpu=[], max_decode_seq_len=0, num_splits=1,
+            prefill_tile=self.backend.prefill_tile(size),
             prefill_work=self.work[:self.backend.max_prefill_work(size, b)])
 
     def _num_logit_rows(self, size: int) -> int:
@@ -218,7 +220,7 @@ class MixedGraphs(_Graphs):
         qsl = inputs.query_start_loc
         capacity = self.backend.max_prefill_work(size, seqs)
         work = np.empty((capacity, 2), dtype=np.int64)
-        planned = self.backend.plan_prefill(qsl, 0)
+        planned = self.backend.plan_prefill(qsl, inputs.seq_lens, 0, self.backend.prefill_tile(size))
         work[:len(planned)] = planned
         work[len(planned):] = (b, 0)  # items of the padding seq b: no tokens, no context
         fields = self._token_fields(inputs, size, b + 1)  # the padding seq's context: 0

@@ -1,0 +1,66 @@
+"""Tile shapes of the Triton attention kernels, chosen per step from small tables.
+
+A prefill tile is picked by the head dim and the step's prefill tokens: that is all a
+mixed-step CUDA graph knows when it is captured (its token-count bucket), so a captured
+step and an eager one of the same size use the same tile. A decode tile is picked by the
+head dim and the batch size alone, so a decode graph replays with any context length.
+
+Every entry holds the shape the kernels had before the tables (64 query rows, 64 keys per
+tile, Triton's default 4 warps and 3 stages; decode: up to 16 splits for about two waves of
+programs) until a GPU run of ``benchmarks/attention_bench.py`` (``bash benchmarks/gpu.sh
+kernels``) measures a better one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+def _check_pow2(name: str, value: int, low: int) -> None:
+    if value < low or value & (value - 1):
+        raise ValueError(f"{name} must be a power of two >= {low}, got {value}")
+
+
+@dataclass(frozen=True)
+class PrefillTile:
+    rows: int = 64  # query rows per program: tokens x the KV head's (padded) query-head group
+    block_n: int = 64  # keys per inner-loop tile
+    num_warps: int = 4
+    num_stages: int = 3  # software-pipelining depth of the key loop (Triton's default on CUDA)
+    mask_all: bool = False  # mask every key tile, not only those crossing the diagonal
+
+    def __post_init__(self):
+        _check_pow2("rows", self.rows, 16)
+        _check_pow2("block_n", self.block_n, 16)
+
+
+@dataclass(frozen=True)
+class DecodeTile:
+    max_splits: int = 16  # split-KV: at most this many programs per (seq, KV head)
+    waves: int = 2  # aim for waves x SMs programs in all
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 3
+    mask_all: bool = False  # mask every key tile, not only a split's ragged end
+
+    def __post_init__(self):
+        if self.max_splits < 1 or self.waves < 1:
+            raise ValueError(f"max_splits and waves must be >= 1, got {self.max_splits}, {self.waves}")
+        _check_pow2("block_n", self.block_n, 16)
+
+
+# {padded head dim: ((smallest key, tile), ...)} in increasing key order; the last entry whose
+# key is <= the step's wins. Prefill key: the step's prefill tokens; decode key: the batch size.
+Table = dict[int, tuple[tuple[int, object], ...]]
+_P, _D = PrefillTile(), DecodeTile()
+PREFILL_TILES: Table = {d: ((0, _P), (1024, _P), (4096, _P), (16384, _P)) for d in (64, 128)}
+DECODE_TILES: Table = {d: ((1, _D), (2, _D), (32, _D)) for d in (64, 128)}
+
+
+def pick(table: Table, d_pad: int, key: int, default):
+    """The table's tile for this padded head dim and key; `default` for a head dim it lacks."""
+    tile = default
+    for low, entry in table.get(d_pad, ()):
+        if key >= low:
+            tile = entry
+    return tile

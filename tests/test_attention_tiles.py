@@ -1,0 +1,136 @@
+"""Every tile shape of the Triton attention kernels (the tables of triton_tiles.py and the shapes
+the GPU benchmark sweeps) against the torch reference on fresh random inputs; the prefill work
+list's order; which key tiles run masked. On CPU through Triton's interpreter, on CUDA for real."""
+
+import numpy as np
+import pytest
+import torch
+
+from expresslane.attention.torch_backend import TorchAttentionBackend
+from expresslane.attention.triton_tiles import DECODE_TILES, PREFILL_TILES, DecodeTile, PrefillTile, pick
+from expresslane.layers.rotary import RotaryEmbedding
+from test_kv_fp8 import _fp8_copy
+from test_triton_attention import DEVICE, make_step
+
+triton_backend = pytest.importorskip("expresslane.attention.triton_backend")
+triton_kernels = pytest.importorskip("expresslane.attention.triton_kernels")
+
+PREFILL = sorted({tile for entries in PREFILL_TILES.values() for _, tile in entries} | {
+    PrefillTile(rows=128, block_n=128, num_warps=8, num_stages=2), PrefillTile(rows=16, block_n=32),
+    PrefillTile(mask_all=True)}, key=repr)
+DECODE = sorted({tile for entries in DECODE_TILES.values() for _, tile in entries} | {
+    DecodeTile(max_splits=3, waves=64), DecodeTile(max_splits=24, waves=64, block_n=16),
+    DecodeTile(block_n=32, mask_all=True)}, key=repr)
+SHAPES = [(2, 2, 64), (8, 2, 128), (6, 2, 64)]  # query heads, KV heads, head dim: groups of 1, 4 and 3 (padded)
+# a decode; a prompt that ends mid-tile; prefix-cached chunks (within a tile, and across several)
+PREFILL_STEP = [(40, 1), (0, 75), (130, 21), (3, 50)]
+DECODE_STEP = [(200, 1), (1, 1), (16, 1), (15, 1), (0, 1), (77, 1)]
+DTYPES = [torch.float32] + ([torch.bfloat16] if DEVICE.type == "cuda" else [])
+
+
+def only(tile) -> dict:
+    """A tile table holding `tile` for every head dim and key."""
+    return {d: ((0, tile),) for d in (16, 32, 64, 128, 256)}
+
+
+def check(backend, heads, kv_heads, dim, seqs, dtype, seed, kv_scales=None):
+    """The backend's attention over a cache against the torch reference over the same values
+    (rounded to `dtype`, or to e4m3 with `kv_scales`)."""
+    q, k, v, kv, meta, pos = make_step(seqs, heads, kv_heads, dim, 16, torch.float32, seed)
+    ref_backend = TorchAttentionBackend()
+    q = ref_backend.store(pos, q, k, v, RotaryEmbedding(dim, 512, 10000.0).to(q.device), kv, meta)
+    scales = kv_scales or (1.0, 1.0)
+    kv = _fp8_copy(kv, scales) if kv_scales else kv.to(dtype)
+    q = q.to(dtype)
+    backend.prepare(meta)
+    ref = ref_backend.attend(q.float(), kv if kv_scales else kv.float(), meta, dim ** -0.5, scales)
+    out = backend.attend(q, kv, meta, dim ** -0.5, scales).float()
+    assert torch.isfinite(out).all()
+    err = (out - ref).norm() / ref.norm()
+    assert err < (1e-5 if dtype == torch.float32 else 1e-2), f"relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("tile", PREFILL, ids=repr)
+def test_every_prefill_tile_matches_torch(tile, shape, dtype):
+    backend = triton_backend.TritonAttentionBackend(*shape, DEVICE, prefill_tiles=only(tile))
+    check(backend, *shape, PREFILL_STEP, dtype, seed=10 * PREFILL.index(tile) + SHAPES.index(shape))
+
+
+@pytest.mark.parametrize("tile", PREFILL, ids=repr)
+def test_every_prefill_tile_over_an_fp8_cache(tile):
+    backend = triton_backend.TritonAttentionBackend(6, 2, 64, DEVICE, prefill_tiles=only(tile))
+    check(backend, 6, 2, 64, PREFILL_STEP, torch.float32, seed=7, kv_scales=(0.5, 3.0))
+
+
+@pytest.mark.parametrize("shape", SHAPES[1:], ids=str)
+@pytest.mark.parametrize("tile", DECODE, ids=repr)
+def test_every_decode_tile_matches_torch(tile, shape):
+    backend = triton_backend.TritonAttentionBackend(*shape, DEVICE, decode_tiles=only(tile))
+    assert backend.num_splits(len(DECODE_STEP)) == min(tile.max_splits, -(-tile.waves * backend.sms // (
+        len(DECODE_STEP) * shape[1])))
+    check(backend, *shape, DECODE_STEP, torch.float32, seed=3)
+
+
+def test_tables_pick_by_key_and_head_dim():
+    a, b = PrefillTile(rows=16), PrefillTile(rows=128)
+    table = {128: ((0, a), (1024, b))}
+    assert pick(table, 128, 1023, None) is a and pick(table, 128, 1024, None) is b
+    assert pick(table, 64, 5000, "default") == "default"
+    with pytest.raises(ValueError, match="rows"):
+        PrefillTile(rows=48)
+
+
+def test_prefill_work_list_longest_first():
+    """Every tile of query tokens once, in decreasing order of the keys it attends to."""
+    backend = triton_backend.TritonAttentionBackend(8, 2, 128, DEVICE)
+    tile = PrefillTile(rows=32)  # 8 tokens per item (group 4)
+    qsl = [0, 1, 2, 77, 98, 148]  # two decodes, then prefill chunks of 75, 21, 50 tokens
+    lens = [41, 9, 75, 151, 53]
+    work = backend.plan_prefill(qsl, lens, 2, tile)
+    expected = {(s, off) for s in (2, 3, 4) for off in range(0, qsl[s + 1] - qsl[s], 8)}
+    assert len(work) == len(expected) and {tuple(w) for w in work.tolist()} == expected
+    q_len = np.diff(qsl)[work[:, 0]]
+    ctx = np.asarray(lens)[work[:, 0]]
+    keys = np.minimum(ctx, ctx - q_len + work[:, 1] + 8)
+    assert (np.diff(keys) <= 0).all() and keys[0] == 151
+
+
+@pytest.mark.parametrize("mask_all", [False, True])
+def test_only_tiles_crossing_the_diagonal_are_masked(monkeypatch, mask_all):
+    """Counts the kernel's key tiles by kind (through the interpreter): each covers its keys
+    once; masked tiles are those crossing the diagonal (at most rows/BLOCK_N + 1 per item) or a
+    decode split's ragged end; the prefix before a chunk and every full split run unmasked."""
+    if DEVICE.type != "cpu":
+        pytest.skip("counts the interpreter's calls")
+    calls = {True: 0, False: 0}
+    real = triton_kernels._attend_keys
+    at = real.arg_names.index("CAUSAL")
+
+    def counted(*args):
+        causal = args[at]
+        calls[bool(getattr(causal, "value", causal))] += 1
+        return real(*args)
+
+    monkeypatch.setattr(triton_kernels, "_attend_keys", counted)
+    heads, kv_heads, dim, block_n = 8, 2, 64, 32
+    tile = PrefillTile(rows=64, block_n=block_n, mask_all=mask_all)  # 16 tokens per item
+    backend = triton_backend.TritonAttentionBackend(
+        heads, kv_heads, dim, DEVICE, prefill_tiles=only(tile),
+        decode_tiles=only(DecodeTile(max_splits=2, waves=64, block_n=block_n, mask_all=mask_all)))
+    check(backend, heads, kv_heads, dim, [(100, 1), (0, 75), (130, 21)], torch.float32, seed=5)
+    # prefill: per item, keys 0..hi in tiles; keys <= the item's first position in whole tiles unmasked
+    masked = unmasked = 0
+    for cached, n in ((0, 75), (130, 21)):
+        for off in range(0, n, 16):
+            first, hi = cached + off, min(cached + n, cached + off + 16)
+            full = (first + 1) // block_n
+            unmasked += full
+            masked += -(-hi // block_n) - full
+            assert -(-hi // block_n) - full <= -(-16 // block_n) + 1
+    # decode: 101 keys in 2 splits of 64: one full split (2 tiles), one of 37 keys (1 full tile + a ragged one)
+    unmasked, masked = unmasked + 3, masked + 1
+    if mask_all:
+        unmasked, masked = 0, unmasked + masked
+    assert calls == {False: unmasked * kv_heads, True: masked * kv_heads}
