@@ -42,6 +42,11 @@
 #   spec:    issue #11 on the built-in trained pair: bf16 top-1 agreement with transformers on held-out
 #            code; speculative decoding (ngram, draft model) vs none at batch 1 and 64 on held-out code
 #            completion and edit-style prompts: decode speed-up, acceptance, tokens equal (bf16); ~3 min
+#   kernels: issue #18: attention at long context, one layer of the 8B shape: prefill of one 512..32k-token
+#            prompt and of 2048-token chunks after 6k / 30k cached tokens for a sweep of tile shapes, vs
+#            torch SDPA flash and cuDNN (TFLOP/s); decode at batch 1 x 8k / 32k and 64 x 8k by split count
+#            and tile (KV TB/s); every tile checked against float32 first; the attention-tile tests (bf16)
+#            before; KERNELS_QUICK=1: fewer tiles and cases
 #   quick = small;  full = small 8b 7b.  The GPU tests run once, first, whatever the sections
 #   (GPU_SKIP_TESTS=1 leaves them out).
 # Results: JSON lines in ${OUT:-out}/gpu-results.jsonl, logs beside them.
@@ -147,6 +152,12 @@ for section in $SECTIONS; do
       echo "== decode GEMVs and quantized linears (8B shapes, random weights)"
       run python3 benchmarks/gemv_bench.py ${GEMV_SWEEP:+--sweep}
       run python3 benchmarks/kv_attention_bench.py ;;
+    kernels)
+      echo "== attention tiles against the torch reference (every tile of the tables and the sweep)"
+      python3 -m pytest -q tests/test_attention_tiles.py -p no:cacheprovider 2>&1 | tee -a "$OUT/gpu-tests.log" \
+        | tail -3 || status=1
+      echo "== attention at long context: prefill tiles vs SDPA flash / cuDNN, decode splits (8B shape, one layer)"
+      run python3 benchmarks/attention_bench.py ${KERNELS_QUICK:+--quick} ;;
     tp)
       model llama-3-8b
       echo "== tensor parallel: all-reduce choice, TP=1 vs TP=2 (llama-3-8b)"

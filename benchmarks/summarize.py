@@ -58,8 +58,34 @@ def fmt(r: dict) -> str:
         return (f"GPU metrics idle -> {r['clients']} clients: utilisation {100 * r['idle_gpu_utilization_perc']:.0f}% -> "
                 f"{100 * r['load_gpu_utilization_perc']:.0f}%, memory {r['idle_gpu_memory_used_bytes'] / 2**30:.1f} -> "
                 f"{r['load_gpu_memory_used_bytes'] / 2**30:.1f} GiB{power}")
-    quant = fmt_quant(r) or fmt_gemv(r)
+    quant = fmt_quant(r) or fmt_gemv(r) or fmt_attention(r)
     return quant if quant is not None else json.dumps(r)
+
+
+def fmt_attention(r: dict) -> str | None:
+    """benchmarks/attention_bench.py's rows (issue #18)."""
+    b = r["bench"]
+    case = f"{r.get('kind')} {r.get('q_len')}@{r.get('context')}"
+    if b == "attn_check":
+        err = "-" if r["rel_err"] is None else f"{r['rel_err']:.1e}"
+        return f"attention check {case} {r.get('tile') or r.get('impl')}: rel err vs float32 {err}"
+    if b == "attn_prefill":
+        if "tflops" not in r:
+            return f"prefill {case} {r['impl']} {r.get('tile', '')}: {(r.get('unavailable') or r.get('failed'))[:90]}"
+        return (f"prefill {case:<20} {r['impl']:<11} {r['tile']:<22} {r['ms']:8.3f} ms {r['tflops']:6.0f} TFLOP/s "
+                f"({r['pct_of_peak']:.0f}%)")
+    if b == "attn_decode":
+        return (f"decode attention b={r['batch']} x {r['context']} {r['splits']:>2} splits {r['tile']:<22} "
+                f"{r['us']:8.1f} us {r['kv_tb_per_s']:.2f} TB/s ({r['pct_of_bw']:.0f}%)")
+    if b == "attn_prefill_best":
+        lib = "  ".join(f"{k[:-7]} {v:.0f}" for k, v in r.items() if k.startswith("sdpa_"))
+        return (f"prefill {case}: table tile {r['table_tflops']:.0f} TFLOP/s, best {r['best_tile']} "
+                f"{r['best_tflops']:.0f}; {lib}")
+    if b == "attn_decode_best":
+        return (f"decode attention b={r['batch']} x {r['context']}: table {r['table_splits']} splits "
+                f"{r['table_tb_per_s']:.2f} TB/s, best {r['best_tile']} ({r['best_splits']} splits) "
+                f"{r['best_tb_per_s']:.2f} TB/s")
+    return None
 
 
 def fmt_gemv(r: dict) -> str | None:

@@ -9,7 +9,6 @@ import torch
 from expresslane.attention.torch_backend import TorchAttentionBackend
 from expresslane.attention.triton_tiles import DECODE_TILES, PREFILL_TILES, DecodeTile, PrefillTile, pick
 from expresslane.layers.rotary import RotaryEmbedding
-from test_kv_fp8 import _fp8_copy
 from test_triton_attention import DEVICE, make_step
 
 triton_backend = pytest.importorskip("expresslane.attention.triton_backend")
@@ -28,6 +27,14 @@ DECODE_STEP = [(200, 1), (1, 1), (16, 1), (15, 1), (0, 1), (77, 1)]
 DTYPES = [torch.float32] + ([torch.bfloat16] if DEVICE.type == "cuda" else [])
 
 
+def fp8(kv: torch.Tensor, scales) -> torch.Tensor:
+    """The cache as --kv-cache-dtype fp8 holds it: k / k_scale, v / v_scale in e4m3."""
+    out = torch.empty(kv.shape, dtype=torch.float8_e4m3fn, device=kv.device)
+    for i in (0, 1):
+        out[i] = (kv[i].float() / scales[i]).clamp(-448, 448).to(torch.float8_e4m3fn)
+    return out
+
+
 def only(tile) -> dict:
     """A tile table holding `tile` for every head dim and key."""
     return {d: ((0, tile),) for d in (16, 32, 64, 128, 256)}
@@ -40,7 +47,7 @@ def check(backend, heads, kv_heads, dim, seqs, dtype, seed, kv_scales=None):
     ref_backend = TorchAttentionBackend()
     q = ref_backend.store(pos, q, k, v, RotaryEmbedding(dim, 512, 10000.0).to(q.device), kv, meta)
     scales = kv_scales or (1.0, 1.0)
-    kv = _fp8_copy(kv, scales) if kv_scales else kv.to(dtype)
+    kv = fp8(kv, scales) if kv_scales else kv.to(dtype)
     q = q.to(dtype)
     backend.prepare(meta)
     ref = ref_backend.attend(q.float(), kv if kv_scales else kv.float(), meta, dim ** -0.5, scales)
