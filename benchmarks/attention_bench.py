@@ -155,6 +155,17 @@ def wrong(what: str, err: float) -> None:
     sys.exit(1)
 
 
+FAILED: list[str] = []  # tiles that did not run: the benchmark exits 1 once it has measured the rest
+
+
+def failed(out, tiles: list, tile, e: Exception) -> None:
+    tiles.remove(tile)
+    why = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+    FAILED.append(f"{name(tile)}: {why}")
+    print(f"!!! tile {name(tile)} did not run ({why}); left out", file=sys.stderr, flush=True)
+    emit(out, bench="attn_check", tile=name(tile), failed=why)
+
+
 def check_tiles(p_tiles, d_tiles, sizes, dev, dtype, out) -> dict:
     """Every tile against float32 attention on small cases, before anything is timed (exit 1 on a
     wrong one); the library too: which SDPA backends (per kind) are right, to compare with later."""
@@ -163,10 +174,15 @@ def check_tiles(p_tiles, d_tiles, sizes, dev, dtype, out) -> dict:
         kind = "prompt" if q_len == ctx else "chunk"
         q, kv, meta, kvs = paged([q_len], ctx, dev, dtype, seed=q_len)
         ref = reference(q, *kvs[0])
-        for tile in p_tiles:
+        for tile in list(p_tiles):
             backend = TritonAttentionBackend(HEADS, KV_HEADS, DIM, dev, prefill_tiles=only(tile))
             backend.prepare(meta)
-            err = rel_err(backend.attend(q, kv, meta, DIM ** -0.5), ref)
+            try:
+                got = backend.attend(q, kv, meta, DIM ** -0.5)
+            except Exception as e:  # e.g. more shared memory than the GPU has: left out of the sweep
+                failed(out, p_tiles, tile, e)
+                continue
+            err = rel_err(got, ref)
             emit(out, bench="attn_check", kind=kind, tile=name(tile), q_len=q_len, context=ctx, rel_err=err)
             if not err < TOL:
                 wrong(f"prefill tile {name(tile)}, {q_len} tokens after {ctx - q_len}", err)
@@ -176,12 +192,16 @@ def check_tiles(p_tiles, d_tiles, sizes, dev, dtype, out) -> dict:
             lib_ok[lib, kind] = err is not None and err < TOL
             emit(out, bench="attn_check", kind=kind, impl=f"sdpa_{lib}", q_len=q_len, context=ctx, rel_err=err,
                  gqa=how, unavailable=error)
-    for tile in d_tiles:
+    for tile in list(d_tiles):
         ctx = sizes[0][1]
         q, kv, meta, kvs = paged([1, 1], ctx, dev, dtype, seed=1, decode=True)
         backend = TritonAttentionBackend(HEADS, KV_HEADS, DIM, dev, decode_tiles=only(tile))
         backend.prepare(meta)
-        got = backend.attend(q, kv, meta, DIM ** -0.5)
+        try:
+            got = backend.attend(q, kv, meta, DIM ** -0.5)
+        except Exception as e:
+            failed(out, d_tiles, tile, e)
+            continue
         err = max(rel_err(got[i:i + 1], reference(q[i:i + 1], *kvs[i])) for i in range(2))
         emit(out, bench="attn_check", kind="decode", tile=name(tile), splits=meta.num_splits, rel_err=err)
         if not err < TOL:
@@ -254,12 +274,7 @@ def bench_prefill(cases, tiles, lib_ok, dev, dtype, clock, out) -> list[dict]:
 
             def fn(backend=backend):
                 return backend.attend(q, kv, meta, DIM ** -0.5)
-            try:
-                got = fn()
-            except Exception as e:  # a tile the GPU cannot hold (shared memory): recorded, skipped
-                emit(out, bench="attn_prefill", **case, impl="triton", tile=name(tile),
-                     failed=str(e).splitlines()[0][:200])
-                continue
+            got = fn()
             err = None if ref is None else rel_err(got, ref)
             if err is not None and not err < TOL:
                 wrong(f"prefill tile {name(tile)} vs sdpa_{ref_name}, {q_len} tokens after {ctx - q_len}", err)
@@ -360,6 +375,8 @@ def main() -> None:
     prefill = bench_prefill(p_cases, p_tiles, lib_ok, dev, dtype, clock, args.out)
     decode = bench_decode(d_cases, d_tiles, dev, dtype, clock, args.out)
     table(prefill, decode, args.out)
+    if FAILED:
+        sys.exit("tiles that did not run: " + "; ".join(FAILED))
 
 
 if __name__ == "__main__":

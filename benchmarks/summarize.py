@@ -67,6 +67,8 @@ def fmt_attention(r: dict) -> str | None:
     b = r["bench"]
     case = f"{r.get('kind')} {r.get('q_len')}@{r.get('context')}"
     if b == "attn_check":
+        if "failed" in r:
+            return f"attention tile {r['tile']} did not run: {r['failed'][:90]}"
         err = "-" if r["rel_err"] is None else f"{r['rel_err']:.1e}"
         return f"attention check {case} {r.get('tile') or r.get('impl')}: rel err vs float32 {err}"
     if b == "attn_prefill":
