@@ -130,9 +130,9 @@ def rel_err(out, ref) -> float:
     return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
 
 
-def paged(q_lens: list[int], ctx: int, dev, dtype, seed: int, decode: bool = False):
+def paged(q_lens: list[int], ctx: int, dev, dtype, seed: int, decode: bool = False, refs: int = 2):
     """Seqs of `ctx` keys each on scattered pages, with q_lens[i] new tokens each; the
-    metadata, and each seq's keys and values in token order ([ctx, KV, D])."""
+    metadata, and the first `refs` seqs' keys and values in token order ([ctx, KV, D])."""
     g = torch.Generator(device=dev).manual_seed(seed)
     b, per_seq = len(q_lens), -(-ctx // PAGE)
     table = torch.randperm(b * per_seq, device=dev, generator=g).to(torch.int32).view(b, per_seq)
@@ -146,7 +146,7 @@ def paged(q_lens: list[int], ctx: int, dev, dtype, seed: int, decode: bool = Fal
         seq_lens=torch.full((b,), ctx, dtype=torch.int32, device=dev),
         query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=dev), num_decodes=b if decode else 0,
         seq_lens_cpu=[ctx] * b, query_start_loc_cpu=qsl, max_decode_seq_len=ctx if decode else 0)
-    kvs = [(kv[0][table[i].long()].flatten(0, 1)[:ctx], kv[1][table[i].long()].flatten(0, 1)[:ctx]) for i in range(b)]
+    kvs = [tuple(kv[j][table[i].long()].flatten(0, 1)[:ctx] for j in (0, 1)) for i in range(min(b, refs))]
     return q, kv, meta, kvs
 
 
