@@ -58,6 +58,10 @@ def prefill_tiles(quick: bool) -> list[PrefillTile]:
     base = PrefillTile()
     sweep = [PrefillTile(rows=r, block_n=n, num_warps=w, num_stages=s)
              for r in (64, 128) for n in (64, 128) for w in (4, 8) for s in (2, 3)]
+    # larger query tiles (fewer K/V bytes from L2 per FLOP); those ptxas compiles for sm_90 without
+    # spilling, or with a few bytes (64 queries x a group of 4 per program)
+    sweep += [PrefillTile(rows=128, block_n=32, num_warps=8), PrefillTile(rows=256, block_n=32, num_warps=8),
+              PrefillTile(rows=256, block_n=32, num_warps=16), PrefillTile(rows=256, block_n=64, num_warps=16)]
     if quick:
         sweep = [PrefillTile(rows=128, block_n=64, num_warps=8), PrefillTile(rows=128, block_n=128, num_warps=8)]
     return [base, dataclasses.replace(base, mask_all=True)] + [t for t in sweep if t != base]

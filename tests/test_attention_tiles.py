@@ -15,7 +15,8 @@ triton_backend = pytest.importorskip("expresslane.attention.triton_backend")
 triton_kernels = pytest.importorskip("expresslane.attention.triton_kernels")
 
 PREFILL = sorted({tile for entries in PREFILL_TILES.values() for _, tile in entries} | {
-    PrefillTile(rows=128, block_n=128, num_warps=8, num_stages=2), PrefillTile(rows=16, block_n=32),
+    PrefillTile(rows=128, block_n=128, num_warps=8, num_stages=2), PrefillTile(rows=256, block_n=32, num_warps=8),
+    PrefillTile(rows=16, block_n=32),
     PrefillTile(mask_all=True)}, key=repr)
 DECODE = sorted({tile for entries in DECODE_TILES.values() for _, tile in entries} | {
     DecodeTile(max_splits=3, waves=64), DecodeTile(max_splits=24, waves=64, block_n=16),

@@ -35,7 +35,7 @@ def _cases():
             # decode, then every prefill tile shape the benchmark sweeps (the tables' entries among them)
             for decode, rows, block_n, mask_all in ((True, 16, 64, False), (True, 16, 64, True), (False, 64, 64, False),
                                                     (False, 64, 64, True), (False, 128, 128, False),
-                                                    (False, 64, 32, False)):
+                                                    (False, 256, 32, False), (False, 64, 32, False)):
                 yield "paged_attention_kernel", dtype, dict(
                     G=g, G_PAD=pow2(g), HK=kv_heads, BLOCK_Q=max(1, rows // pow2(g)), BLOCK_N=block_n, HEAD_DIM=dim,
                     D_PAD=max(16, pow2(dim)), PAGE=16, DECODE=decode, MASK_ALL=mask_all, PRECISION=precision), cache
