@@ -103,6 +103,7 @@ def test_prefill_work_list_longest_first():
     ctx = np.asarray(lens)[work[:, 0]]
     keys = np.minimum(ctx, ctx - q_len + work[:, 1] + 8)
     assert (np.diff(keys) <= 0).all() and keys[0] == 151
+    assert backend.plan_prefill([0, 1, 41], [9, 50], 1, tile).tolist() == [[1, off] for off in (32, 24, 16, 8, 0)]
 
 
 @pytest.mark.parametrize("mask_all", [False, True])

@@ -71,11 +71,13 @@ class TritonAttentionBackend:
         q_lens = qsl[1:] - qsl[:-1]
         tiles = -(-q_lens // bq)
         seq = np.repeat(np.arange(first_seq, first_seq + len(tiles)), tiles)
-        first_tile = np.repeat(np.cumsum(tiles) - tiles, tiles)
-        q_off = (np.arange(len(seq)) - first_tile) * bq
-        ctx = np.repeat(np.asarray(seq_lens, dtype=np.int64)[first_seq:first_seq + len(tiles)], tiles)
-        keys = np.minimum(ctx, ctx - np.repeat(q_lens, tiles) + q_off + bq)
-        order = np.argsort(-keys, kind="stable")
+        q_off = (np.arange(len(seq)) - np.repeat(np.cumsum(tiles) - tiles, tiles)) * bq
+        if len(tiles) == 1:  # one chunk: its last tokens see the most keys
+            order = slice(None, None, -1)
+        else:
+            ctx = np.repeat(np.asarray(seq_lens, dtype=np.int64)[first_seq:first_seq + len(tiles)], tiles)
+            keys = np.minimum(ctx, ctx - np.repeat(q_lens, tiles) + q_off + bq)
+            order = np.argsort(-keys, kind="stable")
         return np.stack([seq[order], q_off[order]], axis=1).astype(np.int32)
 
     def max_prefill_work(self, num_tokens: int, num_seqs: int) -> int:
