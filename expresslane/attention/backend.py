@@ -41,8 +41,9 @@ class AttentionMetadata:
     seq_lens_cpu: list[int]
     query_start_loc_cpu: list[int]
     max_decode_seq_len: int
-    # filled by the backend's prepare(): decode split count, prefill tile shape and work list
+    # filled by the backend's prepare(): decode tile shape and split count, prefill tile shape and work list
     num_splits: int = 1
+    decode_tile: object | None = None
     prefill_tile: object | None = None
     prefill_work: torch.Tensor | None = None
 

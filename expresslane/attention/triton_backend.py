@@ -84,9 +84,10 @@ class TritonAttentionBackend:
         return num_tokens // self.block_q(self.prefill_tile(num_tokens)) + num_seqs
 
     def prepare(self, meta: AttentionMetadata) -> None:
-        """Per-step, host-side: the decode split count, the prefill tile and work list."""
+        """Per-step, host-side: the decode tile and split count (by batch size), the prefill
+        tile (by prefill tokens) and work list."""
         nd = meta.num_decodes
-        meta.num_splits = self.num_splits(nd)
+        meta.decode_tile, meta.num_splits = self.decode_tile(nd), self.num_splits(nd)
         qsl = meta.query_start_loc_cpu
         if len(qsl) > nd + 1:
             meta.prefill_tile = self.prefill_tile(qsl[-1] - qsl[nd])
@@ -123,7 +124,7 @@ class TritonAttentionBackend:
                    meta.block_tables.stride(0))
         nd = meta.num_decodes
         if nd:
-            s, tile = meta.num_splits, self.decode_tile(nd)
+            s, tile = meta.num_splits, meta.decode_tile
             part_acc = torch.empty(nd, self.num_heads, s, self.d_pad, dtype=torch.float32, device=q.device)
             part_ml = torch.empty(nd, self.num_heads, s, 2, dtype=torch.float32, device=q.device)
             paged_attention_kernel[(nd, hk, s)](
