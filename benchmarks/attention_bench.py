@@ -13,7 +13,9 @@ Llama-3-8B shape (32 query heads, 8 KV heads, head dim 128, pages of 16), bf16.
 Every tile first runs a 1000-token prompt and a 300-token chunk after 700 cached tokens (a
 decode tile: 2 seqs of 1000) against float32 attention; a wrong tile stops the benchmark
 (exit 1), as does a measured prefill that differs from SDPA's output. Last, a table: per case
-the table's tile (what the engine runs today), the fastest tile, and the library.
+the tile the tables in attention/triton_tiles.py pick (what the engine runs today), the fastest
+tile, and the library; then, per key range of those tables, the tile with the best geometric
+mean over its cases, written as entries to paste there.
 
     python benchmarks/attention_bench.py [--out results.jsonl] [--quick]
     TRITON_INTERPRET=1 python benchmarks/attention_bench.py --smoke   # CPU: tiny shapes, float32
@@ -33,7 +35,7 @@ from _shared import emit
 
 from expresslane.attention.backend import AttentionMetadata
 from expresslane.attention.triton_backend import TritonAttentionBackend
-from expresslane.attention.triton_tiles import DecodeTile, PrefillTile
+from expresslane.attention.triton_tiles import DECODE_TILES, PREFILL_TILES, DecodeTile, PrefillTile, pick
 from expresslane.bench.floors import H200_PEAK_BANDWIDTH as PEAK_BW
 from expresslane.bench.floors import H200_PEAK_FLOPS as PEAK_FLOPS
 
@@ -54,7 +56,7 @@ def name(tile) -> str:
 
 
 def prefill_tiles(quick: bool) -> list[PrefillTile]:
-    """The table's tile first, the old every-tile-masked loop, then the sweep."""
+    """The tables' tiles, the default and the old every-tile-masked loop, then the sweep."""
     base = PrefillTile()
     sweep = [PrefillTile(rows=r, block_n=n, num_warps=w, num_stages=s)
              for r in (64, 128) for n in (64, 128) for w in (4, 8) for s in (2, 3)]
@@ -64,17 +66,19 @@ def prefill_tiles(quick: bool) -> list[PrefillTile]:
               PrefillTile(rows=256, block_n=32, num_warps=16), PrefillTile(rows=256, block_n=64, num_warps=16)]
     if quick:
         sweep = [PrefillTile(rows=128, block_n=64, num_warps=8), PrefillTile(rows=128, block_n=128, num_warps=8)]
-    return [base, dataclasses.replace(base, mask_all=True)] + [t for t in sweep if t != base]
+    table = [tile for _, tile in PREFILL_TILES[DIM]]
+    return list(dict.fromkeys(table + [base, dataclasses.replace(base, mask_all=True)] + sweep))
 
 
 def decode_tiles(quick: bool) -> list[DecodeTile]:
-    """The table's tile first; then split counts (waves=64: `max_splits` binds) and tile shapes."""
+    """The tables' tiles and the default; then split counts (waves=64: `max_splits` binds) and
+    tile shapes."""
     base = DecodeTile()
     splits = [DecodeTile(max_splits=s, waves=64) for s in ((8, 64) if quick else (4, 8, 16, 32, 64))]
     shapes = [] if quick else [dataclasses.replace(base, **kw) for kw in (
         dict(block_n=32), dict(block_n=128), dict(num_warps=8), dict(num_stages=2), dict(num_stages=4),
         dict(mask_all=True))]
-    return [base] + splits + shapes
+    return list(dict.fromkeys([tile for _, tile in DECODE_TILES[DIM]] + [base] + splits + shapes))
 
 
 class Clock:
@@ -272,7 +276,8 @@ def bench_prefill(cases, tiles, lib_ok, dev, dtype, clock, out) -> list[dict]:
             row(f"sdpa_{lib}", "-", clock(fn, graph=False), gqa=how, right_on_small_case=lib_ok.get((lib, kind)))
             del fn
         del kvs
-        for tile in tiles:
+        in_table = pick(PREFILL_TILES, DIM, q_len, PrefillTile())  # what the engine runs for this step
+        for tile in dict.fromkeys([in_table] + tiles):
             backend = TritonAttentionBackend(HEADS, KV_HEADS, DIM, dev, prefill_tiles=only(tile))
             backend.prepare(meta)
 
@@ -283,7 +288,7 @@ def bench_prefill(cases, tiles, lib_ok, dev, dtype, clock, out) -> list[dict]:
             if err is not None and not err < TOL:
                 wrong(f"prefill tile {name(tile)} vs sdpa_{ref_name}, {q_len} tokens after {ctx - q_len}", err)
             del got
-            row("triton", name(tile), clock(fn, graph=True), rel_err_vs_sdpa=err)
+            row("triton", name(tile), clock(fn, graph=True), rel_err_vs_sdpa=err, in_table=tile == in_table)
     return rows
 
 
@@ -296,7 +301,8 @@ def bench_decode(cases, tiles, dev, dtype, clock, out) -> list[dict]:
         del kvs
         read = batch * ctx * KV_HEADS * DIM * 2 * kv.element_size()  # K and V of every seq
         layers = [kv] + [torch.randn_like(kv, dtype=torch.float32).to(dtype) for _ in range(-(-4 * l2 // read) - 1)]
-        for tile in tiles:
+        in_table = pick(DECODE_TILES, DIM, batch, DecodeTile())
+        for tile in dict.fromkeys([in_table] + tiles):
             backend = TritonAttentionBackend(HEADS, KV_HEADS, DIM, dev, decode_tiles=only(tile))
             backend.prepare(meta)
             err = rel_err(backend.attend(q, kv, meta, DIM ** -0.5)[:1], ref)
@@ -309,7 +315,8 @@ def bench_decode(cases, tiles, dev, dtype, clock, out) -> list[dict]:
             ms = clock(fn, graph=True) / len(layers)
             r = dict(bench="attn_decode", batch=batch, context=ctx, splits=meta.num_splits, tile=name(tile),
                      us=round(ms * 1e3, 2), kv_tb_per_s=round(read / ms / 1e9, 3),
-                     pct_of_bw=round(100 * read / ms / 1e-3 / PEAK_BW, 1), layers=len(layers), rel_err=err)
+                     pct_of_bw=round(100 * read / ms / 1e-3 / PEAK_BW, 1), layers=len(layers), rel_err=err,
+                     in_table=tile == in_table)
             emit(out, **r)
             rows.append(r)
         del layers, kv
@@ -331,7 +338,7 @@ def table(prefill: list[dict], decode: list[dict], out) -> None:
         lib = {r["impl"]: r for r in rs if r["impl"] != "triton"}
         if not ours:
             continue
-        base, best = ours[0], max(ours, key=lambda r: r["tflops"])
+        base, best = next(r for r in ours if r["in_table"]), max(ours, key=lambda r: r["tflops"])
         emit(out, bench="attn_prefill_best", kind=key[0], q_len=key[1], context=key[2], table_tile=base["tile"],
              table_tflops=base["tflops"], best_tile=best["tile"], best_tflops=best["tflops"],
              **{f"{k}_tflops": v["tflops"] for k, v in lib.items()})
@@ -344,12 +351,40 @@ def table(prefill: list[dict], decode: list[dict], out) -> None:
         return (f"{r['tile']} " if tile else "") + f"{r['splits']}sp {r['kv_tb_per_s']:.2f} ({r['pct_of_bw']:.0f}%)"
     for key in dict.fromkeys((r["batch"], r["context"]) for r in decode):
         rs = [r for r in decode if (r["batch"], r["context"]) == key]
-        base, best = rs[0], max(rs, key=lambda r: r["kv_tb_per_s"])
+        base, best = next(r for r in rs if r["in_table"]), max(rs, key=lambda r: r["kv_tb_per_s"])
         emit(out, bench="attn_decode_best", batch=key[0], context=key[1], table_tile=base["tile"],
              table_splits=base["splits"], table_tb_per_s=base["kv_tb_per_s"], best_tile=best["tile"],
              best_splits=best["splits"], best_tb_per_s=best["kv_tb_per_s"])
         lines.append(f"{f'batch {key[0]} x {key[1]}':<28}{bw(base):>20}{bw(best, True):>44}")
     print("\n".join(lines), flush=True)
+
+
+def suggest(prefill: list[dict], decode: list[dict], tiles: list, out) -> None:
+    """Per key range of the tile tables (head dim 128): the tile with the best geometric mean
+    over the cases measured in that range (prefill: by query tokens; decode: by batch), as
+    entries to paste into attention/triton_tiles.py. Ranges no case falls in keep their tile."""
+    by_name = {name(t): t for t in tiles}
+    picks = []
+    for table, rows, key, score in ((PREFILL_TILES, [r for r in prefill if r["impl"] == "triton"], "q_len", "tflops"),
+                                    (DECODE_TILES, decode, "batch", "kv_tb_per_s")):
+        lows = [low for low, _ in table[DIM]]
+        for i, low in enumerate(lows):
+            high = lows[i + 1] if i + 1 < len(lows) else float("inf")
+            rs = [r for r in rows if low <= r[key] < high]
+            cases = {(r[key], r["context"]) for r in rs}
+            names = [n for n in dict.fromkeys(r["tile"] for r in rs)
+                     if sum(r["tile"] == n for r in rs) == len(cases)]  # measured in every case
+            if not names:
+                continue
+            def gm(rs):
+                return statistics.geometric_mean([max(r[score], 1e-9) for r in rs])
+            gmean = {n: gm([r for r in rs if r["tile"] == n]) for n in names}
+            best, today = max(names, key=gmean.get), gm([r for r in rs if r["in_table"]])
+            picks.append(f"    ({low}, {by_name[best]!r}),  # {sorted(cases)}: {gmean[best]:.2f} {score} "
+                         f"(the table's today: {today:.2f})")
+            emit(out, bench="attn_suggest", table="prefill" if table is PREFILL_TILES else "decode", key=low,
+                 tile=best, score=round(gmean[best], 3), table_score=round(today, 3), unit=score)
+    print("\n== suggested entries for attention/triton_tiles.py (head dim 128)\n" + "\n".join(picks), flush=True)
 
 
 def main() -> None:
@@ -379,6 +414,7 @@ def main() -> None:
     prefill = bench_prefill(p_cases, p_tiles, lib_ok, dev, dtype, clock, args.out)
     decode = bench_decode(d_cases, d_tiles, dev, dtype, clock, args.out)
     table(prefill, decode, args.out)
+    suggest(prefill, decode, p_tiles + d_tiles, args.out)
     if FAILED:
         sys.exit("tiles that did not run: " + "; ".join(FAILED))
 

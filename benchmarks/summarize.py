@@ -83,6 +83,9 @@ def fmt_attention(r: dict) -> str | None:
         lib = "  ".join(f"{k[:-7]} {v:.0f}" for k, v in r.items() if k.startswith("sdpa_"))
         return (f"prefill {case}: table tile {r['table_tflops']:.0f} TFLOP/s, best {r['best_tile']} "
                 f"{r['best_tflops']:.0f}; {lib}")
+    if b == "attn_suggest":
+        return (f"suggested {r['table']} tile from {r['key']}: {r['tile']} {r['score']} {r['unit']} "
+                f"(the table's today: {r['table_score']})")
     if b == "attn_decode_best":
         return (f"decode attention b={r['batch']} x {r['context']}: table {r['table_splits']} splits "
                 f"{r['table_tb_per_s']:.2f} TB/s, best {r['best_tile']} ({r['best_splits']} splits) "
