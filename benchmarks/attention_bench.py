@@ -71,14 +71,15 @@ def prefill_tiles(quick: bool) -> list[PrefillTile]:
 
 
 def decode_tiles(quick: bool) -> list[DecodeTile]:
-    """The tables' tiles and the default; then split counts (waves=64: `max_splits` binds) and
-    tile shapes."""
+    """The tables' tiles and the default; then split counts (waves=64: `max_splits` binds, up
+    to 64 * SMs programs) by key tile, and other warps / stages."""
     base = DecodeTile()
-    splits = [DecodeTile(max_splits=s, waves=64) for s in ((8, 64) if quick else (4, 8, 16, 32, 64))]
-    shapes = [] if quick else [dataclasses.replace(base, **kw) for kw in (
-        dict(block_n=32), dict(block_n=128), dict(num_warps=8), dict(num_stages=2), dict(num_stages=4),
-        dict(mask_all=True))]
-    return list(dict.fromkeys([tile for _, tile in DECODE_TILES[DIM]] + [base] + splits + shapes))
+    shapes = [dict(), dict(block_n=32), dict(block_n=128, num_warps=8)]
+    splits = [DecodeTile(max_splits=s, waves=64, **kw) for s in ((8, 64) if quick else (4, 8, 16, 32, 64))
+              for kw in shapes[:1 if quick else 3]]
+    more = [] if quick else [dataclasses.replace(base, **kw) for kw in (
+        dict(num_warps=8), dict(num_stages=2), dict(num_stages=4), dict(mask_all=True))]
+    return list(dict.fromkeys([tile for _, tile in DECODE_TILES[DIM]] + [base] + splits + more))
 
 
 class Clock:
