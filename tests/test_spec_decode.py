@@ -158,8 +158,10 @@ def test_benchmark_reports_acceptance_on_held_out_code(tmp_path):
 def test_verify_steps_through_the_graph_input_path(tmp_path):
     """The triton backend (Triton's interpreter on CPU) with the mixed-step graphs' static buffers:
     verify steps take their logits rows from the graph path, proposals patched in on the device;
-    greedy tokens as without speculation. A tiny random model (the interpreter is slow) as its own
-    draft, so every proposal is accepted. (Prompt lookup differs only in where proposals come from.)"""
+    the draft's forwards go through its own graphs' buffers (a catch-up pass through the mixed
+    ones, the single-token passes through the decode ones); greedy tokens as without
+    speculation. A tiny random model (the interpreter is slow) as its own draft, so every
+    proposal is accepted. (Prompt lookup differs only in where proposals come from.)"""
     pytest.importorskip("triton")
     from models import build_model
 
@@ -175,6 +177,8 @@ def test_verify_steps_through_the_graph_input_path(tmp_path):
     assert runs[0] == runs[1]
     stats = llm.engine.core.stats()
     assert stats.spec_num_draft_tokens > 0 and stats.spec_num_accepted_tokens == stats.spec_num_draft_tokens
+    draft = llm.engine.core.runner.draft
+    assert draft.decode_graphs.positions.any() and draft.mixed_graphs.positions.any()  # both buffers were fed
 
 
 @pytest.mark.parametrize("mode", [dict(speculative_disable_by_batch_size=2),

@@ -9,6 +9,11 @@ token; then one single-token forward per further proposal, feeding the previous 
 on the device. Writes land in the request's own blocks: positions before its last known
 token (computed by the target, so allocated) and the slots allocated for its k + 1 tokens.
 A block shared through the prefix cache gets the same draft KV again (same tokens).
+
+On a GPU each forward replays a CUDA graph of the draft's own (``build_graphs``, the
+target's two families: one token per seq, or up to the mixed graphs' token budget), so a
+proposal costs a graph launch and its input copy, not the draft's kernel launches one by
+one; a forward that fits neither runs eagerly.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from expresslane.engine.contract import ScheduledSeq
 from expresslane.models.loader import iter_weights
 from expresslane.models.model_dir import load_hf_config
 from expresslane.models.registry import model_class
-from expresslane.runner.cuda_graphs import Patch
+from expresslane.runner.cuda_graphs import DecodeGraphs, MixedGraphs, Patch
 from expresslane.runner.input_batch import StepInputs
 from expresslane.runner.sampler import filter_logits
 from expresslane.sampling_params import SamplingParams
@@ -53,6 +58,30 @@ class DraftModel:
         self.model.eval()
         self.device, self.dtype = device, dtype
         self.num_params = sum(p.numel() for p in self.model.parameters())
+        self.decode_graphs: DecodeGraphs | None = None
+        self.mixed_graphs: MixedGraphs | None = None
+
+    def build_graphs(self, max_num_seqs: int, mixed_tokens: int, max_blocks: int, pool) -> None:
+        """The draft's decode and mixed-step graphs (static buffers of its own); captured into
+        `pool` on a GPU, replayed eagerly through the same buffers when `pool` is None (CPU tests)."""
+        logits_out = torch.empty(max_num_seqs, self.model.config.vocab_size, dtype=torch.float32, device=self.device)
+        self.decode_graphs = DecodeGraphs(self.model, self.backend, max_num_seqs, max_blocks, self.device, logits_out)
+        self.mixed_graphs = MixedGraphs(self.model, self.backend, mixed_tokens, max_num_seqs, max_blocks, self.device,
+                                        logits_out)
+        if pool is not None:
+            self.decode_graphs.capture(pool)
+            self.mixed_graphs.capture(pool)
+
+    def _last_logits(self, runner, step: StepInputs, patch: Patch | None) -> torch.Tensor:
+        """Logits at each seq's last token of `step`, [num_seqs, vocab]: a graph when one fits."""
+        n, b = step.num_tokens, len(step.seqs)
+        if self.decode_graphs is not None and self.decode_graphs.fits(n, b):
+            return self.decode_graphs.run(step, patch)
+        if self.mixed_graphs is not None and self.mixed_graphs.fits(n, b):
+            return self.mixed_graphs.run(step, patch)
+        input_ids, positions, meta = runner._prepare(step, patch, self.backend)
+        hidden = self.model(input_ids, positions, meta)
+        return self.model.compute_logits(hidden[to_device(step.query_start_loc[1:] - 1, torch.int64, self.device)])
 
     def kv_block_bytes(self, block_size: int, kv_dtype: torch.dtype) -> int:
         attn = self.model.layers[0].self_attn
@@ -76,11 +105,9 @@ class DraftModel:
                               [], True) for s in seqs]
         order = sorted(range(len(first)), key=lambda i: len(first[i].token_ids) != 1)  # decodes first
         step = runner.batch._gather([first[i] for i in order])
-        input_ids, positions, meta = runner._prepare(step, None, self.backend)
-        hidden = self.model(input_ids, positions, meta)
         where = {orig: new for new, orig in enumerate(order)}
-        last = step.query_start_loc[1:][[where[i] for i in range(len(seqs))]].astype(np.int64) - 1
-        logits = self.model.compute_logits(hidden[to_device(last, torch.int64, self.device)])
+        logits = self._last_logits(runner, step, None)[to_device([where[i] for i in range(len(seqs))], torch.int64,
+                                                                 self.device)]
         tokens = torch.zeros(len(spec), width, dtype=torch.int64, device=self.device)
         probs = None if all(p.greedy for p in params) else \
             torch.zeros(len(spec), width, logits.shape[-1], device=self.device)
@@ -90,11 +117,9 @@ class DraftModel:
                 step = runner.batch._gather([ScheduledSeq(seqs[i].request_id, [0], seqs[i].start_pos + j, [], True)
                                              for i in live])
                 patch = Patch(np.arange(len(live)), live, tokens[:, j - 1])
-                input_ids, positions, meta = runner._prepare(step, patch, self.backend)
-                hidden = self.model(input_ids, positions, meta)
-                rows = np.full(len(spec), 0, dtype=np.int64)
+                rows = np.full(len(spec), 0, dtype=np.int64)  # (seqs done proposing: any row, unused)
                 rows[live] = np.arange(len(live))
-                logits = self.model.compute_logits(hidden[to_device(rows, torch.int64, self.device)])
+                logits = self._last_logits(runner, step, patch)[to_device(rows, torch.int64, self.device)]
             tokens[:, j], q = _choose(logits, params, generator)
             if probs is not None:
                 probs[:, j] = q

@@ -178,10 +178,12 @@ class ModelRunner:
                                           logits_out)
         self.mixed_graphs = MixedGraphs(self.model, self.attn_backend, mixed_tokens, s.max_num_seqs, max_blocks,
                                         self.device, logits_out)
+        pool = torch.cuda.graph_pool_handle() if capture else None
         if capture:
-            pool = torch.cuda.graph_pool_handle()
             self.decode_graphs.capture(pool)
             self.mixed_graphs.capture(pool)
+        if self.draft is not None:
+            self.draft.build_graphs(s.max_num_seqs, mixed_tokens, max_blocks, pool)
 
     # -- mixture-of-experts load (rank 0's counters are complete: every rank routes every token) ---
     def copy_expert_tokens(self) -> ExpertTokensCopy | None:
