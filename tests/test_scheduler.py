@@ -371,8 +371,8 @@ def test_the_policy_sizes_each_step():
     from expresslane.engine.policy import SchedulingPolicy
 
     class FiveTokenSteps(SchedulingPolicy):
-        def step_budget(self, head, running, waiting_by_lane, now=0.0):
-            budget = super().step_budget(head, running, waiting_by_lane, now)
+        def step_budget(self, head, running, waiting_by_lane, now=0.0, spec_tokens=0):
+            budget = super().step_budget(head, running, waiting_by_lane, now, spec_tokens)
             budget.tokens = 5
             return budget
 

@@ -197,3 +197,38 @@ def test_the_flags_override_the_sizing():
     sched = scheduler(now, max_num_batched_tokens=64)
     sched.add_request(request("long", 8192, 4, 0.0))
     assert sched.schedule().num_batched_tokens <= 64  # the largest step
+
+
+def test_proposals_of_decodes_are_not_eaten_by_a_prefill_ranked_first():
+    """A speculating step counts each decode's proposals in its size: a prompt still prefilling,
+    with an earlier deadline (it arrived first), takes the prefill room and no more, and the
+    decode beside it still verifies its proposals (the CI run on a loaded machine where a
+    deadline-policy engine never speculated)."""
+    from expresslane.config import SpeculativeConfig
+    from expresslane.engine.spec_decode import SpecDecoder
+
+    now = [0.0]
+    spec = SpecDecoder(SpeculativeConfig(speculative_method="ngram", speculative_disable_by_batch_size=2), H200)
+    config = SchedulerConfig(max_num_batched_tokens=2048, max_num_seqs=256, scheduling_policy="deadline",
+                             lane_slo=f"interactive:ttft={TTFT * 1e3:g}ms,tpot={TPOT * 1e3:g}ms,slack={SLACK}")
+    sched = Scheduler(config, KVCacheManager(40_000, 16), clock=lambda: now[0], cost_model=H200, spec=spec)
+    long = request("long", 12_000, 4, -5.0)  # arrived long before: the earlier deadline
+    short = Request.from_core_request(EngineCoreRequest(
+        "short", [5] * 8, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True), (0,), 0.0, 0,
+        "interactive"), 16384)
+    sched.add_request(long)
+    sched.add_request(short)
+    assert sched.policy.deadline(long) < sched.policy.deadline(short)
+    verified = 0
+    for _ in range(40):
+        plan = sched.schedule()
+        sizes = {s.request_id: len(s.token_ids) for s in plan.seqs}
+        if long.num_computed_tokens < long.num_prompt_tokens and sizes.get("short", 0) > 1 \
+                and short.num_output_tokens:
+            verified += 1
+            assert sizes["long"] > 0  # the prompt still progresses beside it
+        now[0] += H200.predict(shape_of(plan))
+        sched.update(plan, {s.request_id: [5] * len(s.token_ids) if s.num_spec_tokens else 5
+                            for s in plan.seqs if s.sample})
+    assert long.num_computed_tokens < long.num_prompt_tokens  # still prefilling throughout
+    assert verified >= 3 and spec.counters.num_draft_tokens > 0

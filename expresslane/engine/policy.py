@@ -5,7 +5,8 @@ A policy answers four questions for the continuous scheduler (engine/scheduler.p
 - queue order: ``key(req)`` ranks waiting and running requests (lower first; the
   highest-ranked running request is the first victim when KV blocks run out);
 - the step's budget: ``step_budget(...)`` decides, once per step, the token budget,
-  the prefill cap and each lane's share (``deadline`` sizes it with the step-cost model);
+  the prefill cap and each lane's share (``deadline`` sizes it with the step-cost model;
+  in a step that speculates, each decode's proposals are part of its decode);
 - step-aside: ``steps_aside(req, budget, now)``: a running request skips this step;
 - victim choice: ``victim(req, running)``: the running request a waiting one may
   preempt when seats or blocks run out (None: it waits).
@@ -68,10 +69,10 @@ class SchedulingPolicy:
         return t or self.config.max_num_batched_tokens
 
     def step_budget(self, head: Request | None, running: Collection[Request],
-                    waiting_by_lane: dict[str, int], now: float = 0.0) -> StepBudget:
+                    waiting_by_lane: dict[str, int], now: float = 0.0, spec_tokens: int = 0) -> StepBudget:
         """While others need tokens (queued, or running: their decodes), a long prompt takes
         at most the prefill cap, so short requests and decodes share its step instead of
-        waiting behind it."""
+        waiting behind it. `spec_tokens`: proposals a decode may verify this step."""
         budget = self.config.max_num_batched_tokens
         cap = self.prefill_cap if head is not None or len(running) > 1 else budget
         return StepBudget(budget, cap, dict.fromkeys(LANES, budget), top_up=cap < budget)
@@ -136,13 +137,13 @@ class DeadlinePolicy(SchedulingPolicy):
         return req.ttft_deadline
 
     def step_budget(self, head: Request | None, running: Collection[Request],
-                    waiting_by_lane: dict[str, int], now: float = 0.0) -> StepBudget:
+                    waiting_by_lane: dict[str, int], now: float = 0.0, spec_tokens: int = 0) -> StepBudget:
         budget = super().step_budget(head, running, waiting_by_lane, now)
         budget.top_up = False
         busy = {lane for lane, n in waiting_by_lane.items() if n} | {r.lane for r in running}
         if ("interactive" in busy and self.cost_model is not None
                 and self.config.long_prefill_token_threshold is None):
-            budget.tokens, budget.prefill_cap = self.slo_sized(head, running, now)
+            budget.tokens, budget.prefill_cap = self.slo_sized(head, running, now, spec_tokens)
         if "interactive" in busy:
             share = int(self.lanes["batch"].share * budget.tokens)
             budget.lanes = {"interactive": budget.tokens - (share if "batch" in busy else 0), "batch": share}
@@ -150,7 +151,8 @@ class DeadlinePolicy(SchedulingPolicy):
                               and head.num_tokens <= budget.prefill_cap)
         return budget
 
-    def slo_sized(self, head: Request | None, running: Collection[Request], now: float) -> tuple[int, int]:
+    def slo_sized(self, head: Request | None, running: Collection[Request], now: float,
+                  spec_tokens: int = 0) -> tuple[int, int]:
         """(the step's tokens, the prefill cap) while interactive work is on, by the step-cost
         model. The cap (``room``) is the prefill that keeps the step within ``(1 + slack)``
         times its decodes alone (a 1-token step when none decodes: what a request arriving
@@ -159,7 +161,9 @@ class DeadlinePolicy(SchedulingPolicy):
         (deadlines at risk come before decode smoothness); at least `MIN_CHUNK`, so prompts
         always progress.
 
-        - Interactive decodes running: the step is its decodes plus ``room`` prefill tokens;
+        - Interactive decodes running: the step is its decodes (with the ``spec_tokens``
+          proposals each may verify: a prefill ranked before them takes ``room``, not their
+          proposals' share) plus ``room`` prefill tokens;
           a waiting interactive prompt's first chunk is counted in first, so it starts this
           step even beside a long prompt that does not step aside.
         - None: no decode pace to keep. Any number of prompts may start (a burst of short
@@ -170,7 +174,7 @@ class DeadlinePolicy(SchedulingPolicy):
         for r in running:
             left = r.num_tokens_with_pending - r.num_computed_tokens
             if left == 1:
-                decodes.append((r.num_computed_tokens, 1))
+                decodes.append((r.num_computed_tokens, 1 + spec_tokens))
                 pace = pace or r.lane == "interactive"
             elif left > 1:
                 start = max(start, r.num_computed_tokens)  # the costliest place a chunk may go

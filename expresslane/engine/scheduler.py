@@ -105,8 +105,10 @@ class Scheduler:
 
     def _schedule(self) -> list[tuple[Request, int]]:
         head = self._peek_waiting()
-        budget = self.policy.step_budget(head, self.running.values(), self._waiting_by_lane, self.clock())
-        scheduled, preempted = self._schedule_running(budget, self.speculating())
+        speculate = self.speculating()
+        spec_tokens = self.spec.config.num_speculative_tokens if speculate else 0
+        budget = self.policy.step_budget(head, self.running.values(), self._waiting_by_lane, self.clock(), spec_tokens)
+        scheduled, preempted = self._schedule_running(budget, speculate)
         if not preempted:
             self._admit(scheduled, budget, self.config.max_num_seqs)
             if budget.top_up:
