@@ -47,6 +47,8 @@
 #            torch SDPA flash and cuDNN (TFLOP/s); decode at batch 1 x 8k / 32k and 64 x 8k by split count
 #            and tile (KV TB/s); every tile checked against float32 first; the attention-tile tests (bf16)
 #            before; KERNELS_QUICK=1: fewer tiles and cases
+#   longctx: issue #18 through HTTP (llama-3-8b, `serve --max-model-len 33792`): TTFT of a 16k and a 32k
+#            prompt sent alone and the ITL of their decode, batch-1 ITL at 1k, next to vLLM's and the floors
 #   quick = small;  full = small 8b 7b.  The GPU tests run once, first, whatever the sections
 #   (GPU_SKIP_TESTS=1 leaves them out).
 # Results: JSON lines in ${OUT:-out}/gpu-results.jsonl, logs beside them.
@@ -158,6 +160,10 @@ for section in $SECTIONS; do
         | tail -3 || status=1
       echo "== attention at long context: prefill tiles vs SDPA flash / cuDNN, decode splits (8B shape, one layer)"
       run python3 benchmarks/attention_bench.py ${KERNELS_QUICK:+--quick} ;;
+    longctx)
+      model llama-3-8b
+      echo "== long context through HTTP (llama-3-8b, 33k context): TTFT 16k / 32k, ITL at 1k / 16k / 32k"
+      run python3 benchmarks/long_context.py --model "$MODELS/llama-3-8b" --dtype bfloat16 --logs "$OUT" ;;
     tp)
       model llama-3-8b
       echo "== tensor parallel: all-reduce choice, TP=1 vs TP=2 (llama-3-8b)"

@@ -39,6 +39,9 @@ def fmt(r: dict) -> str:
                 f"long {x('long_ttft_ratio')}x; mixed p99 {x('mixed_short_ttft_p99_ms')} ms ITL p99 "
                 f"{x('mixed_itl_p99_vs_batch1')}x; goodput {x('peak_good_per_s')}/s; HTTP/engine 8k "
                 f"{x('http_vs_engine_long')}; {x('output_tok_per_s')} tok/s")
+    if b == "long_context":
+        return (f"long context {r['prompt_tokens']:>5} tokens alone: TTFT {r['ttft_ms']:8.1f} ms, ITL {r['itl_ms']:.2f} ms "
+                f"(through HTTP, {r['max_model_len']} context)")
     if b == "batch_drain":
         idle, during, alone, busy = r["idle"], r["during"], r["batch_alone"], r["batch_during"]
         return (f"batch drain {r['num_batch']} req: interactive TTFT p99 {idle['p99_ms']:.1f} -> "
