@@ -28,8 +28,10 @@
 #            the tile-shape and split sweep (~1 min more); decode attention over a bf16 vs an FP8
 #            KV cache (batch 64 x 8k, one layer)
 #   tp:      issue #12/#13 (needs 2 GPUs): NCCL all-reduce vs symmetric-memory one-shot all-reduce
-#            at decode sizes (8B hidden size); batch-1 decode and TTFT at TP=1 vs TP=2 (NCCL, CUDA
-#            graphs per rank) and how many greedy tokens TP=2 shares with TP=1 (bf16)
+#            at decode sizes (8B hidden size) and their share of a TP=2 decode step; batch-1 decode,
+#            TTFT 128 / 8192 and 256 x 512/256 throughput at TP=1 vs TP=2 (NCCL, CUDA graphs per
+#            rank); greedy tokens TP=2 vs TP=1 in bf16 (common prefix) and float32 (equal); then
+#            DP=1 vs DP=2 through the router (throughput, 16 shorts beside an 8k prompt)
 #   moe:     issue #17: qwen3-30b-a3b shape (batch-1 decode vs the active-weight floor, TTFT 128 and 8192,
 #            decode throughput at batch 64 and 256) then transformers on the same shape (its random init),
 #            and mixtral-8x7b batch-1 decode, and qwen3-30b-a3b with AWQ (INT4) experts batch-1 decode;
@@ -167,7 +169,9 @@ for section in $SECTIONS; do
     tp)
       model llama-3-8b
       echo "== tensor parallel: all-reduce choice, TP=1 vs TP=2 (llama-3-8b)"
-      run python3 benchmarks/tp_bench.py --model "$MODELS/llama-3-8b" --tp 2 ;;
+      run python3 benchmarks/tp_bench.py --model "$MODELS/llama-3-8b" --tp 2
+      echo "== data parallel through the router: DP=1 vs DP=2 (llama-3-8b, through HTTP)"
+      run python3 benchmarks/dp_bench.py --model "$MODELS/llama-3-8b" --dp 2 --logs "$OUT" ;;
     moe)
       for m in qwen3-30b-a3b mixtral-8x7b; do  # config + tokenizer only: the engine makes the weights
         [ -d "$MODELS/$m-bare" ] || python3 -m expresslane.cli.main make-model $m "$MODELS/$m-bare" --no-weights \

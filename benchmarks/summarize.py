@@ -39,6 +39,20 @@ def fmt(r: dict) -> str:
                 f"long {x('long_ttft_ratio')}x; mixed p99 {x('mixed_short_ttft_p99_ms')} ms ITL p99 "
                 f"{x('mixed_itl_p99_vs_batch1')}x; goodput {x('peak_good_per_s')}/s; HTTP/engine 8k "
                 f"{x('http_vs_engine_long')}; {x('output_tok_per_s')} tok/s")
+    if b == "tp_engine":
+        tput = r.get("throughput_256x512_256_out_tok_s")
+        extra = "" if tput is None else (f", TTFT 128/8192 {r['ttft_128_median_ms']:.1f}/{r['ttft_8192_median_ms']:.0f} ms"
+                                         f", 256 x 512/256 {tput:.0f} tok/s")
+        if "float32_greedy_equal_to_tp1" in r:
+            share = ", ".join(f"{k} {100 * v:.1f}%" for k, v in r["allreduce_share_of_decode_step"].items())
+            extra += (f"; float32 greedy = TP=1: {r['float32_greedy_equal_to_tp1']}, bf16 same for "
+                      f"{r['bf16_tokens_equal_to_tp1_before_first_difference']} tokens; all-reduce share {share}")
+        return f"TP={r['tp']} batch-1 {r['decode_tokens_per_s']:.1f} tok/s{extra}"
+    if b == "dp_router":
+        return (f"DP={r['dp']} via router: {r['output_tok_per_s']:.0f} out tok/s; beside 8k short TTFT "
+                f"{r['short_ttft_ratio']:.2f}x, total {r['short_total_ratio']:.2f}x, long {r['long_ttft_ratio']:.2f}x")
+    if b == "dp_speedup":
+        return f"DP={r['dp']} / DP=1 throughput {r['throughput_ratio']:.2f}x (bar >= 1.9x)"
     if b == "long_context":
         return (f"long context {r['prompt_tokens']:>5} tokens alone: TTFT {r['ttft_ms']:8.1f} ms, ITL {r['itl_ms']:.2f} ms "
                 f"(through HTTP, {r['max_model_len']} context)")
