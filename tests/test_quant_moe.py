@@ -105,14 +105,28 @@ def test_desc_act_experts_are_refused(model_dirs, tmp_path):
         LLM(str(qdir), num_kv_blocks=64)
 
 
-def test_fused_int4_experts_in_the_engine(moe_quant):
-    """The `triton` backend's fused MoE GEMMs on INT4 experts (Triton's interpreter on CPU)."""
+def test_a_fused_block_on_int4_experts_equals_the_reference_block():
+    """SparseMoE's fused path (routing and the grouped GEMMs, Triton's interpreter on CPU) on
+    INT4 experts loaded through `load_expert`, against the same block's torch path."""
     pytest.importorskip("triton")
-    qdir, float_dir = moe_quant["mixtral", "gptq"]
-    prompts = [PROMPTS[1]]  # one short prompt: the interpreter is slow
-    llm = LLM(str(qdir), attention_backend="triton", max_num_batched_tokens=16, max_num_seqs=2, max_model_len=64,
-              num_kv_blocks=16)  # small start-up steps
-    assert llm.engine.core.runner.model.layers[0].mlp.fused
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
-                        SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False)
-    assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(float_dir, p, 4) for p in prompts]
+    from expresslane.distributed.group import TPGroup
+    from expresslane.quant.int4 import Int4Method, gptq_tensors
+
+    gen = torch.Generator().manual_seed(0)
+    hidden, inter, experts = 64, 48, 5
+    blocks = [SparseMoE(hidden, inter, experts, 2, True, TPGroup.single(), fused, Int4Method("gptq", GROUP, 1))
+              for fused in (False, True)]
+    router = torch.randn(experts, hidden, generator=gen)
+    for e in range(experts):
+        for part, shape in (("gate", (inter, hidden)), ("up", (inter, hidden)), ("down", (hidden, inter))):
+            tensors = gptq_tensors(torch.randn(shape, generator=gen) / shape[1] ** 0.5, GROUP)
+            for block in blocks:
+                for name, t in tensors.items():
+                    block.load_expert(e, part, name, t)
+    for block in blocks:
+        block.gate.weight.data.copy_(router)
+    x = torch.randn(9, hidden, generator=gen)
+    slots = torch.arange(9)
+    ref, out = (block(x, slots) for block in blocks)
+    assert torch.allclose(out, ref, atol=1e-4, rtol=1e-4), (out - ref).abs().max()
+    assert torch.equal(blocks[0].expert_tokens, blocks[1].expert_tokens) and int(blocks[1].expert_tokens.sum()) == 18
