@@ -136,3 +136,17 @@ def test_fused_moe_matches_transformers(model_dirs, references, arch):
     mismatched = [i for i, o in zip(picked, outs) if o.outputs[0].token_ids != references[arch][i]]
     assert not mismatched, f"prompts {mismatched} differ from transformers"
     assert llm.engine.core.scheduler.num_preemptions > 0 and max(o.num_cached_tokens for o in outs) > 0
+
+
+@pytest.mark.parametrize("layers", [1, 2, 9, 28, 32, 48, 80])
+def test_graph_pieces_cover_every_layer_once_growing(layers):
+    """A mixed graph's pieces: consecutive layer ranges covering the model, the first the
+    shortest (its launch is all the GPU waits for) and none shorter than the one before."""
+    from expresslane.runner.cuda_graphs import piece_bounds
+
+    bounds = piece_bounds(layers, 4)
+    sizes = [b - a for a, b in zip(bounds, bounds[1:])]
+    assert bounds[0] == 0 and bounds[-1] == layers and sum(sizes) == layers
+    assert sizes == sorted(sizes)
+    if layers >= 16:
+        assert sizes[0] <= layers // 10 and sizes[-1] >= layers // 3

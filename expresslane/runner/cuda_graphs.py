@@ -35,12 +35,20 @@ def bucket_sizes(limit: int, small: tuple[int, ...] = (1, 2, 4, 8), step: int = 
     return sorted(set(sizes))
 
 
+def piece_bounds(num_layers: int, pieces: int) -> list[int]:
+    """Layer boundaries of `pieces` consecutive ranges sized 1 : 3 : 5 : ... (0 first, num_layers last)."""
+    total = pieces * pieces  # 1 + 3 + ... + (2 pieces - 1)
+    return [num_layers * i * i // total for i in range(pieces + 1)]
+
+
 class _Graphs:
     """Static buffers, capture, replay; subclasses define the metadata of a bucket.
 
     A bucket's forward is captured as `num_pieces` graphs over consecutive layer ranges,
     replayed in order: launching a graph costs host time per kernel node, and with pieces
-    the GPU starts the first while the host still launches the rest."""
+    the GPU starts the first while the host still launches the rest. The pieces grow
+    (layers in proportion 1 : 3 : 5 : ...): the GPU waits only for the first, short piece's
+    launch, and each later launch is shorter than the GPU's run of the piece before it."""
 
     num_pieces = 1
 
@@ -75,7 +83,7 @@ class _Graphs:
         step, so (like any temporary) its memory may serve other graphs of the pool."""
         model, meta, carry = self.model, self._meta(size), {}
         n = len(model.layers)
-        bounds = [n * i // self.num_pieces for i in range(self.num_pieces + 1)]
+        bounds = piece_bounds(n, self.num_pieces)
         positions = self.positions[:size]
 
         def piece(i: int):
