@@ -32,6 +32,43 @@ def test_per_token_quant_equals_the_reference():
     assert torch.equal(q.view(torch.uint8).cpu(), q_ref.view(torch.uint8).cpu())
 
 
+@pytest.mark.parametrize("producer", ["rms_norm", "rms_norm_residual", "silu_and_mul"])
+def test_fused_producer_quantizes_like_per_token_quant(producer):
+    """The fused RMSNorm / SiLU-and-mul kernels, asked for an FP8 consumer's input, write the
+    very e4m3 bytes and scales per_token_quant_fp8 makes of the row they store (bit for bit:
+    the model's tokens do not change with the fold), and the row itself as without fp8_out.
+    Rows: a decode batch with an all-zero row (the scale floor); SiLU-and-mul past FP8_ROWS
+    stays plain (its consumer quantizes)."""
+    from expresslane.layers import triton_ops
+    from expresslane.quant.fp8 import Fp8Activation
+
+    dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32  # (the interpreter has no bfloat16)
+    g = torch.Generator().manual_seed(11)
+    rows, n = 5, 200
+    if producer == "silu_and_mul":
+        x = (torch.randn(rows, 2 * n, generator=g) * 3).to(DEVICE, dtype)
+        x[2] = 0
+        got, plain = triton_ops.silu_and_mul(x, fp8_out=True), triton_ops.silu_and_mul(x)
+        long = torch.zeros(triton_ops.FP8_ROWS + 1, 2 * n, device=DEVICE, dtype=dtype)
+        assert not isinstance(triton_ops.silu_and_mul(long, fp8_out=True), Fp8Activation)
+    else:
+        x = (torch.randn(rows, n, generator=g) * 3).to(DEVICE, dtype)
+        w = torch.randn(n, generator=g).to(DEVICE, dtype)
+        res = torch.randn(rows, n, generator=g).to(DEVICE, dtype) if producer == "rms_norm_residual" else None
+        x[2] = 0
+        if res is not None:
+            res[2] = 0
+        got, plain = triton_ops.rms_norm(x, w, 1e-6, res, fp8_out=True), triton_ops.rms_norm(x, w, 1e-6, res)
+        if res is not None:
+            assert torch.equal(got[1], plain[1])
+            got, plain = got[0], plain[0]
+    assert isinstance(got, Fp8Activation) and torch.equal(got.x, plain)
+    q, s = per_token_quant_fp8(plain)
+    assert got.q.dtype == torch.float8_e4m3fn and got.scale.shape == (rows, 1)
+    assert torch.equal(got.q.view(torch.uint8).cpu(), q.view(torch.uint8).cpu())
+    assert torch.equal(got.scale.cpu(), s.cpu()) and not got.q[2].float().any()
+
+
 @pytest.mark.parametrize("m", ROWS)
 @pytest.mark.parametrize("bias", [False, True])
 def test_fp8_gemm_matches_reference(m, bias):
@@ -132,6 +169,20 @@ def test_fp8_gemv_matches_reference(m, split):
     bound = (x.abs() @ (wq.float().abs() * ws[:, None]).t()) * 2 * k * 2**-24 + 1e-6
     got = gemv(x, wq, ws, b, block_n=64, block_k=64, split=split)
     assert ((got - want).abs() <= bound).all()
+    _counters_clear()
+
+
+def test_fp8_gemv_takes_a_quantized_input():
+    """x handed over with its quantization (xq, from a fused producer): the same output, bit for
+    bit, as when the GEMV quantizes x itself."""
+    from expresslane.quant.gemv import gemv
+
+    x, w, b = _inputs(3, 256, 64, seed=250)
+    wq, ws = quantize_per_row(w)
+    wq, ws = wq.to(DEVICE), ws.to(DEVICE)
+    want = gemv(x, wq, ws, b, block_n=64, block_k=64, split=2)
+    got = gemv(x, wq, ws, b, xq=per_token_quant_fp8(x), block_n=64, block_k=64, split=2)
+    assert torch.equal(got, want)
     _counters_clear()
 
 

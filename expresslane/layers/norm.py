@@ -8,10 +8,15 @@ from torch import nn
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float = 1e-6, fused: bool = False):
+    def __init__(self, size: int, eps: float = 1e-6, fused: bool = False, fp8_out: bool = False):
+        """`fp8_out` (fused only): the norm feeds an FP8 linear layer, so the kernel also quantizes
+        it per token and returns an Fp8Activation (quant/fp8.py) in place of the tensor."""
         super().__init__()
+        if fp8_out and not fused:
+            raise ValueError("RMSNorm quantizes its output only in the fused Triton kernel")
         self.eps = eps
         self.fused = fused
+        self.fp8_out = fp8_out
         self.weight = nn.Parameter(torch.ones(size))
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
@@ -24,7 +29,7 @@ class RMSNorm(nn.Module):
         """Without `residual`: norm(x). With it: (norm(x + residual), x + residual)."""
         if self.fused:
             from expresslane.layers.triton_ops import rms_norm
-            return rms_norm(x, self.weight, self.eps, residual)
+            return rms_norm(x, self.weight, self.eps, residual, self.fp8_out)
         if residual is None:
             return self._norm(x)
         x = x + residual

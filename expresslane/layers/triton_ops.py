@@ -1,7 +1,12 @@
 """Fused elementwise kernels for the `triton` backend: RMSNorm (+ residual add) and
 SiLU-and-mul (RoPE is fused with the KV-cache write: attention/triton_kernels.py). Each rounds where transformers rounds (to the activation dtype after
 the residual add, after the normalisation and after the SiLU), so bf16 results match
-the reference path bit for bit up to the order of the variance sum."""
+the reference path bit for bit up to the order of the variance sum.
+
+For an FP8 (W8A8) consumer (`fp8_out`), a program that holds a whole output row also
+quantizes it per token: scale = max|y| / 448 of the rounded output y, q = e4m3(y / scale),
+the very arithmetic of ``per_token_quant_fp8`` on the stored row (bit for bit), so the
+linear layer skips that launch. It returns an ``Fp8Activation``."""
 
 from __future__ import annotations
 
@@ -9,14 +14,28 @@ import torch
 import triton
 import triton.language as tl
 
+from expresslane.quant.fp8 import Fp8Activation
+from expresslane.quant.kernels import _quantize_e4m3
+
+FP8_ROWS = 64  # SiLU-and-mul quantizes its output for up to this many rows (one program per row)
+FP8_WIDTH = 16384  # ... of up to this many outputs (a row in registers, as per_token_quant_fp8's one pass)
+
 
 def _pow2(n: int) -> int:
     return 1 << (max(n, 1) - 1).bit_length()
 
 
 @triton.jit
-def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, stride_x, stride_r, stride_o, n, eps,
-                    HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+def _store_fp8_row(y, q_ptr, scale_ptr, row, i, m):
+    """Quantize one whole output row y (float32 of the stored, rounded values; 0 off the row)."""
+    scale = tl.maximum(tl.max(tl.abs(y), 0), 1e-12) / 448.0
+    tl.store(q_ptr + i, _quantize_e4m3(y, scale).to(tl.float8e4nv), mask=m)
+    tl.store(scale_ptr + row, scale)
+
+
+@triton.jit
+def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, q_ptr, scale_ptr, stride_x, stride_r, stride_o, n,
+                    eps, HAS_RES: tl.constexpr, FP8_OUT: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     i = tl.arange(0, BLOCK)
     m = i < n
@@ -28,37 +47,63 @@ def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, stride_x, strid
     var = tl.sum(xf * xf, 0) / n
     y = (xf * tl.math.rsqrt(var + eps)).to(x.dtype).to(tl.float32)
     w = tl.load(w_ptr + i, mask=m, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * stride_o + i, (w * y).to(out_ptr.dtype.element_ty), mask=m)
+    out = (w * y).to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + row * stride_o + i, out, mask=m)
+    if FP8_OUT:
+        _store_fp8_row(out.to(tl.float32), q_ptr + row * n, scale_ptr, row, i, m)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
-    """Like RMSNorm.forward: norm(x), or (norm(x + residual), x + residual)."""
+def _fp8_buffers(rows: int, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    return (torch.empty((rows, n), dtype=torch.float8_e4m3fn, device=device),
+            torch.empty((rows, 1), dtype=torch.float32, device=device))
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
+             fp8_out: bool = False):
+    """Like RMSNorm.forward: norm(x), or (norm(x + residual), x + residual); with `fp8_out`
+    (x [T, n]) the norm comes as an Fp8Activation."""
     n = x.shape[-1]
     x2 = x.reshape(-1, n)
     out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     res_out = torch.empty_like(out) if residual is not None else out
     r2 = residual.reshape(-1, n) if residual is not None else x2
-    _rmsnorm_kernel[(x2.shape[0],)](x2, r2, weight, out, res_out, x2.stride(0), r2.stride(0), out.stride(0), n, eps,
-                                    HAS_RES=residual is not None, BLOCK=_pow2(n), num_warps=4 if n <= 4096 else 8)
-    if residual is None:
-        return out.view(x.shape)
-    return out.view(x.shape), res_out.view(x.shape)
+    q, scale = _fp8_buffers(x2.shape[0], n, x.device) if fp8_out else (out, out)
+    _rmsnorm_kernel[(x2.shape[0],)](x2, r2, weight, out, res_out, q, scale, x2.stride(0), r2.stride(0), out.stride(0),
+                                    n, eps, HAS_RES=residual is not None, FP8_OUT=fp8_out, BLOCK=_pow2(n),
+                                    num_warps=4 if n <= 4096 else 8)
+    normed = Fp8Activation(out, q, scale) if fp8_out else out.view(x.shape)
+    return normed if residual is None else (normed, res_out.view(x.shape))
 
 
 @triton.jit
-def _silu_mul_kernel(x_ptr, out_ptr, stride_x, n, BLOCK: tl.constexpr):
+def _silu_mul_kernel(x_ptr, out_ptr, q_ptr, scale_ptr, stride_x, n, FP8_OUT: tl.constexpr, BLOCK: tl.constexpr):
+    """Row `program_id(0)`, outputs from program_id(1) * BLOCK; FP8_OUT: the whole row (BLOCK >= n)."""
     row = tl.program_id(0).to(tl.int64)
     i = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = i < n
     g = tl.load(x_ptr + row * stride_x + i, mask=m, other=0.0).to(tl.float32)
     u = tl.load(x_ptr + row * stride_x + n + i, mask=m, other=0.0)
     silu = (g / (1.0 + tl.exp(-g))).to(u.dtype).to(tl.float32)
-    tl.store(out_ptr + row * n + i, (silu * u.to(tl.float32)).to(out_ptr.dtype.element_ty), mask=m)
+    out = (silu * u.to(tl.float32)).to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + row * n + i, out, mask=m)
+    if FP8_OUT:
+        _store_fp8_row(out.to(tl.float32), q_ptr + row * n, scale_ptr, row, i, m)
 
 
-def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+def silu_and_mul(gate_up: torch.Tensor, fp8_out: bool = False) -> torch.Tensor | Fp8Activation:
+    """SwiGLU of gate_up [T, 2n] -> [T, n]. With `fp8_out`, decode-sized inputs (T <= FP8_ROWS,
+    n <= FP8_WIDTH) come as an Fp8Activation, one program per row; longer ones are tiled
+    over the row and come plain (their consumer quantizes them)."""
     rows, n = gate_up.shape[0], gate_up.shape[-1] // 2
     out = torch.empty(rows, n, dtype=gate_up.dtype, device=gate_up.device)
-    block = min(1024, _pow2(n))
-    _silu_mul_kernel[(rows, triton.cdiv(n, block))](gate_up, out, gate_up.stride(0), n, BLOCK=block)
-    return out
+    fp8_out = fp8_out and rows <= FP8_ROWS and n <= FP8_WIDTH
+    if fp8_out:
+        q, scale = _fp8_buffers(rows, n, gate_up.device)
+        block = _pow2(n)
+        warps = 16 if block > 8192 else 8 if block > 2048 else 4
+    else:
+        q = scale = out
+        block, warps = min(1024, _pow2(n)), 4
+    _silu_mul_kernel[(rows, triton.cdiv(n, block))](gate_up, out, q, scale, gate_up.stride(0), n, FP8_OUT=fp8_out,
+                                                    BLOCK=block, num_warps=warps)
+    return Fp8Activation(out, q, scale) if fp8_out else out

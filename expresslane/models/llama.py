@@ -23,6 +23,7 @@ from expresslane.layers.moe import SparseMoE
 from expresslane.layers.norm import RMSNorm
 from expresslane.layers.rotary import RotaryEmbedding, rope_parameters
 from expresslane.quant import QuantConfig, QuantLinear
+from expresslane.quant.fp8 import takes_fp8_input
 
 
 def _linear(in_features: int, shard_sizes: list[int], bias: bool, quant: QuantConfig | None,
@@ -89,9 +90,10 @@ class MLP(nn.Module):
             mine = even_split(inter, tp, "intermediate size")
             self.gate_up_proj = ColumnParallelLinear(cfg.hidden_size, [mine, mine], bias)
             self.down_proj = RowParallelLinear(inter, cfg.hidden_size, bias, tp)
+        self.fp8_act = fused and takes_fp8_input(self.down_proj)  # the SiLU kernel quantizes down_proj's input
 
     def forward(self, x):
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x), self.fused))
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x), self.fused, self.fp8_act))
 
 
 class DecoderLayer(nn.Module):
@@ -102,8 +104,11 @@ class DecoderLayer(nn.Module):
         self.self_attn = Attention(cfg, backend, rotary, qkv_bias, qk_norm, quant, f"{prefix}.self_attn", tp)
         self.mlp = mlp
         self.sparse = isinstance(mlp, SparseMoE)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, fused)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, fused)
+        # an FP8 projection after a fused norm gets its input quantized by the norm's kernel
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, fused,
+                                       fused and takes_fp8_input(self.self_attn.qkv_proj))
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, fused,
+                                                fused and takes_fp8_input(getattr(mlp, "gate_up_proj", None)))
 
     def forward(self, positions, x, residual, meta):
         if residual is None:

@@ -20,18 +20,36 @@ least as accurate.
 Run time: on CUDA, activations are quantized per token by a Triton kernel; inputs of up to
 ``SMALL_M`` rows (decode) are then multiplied by the split-K GEMV (gemv.py: FP8 tensor-core
 dots over N tiles and K slices), longer ones by ``torch._scaled_mm`` (cuBLAS FP8, row-wise
-scales). Elsewhere the reference: the same quantization, then a float32 matmul.
+scales). Elsewhere the reference: the same quantization, then a float32 matmul. An input
+may arrive quantized already (``Fp8Activation``: the fused RMSNorm and SiLU-and-mul kernels
+write the e4m3 row beside the activation); then it is not quantized again.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
+
+from expresslane.quant.linear import QuantLinear
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn (the Triton kernels use the same literals)
 SCALE_EPS = 1e-12  # an all-zero row gets this scale instead of 0
 
 SMALL_M = 16  # rows up to which the split-K GEMV runs on CUDA (1.2-1.6x _scaled_mm's speed at 16)
+
+
+@dataclass(frozen=True)
+class Fp8Activation:
+    """An activation with its per-token FP8 quantization, written by the kernel that produced
+    it (layers/triton_ops.py) for an FP8 linear layer: ``q, scale`` are exactly
+    ``per_token_quant_fp8(x)`` (``quantize_per_row`` of the rounded activation), so a layer fed
+    this computes what it computes from ``x`` alone, one launch fewer."""
+
+    x: torch.Tensor  # [M, K] in the activation dtype
+    q: torch.Tensor  # float8_e4m3fn [M, K]
+    scale: torch.Tensor  # float32 [M, 1]: max|row| / 448
 
 
 def quantize_per_row(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -43,10 +61,11 @@ def quantize_per_row(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def fp8_linear_reference(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
-                         bias: torch.Tensor | None) -> torch.Tensor:
-    """Dequantize-then-matmul in float32: what every FP8 path computes, up to summation order."""
-    xq, xs = quantize_per_row(x.reshape(-1, x.shape[-1]))
-    out = (xq.float() @ weight.float().t()) * xs[:, None] * weight_scale[None, :]
+                         bias: torch.Tensor | None, xq: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """Dequantize-then-matmul in float32: what every FP8 path computes, up to summation order.
+    `xq`: x's quantization (e4m3 [M, K], scales [M, 1]) when it arrived with x."""
+    xq, xs = xq or quantize_per_row(x.reshape(-1, x.shape[-1]))
+    out = (xq.float() @ weight.float().t()) * xs.reshape(-1, 1) * weight_scale[None, :]
     if bias is not None:
         out = out + bias.float()
     return out.to(x.dtype).view(*x.shape[:-1], -1)
@@ -105,20 +124,23 @@ class Fp8Method:
     def dequantized(self, layer: nn.Module) -> torch.Tensor:
         return dequantize(layer.weight, layer.weight_scale)
 
-    def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    def apply(self, layer: nn.Module, x: torch.Tensor | Fp8Activation) -> torch.Tensor:
+        xq = None
+        if isinstance(x, Fp8Activation):  # quantized by its producer
+            x, xq = x.x, (x.q, x.scale)
         if not x.is_cuda:
-            return fp8_linear_reference(x, layer.weight, layer.weight_scale, layer.bias)
+            return fp8_linear_reference(x, layer.weight, layer.weight_scale, layer.bias, xq)
         from expresslane.quant.gemv import gemv
         from expresslane.quant.kernels import per_token_quant_fp8, quant_gemm
 
         x2 = x.reshape(-1, x.shape[-1])
         n, m = layer.weight.shape[0], x2.shape[0]
         if m <= SMALL_M:
-            out = gemv(x2, layer.weight, layer.weight_scale, layer.bias)
-        elif x.dtype == torch.float32:  # (_scaled_mm writes bf16 only)
+            out = gemv(x2, layer.weight, layer.weight_scale, layer.bias, xq=xq)
+        elif x.dtype == torch.float32:  # (_scaled_mm writes bf16 only; this kernel quantizes x as it goes)
             out = quant_gemm(x2, layer.weight, layer.weight_scale, None, layer.bias, n, None)
         else:
-            xq, xs = per_token_quant_fp8(x2)
+            xq, xs = xq or per_token_quant_fp8(x2)
             # row-wise scaled FP8 GEMMs write bf16 only
             out = torch._scaled_mm(xq, layer.weight.t(), scale_a=xs, scale_b=layer.weight_scale[None, :],
                                    out_dtype=torch.bfloat16)
@@ -126,3 +148,9 @@ class Fp8Method:
                 out = out + layer.bias
             out = out.to(x.dtype)
         return out.view(*x.shape[:-1], n)
+
+
+def takes_fp8_input(layer: nn.Module) -> bool:
+    """Whether `layer` is an FP8 linear layer: a fused producer of its input may hand it an
+    Fp8Activation."""
+    return isinstance(layer, QuantLinear) and isinstance(layer.method, Fp8Method)

@@ -10,8 +10,9 @@ to 0, so one launch does all of it and a CUDA graph can replay it.
 
 - ``gemv_kernel`` (bf16 / fp8): W [N, K], K contiguous, as the A operand of a tensor-core
   dot with x^T (``swap AB``: N fills the MMA's wide side, the few rows its narrow one).
-  FP8 (W8A8): x arrives quantized per token by ``per_token_quant_fp8`` (the prefill path's
-  quantization; finding max|x| inside every program instead measured 2.6-4x slower), the
+  FP8 (W8A8): x arrives quantized per token, by its producer (the fused RMSNorm and
+  SiLU-and-mul kernels) or by ``per_token_quant_fp8`` here (finding max|x| inside every
+  program instead measured 2.6-4x slower), the
   dot multiplies the e4m3 operands themselves (exact products), and every BLOCK_K step's
   sum is scaled and added in float32, as cuBLAS's FP8 GEMM promotes its partial sums.
 - ``int4_gemv_kernel`` (W4A16, GPTQ packing ``qweight [K/8, N]``, group scales and zeros
@@ -203,11 +204,13 @@ def gemv_config(n: int, fp8: bool) -> dict:
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor | None, bias: torch.Tensor | None, *,
-         block_n: int | None = None, block_k: int | None = None, split: int | None = None, warps: int = 4,
+         xq: tuple[torch.Tensor, torch.Tensor] | None = None, block_n: int | None = None,
+         block_k: int | None = None, split: int | None = None, warps: int = 4,
          stages: int | None = None) -> torch.Tensor:
     """x [M <= 16, K] (last dim contiguous) @ w [N, K]^T -> [M, N] in x's dtype. w in x's dtype
     (``w_scale`` None), or e4m3 with per-channel float32 ``w_scale`` [N]: then x is quantized
-    per token first (``per_token_quant_fp8``, the quantization of the prefill path).
+    per token first (``per_token_quant_fp8``, the quantization of the prefill path), unless
+    ``xq`` (e4m3 [M, K] contiguous, scales [M, 1]) brings that quantization along.
     Tile arguments left out come from ``gemv_config``."""
     from expresslane.quant.kernels import per_token_quant_fp8
 
@@ -222,7 +225,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor | None, bias: t
     cfg = gemv_config(n, fp8)
     block_n, block_k, stages = block_n or cfg["block_n"], block_k or cfg["block_k"], stages or cfg["stages"]
     dot = "fp32" if x.dtype == torch.float32 or fp8 and _interpreted() else ("fp8" if fp8 else "act")
-    xin, xs = per_token_quant_fp8(x) if fp8 else (x, out)
+    xin, xs = (xq or per_token_quant_fp8(x)) if fp8 else (x, out)
     tiles = triton.cdiv(n, block_n)
     nsplit, k_split = _split(k, block_k, tiles, split, cfg["programs"], 16)
     part = torch.empty((nsplit, m, n), dtype=torch.float32, device=x.device) if nsplit > 1 else out
