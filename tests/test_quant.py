@@ -186,3 +186,58 @@ def test_make_model_writes_the_format_from_the_same_weights(tmp_path, fmt):
     [out] = llm.generate([{"prompt_token_ids": [1, 2, 3]}], SamplingParams(max_tokens=3, ignore_eos=True),
                          use_tqdm=False)
     assert len(out.outputs[0].token_ids) == 3
+
+
+def _folds(model) -> list[bool]:
+    """Per layer: whether the fused norms / SiLU-and-mul quantize the next projection's input."""
+    return [flag for layer in model.layers for flag in (layer.input_layernorm.fp8_out,
+                                                         layer.post_attention_layernorm.fp8_out, layer.mlp.fp8_act)]
+
+
+def test_fp8_fold_keeps_the_greedy_tokens(llama_dir):
+    """The triton backend (interpreter on CPU): the fused RMSNorms and SiLU-and-mul hand qkv,
+    gate|up and down their input already quantized (an Fp8Activation; o_proj quantizes its
+    own), and the engine's greedy tokens and logprobs equal those with the fold turned off
+    (the same bytes: tests/test_quant_kernels.py)."""
+    from expresslane.quant.fp8 import Fp8Activation
+
+    llm = LLM(str(llama_dir), quantization="fp8", attention_backend="triton", max_num_batched_tokens=48,
+              num_kv_blocks=64)
+    model = llm.engine.core.runner.model
+    assert all(_folds(model))
+    seen = {}
+    for name, module in model.named_modules():
+        if isinstance(module, QuantLinear):
+            module.register_forward_pre_hook(
+                lambda m, args, name=name: seen.setdefault(name.rpartition(".")[2], set()).add(type(args[0])))
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=2)
+
+    def run():
+        outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS[:2]], params, use_tqdm=False)
+        return [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in outs]
+
+    folded = run()
+    assert seen == {"qkv_proj": {Fp8Activation}, "o_proj": {torch.Tensor}, "gate_up_proj": {Fp8Activation},
+                    "down_proj": {Fp8Activation}}
+    for layer in model.layers:
+        layer.input_layernorm.fp8_out = layer.post_attention_layernorm.fp8_out = layer.mlp.fp8_act = False
+    seen.clear()
+    assert run() == folded
+    assert all(types == {torch.Tensor} for types in seen.values())
+
+
+@pytest.mark.parametrize("backend, quantization", [("torch", "fp8"), ("triton", None), ("triton", "awq")])
+def test_fp8_fold_only_for_fp8_on_the_fused_path(llama_dir, backend, quantization):
+    """Unquantized, INT4 and torch-backend models keep plain activations."""
+    from expresslane.attention.backend import get_backend
+    from expresslane.models.model_dir import load_hf_config
+    from expresslane.models.registry import model_class
+    from expresslane.quant import QuantConfig
+    from expresslane.quant.fp8 import Fp8Method
+    from expresslane.quant.int4 import Int4Method
+
+    cfg = load_hf_config(llama_dir)
+    backend = get_backend(backend, cfg.num_attention_heads, cfg.num_key_value_heads, 16, torch.device("cpu"))
+    method = {"fp8": Fp8Method(serialized=False), "awq": Int4Method("awq", GROUP), None: None}[quantization]
+    model = model_class(cfg)(cfg, backend, QuantConfig(method) if method else None)
+    assert not any(_folds(model))

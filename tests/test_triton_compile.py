@@ -40,9 +40,13 @@ def _cases():
                     G=g, G_PAD=pow2(g), HK=kv_heads, BLOCK_Q=max(1, rows // pow2(g)), BLOCK_N=block_n, HEAD_DIM=dim,
                     D_PAD=max(16, pow2(dim)), PAGE=16, DECODE=decode, MASK_ALL=mask_all, PRECISION=precision), cache
         yield "reduce_splits_kernel", "bf16", dict(HEAD_DIM=dim, D_PAD=max(16, pow2(dim)), MAX_SPLITS=16)
+    # fused norm and SiLU-and-mul (layers/triton_ops.py), also quantizing their output for an FP8 linear
+    fp8_out = dict(q_ptr="*fp8e4nv", scale_ptr="*fp32")
     for has_res in (True, False):
-        yield "_rmsnorm_kernel", "bf16", dict(HAS_RES=has_res, BLOCK=4096)
-    yield "_silu_mul_kernel", "bf16", dict(BLOCK=1024)
+        for fp8 in (False, True):
+            yield "_rmsnorm_kernel", "bf16", dict(HAS_RES=has_res, FP8_OUT=fp8, BLOCK=4096), fp8_out
+    for fp8, block in ((False, 1024), (True, 16384)):
+        yield "_silu_mul_kernel", "bf16", dict(FP8_OUT=fp8, BLOCK=block), fp8_out
     # quantized linear layers (quant/kernels.py): FP8 per-channel, INT4 by groups; every tile shape
     for bm, bn, bk in ((16, 64, 128), (64, 64, 64), (128, 128, 64)):
         tiles = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PRECISION="tf32")
