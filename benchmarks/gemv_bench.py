@@ -11,6 +11,12 @@ bf16 cuBLAS call's time on the same shape. Then the whole decode step's linear l
 layers x qkv, o, gate_up, down) per format, and the INT4 paths for prompts (tile kernel vs
 dequantize + cuBLAS). ``--sweep`` also times tile shapes and splits (the defaults in
 quant/gemv.py come from it).
+
+The FP8 fold (layers/triton_ops.py: the fused RMSNorm and SiLU-and-mul quantize their output
+for an FP8 consumer): ``gemv_fold_check`` checks the e4m3 bytes and scales against
+``per_token_quant_fp8`` in bf16, ``gemv_fold`` times each producer folded against producer +
+quantization, and ``gemv_decode_step`` ``impl=gemv_fold`` the step's FP8 linears fed quantized
+inputs (o_proj still quantizing its own).
 """
 
 from __future__ import annotations
@@ -95,6 +101,9 @@ def op(fmt: str, impl: str, x: torch.Tensor, w: tuple, cfg: dict):
         return lambda: gemv(x, w[0], None, None, **cfg)
     if impl == "gemv" and fmt == "fp8":
         return lambda: gemv(x, w[0], w[1], None, **cfg)
+    if impl == "gemv_fold":  # x arrives quantized by its producer (the FP8 fold)
+        xq = per_token_quant_fp8(x)
+        return lambda: gemv(x, w[0], w[1], None, xq=xq, **cfg)
     if impl == "scaled_mm":  # the prefill path: quantize, then cuBLAS FP8
         def run():
             xq, xs = per_token_quant_fp8(x)
@@ -185,15 +194,44 @@ def sweep(ws: Weights, out) -> dict:
 
 
 def decode_step(ws: Weights, out, fmt: str, impl: str, cfgs: dict | None = None, label: str = "default") -> None:
-    """The linear layers of one batch-1 decode step (32 layers x qkv, o, gate_up, down), in order."""
+    """The linear layers of one batch-1 decode step (32 layers x qkv, o, gate_up, down), in order.
+    ``gemv_fold``: FP8 with every input but o_proj's quantized by its producer."""
     x = {k: torch.randn(1, k, device="cuda", dtype=torch.bfloat16) for k in {k for _, k in SHAPES.values()}}
-    calls = [op(fmt, impl, x[SHAPES[s][1]], ws.get(fmt, s)[i], (cfgs or {}).get(s, {}))
+    calls = [op(fmt, "gemv" if impl == "gemv_fold" and s == "o" else impl, x[SHAPES[s][1]], ws.get(fmt, s)[i],
+                (cfgs or {}).get(s, {}))
              for i in range(LAYERS) for s in SHAPES]
     us = graph_us(calls, reps=10) * len(calls)
     total = sum(weight_bytes(fmt, *SHAPES[s]) for s in SHAPES) * LAYERS
     emit(out, bench="gemv_decode_step", fmt=fmt, impl=impl, configs=label, layers=LAYERS, ms=round(us / 1e3, 3),
          weight_gb=round(total / 1e9, 2), weight_tb_per_s=round(total / us / 1e6, 3),
          pct_of_bw=round(100 * total / us / 1e-6 / PEAK_BW, 1))
+
+
+def fold(out) -> None:
+    """The FP8 fold at the 8B shapes: the fused producers' e4m3 rows and scales against
+    per_token_quant_fp8 of the rows they store (bf16: must be equal), and their time per call
+    folded against producer + per_token_quant_fp8 (one row, and the 16-row GEMV limit)."""
+    from expresslane.layers import triton_ops
+    from expresslane.quant.kernels import per_token_quant_fp8
+
+    hidden, inter = SHAPES["o"][0], SHAPES["down"][1]
+    for m in (1, 16):
+        x = torch.randn(m, hidden, device="cuda", dtype=torch.bfloat16)
+        res = torch.randn(m, hidden, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(hidden, device="cuda", dtype=torch.bfloat16)
+        gate_up = torch.randn(m, 2 * inter, device="cuda", dtype=torch.bfloat16) * 4
+        producers = {"rms_norm_residual": (lambda fp8: triton_ops.rms_norm(x, w, 1e-5, res, fp8_out=fp8)[0]),
+                     "silu_and_mul": (lambda fp8: triton_ops.silu_and_mul(gate_up, fp8_out=fp8))}
+        for name, run in producers.items():
+            got = run(True)
+            q, s = per_token_quant_fp8(got.x)
+            exact = torch.equal(got.q.view(torch.uint8), q.view(torch.uint8)) and torch.equal(got.scale, s)
+            emit(out, bench="gemv_fold_check", op=name, m=m, exact=exact)
+            folded = graph_us([lambda run=run: run(True)] * 32)
+            separate = graph_us([lambda run=run: per_token_quant_fp8(run(False))] * 32)
+            alone = graph_us([lambda run=run: run(False)] * 32)
+            emit(out, bench="gemv_fold", op=name, m=m, folded_us=round(folded, 2), separate_us=round(separate, 2),
+                 producer_alone_us=round(alone, 2), saved_us=round(separate - folded, 2))
 
 
 def main() -> None:
@@ -206,6 +244,7 @@ def main() -> None:
     torch.manual_seed(0)
     out = args.out
     check(out)
+    fold(out)
     from expresslane.quant import fp8 as fp8_mod
     from expresslane.quant import int4 as int4_mod
     from expresslane.quant.kernels import per_token_quant_fp8
@@ -227,7 +266,7 @@ def main() -> None:
                 measure(ws, out, "int4", "gemv", shape, m, cublas_us=base)
             if m >= 4:
                 measure(ws, out, "int4", "tile", shape, m, cublas_us=base)
-    for fmt, impl in (("bf16", "cublas"), ("bf16", "gemv"), ("fp8", "gemv"), ("int4", "gemv")):
+    for fmt, impl in (("bf16", "cublas"), ("bf16", "gemv"), ("fp8", "gemv"), ("fp8", "gemv_fold"), ("int4", "gemv")):
         decode_step(ws, out, fmt, impl)
         if (fmt, impl, "o") in best:
             decode_step(ws, out, fmt, impl, {s: best[fmt, impl, s] for s in SHAPES}, "sweep-best")

@@ -122,6 +122,11 @@ def fmt_gemv(r: dict) -> str | None:
     if b == "gemv_decode_step":
         return (f"decode-step linears {r['fmt']:>4} {r['impl']:<7} ({r['configs']}) {r['ms']:.3f} ms  "
                 f"{r['weight_tb_per_s']:.2f} TB/s ({r['pct_of_bw']:.0f}% of copy bandwidth)")
+    if b == "gemv_fold_check":
+        return f"FP8 fold {r['op']:<17} M={r['m']:<3} e4m3 rows and scales equal per_token_quant_fp8: {r['exact']}"
+    if b == "gemv_fold":
+        return (f"FP8 fold {r['op']:<17} M={r['m']:<3} folded {r['folded_us']:.2f} us, separate "
+                f"{r['separate_us']:.2f} us (producer alone {r['producer_alone_us']:.2f}): saves {r['saved_us']:.2f} us")
     if b == "kv_decode_attention":
         return (f"decode attention {r['kv_dtype']} KV, batch {r['batch']} x {r['context']}: {r['us']:.0f} us  "
                 f"{r['kv_tb_per_s']:.2f} TB/s of KV")

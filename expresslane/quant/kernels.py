@@ -16,8 +16,10 @@ quantized and dequantized tile by tile in registers, never in memory:
   packed rows once and unpacks each into its 8 inputs. BLOCK_K divides GROUP, so a K tile
   belongs to one group and loads one row of scales and zeros.
 
-``per_token_quant_fp8`` is the separate quantization used before ``torch._scaled_mm`` for
-long inputs (prefill), where cuBLAS's FP8 GEMM beats a Triton tile loop.
+``per_token_quant_fp8`` is the separate quantization of an FP8 linear's input (before the
+decode GEMV, or ``torch._scaled_mm`` for long inputs, where cuBLAS's FP8 GEMM beats a Triton
+tile loop), unless the kernel that produced the input quantized it already
+(layers/triton_ops.py, the same arithmetic: ``_quantize_e4m3``).
 """
 
 from __future__ import annotations
