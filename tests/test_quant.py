@@ -201,8 +201,8 @@ def test_fp8_fold_keeps_the_greedy_tokens(llama_dir):
     (the same bytes: tests/test_quant_kernels.py)."""
     from expresslane.quant.fp8 import Fp8Activation
 
-    llm = LLM(str(llama_dir), quantization="fp8", attention_backend="triton", max_num_batched_tokens=48,
-              num_kv_blocks=64)
+    llm = LLM(str(llama_dir), quantization="fp8", attention_backend="triton", max_num_batched_tokens=16,
+              max_num_seqs=2, max_model_len=64, num_kv_blocks=16)
     model = llm.engine.core.runner.model
     assert all(_folds(model))
     seen = {}
