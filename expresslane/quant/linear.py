@@ -54,5 +54,6 @@ class QuantLinear(nn.Module):
         """float32 [out, in]: the weight the quantized one stands for (tests, accuracy reports)."""
         return self.method.dequantized(self)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x) -> torch.Tensor:
+        """x: a tensor, or for an FP8 layer an Fp8Activation (its input quantized by its producer)."""
         return self.method.apply(self, x)
