@@ -31,6 +31,16 @@ H200 = StepCostModel([1, 16, 32, 64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2
                       18.68e-3, 22.17e-3, 32.85e-3, 37.81e-3],
                      k_decode=3.53e-8, k_prefill=3.13e-9, c_mixed=0.0)
 
+# What the same steps would cost at the H200's floors (DESIGN §8), 8B shape: the linear layers
+# read 15.0 GB of weights (3.51 ms at 4.27 TB/s) or compute 2 x 7.5e9 FLOP a token at 805
+# TFLOP/s (18.6 us), whichever is longer, plus 0.2 ms a step; 128 KiB of KV per decode context
+# token at 4.27 TB/s; 2^19 attention FLOP per prefill query-key pair at 75% of 805 TFLOP/s.
+# A planning aid ("would the policy meet the bars if the kernels did?"), not a measurement.
+_KNOTS = [1, 16, 32, 64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048]
+FLOOR = StepCostModel(_KNOTS, [max(3.51e-3, n * 18.6e-6) + 0.2e-3 for n in _KNOTS],
+                      k_decode=131072 / 4.27e12, k_prefill=2**19 / (0.75 * 805e12), c_mixed=0.0)
+COSTS = {"h200": H200, "floor": FLOOR}
+
 
 def request(rid: str, n: int, out: int, t: float, lane: str = "interactive") -> Request:
     rng = random.Random(rid)
@@ -60,12 +70,12 @@ def simulate(config: dict, arrivals: list[Request], model: StepCostModel = H200)
     return times
 
 
-def beside_long(config: dict) -> dict[str, float]:
+def beside_long(config: dict, model: StepCostModel = H200) -> dict[str, float]:
     """16 shorts (64/64) sent 5 ms after one 8192/64 prompt, against each alone."""
     shorts = lambda: [request(f"s{i}", 64, 64, 0.005) for i in range(16)]  # noqa: E731
-    alone_s = simulate(config, shorts())
-    alone_l = simulate(config, [request("long", 8192, 64, 0.0)])
-    mixed = simulate(config, [request("long", 8192, 64, 0.0), *shorts()])
+    alone_s = simulate(config, shorts(), model)
+    alone_l = simulate(config, [request("long", 8192, 64, 0.0)], model)
+    mixed = simulate(config, [request("long", 8192, 64, 0.0), *shorts()], model)
     ttft = lambda t, ids: statistics.median(t[i][0] - 0.005 for i in ids)  # noqa: E731
     total = lambda t, ids: statistics.median(t[i][-1] - 0.005 for i in ids)  # noqa: E731
     ids = [f"s{i}" for i in range(16)]
@@ -84,10 +94,11 @@ def poisson(rate: float, seconds: float, seed: int = 0, long_frac: float = 0.15)
         out.append(request(f"{'long' if long else 'short'}{len(out)}", 8192 if long else 64, 64, t))
 
 
-def mixed_load(config: dict, rate: float, seconds: float = 20.0, seed: int = 0) -> dict[str, float]:
+def mixed_load(config: dict, rate: float, seconds: float = 20.0, seed: int = 0,
+               model: StepCostModel = H200) -> dict[str, float]:
     arrivals = poisson(rate, seconds, seed)
     start = {r.request_id: r.arrival_time for r in arrivals}
-    t = simulate(config, arrivals)
+    t = simulate(config, arrivals, model)
     shorts = [i for i in t if i.startswith("short")]
     longs = [i for i in t if i.startswith("long")]
     ttft = {i: t[i][0] - start[i] for i in t}
@@ -100,9 +111,9 @@ def mixed_load(config: dict, rate: float, seconds: float = 20.0, seed: int = 0) 
             "good_per_s": good / seconds, "good_frac": good / len(t)}
 
 
-def throughput(config: dict, n: int = 256, prompt: int = 512, out: int = 256) -> float:
+def throughput(config: dict, n: int = 256, prompt: int = 512, out: int = 256, model: StepCostModel = H200) -> float:
     """Output tokens per second for `n` requests sent at once."""
-    t = simulate(config, [request(f"r{i}", prompt, out, 0.0) for i in range(n)])
+    t = simulate(config, [request(f"r{i}", prompt, out, 0.0) for i in range(n)], model)
     return n * out / max(v[-1] for v in t.values())
 
 
@@ -121,20 +132,23 @@ def main() -> None:
                    help="NAME='key:value key:value' (SchedulerConfig fields); repeatable")
     p.add_argument("--rates", type=float, nargs="+", default=[8, 16, 24, 32])
     p.add_argument("--seconds", type=float, default=15.0)
+    p.add_argument("--cost", choices=sorted(COSTS), default="h200",
+                   help="step costs: the H200's calibrated model, or the floors (what the kernels could reach)")
     p.add_argument("--stretch", type=float, default=policy.PREFILL_STRETCH,
                    help="the deadline policy's PREFILL_STRETCH, to try other values")
     args = p.parse_args()
     policy.PREFILL_STRETCH = args.stretch
+    model = COSTS[args.cost]
     for name, config in args.config:
-        b = beside_long(config)
+        b = beside_long(config, model)
         print(f"{name}: beside 8k: short TTFT {b['short_ttft_x']:.2f}x (alone {b['short_ttft_alone_ms']:.1f} ms), "
               f"short total {b['short_total_x']:.2f}x, long TTFT {b['long_ttft_x']:.2f}x "
               f"(alone {b['long_ttft_alone_ms']:.0f} ms)")
-        lone = {n: 1e3 * simulate(config, [request("x", n, 1, 0.0)])["x"][0] for n in (128, 2048, 8192)}
+        lone = {n: 1e3 * simulate(config, [request("x", n, 1, 0.0)], model)["x"][0] for n in (128, 2048, 8192)}
         print("   lone TTFT " + ", ".join(f"{n}: {ms:.1f} ms" for n, ms in lone.items())
-              + f"; throughput 256 x 512/256: {throughput(config):,.0f} tok/s")
+              + f"; throughput 256 x 512/256: {throughput(config, model=model):,.0f} tok/s")
         for rate in args.rates:
-            m = mixed_load(config, rate, args.seconds)
+            m = mixed_load(config, rate, args.seconds, model=model)
             print(f"   {rate:4.0f} req/s: short TTFT p99 {m['short_ttft_p99_ms']:7.1f} ms, ITL p99 "
                   f"{m['short_itl_p99_ms']:5.1f} ms, long TTFT p50 {m['long_ttft_p50_ms']:7.1f} ms, "
                   f"goodput {m['good_per_s']:5.1f}/s ({100 * m['good_frac']:.0f}%)")
