@@ -72,13 +72,16 @@ def prefill_tiles(quick: bool) -> list[PrefillTile]:
 
 def decode_tiles(quick: bool) -> list[DecodeTile]:
     """The tables' tiles and the default; then split counts (waves=64: `max_splits` binds, up
-    to 64 * SMs programs) by key tile, and other warps / stages."""
+    to 64 * SMs programs) by key tile, other warps / stages, and splits that combine
+    themselves (`fused_reduce`)."""
     base = DecodeTile()
     shapes = [dict(), dict(block_n=32), dict(block_n=128, num_warps=8)]
     splits = [DecodeTile(max_splits=s, waves=64, **kw) for s in ((8, 64) if quick else (4, 8, 16, 32, 64))
               for kw in shapes[:1 if quick else 3]]
     more = [] if quick else [dataclasses.replace(base, **kw) for kw in (
         dict(num_warps=8), dict(num_stages=2), dict(num_stages=4), dict(mask_all=True))]
+    # the splits combined by their last program (no reduction kernel), at the default and at more splits
+    more += [dataclasses.replace(tile, fused_reduce=True) for tile in (base, *splits[-2:])]
     return list(dict.fromkeys([tile for _, tile in DECODE_TILES[DIM]] + [base] + splits + more))
 
 

@@ -3,6 +3,9 @@
 A copy from ordinary (pageable) host memory waits until the GPU has finished the work
 queued before it, which would undo the overlap of host planning and GPU execution.
 Copies from pinned memory with non_blocking=True are queued like kernels instead.
+
+Also the device's arrival counters: the split kernels (split-K GEMVs, split-KV decode
+attention) count their programs in on them to let the last one finish the sum.
 """
 
 from __future__ import annotations
@@ -38,3 +41,17 @@ def stage(parts: list[np.ndarray | tuple[np.ndarray, int, int]], device: torch.d
         buf[offset + n:offset + size] = fill
         offset += size
     return list(host.to(device, non_blocking=True).split(sizes))
+
+
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+_MAX_COUNTERS = 1 << 15  # per device (a launch uses one per output tile: far fewer)
+
+
+def arrival_counters(device: torch.device) -> torch.Tensor:
+    """Per-tile arrival counters, all 0 between launches (the last program of a tile resets
+    its own; launches on one stream never overlap). Allocated on first use, which the
+    CUDA-graph warm-up does before capture."""
+    c = _COUNTERS.get(device)
+    if c is None:
+        c = _COUNTERS[device] = torch.zeros(_MAX_COUNTERS, dtype=torch.int32, device=device)
+    return c

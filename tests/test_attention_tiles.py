@@ -20,7 +20,8 @@ PREFILL = sorted({tile for entries in PREFILL_TILES.values() for _, tile in entr
     PrefillTile(mask_all=True)}, key=repr)
 DECODE = sorted({tile for entries in DECODE_TILES.values() for _, tile in entries} | {
     DecodeTile(max_splits=3, waves=64), DecodeTile(max_splits=24, waves=64, block_n=16),
-    DecodeTile(block_n=32, mask_all=True)}, key=repr)
+    DecodeTile(block_n=32, mask_all=True), DecodeTile(fused_reduce=True),
+    DecodeTile(max_splits=24, waves=64, block_n=16, fused_reduce=True)}, key=repr)
 SHAPES = [(2, 2, 64), (8, 2, 128), (6, 2, 64)]  # query heads, KV heads, head dim: groups of 1, 4 and 3 (padded)
 # a decode; a prompt that ends mid-tile; prefix-cached chunks (within a tile, and across several)
 PREFILL_STEP = [(40, 1), (0, 75), (130, 21), (3, 50)]
@@ -79,6 +80,9 @@ def test_every_decode_tile_matches_torch(tile, shape):
     assert backend.num_splits(len(DECODE_STEP)) == min(tile.max_splits, -(-tile.waves * backend.sms // (
         len(DECODE_STEP) * shape[1])))
     check(backend, *shape, DECODE_STEP, torch.float32, seed=3)
+    if tile.fused_reduce:  # the last split of each (seq, KV head) combined them and reset its counter
+        from expresslane.device import arrival_counters
+        assert int(arrival_counters(torch.device(DEVICE)).abs().sum()) == 0
 
 
 def test_tables_pick_by_key_and_head_dim():

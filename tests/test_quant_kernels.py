@@ -147,8 +147,8 @@ SPLITS = [1, 3, None]  # one program per tile, an uneven split, the default (as 
 
 
 def _counters_clear():
-    from expresslane.quant.gemv import _counters
-    assert int(_counters(torch.device(DEVICE)).abs().sum()) == 0  # every tile's last program reset its counter
+    from expresslane.device import arrival_counters
+    assert int(arrival_counters(torch.device(DEVICE)).abs().sum()) == 0  # every tile's last program reset its counter
 
 
 @pytest.mark.parametrize("m", GEMV_ROWS)

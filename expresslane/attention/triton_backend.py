@@ -15,7 +15,7 @@ import torch
 from expresslane.attention.backend import AttentionMetadata
 from expresslane.attention.triton_kernels import paged_attention_kernel, reduce_splits_kernel, rope_store_kernel
 from expresslane.attention.triton_tiles import DECODE_TILES, PREFILL_TILES, DecodeTile, PrefillTile, Table, pick
-from expresslane.device import to_device
+from expresslane.device import arrival_counters, to_device
 
 
 def _pow2(n: int) -> int:
@@ -123,23 +123,28 @@ class TritonAttentionBackend:
         strides = (q.stride(0), q.stride(1), kc.stride(0), kc.stride(1), kc.stride(2), out.stride(0), out.stride(1),
                    meta.block_tables.stride(0))
         nd = meta.num_decodes
+        counters = arrival_counters(q.device)  # (one per (seq, KV head) when the decode splits combine themselves)
         if nd:
             s, tile = meta.num_splits, meta.decode_tile
+            if tile.fused_reduce and nd * hk > counters.numel():
+                raise ValueError(f"{nd} decodes x {hk} KV heads exceed the {counters.numel()} arrival counters")
             part_acc = torch.empty(nd, self.num_heads, s, self.d_pad, dtype=torch.float32, device=q.device)
             part_ml = torch.empty(nd, self.num_heads, s, 2, dtype=torch.float32, device=q.device)
             paged_attention_kernel[(nd, hk, s)](
-                q, kc, vc, out, part_acc, part_ml, meta.block_tables, meta.seq_lens, meta.query_start_loc,
+                q, kc, vc, out, part_acc, part_ml, counters, meta.block_tables, meta.seq_lens, meta.query_start_loc,
                 meta.seq_lens, scale, s, *kv_scales, *strides, part_acc.stride(0), part_acc.stride(1), part_ml.stride(0),
                 BLOCK_Q=self.decode_q, BLOCK_N=tile.block_n, DECODE=True, MASK_ALL=tile.mask_all,
-                num_warps=tile.num_warps, num_stages=tile.num_stages, **common)
-            reduce_splits_kernel[(nd, self.num_heads)](
-                part_acc, part_ml, out, s, part_acc.stride(0), part_acc.stride(1), part_ml.stride(0),
-                out.stride(0), out.stride(1), HEAD_DIM=d, D_PAD=self.d_pad, MAX_SPLITS=_pow2(tile.max_splits))
+                FUSED_REDUCE=tile.fused_reduce, num_warps=tile.num_warps, num_stages=tile.num_stages, **common)
+            if not tile.fused_reduce:
+                reduce_splits_kernel[(nd, self.num_heads)](
+                    part_acc, part_ml, out, s, part_acc.stride(0), part_acc.stride(1), part_ml.stride(0),
+                    out.stride(0), out.stride(1), HEAD_DIM=d, D_PAD=self.d_pad, MAX_SPLITS=_pow2(tile.max_splits))
         if meta.prefill_work is not None:
             tile = meta.prefill_tile
             paged_attention_kernel[(meta.prefill_work.shape[0] * hk,)](
-                q, kc, vc, out, out, out, meta.block_tables, meta.seq_lens, meta.query_start_loc,
+                q, kc, vc, out, out, out, counters, meta.block_tables, meta.seq_lens, meta.query_start_loc,
                 meta.prefill_work, scale, 1, *kv_scales, *strides, 0, 0, 0,
                 BLOCK_Q=self.block_q(tile), BLOCK_N=tile.block_n, DECODE=False, MASK_ALL=tile.mask_all,
+                FUSED_REDUCE=False,
                 num_warps=tile.num_warps, num_stages=tile.num_stages, **common)
         return out

@@ -10,7 +10,9 @@ padded to a power of two), so each K/V tile is loaded once for the whole group::
 
 A key at position j is visible to a query at position p iff j <= p; a query's
 position is ``seq_len - q_len + token``. Softmax is online (running max m, sum l).
-Rows with nothing to attend to (padding, empty splits) produce zeros, never NaN.
+Rows with nothing to attend to (padding, empty splits) produce zeros, never NaN. A decode's
+splits are combined by ``reduce_splits_kernel``, or (FUSED_REDUCE) by the last of them to
+finish, counted in on the device's arrival counters as the split-K GEMVs do.
 
 The key loop runs in two parts: whole BLOCK_N tiles of keys that every row of the tile
 sees (all of a cached prefix and the keys before the tile's first query token) without
@@ -126,14 +128,14 @@ def _attend_keys(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, table_ptr, start, h
 
 @triton.jit
 def paged_attention_kernel(
-        q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
+        q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_acc_ptr, part_ml_ptr, count_ptr,
         block_tables_ptr, seq_lens_ptr, query_start_loc_ptr, work_ptr,
         scale, num_splits, k_scale, v_scale,
         stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_ot, stride_oh, stride_bt,
         stride_pa_s, stride_pa_h, stride_pml_s,
         G: tl.constexpr, G_PAD: tl.constexpr, HK: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
         HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, PAGE: tl.constexpr, DECODE: tl.constexpr,
-        MASK_ALL: tl.constexpr, PRECISION: tl.constexpr):
+        MASK_ALL: tl.constexpr, FUSED_REDUCE: tl.constexpr, PRECISION: tl.constexpr):
     """Prefill (DECODE=False): one program per (work item (seq, q_off) from work_ptr, KV head),
     the HK KV heads of an item adjacent (program w * HK + kv_head), so the work list's order is
     the launch order. Decode (DECODE=True): program 0-axis = seq, 1-axis = KV head, 2-axis =
@@ -207,10 +209,41 @@ def paged_attention_kernel(
         ml = part_ml_ptr + seq * stride_pml_s + head * (2 * num_splits) + 2 * split
         tl.store(ml, m_i, mask=row_ok)
         tl.store(ml + 1, l_i, mask=row_ok)
+        if FUSED_REDUCE:  # the last split of this (seq, KV head) to arrive combines them all
+            tl.debug_barrier()  # every thread's partial is written before the (single-thread) atomic
+            count = tl.atomic_add(count_ptr + seq * HK + kv_head, 1, sem="acq_rel", scope="gpu")
+            if count == num_splits - 1:
+                _combine_splits(part_acc_ptr + seq * stride_pa_s + head[:, None] * stride_pa_h + d[None, :],
+                                part_ml_ptr + seq * stride_pml_s + head * (2 * num_splits), num_splits,
+                                out_ptr + (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
+                                row_ok, d_ok, BLOCK_Q * G_PAD, D_PAD)
+                tl.store(count_ptr + seq * HK + kv_head, 0)
     else:
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         o = out_ptr + (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
         tl.store(o, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit
+def _combine_splits(acc_ptrs, ml_ptrs, num_splits, out_ptrs, row_ok, d_ok, ROWS: tl.constexpr, D_PAD: tl.constexpr):
+    """The rows' output from their splits' partials (acc at acc_ptrs + split * D_PAD, m and l at
+    ml_ptrs + 2 * split): an online softmax over the splits, read past L1 (other programs
+    wrote them)."""
+    m = tl.full([ROWS], float("-inf"), tl.float32)
+    l = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, D_PAD], tl.float32)
+    for s in range(num_splits):
+        m_s = tl.load(ml_ptrs + 2 * s, mask=row_ok, other=float("-inf"), cache_modifier=".cg")
+        l_s = tl.load(ml_ptrs + 2 * s + 1, mask=row_ok, other=0.0, cache_modifier=".cg")
+        a_s = tl.load(acc_ptrs + s * D_PAD, mask=row_ok[:, None], other=0.0, cache_modifier=".cg")
+        m_new = tl.maximum(m, m_s)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key in any split so far
+        alpha, beta = tl.math.exp2(m - m_safe), tl.math.exp2(m_s - m_safe)
+        acc = acc * alpha[:, None] + a_s * beta[:, None]
+        l = l * alpha + l_s * beta
+        m = m_new
+    out = acc / tl.where(l == 0.0, 1.0, l)[:, None]
+    tl.store(out_ptrs, out.to(out_ptrs.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
 
 
 @triton.jit

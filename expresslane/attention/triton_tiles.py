@@ -42,6 +42,7 @@ class DecodeTile:
     num_warps: int = 4
     num_stages: int = 3
     mask_all: bool = False  # mask every key tile, not only a split's ragged end
+    fused_reduce: bool = False  # the last split to finish combines them (no reduction kernel)
 
     def __post_init__(self):
         if self.max_splits < 1 or self.waves < 1:

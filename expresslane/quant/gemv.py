@@ -32,18 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-_MAX_TILES = 1 << 15  # counters per device (N / BLOCK_N of the widest layer is far below)
-
-
-def _counters(device: torch.device) -> torch.Tensor:
-    """Per-tile arrival counters, all 0 between launches (the last program of a tile resets
-    its own). Allocated on first use, which the CUDA-graph warm-up does before capture."""
-    c = _COUNTERS.get(device)
-    if c is None:
-        c = _COUNTERS[device] = torch.zeros(_MAX_TILES, dtype=torch.int32, device=device)
-    return c
-
+from expresslane.device import arrival_counters
 
 @triton.jit
 def _arrive(part_ptr, count_ptr, acc, pid_n, pid_k, M, N, rm, rn, m_ok, n_ok, SPLIT):
@@ -230,7 +219,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor | None, bias: t
     nsplit, k_split = _split(k, block_k, tiles, split, cfg["programs"], 16)
     part = torch.empty((nsplit, m, n), dtype=torch.float32, device=x.device) if nsplit > 1 else out
     gemv_kernel[(tiles, nsplit)](
-        xin, xs, w, w_scale if fp8 else out, bias if bias is not None else out, out, part, _counters(x.device),
+        xin, xs, w, w_scale if fp8 else out, bias if bias is not None else out, out, part, arrival_counters(x.device),
         m, n, k, xin.stride(0), out.stride(0), nsplit, k_split, FP8=fp8, DOT=dot, HAS_BIAS=bias is not None,
         SPLIT_K=nsplit > 1, EVEN=n % block_n == 0 and k % block_k == 0, BLOCK_M=16, BLOCK_N=block_n,
         BLOCK_K=block_k, num_warps=warps, num_stages=stages)
@@ -260,7 +249,7 @@ def int4_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zero
     nsplit, per = _split(chunks, 1, tiles, split, 1056, chunks // 2)
     part = torch.empty((nsplit, m, n), dtype=torch.float32, device=x.device) if nsplit > 1 else out
     int4_gemv_kernel[(tiles, nsplit)](
-        x, qweight, scales, zeros, bias if bias is not None else out, out, part, _counters(x.device),
+        x, qweight, scales, zeros, bias if bias is not None else out, out, part, arrival_counters(x.device),
         m, n, k, x.stride(0), out.stride(0), nsplit, per, 0x4B000000, GROUP=group, ROWS=rows, HAS_BIAS=bias is not None,
         SPLIT_K=nsplit > 1, EVEN_N=n % block_n == 0, BLOCK_N=block_n, num_warps=warps, num_stages=stages)
     return out
