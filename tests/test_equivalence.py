@@ -64,7 +64,7 @@ def test_triton_backend_matches_transformers(model_dirs, references):
     """The GPU kernels' engine path (through Triton's interpreter on CPU): chunks, hits, preemption."""
     pytest.importorskip("triton")
     arch = "qwen2"  # grouped heads (2 per KV head), tied embeddings, qkv bias
-    picked = [0, 1, 4, 7, 9, 13, 15, 16, 17, 19]
+    picked = [0, 4, 9, 15, 17, 19]  # short, mid and long prompts; three sharing a prefix (hits), one twice
     llm = LLM(str(model_dirs[arch]), attention_backend="triton", max_num_batched_tokens=128, max_model_len=384,
               num_kv_blocks=24)
     outs = llm.generate([{"prompt_token_ids": PROMPTS[i]} for i in picked], GREEDY, use_tqdm=False)
