@@ -40,6 +40,7 @@ class TritonAttentionBackend:
         self.d_pad = max(16, _pow2(head_dim))
         self.decode_q = max(1, 16 // self.g_pad)  # tl.dot needs >= 16 rows; extra rows are masked
         self.sms = _num_sms(device)
+        self.counters = arrival_counters(device)  # one per (seq, KV head) when decode splits combine themselves
         # tile tables (triton_tiles.py); a benchmark passes its own to sweep shapes
         self.prefill_tiles = PREFILL_TILES if prefill_tiles is None else prefill_tiles
         self.decode_tiles = DECODE_TILES if decode_tiles is None else decode_tiles
@@ -123,7 +124,7 @@ class TritonAttentionBackend:
         strides = (q.stride(0), q.stride(1), kc.stride(0), kc.stride(1), kc.stride(2), out.stride(0), out.stride(1),
                    meta.block_tables.stride(0))
         nd = meta.num_decodes
-        counters = arrival_counters(q.device)  # (one per (seq, KV head) when the decode splits combine themselves)
+        counters = self.counters
         if nd:
             s, tile = meta.num_splits, meta.decode_tile
             if tile.fused_reduce and nd * hk > counters.numel():
