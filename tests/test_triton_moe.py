@@ -45,7 +45,7 @@ def test_alignment_groups_rows_by_expert(block_m):
     g = torch.Generator().manual_seed(block_m)
     ids = torch.randint(-1, 6, (40, 2), generator=g)
     ids[:, 1] = torch.where(ids[:, 1] == 4, 5, ids[:, 1])  # expert 4: only from slot 0
-    rows, block_expert, used = fused_moe.align_by_expert(ids, 6, block_m)
+    rows, block_expert, used = (t.cpu() for t in fused_moe.align_by_expert(ids.to(DEVICE), 6, block_m))
     flat = ids.flatten()
     assert rows.shape[0] % block_m == 0 and rows.shape[0] == block_expert.shape[0] * block_m
     assert int(used) % block_m == 0 and int(used) <= rows.shape[0]

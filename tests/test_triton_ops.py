@@ -49,7 +49,7 @@ def test_model_shares_one_rope_table_and_fuses_by_backend(llama_dir, backend_nam
     from expresslane.models.registry import model_class
 
     cfg = load_hf_config(llama_dir)
-    backend = get_backend(backend_name, cfg.num_attention_heads, cfg.num_key_value_heads, 16, torch.device("cpu"))
+    backend = get_backend(backend_name, cfg.num_attention_heads, cfg.num_key_value_heads, 16, DEVICE)
     model = model_class(cfg)(cfg, backend)
     tables = {layer.self_attn.rotary.cos_sin.data_ptr() for layer in model.layers}
     assert tables == {model.rotary.cos_sin.data_ptr()}

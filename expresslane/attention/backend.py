@@ -70,7 +70,8 @@ class AttentionBackend(Protocol):
 
 
 def get_backend(name: str, num_heads: int, num_kv_heads: int, head_dim: int,
-                device: torch.device) -> AttentionBackend:
+                device: torch.device, kv_dtype: torch.dtype = torch.bfloat16) -> AttentionBackend:
+    """`kv_dtype`: the KV cache's element type (the Triton tiles' shared memory depends on it)."""
     if name == "auto":
         name = "triton" if device.type == "cuda" else "torch"
     if name == "torch":
@@ -81,5 +82,5 @@ def get_backend(name: str, num_heads: int, num_kv_heads: int, head_dim: int,
             raise ValueError("attention_backend 'triton' needs a CUDA device (on CPU only through Triton's "
                              "interpreter, TRITON_INTERPRET=1, for tests); use 'torch' or 'auto'")
         from expresslane.attention.triton_backend import TritonAttentionBackend
-        return TritonAttentionBackend(num_heads, num_kv_heads, head_dim, device)
+        return TritonAttentionBackend(num_heads, num_kv_heads, head_dim, device, kv_dtype=kv_dtype)
     raise ValueError(f"unknown attention backend {name!r} (available: torch, triton)")

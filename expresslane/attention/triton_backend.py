@@ -28,26 +28,40 @@ def _num_sms(device: torch.device) -> int:
     return 4  # the interpreter on CPU: still exercise several splits
 
 
+def _smem_bytes(device: torch.device) -> int | None:
+    """Shared memory a program may use (None: no limit, the interpreter)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).shared_memory_per_block_optin
+    return None
+
+
 class TritonAttentionBackend:
     supports_cuda_graphs = True
     fused_ops = True
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, device: torch.device,
-                 prefill_tiles: Table | None = None, decode_tiles: Table | None = None):
+                 prefill_tiles: Table | None = None, decode_tiles: Table | None = None,
+                 kv_dtype: torch.dtype = torch.bfloat16, smem_bytes: int | None = None):
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.group = num_heads // num_kv_heads
         self.g_pad = _pow2(self.group)
         self.d_pad = max(16, _pow2(head_dim))
         self.decode_q = max(1, 16 // self.g_pad)  # tl.dot needs >= 16 rows; extra rows are masked
         self.sms = _num_sms(device)
+        self.kv_itemsize = kv_dtype.itemsize
+        self.smem = _smem_bytes(device) if smem_bytes is None else smem_bytes
         self.counters = arrival_counters(device)  # one per (seq, KV head) when decode splits combine themselves
         # tile tables (triton_tiles.py); a benchmark passes its own to sweep shapes
         self.prefill_tiles = PREFILL_TILES if prefill_tiles is None else prefill_tiles
         self.decode_tiles = DECODE_TILES if decode_tiles is None else decode_tiles
 
     def prefill_tile(self, num_tokens: int) -> PrefillTile:
-        """The tile of a step with `num_tokens` prefill tokens (a mixed graph: its bucket size)."""
-        return pick(self.prefill_tiles, self.d_pad, num_tokens, PrefillTile())
+        """The tile of a step with `num_tokens` prefill tokens (a mixed graph: its bucket size); the
+        default where the table's would not fit the shared memory with this cache's element size."""
+        tile = pick(self.prefill_tiles, self.d_pad, num_tokens, PrefillTile())
+        if self.smem is not None and tile.kv_smem_bytes(self.d_pad, self.kv_itemsize) > self.smem:
+            return PrefillTile()
+        return tile
 
     def decode_tile(self, num_decodes: int) -> DecodeTile:
         return pick(self.decode_tiles, self.d_pad, num_decodes, DecodeTile())

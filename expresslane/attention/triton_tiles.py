@@ -5,10 +5,10 @@ mixed-step CUDA graph knows when it is captured (its token-count bucket), so a c
 step and an eager one of the same size use the same tile. A decode tile is picked by the
 head dim and the batch size alone, so a decode graph replays with any context length.
 
-Every entry holds the shape the kernels had before the tables (64 query rows, 64 keys per
+The default entry is the shape the kernels had before the tables (64 query rows, 64 keys per
 tile, Triton's default 4 warps and 3 stages; decode: up to 16 splits for about two waves of
-programs) until a GPU run of ``benchmarks/attention_bench.py`` (``bash benchmarks/gpu.sh
-kernels``) measures a better one.
+programs); an entry changes when a GPU run of ``benchmarks/attention_bench.py`` (``bash
+benchmarks/gpu.sh kernels``) measures a better one (the comment above the tables says which).
 """
 
 from __future__ import annotations
@@ -33,6 +33,11 @@ class PrefillTile:
         _check_pow2("rows", self.rows, 16)
         _check_pow2("block_n", self.block_n, 16)
 
+    def kv_smem_bytes(self, d_pad: int, kv_itemsize: int) -> int:
+        """Shared memory of the key loop's pipeline: a K and a V tile per stage (what Triton
+        asked for when r128-n128 failed in float32 on the H200: 2 x 2 x 128 x 128 x 4 bytes)."""
+        return self.num_stages * 2 * self.block_n * d_pad * kv_itemsize
+
 
 @dataclass(frozen=True)
 class DecodeTile:
@@ -53,9 +58,19 @@ class DecodeTile:
 # {padded head dim: ((smallest key, tile), ...)} in increasing key order; the last entry whose
 # key is <= the step's wins. Prefill key: the step's prefill tokens; decode key: the batch size.
 Table = dict[int, tuple[tuple[int, object], ...]]
+# Measured winners (H200, 2026-12-01, `gpu.sh kernels` and `longctx`, head dim 128, bf16;
+# docs/performance.md): prefill from 1024 tokens r128-n128-w8 (350 vs 325 TFLOP/s for a 2048 chunk
+# after 30k cached; 32k TTFT 1683 -> 1558 ms); decode at batch 1 up to 64 splits (4 waves: 64 on an H200 for
+# 8 KV heads, a few in the interpreter; 43.9 vs 68.6 us per layer at 32k; ITL 6.63 -> 5.85 ms). 8 splits at batch >= 32 won at 64 x 8k (532 vs 556 us) but
+# lost at 1k context (step 7.5 -> 8.7 ms), so it is not taken. The other keys and head dim 64 keep
+# the old shape until measured. A tile whose K/V pipeline does not fit the GPU's shared memory
+# (r128-n128 over a float32 cache) falls back to the default (TritonAttentionBackend.prefill_tile).
 _P, _D = PrefillTile(), DecodeTile()
-PREFILL_TILES: Table = {d: ((0, _P), (1024, _P), (4096, _P), (16384, _P)) for d in (64, 128)}
-DECODE_TILES: Table = {d: ((1, _D), (2, _D), (32, _D)) for d in (64, 128)}
+_P_LONG = PrefillTile(rows=128, block_n=128, num_warps=8)
+PREFILL_TILES: Table = {64: ((0, _P), (1024, _P), (4096, _P), (16384, _P)),
+                        128: ((0, _P), (1024, _P_LONG), (4096, _P_LONG), (16384, _P_LONG))}
+DECODE_TILES: Table = {64: ((1, _D), (2, _D), (32, _D)),
+                       128: ((1, DecodeTile(max_splits=64, waves=4)), (2, _D), (32, _D))}
 
 
 def pick(table: Table, d_pad: int, key: int, default):

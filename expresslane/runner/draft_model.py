@@ -46,7 +46,7 @@ class DraftModel:
         heads = hf.num_attention_heads
         kv_heads = getattr(hf, "num_key_value_heads", None) or heads
         head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // heads
-        self.backend = get_backend(backend, heads, kv_heads, head_dim, device)
+        self.backend = get_backend(backend, heads, kv_heads, head_dim, device, dtype)
         with torch.device(device):
             prev = torch.get_default_dtype()
             torch.set_default_dtype(dtype)
