@@ -130,3 +130,23 @@ def test_a_fused_block_on_int4_experts_equals_the_reference_block():
     ref, out = (block(x, slots) for block in blocks)
     assert torch.allclose(out, ref, atol=1e-4, rtol=1e-4), (out - ref).abs().max()
     assert torch.equal(blocks[0].expert_tokens, blocks[1].expert_tokens) and int(blocks[1].expert_tokens.sum()) == 18
+
+
+@pytest.mark.parametrize("int4", [False, True])
+def test_decode_floor_counts_only_the_routed_share_of_experts(int4):
+    """A batch-1 decode reads top_k / E of the experts, stacked bf16 weights or INT4 experts
+    (a module of packed weights, scales and zeros), and every other weight whole."""
+    from expresslane.bench.floors import decode_weight_bytes
+    from expresslane.distributed.group import TPGroup
+    from expresslane.quant.int4 import Int4Method
+
+    hidden, inter, experts, top_k = 32, 48, 8, 2
+    moe = SparseMoE(hidden, inter, experts, top_k, True, TPGroup.single(), False,
+                    Int4Method("gptq", GROUP, 1) if int4 else None)
+    model = torch.nn.Sequential(torch.nn.Embedding(10, hidden), moe)
+    expert_bytes = sum(p.numel() * p.element_size() for w in (moe.w13, moe.w2)
+                       for p in (w.parameters() if int4 else (w,)))
+    gate_bytes = moe.gate.weight.numel() * moe.gate.weight.element_size()
+    assert expert_bytes > 0
+    assert decode_weight_bytes(model) == int(gate_bytes + expert_bytes * top_k / experts)
+    assert decode_weight_bytes(model, batch=64) == int(gate_bytes + expert_bytes * (1 - (1 - top_k / experts) ** 64))

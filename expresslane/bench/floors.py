@@ -21,6 +21,7 @@ def decode_weight_bytes(model: nn.Module, batch: int = 1) -> int:
     tables = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     gathered = set() if tied else tables
     share = {id(p): 1 - (1 - m.top_k / m.num_experts) ** batch
-             for m in model.modules() if isinstance(m, SparseMoE) for p in (m.w13, m.w2)}
+             for m in model.modules() if isinstance(m, SparseMoE) for w in (m.w13, m.w2)
+             for p in (w.parameters() if isinstance(w, nn.Module) else (w,))}  # INT4 experts: a module
     return int(sum(p.numel() * p.element_size() * share.get(id(p), 1.0) for p in model.parameters()
                    if id(p) not in gathered))
