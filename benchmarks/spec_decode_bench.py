@@ -109,6 +109,13 @@ def main() -> None:
                     row |= {"speedup": round(statistics.median(rates) / baseline[key][1], 2),
                             "same_tokens_as_none": tokens == baseline[key][0]}
                 emit(args.out, **row)
+        if core.spec is not None and core.spec.cost_model is not None:  # what the step-cost model weighed
+            sd = core.spec
+            per_token = {f"batch_{b}": [round(x * 1e3, 3) for x in sd.predicted_costs([args.prompt_tokens] * b)]
+                         for b in batches}
+            emit(args.out, bench="spec_decision", method=method, cost_model=sd.cost_model.describe(),
+                 acceptance=round(sd.acceptance(), 3), verify_scale=round(sd.verify_scale, 3),
+                 draft_cost_ratio=round(sd.draft_cost_ratio, 4), predicted_ms_per_token_plain_spec=per_token)
         del llm
 
 

@@ -28,6 +28,11 @@ def fmt(r: dict) -> str:
         speed = f"  {r['speedup']:.2f}x none, same tokens {r['same_tokens_as_none']}" if "speedup" in r else ""
         return (f"spec {r['method']:<11} {r['workload']:<10} b={r['batch']:<3} {r['decode_tok_s_per_request']:7.1f} "
                 f"tok/s/request{speed}{acc}")
+    if b == "spec_decision":
+        costs = "; ".join(f"{k.removeprefix('batch_')}: {p:.3f} vs {q:.3f}"
+                          for k, (p, q) in r["predicted_ms_per_token_plain_spec"].items())
+        return (f"spec {r['method']:<11} predicted ms/token plain vs speculating, by batch: {costs} "
+                f"(acceptance {r['acceptance']}, verify scale {r['verify_scale']}); {r['cost_model']}")
     if b == "lanes_scenario":
         return (f"lanes {r['mode']:<17} long={r['long_lane']:<11} short P99 {r['short_mixed_p99_ms']:6.1f} ms "
                 f"({r['short_p99_ratio']:.2f}x alone)  long TTFT {r['long_mixed_ms']:6.1f} ms "

@@ -148,6 +148,11 @@ def test_benchmark_reports_acceptance_on_held_out_code(tmp_path):
                     "--speculative-disable-by-batch-size", "8", "--out", str(out)],
                    cwd=root / "benchmarks", check=True, capture_output=True, timeout=600)
     rows = [json.loads(line) for line in out.read_text().splitlines()]
+    [decision] = [r for r in rows if r["bench"] == "spec_decision"]  # what the step-cost model weighed
+    assert decision["method"] == "ngram" and 0 <= decision["acceptance"] <= 1
+    assert set(decision["predicted_ms_per_token_plain_spec"]) == {"batch_1", "batch_3"}  # (values: a fit of
+    # timings on a loaded CPU, any sign)
+    rows = [r for r in rows if r["bench"] == "spec_decode"]
     assert {(r["method"], r["workload"], r["batch"]) for r in rows} == {
         (m, w, b) for m in ("none", "ngram") for w in ("completion", "edit") for b in (1, 3)}
     spec = [r for r in rows if r["method"] == "ngram"]

@@ -101,11 +101,16 @@ class Scheduler:
         those with every known token computed or but one."""
         if self.spec is None:
             return False
-        return self.spec.worth_it([r for r in self.running.values() if r.num_computed_tokens >= r.num_tokens - 1])
+        return self.spec.worth_it(self._decoding())
+
+    def _decoding(self) -> list[Request]:
+        return [r for r in self.running.values() if r.num_computed_tokens >= r.num_tokens - 1]
 
     def _schedule(self) -> list[tuple[Request, int]]:
         head = self._peek_waiting()
         speculate = self.speculating()
+        if self.spec is not None and not speculate:
+            self.spec.shadow(self._decoding())  # keeps the acceptance rate measured while off
         spec_tokens = self.spec.config.num_speculative_tokens if speculate else 0
         budget = self.policy.step_budget(head, self.running.values(), self._waiting_by_lane, self.clock(), spec_tokens)
         scheduled, preempted = self._schedule_running(budget, speculate)
@@ -272,6 +277,8 @@ class Scheduler:
                 if req.finish_reason is not None:
                     tokens = tokens[:i + 1]
                     break
+            if self.spec is not None:
+                self.spec.observe_tokens(req)
             # accepted proposals' KV is in the cache; a rejected one's slot is overwritten by the next step
             req.num_computed_tokens += len(tokens) - 1
             first = req.first_token_time is None

@@ -11,6 +11,14 @@ step: by ``speculative_disable_by_batch_size`` when given, else by the step-cost
 (speculate when the expected time per generated token is lower). A verify step runs another
 path than the steps the model was fitted on (eager, not pipelined), so the prediction for it
 is scaled by what such steps measured against their prediction so far.
+
+The acceptance rate that decision needs is measured by verify steps, but a model that never
+speculates would never measure it (on the H200 the built-in pair stayed on the prior). So
+while prompt lookup is off, one decoding request at a time is shadowed: its proposal is
+taken as if it would speculate, and compared with the tokens it then decodes plainly. The
+leading matches are what a verify would have accepted (greedy: equal to the argmax; sampling:
+a one-hot proposal d is accepted with probability p(d), the chance the sampled token is d).
+Shadow counts feed ``acceptance()`` only, not the /metrics counters.
 """
 
 from __future__ import annotations
@@ -59,16 +67,52 @@ class SpecDecoder:
         self.counters = SpecCounters()
         self.draft_cost_ratio = 0.0  # a draft step's time over a target step's (the engine sets it)
         self.verify_scale = 1.0  # verify steps' measured time over predicted (moving average)
+        self._shadow: tuple[Request, int, list[int]] | None = None  # (request, at token, proposal)
+        self._shadow_turn = 0
+        self.shadow_proposed = self.shadow_accepted = 0
 
     @property
     def proposes_on_host(self) -> bool:
         return self.config.method == "ngram"
 
     def acceptance(self) -> float:
+        """Accepted over proposed tokens, verified and shadowed; the prior below 64 proposed."""
         c = self.counters
-        if c.num_draft_tokens < 64:
+        proposed = c.num_draft_tokens + self.shadow_proposed
+        if proposed < 64:
             return PRIOR_ACCEPTANCE
-        return c.num_accepted_tokens / c.num_draft_tokens
+        return (c.num_accepted_tokens + self.shadow_accepted) / proposed
+
+    def shadow(self, decoding: list[Request]) -> None:
+        """A step that does not speculate: unless one is pending, take the next decoding
+        request's prompt-lookup proposal as if it would speculate (round robin)."""
+        if not self.proposes_on_host or not decoding:
+            return
+        if self._shadow is not None:
+            if not self._shadow[0].is_finished:
+                return
+            self._shadow = None  # finished or aborted before its tokens came
+        req = decoding[self._shadow_turn % len(decoding)]
+        self._shadow_turn += 1
+        k = self.max_tokens_for(req)
+        proposal = self.propose(req, k) if k > 0 else []
+        if proposal:
+            self._shadow = (req, req.num_tokens, proposal)
+
+    def observe_tokens(self, req: Request) -> None:
+        """`req` got tokens: once the shadowed one has as many as its proposal, count the matches."""
+        if self._shadow is None or self._shadow[0] is not req:
+            return
+        _, at, proposal = self._shadow
+        actual = req.all_token_ids[at:at + len(proposal)]
+        if len(actual) < len(proposal):
+            if req.finish_reason is not None:
+                self._shadow = None
+            return
+        accepted = next((i for i, (a, b) in enumerate(zip(actual, proposal)) if a != b), len(proposal))
+        self.shadow_proposed += len(proposal)
+        self.shadow_accepted += accepted
+        self._shadow = None
 
     def max_tokens_for(self, req: Request) -> int:
         """How many tokens ``req`` may propose now (0: it decodes plainly). It must be decoding
@@ -103,13 +147,19 @@ class SpecDecoder:
             return len(decoding) <= limit
         if self.cost_model is None:
             return False
+        plain, spec = self.predicted_costs([r.num_tokens - 1 for r in decoding])
+        return spec < GAIN_MARGIN * plain
+
+    def predicted_costs(self, contexts: list[int]) -> tuple[float, float]:
+        """Predicted seconds per generated token (per request) of a step of decodes at these
+        context lengths: plain, and speculating k tokens each (with the draft's k steps, at the
+        acceptance rate measured so far, scaled by what verify steps measured)."""
         k = self.config.num_speculative_tokens
         a = self.acceptance()
         expected = (1 - a ** (k + 1)) / (1 - a) if a < 1 else k + 1.0  # tokens per request per step
-        plain = self.cost_model.predict(StepShape.of((r.num_tokens - 1, 1) for r in decoding))
-        spec = self.cost_model.predict(StepShape.of((r.num_tokens - 1, 1 + k) for r in decoding))
-        spec *= (1 + k * self.draft_cost_ratio) * self.verify_scale  # with the draft's k steps
-        return spec / expected < GAIN_MARGIN * plain
+        plain = self.cost_model.predict(StepShape.of((c, 1) for c in contexts))
+        spec = self.cost_model.predict(StepShape.of((c, 1 + k) for c in contexts))
+        return plain, spec * (1 + k * self.draft_cost_ratio) * self.verify_scale / expected
 
     def observe(self, measured: float, predicted: float) -> None:
         """A verify step's time (completion to completion) and the cost model's prediction for it."""
