@@ -28,7 +28,9 @@ from expresslane.bench.floors import H200_PEAK_BANDWIDTH as PEAK_BW
 from expresslane.bench.floors import decode_weight_bytes
 from expresslane.bench.inprocess import random_prompts
 
-KINDS = (("matmul", ("gemm", "gemv", "nvjet", "cutlass", "sm90", "splitk")),
+KINDS = (("experts", ("moe_gemm",)),  # before matmul: the grouped GEMM's name holds "gemm"
+         ("routing", ("route_kernel", "align_kernel")),
+         ("matmul", ("gemm", "gemv", "nvjet", "cutlass", "sm90", "splitk")),
          ("attention", ("paged_attention", "write_kv", "reduce_splits")),
          ("norm/rope/act", ("rmsnorm", "rope", "silu")))
 
@@ -41,7 +43,7 @@ def kind_of(name: str) -> str:
     return "other (sampling, copies, embedding)"
 
 
-def decode_profile(llm, batch: int, context: int, weight_bytes: int, out) -> None:
+def decode_profile(llm, batch: int, context: int, out) -> None:
     from expresslane import SamplingParams
 
     eng, core = llm.engine, llm.engine.core
@@ -82,6 +84,7 @@ def decode_profile(llm, batch: int, context: int, weight_bytes: int, out) -> Non
         torch.cuda.synchronize()
         wall_us = (time.perf_counter() - w0) * 1e6
     ks = kernel_intervals(prof)
+    weight_bytes = decode_weight_bytes(core.runner.model, batch)  # a mixture of experts: the routed share
     by_kind, by_name = defaultdict(float), defaultdict(lambda: [0.0, 0])
     for s, e, name in ks:
         by_kind[kind_of(name)] += (e - s) / n / 1e3
@@ -92,7 +95,8 @@ def decode_profile(llm, batch: int, context: int, weight_bytes: int, out) -> Non
                floor_ms=weight_bytes / PEAK_BW * 1e3, kernels_per_step=len(ks) / n,
                busy_ms_per_step=busy_us(ks) / n / 1e3, idle_in_span_ms_per_step=(span_us - busy_us(ks)) / n / 1e3,
                profiled_wall_ms_per_step=wall_us / n / 1e3, ms_by_kind={k: round(v, 4) for k, v in by_kind.items()},
-               matmul_gb_per_s=weight_bytes / (by_kind["matmul"] / 1e3) / 1e9 if by_kind["matmul"] else None,
+               matmul_gb_per_s=weight_bytes / ((by_kind["matmul"] + by_kind["experts"]) / 1e3) / 1e9
+               if by_kind["matmul"] else None,
                top_kernels=[(name[:60], round(t, 4), c // n) for name, (t, c) in
                             sorted(by_name.items(), key=lambda kv: -kv[1][0])[:12]])
     emit(out, **row)
@@ -142,16 +146,18 @@ def main() -> None:
     ap.add_argument("--model", required=True)
     ap.add_argument("--batches", type=lambda s: [int(x) for x in s.split(",")], default=[1, 64])
     ap.add_argument("--context", type=int, default=1024)
+    ap.add_argument("--load-format", choices=("auto", "dummy"), default="auto",
+                    help="dummy: random weights made on the GPU (a config-only model directory)")
+    ap.add_argument("--no-ttft", action="store_true", help="decode steps only")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     from expresslane import LLM
 
-    llm = LLM(args.model, max_num_seqs=max(args.batches), gpu_memory_utilization=0.85)
-    model = llm.engine.core.runner.model
-    wbytes = decode_weight_bytes(model)
+    llm = LLM(args.model, max_num_seqs=max(args.batches), gpu_memory_utilization=0.85, load_format=args.load_format)
     for b in args.batches:
-        decode_profile(llm, b, args.context, wbytes, args.out)
-    ttft_profile(llm, args.out)
+        decode_profile(llm, b, args.context, args.out)
+    if not args.no_ttft:
+        ttft_profile(llm, args.out)
 
 
 if __name__ == "__main__":
