@@ -26,9 +26,9 @@ def _inputs(seed: int, tokens: int, experts: int, k: int, hidden: int, inter: in
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("tokens,experts,k,drop", [  # rows per expert: every tile size (fused_moe._tiles),
+@pytest.mark.parametrize("tokens,experts,k,drop", [  # rows per expert: every tile size (fused_moe._tiles)
     (1, 5, 2, 0.0), (7, 7, 1, 0.0), (33, 5, 2, 0.3), (90, 3, 2, 0.0), (130, 3, 2, 0.0), (300, 3, 1, 0.5),
-    (800, 3, 1, 0.0), (3, 24, 2, 0.3), (1, 9, 3, 0.5)])  # and per-row GEMVs (the first, the last two)
+    (800, 3, 1, 0.0)])
 def test_fused_experts_match_reference(dtype, tokens, experts, k, drop):
     x, w13, w2, weights, ids = _inputs(tokens, tokens, experts, k, hidden=96, inter=80, dtype=dtype, drop=drop)
     ref = torch_experts(x.float(), w13.float(), w2.float(), weights, ids)
@@ -38,25 +38,6 @@ def test_fused_experts_match_reference(dtype, tokens, experts, k, drop):
     if drop:  # a token whose rows all go nowhere gets zeros
         nowhere = (ids < 0).all(1)
         assert torch.equal(out[nowhere], torch.zeros_like(out[nowhere]))
-
-
-def test_decode_rows_run_as_gemvs_without_alignment(monkeypatch):
-    """One token, or rows at most a quarter of the experts: per-row GEMVs, no alignment launch;
-    more rows: the grouped GEMMs."""
-    assert fused_moe.per_row(1, 8, 8) and fused_moe.per_row(4, 8, 128) and not fused_moe.per_row(5, 8, 128)
-    assert not fused_moe.per_row(2, 2, 8)
-    x, w13, w2, weights, ids = _inputs(1, 1, 128, 8, hidden=64, inter=48, dtype=torch.float32)
-    ref = torch_experts(x, w13, w2, weights, ids)
-
-    def no_alignment(*args):
-        raise AssertionError("a per-row step aligned its rows")
-
-    monkeypatch.setattr(fused_moe, "align_by_expert", no_alignment)
-    out = fused_moe.fused_experts(*(t.to(DEVICE) for t in (x, w13, w2, weights, ids))).cpu()
-    assert torch.allclose(out, ref, atol=1e-4, rtol=1e-4), (out - ref).abs().max()
-    x, w13, w2, weights, ids = _inputs(2, 5, 128, 8, hidden=64, inter=48, dtype=torch.float32)
-    with pytest.raises(AssertionError, match="aligned"):
-        fused_moe.fused_experts(*(t.to(DEVICE) for t in (x, w13, w2, weights, ids)))
 
 
 @pytest.mark.parametrize("block_m", [16, 64])

@@ -1,6 +1,6 @@
 """The fused MoE path (GPU, `triton` backend): routing, then the experts of a step in two
-grouped GEMMs; five launches a layer (four at decode: below), sizes fixed by the shape (no
-host sync: CUDA graphs capture it).
+grouped GEMMs; five launches a layer, sizes fixed by the shape (no host sync: CUDA graphs
+capture it).
 
     route   per token: softmax, top-k, renormalisation, the per-expert counters (one kernel)
     align   the (token, slot) rows grouped by expert, each expert's run padded to BLOCK_M
@@ -10,15 +10,9 @@ host sync: CUDA graphs capture it).
     GEMM 2  one launch: down projection, scaled by the routing weight, one row per (token, slot)
     sum     the k rows of each token
 
-A decode step with few rows (one token, or rows at most a quarter of the experts: few
-share an expert) skips the alignment: each (token, slot) row reads its own expert's
-weights in GEMV programs (`moe_gemv_kernel`, split over output columns only), no
-padded tiles and no idle programs: route, GEMV 1, GEMV 2, sum.
-
 Rows routed to expert -1 (expert parallelism: another rank's) are left out by the alignment
-and their output rows stay zero (the GEMV path writes them as zeros). The kernels round
-where transformers does (the gate and up projections, the SiLU, the product to the
-activation dtype).
+and their output rows stay zero. The kernels round where transformers does (the gate and up
+projections, the SiLU, the product to the activation dtype).
 """
 
 from __future__ import annotations
@@ -94,44 +88,6 @@ def moe_gemm_kernel(a_ptr, w_ptr, s_ptr, z_ptr, c_ptr, topk_w_ptr, sorted_rows_p
             acc = acc.to(dtype).to(tl.float32) * tl.load(topk_w_ptr + rows, mask=valid, other=0.0)[:, None]
         tl.store(c_ptr + rows[:, None] * stride_cm + offs_n[None, :], acc.to(dtype),
                  mask=valid[:, None] & n_mask[None, :])
-
-
-@triton.jit
-def moe_gemv_kernel(a_ptr, w_ptr, s_ptr, z_ptr, c_ptr, topk_w_ptr, ids_ptr, N, K, stride_am, stride_we, stride_wn,
-                    stride_se, stride_sg, stride_cm, TOP_K: tl.constexpr, GATED: tl.constexpr,
-                    WEIGHTED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, W4: tl.constexpr,
-                    GROUP: tl.constexpr):
-    """As moe_gemm_kernel for one row (token * TOP_K + slot) and BLOCK_N outputs, its expert
-    read from the routing ids (-1: a zero row); products summed in float32 (no tl.dot)."""
-    row = tl.program_id(0).to(tl.int64)
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    expert = tl.load(ids_ptr + row).to(tl.int64)
-    routed = expert >= 0
-    n_mask = (offs_n < N) & routed
-    expert = tl.maximum(expert, 0)
-    offs_k = tl.arange(0, BLOCK_K)
-    dtype = a_ptr.dtype.element_ty
-    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    acc_up = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        k = k0 + offs_k
-        k_mask = k < K
-        a = tl.load(a_ptr + (row // TOP_K) * stride_am + k, mask=k_mask, other=0.0).to(tl.float32)
-        w = _weight_tile(w_ptr, s_ptr, z_ptr, expert, k0, k, k_mask, offs_n, n_mask, stride_we, stride_wn,
-                         stride_se, stride_sg, dtype, W4, GROUP)
-        acc += tl.sum(a[:, None] * w.to(tl.float32), 0)
-        if GATED:
-            w_up = _weight_tile(w_ptr, s_ptr, z_ptr, expert, k0, k, k_mask, offs_n + N, n_mask, stride_we,
-                                stride_wn, stride_se, stride_sg, dtype, W4, GROUP)
-            acc_up += tl.sum(a[:, None] * w_up.to(tl.float32), 0)
-    dtype = c_ptr.dtype.element_ty
-    if GATED:
-        gate = acc.to(dtype).to(tl.float32)
-        silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
-        acc = silu * acc_up.to(dtype).to(tl.float32)
-    if WEIGHTED:
-        acc = acc.to(dtype).to(tl.float32) * tl.load(topk_w_ptr + row)
-    tl.store(c_ptr + row * stride_cm + offs_n, acc.to(dtype), mask=offs_n < N)
 
 
 @triton.jit
@@ -256,38 +212,6 @@ def _weights(w, block_k: int) -> tuple[tuple, dict, int]:
     return (w, w, w, w.stride(0), w.stride(1), 0, 0), dict(W4=False, GROUP=1), block_k
 
 
-def per_row(tokens: int, k: int, num_experts: int) -> bool:
-    """Whether a step's experts run as per-row GEMVs: one token (its k experts differ), or
-    rows at most a quarter of the experts (few read an expert twice)."""
-    return tokens == 1 or 4 * tokens * k <= num_experts
-
-
-def _gemv_block_n(rows: int, n: int) -> int:
-    """Output columns per GEMV program: the widest of 64 / 32 / 16 that still makes about
-    1024 programs (every SM streams weights)."""
-    block_n = 64
-    while block_n > 16 and rows * triton.cdiv(n, block_n) < 1024:
-        block_n //= 2
-    return block_n
-
-
-def _experts_per_row(x: torch.Tensor, w13, w2, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    tokens, k = ids.shape
-    _, two_i, hidden = w13.shape
-    inter, n = two_i // 2, tokens * k
-    ids, weights = ids.contiguous(), weights.contiguous()
-    act = torch.empty(n, inter, dtype=x.dtype, device=x.device)
-    out = torch.empty(n, hidden, dtype=x.dtype, device=x.device)
-    for w, a, c, width, depth, gated in ((w13, x, act, inter, hidden, True), (w2, act, out, hidden, inter, False)):
-        w_args, w_const, bk = _weights(w, 128)
-        block_n = _gemv_block_n(n, width)
-        moe_gemv_kernel[(n, triton.cdiv(width, block_n))](
-            a, *w_args[:3], c, weights, ids, width, depth, a.stride(0), *w_args[3:], c.stride(0),
-            TOP_K=k if gated else 1, GATED=gated, WEIGHTED=not gated, BLOCK_N=block_n, BLOCK_K=bk, **w_const,
-            num_warps=4)
-    return out.view(tokens, k, hidden).sum(1)
-
-
 def fused_experts(x: torch.Tensor, w13, w2, weights: torch.Tensor, ids: torch.Tensor,
                   all_routed: bool = False) -> torch.Tensor:
     """As layers.moe.torch_experts: x [T, H], w13 [E, 2I, H], w2 [E, H, I] (float tensors, or
@@ -295,9 +219,6 @@ def fused_experts(x: torch.Tensor, w13, w2, weights: torch.Tensor, ids: torch.Te
     output row is written (no zero fill needed)."""
     tokens, k = ids.shape
     num_experts, two_i, hidden = w13.shape
-    x = x.contiguous()
-    if per_row(tokens, k, num_experts):
-        return _experts_per_row(x, w13, w2, weights, ids)
     inter = two_i // 2
     n = tokens * k
     block_m, block_n, block_k, warps = _tiles(n, num_experts)
@@ -306,6 +227,7 @@ def fused_experts(x: torch.Tensor, w13, w2, weights: torch.Tensor, ids: torch.Te
     common = dict(BLOCK_M=block_m, BLOCK_N=block_n, PRECISION=precision, num_warps=warps,
                   num_stages=3 if x.is_cuda else 1)
     act = torch.empty(n, inter, dtype=x.dtype, device=x.device)
+    x = x.contiguous()
     w_args, w_const, bk = _weights(w13, block_k)
     grid = (block_expert.shape[0], triton.cdiv(inter, block_n))
     moe_gemm_kernel[grid](x, *w_args[:3], act, weights, rows, block_expert, num_padded, inter, hidden, n,
