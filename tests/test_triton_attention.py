@@ -96,3 +96,33 @@ def test_every_output_element_written():
     finally:
         torch.empty_like, torch.empty = real_empty, real_alloc
     assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_store_folds_the_qk_norm(dtype):
+    """Qwen3's per-head q_norm / k_norm inside the RoPE + KV-write kernel equal the RMSNorm
+    modules applied first (torch backend), on q and on the cache; bf16 bit for bit up to the
+    order of the variance sum."""
+    from expresslane.layers.norm import RMSNorm
+
+    if DEVICE.type == "cpu" and dtype == torch.bfloat16:
+        pytest.skip("bfloat16 is a GPU matter here")
+    heads, kv_heads, dim, bs, seqs = CASES[1]
+    q, k, v, kv, meta, pos = make_step(seqs, heads, kv_heads, dim, bs, dtype, seed=4)
+    g = torch.Generator().manual_seed(5)
+    norms = []
+    for fused in (False, True):
+        qn, kn = RMSNorm(dim, 1e-6, fused), RMSNorm(dim, 1e-6, fused)
+        qn.weight.data, kn.weight.data = (torch.rand(dim, generator=g) + 0.5 for _ in range(2))
+        norms.append((qn.to(DEVICE, dtype), kn.to(DEVICE, dtype)))
+    norms[1][0].weight.data, norms[1][1].weight.data = norms[0][0].weight.data, norms[0][1].weight.data
+    rotary = RotaryEmbedding(dim, 512, 10000.0).to(DEVICE)
+    kv_ref = kv.clone()
+    q_ref = TorchAttentionBackend().store(pos, q, k, v, rotary, kv_ref, meta, qk_norm=norms[0])
+    backend = triton_backend.TritonAttentionBackend(heads, kv_heads, dim, DEVICE)
+    q_out = backend.store(pos, q, k, v, rotary, kv, meta, qk_norm=norms[1])
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(q_out.float(), q_ref.float(), rtol=tol, atol=tol)
+    torch.testing.assert_close(kv.float(), kv_ref.float(), rtol=tol, atol=tol)
+    plain = backend.store(pos, q, k, v, rotary, kv.clone(), meta)  # without the norms: another q
+    assert not torch.allclose(plain.float(), q_out.float(), rtol=tol, atol=tol)

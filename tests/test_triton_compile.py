@@ -16,7 +16,7 @@ import pytest
 _POINTERS = {"pos_ptr": "*i64", "slot_ptr": "*i64", "block_tables_ptr": "*i32", "seq_lens_ptr": "*i32",
              "query_start_loc_ptr": "*i32", "work_ptr": "*i32", "cos_sin_ptr": "*fp32", "part_acc_ptr": "*fp32",
              "part_ml_ptr": "*fp32", "part_ptr": "*fp32", "count_ptr": "*i32"}
-_FLOATS = {"scale", "eps", "k_scale", "v_scale"}
+_FLOATS = {"scale", "eps", "k_scale", "v_scale", "norm_eps"}
 
 
 def _cases():
@@ -27,9 +27,11 @@ def _cases():
     for heads, kv_heads, dim in ((32, 8, 128), (14, 2, 64), (4, 1, 128), (12, 4, 96)):
         g = heads // kv_heads
         for kv_fp8 in (False, True):  # --kv-cache-dtype auto / fp8
-            yield "rope_store_kernel", "bf16", dict(
-                HQ=heads, HK=kv_heads, HALF=dim // 2, HQ_PAD=pow2(heads), HK_PAD=pow2(kv_heads),
-                HALF_PAD=pow2(dim // 2), KV_FP8=kv_fp8), dict(cache_ptr="*fp8e4nv") if kv_fp8 else {}
+            for qk_norm in (False, True):  # Qwen3's per-head q_norm / k_norm folded in
+                yield "rope_store_kernel", "bf16", dict(
+                    HQ=heads, HK=kv_heads, HALF=dim // 2, HQ_PAD=pow2(heads), HK_PAD=pow2(kv_heads),
+                    HALF_PAD=pow2(dim // 2), KV_FP8=kv_fp8, QK_NORM=qk_norm), \
+                    dict(cache_ptr="*fp8e4nv") if kv_fp8 else {}
         for dtype, precision, cache in (("bf16", "tf32", {}), ("fp32", "ieee", {}),
                                         ("bf16", "tf32", dict(k_cache_ptr="*fp8e4nv", v_cache_ptr="*fp8e4nv"))):
             # decode, then every prefill tile shape the benchmark sweeps (the tables' entries among them)

@@ -58,9 +58,10 @@ class AttentionBackend(Protocol):
 
     def store(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rotary,
               kv_cache: torch.Tensor, meta: AttentionMetadata,
-              kv_scales: tuple[float, float] = (1.0, 1.0)) -> torch.Tensor:
-        """q [T, Hq, D], k/v [T, Hk, D]: rotate q and k by `rotary` (a RotaryEmbedding) at
-        `positions`, write k/v into the cache; returns the rotated q."""
+              kv_scales: tuple[float, float] = (1.0, 1.0), qk_norm=None) -> torch.Tensor:
+        """q [T, Hq, D], k/v [T, Hk, D]: normalise each q and k head by `qk_norm` (q_norm, k_norm:
+        RMSNorm over the head dim, Qwen3) when given, rotate q and k by `rotary` (a
+        RotaryEmbedding) at `positions`, write k/v into the cache; returns the rotated q."""
         ...
 
     def attend(self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,

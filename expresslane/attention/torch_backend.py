@@ -45,7 +45,9 @@ class TorchAttentionBackend:
         pass
 
     def store(self, positions, q, k, v, rotary, kv_cache, meta: AttentionMetadata,
-              kv_scales=(1.0, 1.0)) -> torch.Tensor:
+              kv_scales=(1.0, 1.0), qk_norm=None) -> torch.Tensor:
+        if qk_norm is not None:
+            q, k = qk_norm[0](q), qk_norm[1](k)
         q, k = rotary(positions, q, k)
         write_kv(kv_cache, k, v, meta.slot_mapping, kv_scales)
         return q

@@ -35,6 +35,18 @@ def _rotate_half(x1, x2, cos, sin):
 
 
 @triton.jit
+def _head_rms_norm(x1, x2, w_ptr, d, dm, eps, HALF: tl.constexpr):
+    """Each head's RMSNorm (Qwen3's q_norm / k_norm) over its two halves [heads, HALF], rounded
+    where layers.norm.RMSNorm rounds: the normalised value to the input dtype, then times w."""
+    f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
+    r = tl.math.rsqrt((tl.sum(f1 * f1, 1) + tl.sum(f2 * f2, 1)) / (2 * HALF) + eps)[:, None]
+    w1 = tl.load(w_ptr + d, mask=dm, other=0.0).to(tl.float32)
+    w2 = tl.load(w_ptr + HALF + d, mask=dm, other=0.0).to(tl.float32)
+    return ((w1 * (f1 * r).to(x1.dtype).to(tl.float32)).to(x1.dtype),
+            (w2 * (f2 * r).to(x2.dtype).to(tl.float32)).to(x2.dtype))
+
+
+@triton.jit
 def _cache_value(x, scale, KV_FP8: tl.constexpr):
     """What the cache stores of x: x itself, or e4m3(x / scale) in an FP8 cache."""
     if KV_FP8:
@@ -45,14 +57,15 @@ def _cache_value(x, scale, KV_FP8: tl.constexpr):
 
 
 @triton.jit
-def rope_store_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, slot_ptr, cos_sin_ptr, q_out_ptr, cache_ptr,
+def rope_store_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, slot_ptr, cos_sin_ptr, q_out_ptr, cache_ptr, qn_ptr, kn_ptr,
                       stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cs,
-                      stride_c_kv, stride_c_slot, stride_c_head, k_scale, v_scale,
+                      stride_c_kv, stride_c_slot, stride_c_head, k_scale, v_scale, norm_eps,
                       HQ: tl.constexpr, HK: tl.constexpr, HALF: tl.constexpr, HQ_PAD: tl.constexpr,
-                      HK_PAD: tl.constexpr, HALF_PAD: tl.constexpr, KV_FP8: tl.constexpr):
+                      HK_PAD: tl.constexpr, HALF_PAD: tl.constexpr, KV_FP8: tl.constexpr, QK_NORM: tl.constexpr):
     """One program per new token: rotate its q heads into q_out ([T, HQ, 2*HALF]), rotate
     its k heads and write them with its v heads into the token's cache slot (an FP8 cache:
-    k / k_scale and v / v_scale as e4m3)."""
+    k / k_scale and v / v_scale as e4m3). QK_NORM: each q and k head is RMS-normalised first
+    (weights qn_ptr, kn_ptr [2*HALF])."""
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + t)
     d = tl.arange(0, HALF_PAD)[None, :]
@@ -62,7 +75,10 @@ def rope_store_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, slot_ptr, cos_sin_ptr, q_out
     h = tl.arange(0, HQ_PAD)[:, None]
     m = (h < HQ) & dm
     src = q_ptr + t * stride_qt + h * stride_qh + d
-    r1, r2 = _rotate_half(tl.load(src, mask=m, other=0.0), tl.load(src + HALF, mask=m, other=0.0), cos, sin)
+    x1, x2 = tl.load(src, mask=m, other=0.0), tl.load(src + HALF, mask=m, other=0.0)
+    if QK_NORM:
+        x1, x2 = _head_rms_norm(x1, x2, qn_ptr, d, dm, norm_eps, HALF)
+    r1, r2 = _rotate_half(x1, x2, cos, sin)
     dst = q_out_ptr + t * (HQ * 2 * HALF) + h * (2 * HALF) + d
     tl.store(dst, r1, mask=m)
     tl.store(dst + HALF, r2, mask=m)
@@ -71,8 +87,10 @@ def rope_store_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, slot_ptr, cos_sin_ptr, q_out
         hk = tl.arange(0, HK_PAD)[:, None]
         mk = (hk < HK) & dm
         k_src = k_ptr + t * stride_kt + hk * stride_kh + d
-        k1, k2 = _rotate_half(tl.load(k_src, mask=mk, other=0.0), tl.load(k_src + HALF, mask=mk, other=0.0),
-                              cos, sin)
+        k1, k2 = tl.load(k_src, mask=mk, other=0.0), tl.load(k_src + HALF, mask=mk, other=0.0)
+        if QK_NORM:
+            k1, k2 = _head_rms_norm(k1, k2, kn_ptr, d, dm, norm_eps, HALF)
+        k1, k2 = _rotate_half(k1, k2, cos, sin)
         k_dst = cache_ptr + slot * stride_c_slot + hk * stride_c_head + d
         tl.store(k_dst, _cache_value(k1, k_scale, KV_FP8), mask=mk)
         tl.store(k_dst + HALF, _cache_value(k2, k_scale, KV_FP8), mask=mk)

@@ -69,9 +69,8 @@ class Attention(nn.Module):
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = self.backend.store(positions, q, k, v, self.rotary, self.kv_cache, meta, self.kv_scales)
+        qk_norm = None if self.q_norm is None else (self.q_norm, self.k_norm)  # the backend applies them
+        q = self.backend.store(positions, q, k, v, self.rotary, self.kv_cache, meta, self.kv_scales, qk_norm)
         o = self.backend.attend(q, self.kv_cache, meta, self.scale, self.kv_scales)
         return self.o_proj(o.flatten(1))
 
