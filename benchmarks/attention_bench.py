@@ -52,7 +52,8 @@ def name(tile) -> str:
         s = f"r{tile.rows}-n{tile.block_n}-w{tile.num_warps}-s{tile.num_stages}"
     else:
         s = f"max{tile.max_splits}x{tile.waves}-n{tile.block_n}-w{tile.num_warps}-s{tile.num_stages}"
-    return s + ("-maskall" if tile.mask_all else "") + ("-fused" if getattr(tile, "fused_reduce", False) else "")
+        s += "-fused" if tile.fused_reduce else ""
+    return s + ("-maskall" if tile.mask_all else "")
 
 
 def prefill_tiles(quick: bool) -> list[PrefillTile]:

@@ -108,9 +108,12 @@ class Scheduler:
 
     def _schedule(self) -> list[tuple[Request, int]]:
         head = self._peek_waiting()
-        speculate = self.speculating()
-        if self.spec is not None and not speculate:
-            self.spec.shadow(self._decoding())  # keeps the acceptance rate measured while off
+        speculate = False
+        if self.spec is not None:
+            decoding = self._decoding()  # once a step: the decision, then the shadow when off
+            speculate = self.spec.worth_it(decoding)
+            if not speculate:
+                self.spec.shadow(decoding)  # keeps the acceptance rate measured while off
         spec_tokens = self.spec.config.num_speculative_tokens if speculate else 0
         budget = self.policy.step_budget(head, self.running.values(), self._waiting_by_lane, self.clock(), spec_tokens)
         scheduled, preempted = self._schedule_running(budget, speculate)
