@@ -30,6 +30,11 @@ from expresslane.server.metrics import Metrics
 log = logging.getLogger(__name__)
 
 _FLUSH_S = 0.5  # past the shutdown timeout: how long the ended requests' responses may take to be written
+# The most bytes of request line + headers h11 buffers before it answers 400 and closes (vLLM's
+# default too). h11 checks its own 16 KiB default only while a request head is still incomplete,
+# so a 64 kB header got a 401 or a 400 by how TCP happened to split it; past this limit the answer
+# is always 400, and the client may see a reset for the bytes it was still sending.
+MAX_HEADER_BYTES = 4 * 1024 * 1024
 
 
 class DrainingServer(uvicorn.Server):
@@ -97,7 +102,8 @@ def serve(settings: ServerConfig, engine_kwargs: dict, log_level: str) -> int:
     host, port = settings.listen.host, settings.listen.port
     config = uvicorn.Config(build_app(client, settings, metrics, batches), host=host, port=port,
                             log_level=log_level.lower(), access_log=log_level in ("DEBUG", "INFO"), lifespan="off",
-                            timeout_graceful_shutdown=_FLUSH_S)
+                            timeout_graceful_shutdown=_FLUSH_S,
+                            h11_max_incomplete_event_size=MAX_HEADER_BYTES)
     server = DrainingServer(config, client, settings.shutdown_timeout)
     gpu = GpuSampler(metrics)
     if engine_kwargs.get("device") != "cpu":
