@@ -200,18 +200,24 @@ def test_a_lane_queue_cap_refuses_that_lane_only():
             async with httpx.AsyncClient(base_url=s.url, headers=s.headers, timeout=120,
                                          limits=httpx.Limits(max_connections=None)) as http:
                 blocker = await hold_the_slot(http)  # keeps the others waiting
+                tasks = [asyncio.create_task(one(http, lane, i)) for i in range(6) for lane in ("batch", "interactive")]
                 try:
-                    return await asyncio.gather(*(one(http, lane, i) for i in range(6)
-                                                  for lane in ("batch", "interactive")))
+                    # 2 batch + 6 interactive queue behind the blocker; the other 4 batch are refused.
+                    await wait_for_metric(s, "expresslane:num_requests_waiting", 8)
+                    deadline = time.monotonic() + 60  # a hang guard, not a figure
+                    while sum(t.done() for t in tasks[0::2]) < 4:
+                        assert time.monotonic() < deadline, "the refusals never came back"
+                        await asyncio.sleep(0.02)
                 finally:
-                    blocker.cancel()
+                    blocker.cancel()  # not before: the queue must stay full until every request is in
+                return await asyncio.gather(*tasks)
 
         responses = asyncio.run(main())
         batch = [r for i, r in enumerate(responses) if i % 2 == 0]
         interactive = [r for i, r in enumerate(responses) if i % 2 == 1]
         assert all(r.status_code == 200 for r in interactive)
         refused = [r for r in batch if r.status_code == 503]
-        assert refused and sum(r.status_code == 200 for r in batch) >= 2
+        assert len(refused) == 4 and sum(r.status_code == 200 for r in batch) == 2
         assert all(r.json()["error"]["code"] == "lane_queue_full" for r in refused)
     finally:
         s.stop()
