@@ -203,7 +203,7 @@ def check_tiles(p_tiles, d_tiles, sizes, dev, dtype, out) -> dict:
             if not err < TOL:
                 wrong(f"prefill tile {name(tile)}, {q_len} tokens after {ctx - q_len}", err)
         for lib in ("flash", "cudnn"):
-            fn, how, error = sdpa(lib, q, *kvs[0], q_len, ctx)
+            fn, how, error = sdpa(lib, q, *kvs[0], q_len, ctx, pages=(kv, meta.block_tables[0]))
             err = None if fn is None else rel_err(fn().squeeze(0).transpose(0, 1), ref)
             lib_ok[lib, kind] = err is not None and err < TOL
             emit(out, bench="attn_check", kind=kind, impl=f"sdpa_{lib}", q_len=q_len, context=ctx, rel_err=err,
@@ -225,16 +225,17 @@ def check_tiles(p_tiles, d_tiles, sizes, dev, dtype, out) -> dict:
     return lib_ok
 
 
-def sdpa(lib: str, q, k, v, q_len: int, ctx: int):
+def sdpa(lib: str, q, k, v, q_len: int, ctx: int, pages=None):
     """(fn, how, None): fn runs torch SDPA's `lib` backend ("flash" or "cudnn") on contiguous
     [1, heads, tokens, D] tensors, GQA natively if it takes it (how="native"), else over K/V
     expanded beforehand ("expanded"); or (None, None, why not). A chunk after cached tokens
     needs the causal mask aligned to the bottom right: flash's own op does that with
-    is_causal (F.sdpa's is_causal aligns it to the top left); cuDNN is not measured there."""
+    is_causal (F.sdpa's is_causal aligns it to the top left); cuDNN has none, so it runs
+    the chunk in two calls (`split_by_lse`, from `pages`: the paged cache and the block table)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     if lib == "cudnn" and q_len != ctx:
-        return None, None, "bottom-right causal mask: not measured"
+        return split_by_lse(q, *pages, q_len, ctx)
     which = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[lib]
     qh = q.transpose(0, 1).unsqueeze(0).contiguous()
     kh, vh = (x.transpose(0, 1).unsqueeze(0).contiguous() for x in (k, v))
@@ -258,6 +259,43 @@ def sdpa(lib: str, q, k, v, q_len: int, ctx: int):
     return None, None, "; ".join(errors)
 
 
+def _attend_lse(q, k, v, causal: bool):
+    """(out, log-sum-exp [.., L, 1]) of [1, H, L, D] tensors: cuDNN's op on CUDA (GQA over
+    expanded K/V), the CPU flash op elsewhere (the --smoke check of the merge)."""
+    if q.is_cuda:
+        out, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, causal, False,
+                                                                      scale=DIM ** -0.5)[:2]
+    else:
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal,
+                                                                              scale=DIM ** -0.5)[:2]
+    return out, lse.reshape(*out.shape[:3], 1).float()
+
+
+def split_by_lse(q, kv, table, q_len: int, ctx: int):
+    """A chunk after cached keys through cuDNN, which has no bottom-right causal mask: the
+    cached keys unmasked and the chunk's own keys under the (there square) causal mask, two
+    calls merged by their log-sum-exps. Timed as an engine would run it: K/V gathered from the
+    pages and expanded to every query head inside each call. (fn, how, None), or (None,
+    None, why not)."""
+    g, p = HEADS // KV_HEADS, ctx - q_len
+    qh = q.transpose(0, 1).unsqueeze(0)
+    pages = table.long()
+
+    def fn():
+        kh, vh = (kv[j][pages].flatten(0, 1)[:ctx].repeat_interleave(g, 1).transpose(0, 1).unsqueeze(0)
+                  for j in (0, 1))
+        o1, l1 = _attend_lse(qh, kh[:, :, :p], vh[:, :, :p], False)
+        o2, l2 = _attend_lse(qh, kh[:, :, p:], vh[:, :, p:], True)
+        m = torch.maximum(l1, l2)
+        w1, w2 = (l1 - m).exp(), (l2 - m).exp()
+        return ((o1 * w1 + o2 * w2) / (w1 + w2)).to(q.dtype)
+    try:
+        fn()
+        return fn, "split, gathered + expanded K/V", None
+    except (RuntimeError, ValueError, NotImplementedError) as e:
+        return None, None, f"split: {str(e).splitlines()[0][:160]}"
+
+
 def bench_prefill(cases, tiles, lib_ok, dev, dtype, clock, out) -> list[dict]:
     rows = []
     for kind, q_len, ctx in cases:
@@ -275,7 +313,7 @@ def bench_prefill(cases, tiles, lib_ok, dev, dtype, clock, out) -> list[dict]:
 
         ref_name = ref = None  # the output of a library backend found right on the small case
         for lib in ("flash", "cudnn"):
-            fn, how, error = sdpa(lib, q, *kvs[0], q_len, ctx)
+            fn, how, error = sdpa(lib, q, *kvs[0], q_len, ctx, pages=(kv, meta.block_tables[0]))
             if fn is None:
                 emit(out, bench="attn_prefill", **case, impl=f"sdpa_{lib}", unavailable=error)
                 continue

@@ -7,27 +7,7 @@ import torch
 
 if not torch.cuda.is_available():
     # Triton kernels run in Triton's interpreter on CPU (set before triton is imported)
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-
-def _fix_triton_interpreter() -> None:
-    """Triton 3.6's interpreter turns scalars (stored as shape-(1,) arrays) into loop
-    bounds with int(), which numpy >= 2.4 refuses; take the element instead."""
-    try:
-        from triton.runtime import interpreter
-    except ImportError:
-        return
-    original = interpreter._patch_lang_tensor
-
-    def patched(tensor, scope):
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    interpreter._patch_lang_tensor = patched
-
-
-if os.environ.get("TRITON_INTERPRET") == "1":
-    _fix_triton_interpreter()
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # expresslane.triton_setup fixes the interpreter
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests/models.py
 

@@ -21,10 +21,8 @@ masks, then the few tiles that cross the diagonal (or a decode split's ragged en
 
 from __future__ import annotations
 
-import triton
-import triton.language as tl
-
 from expresslane.quant.kernels import _quantize_e4m3
+from expresslane.triton_setup import tl, triton
 
 
 @triton.jit

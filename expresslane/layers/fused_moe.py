@@ -18,10 +18,9 @@ projections, the SiLU, the product to the activation dtype).
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from expresslane.quant.int4_experts import Int4Experts
+from expresslane.triton_setup import tl, triton
 
 
 @triton.jit

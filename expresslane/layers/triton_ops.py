@@ -11,11 +11,10 @@ linear layer skips that launch. It returns an ``Fp8Activation``."""
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from expresslane.quant.fp8 import Fp8Activation
 from expresslane.quant.kernels import _quantize_e4m3
+from expresslane.triton_setup import tl, triton
 
 FP8_ROWS = 64  # SiLU-and-mul quantizes its output for up to this many rows (one program per row)
 FP8_WIDTH = 16384  # ... of up to this many outputs (a row in registers, as per_token_quant_fp8's one pass)

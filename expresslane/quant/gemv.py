@@ -29,10 +29,10 @@ from __future__ import annotations
 import os
 
 import torch
-import triton
-import triton.language as tl
 
 from expresslane.device import arrival_counters
+from expresslane.triton_setup import tl, triton
+
 
 @triton.jit
 def _arrive(part_ptr, count_ptr, acc, pid_n, pid_k, M, N, rm, rn, m_ok, n_ok, SPLIT):

@@ -25,8 +25,8 @@ tile loop), unless the kernel that produced the input quantized it already
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
+
+from expresslane.triton_setup import tl, triton
 
 # 448.0 = largest finite e4m3 and 1e-12 = the scale floor, as in fp8.py (FP8_MAX, SCALE_EPS)
 
