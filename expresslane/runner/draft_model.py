@@ -72,16 +72,9 @@ class DraftModel:
             self.decode_graphs.capture(pool)
             self.mixed_graphs.capture(pool)
 
-    def _last_logits(self, runner, step: StepInputs, patch: Patch | None) -> torch.Tensor:
-        """Logits at each seq's last token of `step`, [num_seqs, vocab]: a graph when one fits."""
-        n, b = step.num_tokens, len(step.seqs)
-        if self.decode_graphs is not None and self.decode_graphs.fits(n, b):
-            return self.decode_graphs.run(step, patch)
-        if self.mixed_graphs is not None and self.mixed_graphs.fits(n, b):
-            return self.mixed_graphs.run(step, patch)
-        input_ids, positions, meta = runner._prepare(step, patch, self.backend)
-        hidden = self.model(input_ids, positions, meta)
-        return self.model.compute_logits(hidden[to_device(step.query_start_loc[1:] - 1, torch.int64, self.device)])
+    def _forward(self, runner, step: StepInputs, patch: Patch | None) -> torch.Tensor:
+        """Logits at each seq's last token of `step`, [num_seqs, vocab], through the draft's own graphs."""
+        return runner.forward_logits(self.model, self.backend, self.decode_graphs, self.mixed_graphs, step, patch)
 
     def kv_block_bytes(self, block_size: int, kv_dtype: torch.dtype) -> int:
         attn = self.model.layers[0].self_attn
@@ -106,7 +99,7 @@ class DraftModel:
         order = sorted(range(len(first)), key=lambda i: len(first[i].token_ids) != 1)  # decodes first
         step = runner.batch._gather([first[i] for i in order])
         where = {orig: new for new, orig in enumerate(order)}
-        logits = self._last_logits(runner, step, None)[to_device([where[i] for i in range(len(seqs))], torch.int64,
+        logits = self._forward(runner, step, None)[to_device([where[i] for i in range(len(seqs))], torch.int64,
                                                                  self.device)]
         tokens = torch.zeros(len(spec), width, dtype=torch.int64, device=self.device)
         probs = None if all(p.greedy for p in params) else \
@@ -119,7 +112,7 @@ class DraftModel:
                 patch = Patch(np.arange(len(live)), live, tokens[:, j - 1])
                 rows = np.full(len(spec), 0, dtype=np.int64)  # (seqs done proposing: any row, unused)
                 rows[live] = np.arange(len(live))
-                logits = self._last_logits(runner, step, patch)[to_device(rows, torch.int64, self.device)]
+                logits = self._forward(runner, step, patch)[to_device(rows, torch.int64, self.device)]
             tokens[:, j], q = _choose(logits, params, generator)
             if probs is not None:
                 probs[:, j] = q

@@ -268,24 +268,29 @@ class ModelRunner:
 
     def _logits(self, inputs: StepInputs) -> torch.Tensor | None:
         """Run the model; logits of the seqs that sample (None if none does)."""
-        patch = self._previous_tokens_patch(inputs)
+        logits = self.forward_logits(self.model, self.attn_backend, self.decode_graphs, self.mixed_graphs, inputs,
+                                     self._previous_tokens_patch(inputs), inputs.sampling)
+        return logits if len(inputs.sampling) else None
+
+    def forward_logits(self, model, backend, decode_graphs, mixed_graphs, inputs: StepInputs, patch: Patch | None,
+                       seqs: np.ndarray | None = None) -> torch.Tensor:
+        """One forward of `model` (the target, or the draft with its own graphs) over the step:
+        the decode or mixed graph when one fits, else eager. Logits at the last token of the
+        step's seqs `seqs` (ascending; None: every seq), [len(seqs), vocab]."""
         num_tokens, num_seqs = inputs.num_tokens, len(inputs.seqs)
-        if self.decode_graphs is not None and self.decode_graphs.fits(num_tokens, num_seqs):
-            logits = self.decode_graphs.run(inputs, patch)
-        elif self.mixed_graphs is not None and self.mixed_graphs.fits(num_tokens, num_seqs):
-            logits = self.mixed_graphs.run(inputs, patch)
-        else:
-            input_ids, positions, meta = self._prepare(inputs, patch)
-            hidden = self.model(input_ids, positions, meta)
-            if not len(inputs.sampling):
-                return None
-            last = to_device(inputs.query_start_loc[1:][inputs.sampling] - 1, torch.int64, self.device)
-            return self.model.compute_logits(hidden[last])
-        if not len(inputs.sampling):
-            return None
-        if len(inputs.sampling) == num_seqs:
+        if decode_graphs is not None and decode_graphs.fits(num_tokens, num_seqs):
+            logits = decode_graphs.run(inputs, patch)
+        elif mixed_graphs is not None and mixed_graphs.fits(num_tokens, num_seqs):
+            logits = mixed_graphs.run(inputs, patch)
+        else:  # eager: the logits of those rows only
+            input_ids, positions, meta = self._prepare(inputs, patch, backend)
+            hidden = model(input_ids, positions, meta)
+            last = inputs.query_start_loc[1:] - 1
+            return model.compute_logits(hidden[to_device(last if seqs is None else last[seqs], torch.int64,
+                                                         self.device)])
+        if seqs is None or len(seqs) == num_seqs:  # every seq, in order
             return logits
-        return logits[to_device(inputs.sampling, torch.int64, self.device)]
+        return logits[to_device(seqs, torch.int64, self.device)]
 
     def _previous_tokens_patch(self, inputs: StepInputs) -> Patch | None:
         """Input tokens sampled by the previous step are copied on the device, no host round trip."""
