@@ -34,6 +34,8 @@ import torch.nn.functional as F
 from _shared import emit
 
 from expresslane.attention.backend import AttentionMetadata
+from expresslane.attention.library_prefill import chunk_attention
+from expresslane.attention.torch_backend import gather_kv
 from expresslane.attention.triton_backend import TritonAttentionBackend
 from expresslane.attention.triton_tiles import DECODE_TILES, PREFILL_TILES, DecodeTile, PrefillTile, pick
 from expresslane.bench.floors import H200_PEAK_BANDWIDTH as PEAK_BW
@@ -235,7 +237,7 @@ def sdpa(lib: str, q, k, v, q_len: int, ctx: int, pages=None):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     if lib == "cudnn" and q_len != ctx:
-        return split_by_lse(q, *pages, q_len, ctx)
+        return split_by_lse(q, *pages, ctx)
     which = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[lib]
     qh = q.transpose(0, 1).unsqueeze(0).contiguous()
     kh, vh = (x.transpose(0, 1).unsqueeze(0).contiguous() for x in (k, v))
@@ -259,36 +261,16 @@ def sdpa(lib: str, q, k, v, q_len: int, ctx: int, pages=None):
     return None, None, "; ".join(errors)
 
 
-def _attend_lse(q, k, v, causal: bool):
-    """(out, log-sum-exp [.., L, 1]) of [1, H, L, D] tensors: cuDNN's op on CUDA (GQA over
-    expanded K/V), the CPU flash op elsewhere (the --smoke check of the merge)."""
-    if q.is_cuda:
-        out, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, causal, False,
-                                                                      scale=DIM ** -0.5)[:2]
-    else:
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal,
-                                                                              scale=DIM ** -0.5)[:2]
-    return out, lse.reshape(*out.shape[:3], 1).float()
-
-
-def split_by_lse(q, kv, table, q_len: int, ctx: int):
+def split_by_lse(q, kv, table, ctx: int):
     """A chunk after cached keys through cuDNN, which has no bottom-right causal mask: the
-    cached keys unmasked and the chunk's own keys under the (there square) causal mask, two
-    calls merged by their log-sum-exps. Timed as an engine would run it: K/V gathered from the
-    pages and expanded to every query head inside each call. (fn, how, None), or (None,
-    None, why not)."""
-    g, p = HEADS // KV_HEADS, ctx - q_len
-    qh = q.transpose(0, 1).unsqueeze(0)
-    pages = table.long()
+    engine's `library_prefill` path (two calls merged by their log-sum-exps; on CPU torch's
+    flash op stands in), timed as the engine runs it: K/V gathered from the pages and
+    expanded to every query head inside each call. (fn, how, None), or (None, None, why not)."""
+    group = HEADS // KV_HEADS
 
     def fn():
-        kh, vh = (kv[j][pages].flatten(0, 1)[:ctx].repeat_interleave(g, 1).transpose(0, 1).unsqueeze(0)
-                  for j in (0, 1))
-        o1, l1 = _attend_lse(qh, kh[:, :, :p], vh[:, :, :p], False)
-        o2, l2 = _attend_lse(qh, kh[:, :, p:], vh[:, :, p:], True)
-        m = torch.maximum(l1, l2)
-        w1, w2 = (l1 - m).exp(), (l2 - m).exp()
-        return ((o1 * w1 + o2 * w2) / (w1 + w2)).to(q.dtype)
+        k, v = (x[0].repeat_interleave(group, 1) for x in gather_kv(kv, table[None], ctx))
+        return chunk_attention(q, k, v, DIM ** -0.5).transpose(0, 1).unsqueeze(0)  # as SDPA's [1, H, L, D]
     try:
         fn()
         return fn, "split, gathered + expanded K/V", None

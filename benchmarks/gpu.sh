@@ -51,7 +51,8 @@
 #            and tile (KV TB/s); every tile checked against float32 first; the attention-tile tests (bf16)
 #            before; KERNELS_QUICK=1: fewer tiles and cases
 #   longctx: issue #18 through HTTP (llama-3-8b, `serve --max-model-len 33792`): TTFT of a 16k and a 32k
-#            prompt sent alone and the ITL of their decode, batch-1 ITL at 1k, next to vLLM's and the floors
+#            prompt sent alone and the ITL of their decode, batch-1 ITL at 1k, next to vLLM's and the floors;
+#            then TTFT 16k / 32k again with `--prefill-attention cudnn`
 #   quick = small;  full = small 8b 7b.  The GPU tests run once, first, whatever the sections
 #   (GPU_SKIP_TESTS=1 leaves them out).
 # Results: JSON lines in ${OUT:-out}/gpu-results.jsonl, logs beside them.
@@ -170,7 +171,10 @@ for section in $SECTIONS; do
         'import json, sys; c = json.load(open(sys.argv[1])); c["max_position_embeddings"] = 131072; json.dump(c, open(sys.argv[2], "w"))' \
         "$MODELS/llama-3-8b/config.json" "$L/config.json"; } || status=1
       echo "== long context through HTTP (llama-3-8b, 33k context): TTFT 16k / 32k, ITL at 1k / 16k / 32k"
-      run python3 benchmarks/long_context.py --model "$L" --dtype bfloat16 --logs "$OUT" ;;
+      run python3 benchmarks/long_context.py --model "$L" --dtype bfloat16 --logs "$OUT"
+      echo "== the same, long prefill chunks through cuDNN (--prefill-attention cudnn): TTFT 16k / 32k"
+      run python3 benchmarks/long_context.py --model "$L" --dtype bfloat16 --logs "$OUT" --lens 16384,32000 \
+        --serve-flags "--prefill-attention cudnn" ;;
     tp)
       model llama-3-8b
       echo "== tensor parallel: all-reduce choice, TP=1 vs TP=2 (llama-3-8b)"

@@ -40,7 +40,8 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     proc, url = start_server([args.model, "--dtype", args.dtype, "--max-model-len", str(args.max_model_len),
-                              *args.serve_flags.split()], os.path.join(args.logs, "serve-long-context.log"),
+                              *args.serve_flags.split()],
+                             os.path.join(args.logs, "serve-long-context" + "".join(args.serve_flags.split()) + ".log"),
                              timeout=600)
     rows = {}
     try:
@@ -51,10 +52,11 @@ def main() -> None:
             ttft = next(iter(iso["ttft_ms"].values()))
             rows[n] = {"ttft_ms": ttft, "itl_ms": iso["batch1_itl_ms"], "failed": iso["failed"]}
             emit(args.out, bench="long_context", prompt_tokens=n, output_tokens=args.output_len,
-                 repeats=args.repeats, max_model_len=args.max_model_len, **rows[n])
+                 repeats=args.repeats, max_model_len=args.max_model_len, serve_flags=args.serve_flags, **rows[n])
     finally:
         stop_server(proc)
-    print(f"\n{'prompt':>8} {'TTFT ms':>9} {'vLLM':>7} {'floor':>7} | {'ITL ms':>7} {'vLLM':>6} {'floor':>6}")
+    print(f"\nserve flags: {args.serve_flags or '(none)'}")
+    print(f"{'prompt':>8} {'TTFT ms':>9} {'vLLM':>7} {'floor':>7} | {'ITL ms':>7} {'vLLM':>6} {'floor':>6}")
     for n, r in rows.items():
         t_bar, i_bar = BARS.get(f"ttft_{n}", (None, None)), BARS.get(f"itl_{n}", (None, None))
         cell = lambda v, f: f"{v:{f}}" if v is not None else f"{'—':>{f.split('.')[0]}}"  # noqa: E731

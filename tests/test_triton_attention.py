@@ -83,6 +83,26 @@ def test_triton_matches_torch(case, dtype):
     assert torch.isfinite(out).all()
 
 
+def test_library_prefill_matches_torch(monkeypatch):
+    """prefill_attention="cudnn": the long prefill seqs (a whole prompt, chunks after cached keys)
+    through cuDNN on CUDA in bf16 (torch's CPU flash op on CPU, float32), the short ones and the
+    decodes through the Triton kernel, in one step."""
+    monkeypatch.setattr(triton_backend.TritonAttentionBackend, "LIBRARY_MIN_TOKENS", 16)
+    dtype = torch.bfloat16 if DEVICE.type == "cuda" else torch.float32
+    heads, kv_heads, dim, bs = 8, 2, 128, 16
+    seqs = [(300, 1), (7, 1), (0, 40), (100, 30), (5, 3), (400, 17)]
+    q, k, v, kv, meta, pos = make_step(seqs, heads, kv_heads, dim, bs, dtype, seed=11)
+    scale = dim ** -0.5
+    ref = run(TorchAttentionBackend(), q.float(), k.float(), v.float(), kv.float().clone(), meta, pos, scale)
+    backend = triton_backend.TritonAttentionBackend(heads, kv_heads, dim, DEVICE, kv_dtype=dtype,
+                                                    prefill_library="cudnn")
+    backend.prepare(meta)
+    assert meta.library_seqs == (2, 3, 5)
+    out = run(backend, q, k, v, kv, meta, pos, scale).float()
+    err = (out - ref).norm() / ref.norm()
+    assert err < (1e-5 if dtype == torch.float32 else 1e-2), f"relative error {err:.2e}"
+
+
 def test_every_output_element_written():
     heads, kv_heads, dim, bs, seqs = CASES[1]
     q, k, v, kv, meta, pos = make_step(seqs, heads, kv_heads, dim, bs, torch.float32, seed=9)

@@ -46,6 +46,7 @@ class AttentionMetadata:
     decode_tile: object | None = None
     prefill_tile: object | None = None
     prefill_work: torch.Tensor | None = None
+    library_seqs: tuple[int, ...] = ()  # prefill seqs a library kernel runs (eager steps only), not the work list
 
 
 class AttentionBackend(Protocol):
@@ -71,11 +72,16 @@ class AttentionBackend(Protocol):
 
 
 def get_backend(name: str, num_heads: int, num_kv_heads: int, head_dim: int,
-                device: torch.device, kv_dtype: torch.dtype = torch.bfloat16) -> AttentionBackend:
-    """`kv_dtype`: the KV cache's element type (the Triton tiles' shared memory depends on it)."""
+                device: torch.device, kv_dtype: torch.dtype = torch.bfloat16,
+                prefill_library: str = "triton") -> AttentionBackend:
+    """`kv_dtype`: the KV cache's element type (the Triton tiles' shared memory depends on it);
+    `prefill_library`: who runs long prefill chunks in the triton backend (library_prefill.py)."""
     if name == "auto":
         name = "triton" if device.type == "cuda" else "torch"
     if name == "torch":
+        if prefill_library != "triton":
+            raise ValueError(f"prefill_attention {prefill_library!r} needs the triton attention backend (the torch "
+                             "backend has one prefill path)")
         from expresslane.attention.torch_backend import TorchAttentionBackend
         return TorchAttentionBackend()
     if name == "triton":
@@ -83,5 +89,6 @@ def get_backend(name: str, num_heads: int, num_kv_heads: int, head_dim: int,
             raise ValueError("attention_backend 'triton' needs a CUDA device (on CPU only through Triton's "
                              "interpreter, TRITON_INTERPRET=1, for tests); use 'torch' or 'auto'")
         from expresslane.attention.triton_backend import TritonAttentionBackend
-        return TritonAttentionBackend(num_heads, num_kv_heads, head_dim, device, kv_dtype=kv_dtype)
+        return TritonAttentionBackend(num_heads, num_kv_heads, head_dim, device, kv_dtype=kv_dtype,
+                                      prefill_library=prefill_library)
     raise ValueError(f"unknown attention backend {name!r} (available: torch, triton)")

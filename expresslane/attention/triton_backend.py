@@ -4,7 +4,9 @@ Decode seqs run split-KV (grid: seq x KV head x split, then a reduction), with t
 number of splits and the tile fixed by the batch size alone so a captured graph replays
 with any context lengths. Prefill chunks run one program per (seq, tile of query tokens,
 KV head); `prepare` picks the step's prefill tile by its prefill tokens (triton_tiles.py)
-and builds the work list, the items with the most keys first.
+and builds the work list, the items with the most keys first. With `prefill_library`
+"cudnn", prefill seqs of at least `LIBRARY_MIN_TOKENS` query tokens run through cuDNN
+instead (library_prefill.py), in eager steps (`eager_step`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import numpy as np
 import torch
 
 from expresslane.attention.backend import AttentionMetadata
+from expresslane.attention.library_prefill import LIBRARIES, seq_attention
 from expresslane.attention.triton_kernels import paged_attention_kernel, reduce_splits_kernel, rope_store_kernel
 from expresslane.attention.triton_tiles import DECODE_TILES, PREFILL_TILES, DecodeTile, PrefillTile, Table, pick
 from expresslane.device import arrival_counters, to_device
@@ -38,10 +41,16 @@ def _smem_bytes(device: torch.device) -> int | None:
 class TritonAttentionBackend:
     supports_cuda_graphs = True
     fused_ops = True
+    LIBRARY_MIN_TOKENS = 512  # query tokens of a prefill seq that the library runs (prefill_library set)
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, device: torch.device,
                  prefill_tiles: Table | None = None, decode_tiles: Table | None = None,
-                 kv_dtype: torch.dtype = torch.bfloat16, smem_bytes: int | None = None):
+                 kv_dtype: torch.dtype = torch.bfloat16, smem_bytes: int | None = None,
+                 prefill_library: str = "triton"):
+        if prefill_library not in LIBRARIES:
+            raise ValueError(f"prefill_attention must be one of {', '.join(LIBRARIES)}, got {prefill_library!r}")
+        # the library reads the cache as it is: not an FP8 one (its scales are ours)
+        self.library = prefill_library != "triton" and kv_dtype.itemsize > 1
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.group = num_heads // num_kv_heads
         self.g_pad = _pow2(self.group)
@@ -98,18 +107,34 @@ class TritonAttentionBackend:
     def max_prefill_work(self, num_tokens: int, num_seqs: int) -> int:
         return num_tokens // self.block_q(self.prefill_tile(num_tokens)) + num_seqs
 
+    def library_seqs(self, query_start_loc, num_decodes: int) -> tuple[int, ...]:
+        """The step's prefill seqs that the library runs (none without `prefill_library`)."""
+        if not self.library:
+            return ()
+        qsl = np.asarray(query_start_loc, dtype=np.int64)
+        return tuple(int(i) + num_decodes for i in
+                     np.flatnonzero(np.diff(qsl[num_decodes:]) >= self.LIBRARY_MIN_TOKENS))
+
+    def eager_step(self, query_start_loc, num_decodes: int) -> bool:
+        """A step the CUDA graphs must not take: the library runs one of its seqs (its shapes
+        follow the seq's length)."""
+        return bool(self.library_seqs(query_start_loc, num_decodes))
+
     def prepare(self, meta: AttentionMetadata) -> None:
         """Per-step, host-side: the decode tile and split count (by batch size), the prefill
-        tile (by prefill tokens) and work list."""
+        tile (by prefill tokens) and work list, without the seqs the library runs."""
         nd = meta.num_decodes
         meta.decode_tile, meta.num_splits = self.decode_tile(nd), self.num_splits(nd)
         qsl = meta.query_start_loc_cpu
+        meta.library_seqs = self.library_seqs(qsl, nd)
+        meta.prefill_work = None
         if len(qsl) > nd + 1:
             meta.prefill_tile = self.prefill_tile(qsl[-1] - qsl[nd])
             work = self.plan_prefill(qsl, meta.seq_lens_cpu, nd, meta.prefill_tile)
-            meta.prefill_work = to_device(work, torch.int32, meta.seq_lens.device)
-        else:
-            meta.prefill_work = None
+            if meta.library_seqs:
+                work = work[~np.isin(work[:, 0], meta.library_seqs)]
+            if len(work):
+                meta.prefill_work = to_device(work, torch.int32, meta.seq_lens.device)
 
     def store(self, positions, q, k, v, rotary, kv_cache, meta: AttentionMetadata,
               kv_scales=(1.0, 1.0), qk_norm=None) -> torch.Tensor:
@@ -166,4 +191,7 @@ class TritonAttentionBackend:
                 BLOCK_Q=self.block_q(tile), BLOCK_N=tile.block_n, DECODE=False, MASK_ALL=tile.mask_all,
                 FUSED_REDUCE=False,
                 num_warps=tile.num_warps, num_stages=tile.num_stages, **common)
+        for i in meta.library_seqs:
+            out[meta.query_start_loc_cpu[i]:meta.query_start_loc_cpu[i + 1]] = seq_attention(
+                q, kv_cache, meta, i, self.group, scale)
         return out

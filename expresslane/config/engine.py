@@ -82,6 +82,9 @@ class DeviceConfig:
     attention_backend: str = _knob("auto", "attention implementation: auto = triton on CUDA, torch elsewhere",
                                    ("auto", "torch", "triton"))
     enforce_eager: bool = _knob(False, "never capture CUDA graphs")
+    prefill_attention: str = _knob(
+        "triton", "who runs prefill chunks of 512+ tokens with the triton backend: triton (our kernel) or cudnn "
+        "(torch's cuDNN attention, in eager steps; docs/performance.md, issue #18)", ("triton", "cudnn"))
 
 
 @dataclass(frozen=True, slots=True)

@@ -77,7 +77,7 @@ class ModelRunner:
         head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
         local_heads, _, local_kv_heads, _ = head_split(heads, kv_heads, self.tp)
         self.attn_backend = get_backend(config.device.attention_backend, local_heads, local_kv_heads, head_dim,
-                                        self.device, self.kv_dtype)
+                                        self.device, self.kv_dtype, config.device.prefill_attention)
         self.quant = resolve_quantization(hf_config, config.model.quantization)
         with torch.device(self.device):
             prev = torch.get_default_dtype()
@@ -253,9 +253,10 @@ class ModelRunner:
 
     def _logits_at(self, inputs: StepInputs, patch: Patch | None, rows: np.ndarray) -> torch.Tensor:
         """Logits at the step's tokens `rows`: a mixed-step graph when the step fits one, else eager."""
-        if self.mixed_graphs is not None and self.mixed_graphs.fits_rows(inputs.num_tokens, len(inputs.seqs),
-                                                                           len(rows)):
-            return self.mixed_graphs.run(inputs, patch, rows)
+        graphs = self.mixed_graphs
+        if (graphs is not None and graphs.fits_rows(inputs.num_tokens, len(inputs.seqs), len(rows))
+                and not self.attn_backend.eager_step(inputs.query_start_loc, inputs.num_decodes)):
+            return graphs.run(inputs, patch, rows)
         input_ids, positions, meta = self._prepare(inputs, patch)
         hidden = self.model(input_ids, positions, meta)
         return self.model.compute_logits(hidden[to_device(rows, torch.int64, self.device)])
@@ -280,7 +281,8 @@ class ModelRunner:
         num_tokens, num_seqs = inputs.num_tokens, len(inputs.seqs)
         if decode_graphs is not None and decode_graphs.fits(num_tokens, num_seqs):
             logits = decode_graphs.run(inputs, patch)
-        elif mixed_graphs is not None and mixed_graphs.fits(num_tokens, num_seqs):
+        elif (mixed_graphs is not None and mixed_graphs.fits(num_tokens, num_seqs)
+              and not backend.eager_step(inputs.query_start_loc, inputs.num_decodes)):
             logits = mixed_graphs.run(inputs, patch)
         else:  # eager: the logits of those rows only
             input_ids, positions, meta = self._prepare(inputs, patch, backend)
