@@ -47,6 +47,7 @@ TIERS = [
     ("expresslane.device", 0, "leaf"),
     ("expresslane.tokenizer", 0, "leaf"),
     ("expresslane.backoff", 0, "leaf"),
+    ("expresslane.triton_setup", 0, "leaf"),  # Triton for the kernel modules (the interpreter fixed)
 ]
 
 
