@@ -56,6 +56,7 @@ class TritonAttentionBackend:
         self.g_pad = _pow2(self.group)
         self.d_pad = max(16, _pow2(head_dim))
         self.decode_q = max(1, 16 // self.g_pad)  # tl.dot needs >= 16 rows; extra rows are masked
+        self.interpreted = device.type != "cuda"  # Triton's interpreter: steps time Python, not a device
         self.sms = _num_sms(device)
         self.kv_itemsize = kv_dtype.itemsize
         self.smem = _smem_bytes(device) if smem_bytes is None else smem_bytes

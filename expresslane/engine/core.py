@@ -75,10 +75,13 @@ class EngineCore:
         self.runner.build_graphs(config.model.max_model_len)
         s = config.scheduler
         cuda = self.runner.device.type == "cuda"
-        steps = calibration_steps(s.max_num_batched_tokens, s.max_num_seqs, num_blocks, bs,
-                                  config.model.max_model_len, light=not cuda)
-        self.cost_model = StepCostModel.fit(time_steps(self.runner, steps, repeats=3 if cuda else 1),
-                                            s.max_num_batched_tokens)
+        if getattr(getattr(self.runner, "attn_backend", None), "interpreted", False):
+            self.cost_model = StepCostModel.nominal(s.max_num_batched_tokens)  # no device to time
+        else:
+            steps = calibration_steps(s.max_num_batched_tokens, s.max_num_seqs, num_blocks, bs,
+                                      config.model.max_model_len, light=not cuda)
+            self.cost_model = StepCostModel.fit(time_steps(self.runner, steps, repeats=3 if cuda else 1),
+                                                s.max_num_batched_tokens)
         log.info("step cost model (%s): %s", self.runner.device, self.cost_model.describe())
         self.runner.reset_expert_tokens()  # the start-up steps above routed dummy tokens
         self._expert_copy = None  # a copy of the counters on its way to the host

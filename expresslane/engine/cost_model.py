@@ -120,6 +120,14 @@ class StepCostModel:
             *_design(model._calibration, model.knots))
         return model
 
+    @classmethod
+    def nominal(cls, max_tokens: int) -> "StepCostModel":
+        """A model by the step's shape alone, where timing says nothing of a device: Triton's
+        interpreter on CPU (tests), whose steps take seconds of Python. 1 ms a step, 10 us a
+        token, 10 ns per decode context token, 1 ns per prefill query-key pair."""
+        top = max(max_tokens, 2)
+        return cls([1, top], [1e-3 + 1e-5, 1e-3 + 1e-5 * top], k_decode=1e-8, k_prefill=1e-9)
+
     def _refit(self) -> None:
         """Refit on calibration + recent samples; keep the result only if it predicts them better."""
         self._since_fit = 0
