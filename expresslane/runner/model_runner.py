@@ -269,15 +269,15 @@ class ModelRunner:
 
     def _logits(self, inputs: StepInputs) -> torch.Tensor | None:
         """Run the model; logits of the seqs that sample (None if none does)."""
-        logits = self.forward_logits(self.model, self.attn_backend, self.decode_graphs, self.mixed_graphs, inputs,
-                                     self._previous_tokens_patch(inputs), inputs.sampling)
-        return logits if len(inputs.sampling) else None
+        return self.forward_logits(self.model, self.attn_backend, self.decode_graphs, self.mixed_graphs, inputs,
+                                   self._previous_tokens_patch(inputs), inputs.sampling)
 
     def forward_logits(self, model, backend, decode_graphs, mixed_graphs, inputs: StepInputs, patch: Patch | None,
-                       seqs: np.ndarray | None = None) -> torch.Tensor:
+                       seqs: np.ndarray | None = None) -> torch.Tensor | None:
         """One forward of `model` (the target, or the draft with its own graphs) over the step:
         the decode or mixed graph when one fits, else eager. Logits at the last token of the
-        step's seqs `seqs` (ascending; None: every seq), [len(seqs), vocab]."""
+        step's seqs `seqs` (ascending; None: every seq), [len(seqs), vocab]; None when `seqs`
+        is empty (the forward still ran: it wrote the KV cache)."""
         num_tokens, num_seqs = inputs.num_tokens, len(inputs.seqs)
         if decode_graphs is not None and decode_graphs.fits(num_tokens, num_seqs):
             logits = decode_graphs.run(inputs, patch)
@@ -287,9 +287,13 @@ class ModelRunner:
         else:  # eager: the logits of those rows only
             input_ids, positions, meta = self._prepare(inputs, patch, backend)
             hidden = model(input_ids, positions, meta)
+            if seqs is not None and not len(seqs):
+                return None
             last = inputs.query_start_loc[1:] - 1
             return model.compute_logits(hidden[to_device(last if seqs is None else last[seqs], torch.int64,
                                                          self.device)])
+        if seqs is not None and not len(seqs):
+            return None
         if seqs is None or len(seqs) == num_seqs:  # every seq, in order
             return logits
         return logits[to_device(seqs, torch.int64, self.device)]
