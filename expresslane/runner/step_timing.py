@@ -61,14 +61,13 @@ def _run(runner, step: list[tuple[int, int]], block_size: int) -> None:
 
 @torch.inference_mode()
 def time_steps(runner, steps: list[list[tuple[int, int]]], repeats: int = 1) -> list[tuple[StepShape, float]]:
-    """The fastest of `repeats` timed runs of each step; on CUDA after one untimed run (first-use
-    costs: kernel compilation, allocator growth; the CPU has none worth a run, and under Triton's
-    interpreter a run takes seconds). `get()` waits for the step's sampled tokens: the whole step."""
+    """The fastest of `repeats` timed runs of each step, after one untimed run (first-use costs:
+    kernel compilation, allocator growth). `get()` waits for the step's sampled tokens: the
+    whole step."""
     cuda = runner.device.type == "cuda"
     samples = []
     for step in steps:
-        if cuda:
-            _run(runner, step, runner.block_size)
+        _run(runner, step, runner.block_size)
         best = float("inf")
         for _ in range(repeats):
             if cuda:
