@@ -28,11 +28,11 @@ def run(tmp_path, capsys, *argv: str) -> dict:
 def test_in_process_static_batching_holds_short_prompts_for_the_long_one(tmp_path, capsys):
     # the random tiny preset: the scheduling facts below do not need the trained default's weights
     r = run(tmp_path, capsys, str(tiny_model_dir()), "--modes", "static,continuous,continuous-lanes", "--repeats", "2",
-            "--input-lens", "8,2000", "--num-short", "4", "--long-len", "600", "--device", "cpu",
-            "--max-model-len", "1024", "--disable-tqdm")
+            "--input-lens", "8,2000", "--num-short", "4", "--long-len", "400", "--device", "cpu",
+            "--max-model-len", "512", "--disable-tqdm")
     assert r["kind"] == "flat-latency" and r["target"] == "in-process"
-    assert r["input_lens"] == [8, 1024 - 4]  # capped: prompt and 4 output tokens fit the context
-    assert "capped to 1020" in r["notices"][0]
+    assert r["input_lens"] == [8, 512 - 4]  # capped: prompt and 4 output tokens fit the context
+    assert "capped to 508" in r["notices"][0]
     rows = {row["mode"]: row for row in r["rows"]}
     assert list(rows) == ["static", "continuous", "continuous-lanes"]
     for row in rows.values():
@@ -46,7 +46,7 @@ def test_in_process_static_batching_holds_short_prompts_for_the_long_one(tmp_pat
     # prefills the long prompt with the short ones: every short gets its first token in the
     # long one's step.
     assert all(abs(d) < 1e-6 for d in rows["static"]["short_first_token_vs_long_ms"])
-    # Continuous batching chunks the 600-token prompt (256-token budget, a quarter of it for a
+    # Continuous batching chunks the 400-token prompt (256-token budget, a quarter of it for a
     # long prompt while others wait): the short prompts finish first, steps ahead of it.
     for mode in ("continuous", "continuous-lanes"):
         assert all(d < 0 for d in rows[mode]["short_first_token_vs_long_ms"]), mode
