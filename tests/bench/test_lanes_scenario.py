@@ -14,7 +14,7 @@ from expresslane.bench.inprocess import MODES
 def test_lanes_scenario_script_runs_with_the_bench_mode_names(tmp_path):
     out = tmp_path / "lanes.jsonl"
     script = Path(__file__).resolve().parents[2] / "benchmarks" / "lanes_scenario.py"
-    subprocess.run([sys.executable, str(script), "--long-len", "300", "--num-batch", "2",
+    subprocess.run([sys.executable, str(script), "--long-len", "160", "--num-batch", "2",
                     "--batch-len", "32", "--batch-out", "4", "--num-short", "3", "--short-len", "8",
                     "--max-num-batched-tokens", "64", "--out", str(out)], check=True, capture_output=True,
                    timeout=300, env={**os.environ, "EXPRESSLANE_CACHE": str(tmp_path / "cache")})
