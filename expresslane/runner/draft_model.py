@@ -100,7 +100,7 @@ class DraftModel:
         step = runner.batch._gather([first[i] for i in order])
         where = {orig: new for new, orig in enumerate(order)}
         logits = self._forward(runner, step, None)[to_device([where[i] for i in range(len(seqs))], torch.int64,
-                                                                 self.device)]
+                                                             self.device)]
         tokens = torch.zeros(len(spec), width, dtype=torch.int64, device=self.device)
         probs = None if all(p.greedy for p in params) else \
             torch.zeros(len(spec), width, logits.shape[-1], device=self.device)
