@@ -167,6 +167,10 @@ class EngineClient:
 
     async def _read(self, link: EngineLink) -> str:
         while True:
+            # zmq.asyncio resolves recv at once when a message is queued, and awaiting a done
+            # future does not yield: without this, a burst of engine turns (a fast GPU stepping
+            # n=128 with logprobs) held the event loop for 160-270 ms, /health and streams with it.
+            await asyncio.sleep(0)
             try:
                 msg = await link.recv()
             except Exception as e:  # the stream is corrupt: nothing after it can be trusted

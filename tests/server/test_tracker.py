@@ -146,3 +146,41 @@ def test_top_logprobs_read_as_the_engine_dict():
     assert [top.get(t) for t in (7, 3, 2**31 - 1, 5)] == [-0.125, -1.5, -30.000000000000004, None]
     assert top.get(5, float("-inf")) == float("-inf")
     assert list(TopLogprobs({}).items()) == []
+
+
+def test_a_burst_of_engine_turns_lets_other_tasks_run_between_them(llm):
+    """zmq.asyncio hands a queued message back without suspending: the reader must yield
+    between turns itself, or a fast engine's burst holds /health and every stream."""
+    from expresslane.server.engine_client import EngineClient
+
+    class QueuedLink:  # five turns already waiting on the socket, then nothing
+        def __init__(self):
+            self.turns = [_decode(engine_turn()) for _ in range(5)]
+
+        async def recv(self):
+            if self.turns:
+                return self.turns.pop(0)
+            await asyncio.Event().wait()
+
+        def send(self, msg):
+            raise AssertionError(f"nothing to abort, got {msg!r}")
+
+    async def main():
+        client = EngineClient({}, Metrics("tiny"), AdmissionLimits(), "info")
+        client.tracker = RequestTracker(llm.tokenizer, client.admission, client.metrics)
+        order: list[str] = []
+        handle = client.tracker.handle
+        client.tracker.handle = lambda msg: (order.append("turn"), handle(msg))[1]
+
+        async def other_request():  # runs until the reader has taken every turn
+            while order.count("turn") < 5 and len(order) < 50:
+                order.append("other")
+                await asyncio.sleep(0)
+
+        reader = asyncio.create_task(client._read(QueuedLink()))
+        await other_request()
+        reader.cancel()
+        assert order.count("turn") == 5
+        assert all(order[i:i + 2] != ["turn", "turn"] for i in range(len(order) - 1)), order
+
+    asyncio.run(main())
