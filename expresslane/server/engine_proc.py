@@ -8,6 +8,7 @@ API process: only token ids cross the socket.
 
 from __future__ import annotations
 
+import gc
 import logging
 import multiprocessing
 import os
@@ -48,6 +49,11 @@ def run_engine(engine_kwargs: dict[str, Any], in_addr: str, out_addr: str, log_l
         log.exception("engine start failed")
         out.send(encode(Failed(f"{type(e).__name__}: {e}")))
         raise SystemExit(1) from e
+    # What start-up left alive (the model, torch's modules, graphs) lives as long as the process:
+    # out of the collector's reach, a full collection during serving scans only what serving made
+    # (it scanned 280k start-up objects, ~90 ms, inside a step).
+    gc.collect()
+    gc.freeze()
     out.send(encode(Ready(core.max_model_len, core.config.cache.num_kv_blocks, core.cost_model.to_dict(),
                           core.config.scheduler.max_num_batched_tokens)))
     try:
