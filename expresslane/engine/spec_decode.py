@@ -23,6 +23,7 @@ Shadow counts feed ``acceptance()`` only, not the /metrics counters.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,6 +34,11 @@ from expresslane.engine.request import Request
 
 PRIOR_ACCEPTANCE = 0.5  # per proposed token, until the engine has measured its own
 GAIN_MARGIN = 0.9  # speculate only when the model predicts at least 10% less time per token
+# The first verify steps pay first-use costs (Triton compiles the verify shapes): on the H200 the
+# first one measured ~245x its prediction, and a moving average then kept speculation off for good
+# (no verify step runs to correct it). Those are not observed, and the scale is a median.
+WARMUP_VERIFIES = 4
+VERIFY_WINDOW = 16
 
 
 def ngram_propose(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
@@ -66,7 +72,9 @@ class SpecDecoder:
         self.cost_model = cost_model
         self.counters = SpecCounters()
         self.draft_cost_ratio = 0.0  # a draft step's time over a target step's (the engine sets it)
-        self.verify_scale = 1.0  # verify steps' measured time over predicted (moving average)
+        self.verify_scale = 1.0  # verify steps' measured time over predicted (median of the last ones)
+        self._verify_ratios: deque[float] = deque(maxlen=VERIFY_WINDOW)
+        self._verifies_seen = 0
         self._shadow: tuple[Request, int, list[int]] | None = None  # (request, at token, proposal)
         self._shadow_turn = 0
         self.shadow_proposed = self.shadow_accepted = 0
@@ -94,7 +102,7 @@ class SpecDecoder:
             self._shadow = None  # finished or aborted before its tokens came
         req = decoding[self._shadow_turn % len(decoding)]
         self._shadow_turn += 1
-        k = self.max_tokens_for(req)
+        k = self._allowed(req)  # a token in flight is fine: the proposal continues the known tokens
         proposal = self.propose(req, k) if k > 0 else []
         if proposal:
             self._shadow = (req, req.num_tokens, proposal)
@@ -115,12 +123,19 @@ class SpecDecoder:
         self._shadow = None
 
     def max_tokens_for(self, req: Request) -> int:
-        """How many tokens ``req`` may propose now (0: it decodes plainly). It must be decoding
-        with its last token known (none in flight), want no logprobs, be past min_tokens, and
-        have room for the proposals and the target's own token. A seeded sampling request never
-        speculates: its tokens must not depend on the batch (which steps speculate does)."""
+        """How many tokens ``req`` may propose now (0: it decodes plainly): it must be decoding
+        with its last token known (none in flight), and `_allowed` to."""
+        if req.num_pending or req.num_computed_tokens != req.num_tokens - 1:
+            return 0
+        return self._allowed(req)
+
+    def _allowed(self, req: Request) -> int:
+        """How many tokens ``req``'s sampling and room allow it to propose: it must want no
+        logprobs, be past min_tokens, and have room for the proposals and the target's own token.
+        A seeded sampling request never speculates: its tokens must not depend on the batch
+        (which steps speculate does)."""
         sp = req.sampling_params
-        if req.num_pending or req.num_computed_tokens != req.num_tokens - 1 or sp.logprobs is not None:
+        if sp.logprobs is not None:
             return 0
         if sp.seed is not None and not sp.greedy:
             return 0
@@ -163,9 +178,12 @@ class SpecDecoder:
 
     def observe(self, measured: float, predicted: float) -> None:
         """A verify step's time (completion to completion) and the cost model's prediction for it."""
-        if predicted > 0:
-            with_draft = predicted * (1 + self.config.num_speculative_tokens * self.draft_cost_ratio)
-            self.verify_scale += 0.2 * (measured / with_draft - self.verify_scale)
+        self._verifies_seen += 1
+        if predicted <= 0 or self._verifies_seen <= WARMUP_VERIFIES:
+            return
+        with_draft = predicted * (1 + self.config.num_speculative_tokens * self.draft_cost_ratio)
+        self._verify_ratios.append(measured / with_draft)
+        self.verify_scale = float(np.median(self._verify_ratios))
 
     def record(self, proposed: int, accepted: int) -> None:
         if proposed:
