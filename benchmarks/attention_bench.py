@@ -431,12 +431,14 @@ def main() -> None:
         p_tiles, d_tiles = p_tiles[:3], d_tiles[:2]
         p_cases, d_cases = [("prompt", 96, 96), ("chunk", 32, 160)], [(1, 200), (4, 64)]
     elif args.quick:
-        p_cases, d_cases = [("prompt", 4096, 4096), ("chunk", 2048, 32768)], [(1, 32768), (64, 8192)]
+        p_cases, d_cases = [("prompt", 4096, 4096), ("chunk", 2048, 32768)], [(1, 32768), (64, 8192), (64, 1024)]
     else:
         # the engine's long-context cases first (what a run cut short still measured)
         p_cases = [("chunk", 2048, 32768), ("prompt", 32768, 32768), ("chunk", 2048, 8192)] + [
             ("prompt", n, n) for n in (16384, 4096, 512)]
-        d_cases = [(1, 32768), (64, 8192), (1, 8192)]
+        # batch 64 at 1k as well: the split count is fixed per batch size, and more splits that win
+        # at 8k cost the engine's 1k-context decode (session 6: 8 splits, +1.1 ms a step)
+        d_cases = [(1, 32768), (64, 8192), (1, 8192), (64, 1024), (256, 1024)]
     sizes = [(96, 96), (40, 96)] if args.smoke else [(1000, 1000), (300, 1000)]
     lib_ok = check_tiles(p_tiles, d_tiles, sizes, dev, dtype, args.out)
     clock = Clock(dev, args.repeats)

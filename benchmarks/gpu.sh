@@ -47,7 +47,7 @@
 #            completion and edit-style prompts: decode speed-up, acceptance, tokens equal (bf16); ~3 min
 #   kernels: issue #18: attention at long context, one layer of the 8B shape: prefill of one 512..32k-token
 #            prompt and of 2048-token chunks after 6k / 30k cached tokens for a sweep of tile shapes, vs
-#            torch SDPA flash and cuDNN (a chunk: two cuDNN calls merged) (TFLOP/s); decode at batch 1 x 8k / 32k and 64 x 8k by split count
+#            torch SDPA flash and cuDNN (a chunk: two cuDNN calls merged) (TFLOP/s); decode at batch 1 x 8k / 32k, 64 x 8k, 64 x 1k and 256 x 1k by split count
 #            and tile (KV TB/s); every tile checked against float32 first; the attention-tile tests (bf16)
 #            before; KERNELS_QUICK=1: fewer tiles and cases
 #   longctx: issue #18 through HTTP (llama-3-8b, `serve --max-model-len 33792`): TTFT of a 16k and a 32k
