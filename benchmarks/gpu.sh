@@ -26,7 +26,7 @@
 #   gemv:    decode GEMVs and quantized linears per kernel and 8B shape (bf16 / FP8 / INT4, 1..16
 #            rows, INT4 prompt paths): TB/s vs the H200 and vs bf16 cuBLAS; GEMV_SWEEP=1 adds
 #            the tile-shape and split sweep (~1 min more); decode attention over a bf16 vs an FP8
-#            KV cache (batch 64 x 8k, one layer)
+#            KV cache (batch 64 x 8k, one layer), the table's tile and a sweep of decode tiles
 #   tp:      issue #12/#13 (needs 2 GPUs): NCCL all-reduce vs symmetric-memory one-shot all-reduce
 #            at decode sizes (8B hidden size) and their share of a TP=2 decode step; batch-1 decode,
 #            TTFT 128 / 8192 and 256 x 512/256 throughput at TP=1 vs TP=2 (NCCL, CUDA graphs per

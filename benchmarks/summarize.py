@@ -133,8 +133,14 @@ def fmt_gemv(r: dict) -> str | None:
         return (f"FP8 fold {r['op']:<17} M={r['m']:<3} folded {r['folded_us']:.2f} us, separate "
                 f"{r['separate_us']:.2f} us (producer alone {r['producer_alone_us']:.2f}): saves {r['saved_us']:.2f} us")
     if b == "kv_decode_attention":
-        return (f"decode attention {r['kv_dtype']} KV, batch {r['batch']} x {r['context']}: {r['us']:.0f} us  "
-                f"{r['kv_tb_per_s']:.2f} TB/s of KV")
+        return (f"decode attention {r['kv_dtype']} KV, batch {r['batch']} x {r['context']}, {r['tile']}"
+                f"{' (table)' if r['in_table'] else ''}: {r['us']:.0f} us  {r['kv_tb_per_s']:.2f} TB/s of KV")
+    if b == "kv_decode_attention_best":
+        return (f"decode attention {r['kv_dtype']} KV: best {r['tile']} {r['us']:.0f} us ({r['pct_of_bw']:.0f}% of "
+                f"bandwidth), table {r['table_tile']} {r['table_us']:.0f} us")
+    if b == "kv_decode_attention_ratio":
+        return (f"decode attention FP8 / bf16 KV time: {r['fp8_over_bf16_table']:.3f} with the table's tiles, "
+                f"{r['fp8_over_bf16_best']:.3f} with each one's best")
     return None
 
 
