@@ -55,3 +55,14 @@ def arrival_counters(device: torch.device) -> torch.Tensor:
     if c is None:
         c = _COUNTERS[device] = torch.zeros(_MAX_COUNTERS, dtype=torch.int32, device=device)
     return c
+
+
+def kv_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zeroed KV cache. On the host, zeroed by the allocator (calloc: fresh pages are the
+    kernel's zero pages, written on first touch) rather than by a pass over it: torch.zeros
+    wrote the whole 4 GiB default budget at every CPU engine start (3 s on the 2-core machine,
+    12 s beside other jobs) and committed it, whatever the requests would use."""
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    nbytes = int(np.prod(shape)) * torch.empty((), dtype=dtype).element_size()
+    return torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(dtype).view(shape)

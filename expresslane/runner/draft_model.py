@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from expresslane.attention.backend import get_backend
-from expresslane.device import to_device
+from expresslane.device import kv_zeros, to_device
 from expresslane.distributed.group import TPGroup
 from expresslane.engine.contract import ScheduledSeq
 from expresslane.models.loader import iter_weights
@@ -84,7 +84,7 @@ class DraftModel:
         attn = self.model.layers[0].self_attn
         shape = (2, num_blocks, block_size, attn.num_kv_heads, attn.head_dim)
         for layer in self.model.layers:
-            layer.self_attn.kv_cache = torch.zeros(shape, dtype=kv_dtype, device=self.device)
+            layer.self_attn.kv_cache = kv_zeros(shape, kv_dtype, self.device)
 
     def propose(self, runner, inputs: StepInputs, spec: np.ndarray, params: list[SamplingParams],
                 generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -16,7 +16,7 @@ import torch
 
 from expresslane.attention.backend import AttentionMetadata, get_backend
 from expresslane.config import EngineConfig
-from expresslane.device import stage, to_device
+from expresslane.device import kv_zeros, stage, to_device
 from expresslane.distributed.group import TPGroup
 from expresslane.distributed.layers import head_split
 from expresslane.engine.contract import NewRequest, ScheduledSeq, StepPlan
@@ -156,7 +156,7 @@ class ModelRunner:
     def allocate_kv_cache(self, num_blocks: int) -> None:
         attn = self.model.layers[0].self_attn
         shape = (2, num_blocks, self.block_size, attn.num_kv_heads, attn.head_dim)
-        self.kv_caches = [torch.zeros(shape, dtype=self.kv_dtype, device=self.device) for _ in self.model.layers]
+        self.kv_caches = [kv_zeros(shape, self.kv_dtype, self.device) for _ in self.model.layers]
         for layer, cache in zip(self.model.layers, self.kv_caches):
             layer.self_attn.kv_cache = cache
         if self.draft is not None:
