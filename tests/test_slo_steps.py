@@ -199,6 +199,32 @@ def test_the_flags_override_the_sizing():
     assert sched.schedule().num_batched_tokens <= 64  # the largest step
 
 
+def test_a_lone_prompt_grows_its_chunks_within_a_quarter_of_the_ttft_target():
+    """Nothing decoding, nobody waiting: a lone prompt's chunk may double what it has computed,
+    in steps of at most a quarter of the interactive TTFT target (what a request arriving
+    meanwhile waits behind). Its first step stays as short as a decode's slack allows, so a
+    burst arriving right after it starts at once; a short arriving later starts in the next step."""
+    now = [0.0]
+    long = request("long", 8192, 4, 0.0)
+    late = request("late", 64, 4, 0.06)  # arrives during one of the long prompt's larger steps
+    sim = Sim(scheduler(now), now, [long, late])
+    steps = []  # (tokens computed before, chunk, predicted time) of the long prompt's steps alone
+    for plan, before in sim.run():
+        if plan is None:
+            continue
+        sizes = {s.request_id: len(s.token_ids) for s in plan.seqs}
+        if not before["decodes"] and set(sizes) == {"long"} and sizes["long"] > 1:
+            steps.append((long.num_computed_tokens - sizes["long"], sizes["long"], H200.predict(shape_of(plan))))
+    first_bound = min(TPOT, (1 + SLACK) * H200.predict(StepShape(1)))
+    assert steps[0][0] == 0 and steps[0][2] <= first_bound + 1e-12  # the first step: a decode's slack
+    first_chunk = steps[0][1]
+    assert all(n <= max(first_chunk, done) for done, n, _ in steps)  # at most doubling
+    assert all(t <= TTFT / 4 + 1e-12 for _, _, t in steps) and max(t for *_, t in steps) > 4 * first_bound  # grown
+    assert len(steps) < 8192 // first_chunk // 4  # far fewer steps than at the first chunk's size all along
+    assert sim.first_scheduled_step["late"] == sim.added_before_step["late"]  # started in the next step
+    assert "long" in sim.first_token
+
+
 def test_proposals_of_decodes_are_not_eaten_by_a_prefill_ranked_first():
     """A speculating step counts each decode's proposals in its size: a prompt still prefilling,
     with an earlier deadline (it arrived first), takes the prefill room and no more, and the
@@ -219,8 +245,10 @@ def test_proposals_of_decodes_are_not_eaten_by_a_prefill_ranked_first():
     sched.add_request(long)
     sched.add_request(short)
     assert sched.policy.deadline(long) < sched.policy.deadline(short)
-    verified = 0
+    verified, long_done_when_short_finished = 0, None
     for _ in range(40):
+        if short.is_finished and long_done_when_short_finished is None:
+            long_done_when_short_finished = long.num_computed_tokens
         plan = sched.schedule()
         sizes = {s.request_id: len(s.token_ids) for s in plan.seqs}
         if long.num_computed_tokens < long.num_prompt_tokens and sizes.get("short", 0) > 1 \
@@ -230,5 +258,5 @@ def test_proposals_of_decodes_are_not_eaten_by_a_prefill_ranked_first():
         now[0] += H200.predict(shape_of(plan))
         sched.update(plan, {s.request_id: [5] * len(s.token_ids) if s.num_spec_tokens else 5
                             for s in plan.seqs if s.sample})
-    assert long.num_computed_tokens < long.num_prompt_tokens  # still prefilling throughout
+    assert long_done_when_short_finished < long.num_prompt_tokens  # still prefilling all the short's life
     assert verified >= 3 and spec.counters.num_draft_tokens > 0

@@ -167,8 +167,10 @@ class DeadlinePolicy(SchedulingPolicy):
           a waiting interactive prompt's first chunk is counted in first, so it starts this
           step even beside a long prompt that does not step aside.
         - None: no decode pace to keep. Any number of prompts may start (a burst of short
-          prompts shares one step), but none takes more than ``room``: a lone long prompt is
-          cut into steps that a request arriving next waits little behind."""
+          prompts shares one step), but none takes more than ``room``. With nobody waiting
+          either, a lone prompt's chunk may double what it has computed, in steps of at most a
+          quarter of the interactive TTFT target: a burst right behind it meets a short first
+          step, and a request arriving later waits one bounded step."""
         slo = self.lanes["interactive"]
         decodes, start, pace = [], 0, False
         for r in running:
@@ -187,6 +189,9 @@ class DeadlinePolicy(SchedulingPolicy):
         limit = top - base.num_tokens
         room = max(min(MIN_CHUNK, limit), self.cost_model.max_chunk(base, start, limit, target), 1)
         if not pace:  # no decode pace to keep: a burst of prompts may share the step, none past `room`
+            if head is None:  # nor anyone waiting: a lone prompt's chunk may double what it has computed,
+                # in steps a request arriving meanwhile waits behind for at most a quarter of its TTFT target
+                room = max(room, min(start, self.cost_model.max_chunk(base, start, limit, slo.ttft / 4)))
             return top, room
         if head is None or head.lane != "interactive":
             return min(top, base.num_tokens + room), room
