@@ -34,9 +34,9 @@ from expresslane.engine.request import Request
 
 PRIOR_ACCEPTANCE = 0.5  # per proposed token, until the engine has measured its own
 GAIN_MARGIN = 0.9  # speculate only when the model predicts at least 10% less time per token
-# The first verify steps pay first-use costs (Triton compiles the verify shapes): on the H200 the
-# first one measured ~245x its prediction, and a moving average then kept speculation off for good
-# (no verify step runs to correct it). Those are not observed, and the scale is a median.
+# The first verify steps pay first-use costs (the verify shapes' first kernels): on the H200 one
+# measured ~245x its prediction, and a moving average then kept speculation off for good (no
+# verify step ran to correct it). Those are not observed, and the scale is a median.
 WARMUP_VERIFIES = 4
 VERIFY_WINDOW = 16
 
