@@ -29,12 +29,29 @@ if TYPE_CHECKING:  # imported by run_engine, in the engine process: the API proc
 log = logging.getLogger(__name__)
 
 
+def engine_threads(environ: dict[str, str], cores: int) -> int | None:
+    """Torch's CPU threads for the engine process: every core it may use but one, which the API
+    process needs (tokenizing, streaming); None when the user set OMP_NUM_THREADS. On the 2-core
+    machine, torch's default of 2 threads spun against the API process: a lone stream's
+    inter-token gap 11.2 ms against 5.1 ms with one thread, 8 streams 13.9 against 11.3 ms."""
+    if "OMP_NUM_THREADS" in environ:
+        return None
+    return max(1, cores - 1)
+
+
 def run_engine(engine_kwargs: dict[str, Any], in_addr: str, out_addr: str, log_level: str,
                profile_dir: str | None = None) -> None:
     """Process entry point (multiprocessing spawn target)."""
+    import torch
+
     from expresslane.engine.core import EngineCore
 
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s engine %(name)s: %(message)s")
+    threads = engine_threads(os.environ, len(os.sched_getaffinity(0)))
+    if threads is not None:
+        torch.set_num_threads(threads)
+    log.info("torch CPU threads: %d (%s)", torch.get_num_threads(),
+             "OMP_NUM_THREADS" if threads is None else "the cores this process may use, one left to the API process")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the API process decides
     ctx = zmq.Context()
     inp = ctx.socket(zmq.PULL)

@@ -17,3 +17,10 @@ def test_the_api_process_has_no_torch_after_serving(server, openai_client):
     assert not api, sorted(api)[:5]
     engine = Path(f"/proc/{server.engine_pid()}/maps").read_text()
     assert "/torch/" in engine  # the check sees torch where it is
+
+
+def test_the_engine_leaves_a_core_to_the_api_process_unless_told():
+    from expresslane.server.engine_proc import engine_threads
+
+    assert engine_threads({}, 2) == 1 and engine_threads({}, 16) == 15 and engine_threads({}, 1) == 1
+    assert engine_threads({"OMP_NUM_THREADS": "2"}, 2) is None  # the user's setting stands
