@@ -47,7 +47,8 @@ def run_engine(engine_kwargs: dict[str, Any], in_addr: str, out_addr: str, log_l
     from expresslane.engine.core import EngineCore
 
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s engine %(name)s: %(message)s")
-    threads = engine_threads(os.environ, len(os.sched_getaffinity(0)))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)  # not macOS
+    threads = engine_threads(os.environ, cores)
     if threads is not None:
         torch.set_num_threads(threads)
     log.info("torch CPU threads: %d (%s)", torch.get_num_threads(),
