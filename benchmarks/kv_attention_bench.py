@@ -1,7 +1,8 @@
 """Decode attention over a bf16 vs an FP8 KV cache (the Triton kernels), one layer of the
 Llama-3-8B shape (32 query heads, 8 KV heads, head dim 128, pages of 16) at batch 64 and
-8k context: us per call (split kernel + reduction, from a CUDA graph of 10 calls) and the
-KV bytes read per second, for the tile the table picks and a sweep of decode tiles.
+8k context: us per call (split kernel + reduction, timed in CUDA graphs by attention_bench's
+`Clock`) and the KV bytes read per second, for the tile the table picks and a sweep of
+decode tiles.
 
 Why the sweep: the FP8 cache reads half the bytes yet ran 6% slower than bf16 (SASS shows
 its 8-bit operands read from shared memory a byte at a time, `LDS.U8`, where the K/V
@@ -21,14 +22,12 @@ import sys
 
 import torch
 from _shared import emit
+from attention_bench import DIM, HEADS, KV_HEADS, PAGE, TOL, Clock, name, only, rel_err
 
 from expresslane.attention.backend import AttentionMetadata
 from expresslane.attention.triton_backend import TritonAttentionBackend
 from expresslane.attention.triton_tiles import DECODE_TILES, DecodeTile, pick
 from expresslane.bench.floors import H200_PEAK_BANDWIDTH as PEAK_BW
-
-HEADS, KV_HEADS, DIM, PAGE = 32, 8, 128, 16
-TOL = 2e-2  # the same quantized cache: tiles differ only in the order they sum in float32
 
 
 def tiles(batch: int, smoke: bool) -> list[DecodeTile]:
@@ -42,33 +41,6 @@ def tiles(batch: int, smoke: bool) -> list[DecodeTile]:
     sweep = [DecodeTile(max_splits=ms, waves=w, num_stages=st, **shape)
              for ms, w in ((table.max_splits, table.waves), (64, 4)) for st in (1, 2, 3) for shape in shapes]
     return list(dict.fromkeys([table] + sweep))
-
-
-def name(tile: DecodeTile) -> str:
-    return f"max{tile.max_splits}x{tile.waves}-n{tile.block_n}-w{tile.num_warps}-s{tile.num_stages}"
-
-
-def per_call_us(call, dev: torch.device) -> float:
-    """A CUDA graph of 10 calls replayed 5 times (on CPU: 3 calls, wall time)."""
-    if dev.type != "cuda":
-        import time
-        t0 = time.perf_counter()
-        for _ in range(3):
-            call()
-        return (time.perf_counter() - t0) / 3 * 1e6
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(10):
-            call()
-    g.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(5):
-        g.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / 50
 
 
 def main() -> None:
@@ -91,6 +63,7 @@ def main() -> None:
         query_start_loc=torch.arange(b + 1, dtype=torch.int32, device=dev), num_decodes=b, seq_lens_cpu=lens,
         query_start_loc_cpu=list(range(b + 1)), max_decode_seq_len=ctx)
     q = torch.randn(b, HEADS, DIM, device=dev, dtype=torch.bfloat16)
+    clock = Clock(dev, repeats=5)
     measured: dict[str, list[dict]] = {}
     wrong = []
     for kv_name, dtype, scales in (("bf16", torch.bfloat16, (1.0, 1.0)), ("fp8", torch.float8_e4m3fn, (0.05, 0.05))):
@@ -98,18 +71,18 @@ def main() -> None:
         read = b * ctx * KV_HEADS * DIM * 2 * kv.element_size()
         ref, rows = None, measured.setdefault(kv_name, [])
         for i, tile in enumerate(tiles(b, args.smoke)):
-            backend = TritonAttentionBackend(HEADS, KV_HEADS, DIM, dev, decode_tiles={DIM: ((1, tile),)})
+            backend = TritonAttentionBackend(HEADS, KV_HEADS, DIM, dev, decode_tiles=only(tile))
             backend.prepare(meta)
             call = lambda backend=backend: backend.attend(q, kv, meta, DIM ** -0.5, scales)  # noqa: E731
-            got = call().float()
+            got = call()
             if ref is None:
                 ref, err = got, 0.0
             else:
-                err = ((got - ref).norm() / ref.norm()).item()
+                err = rel_err(got, ref)
                 if not err < TOL:
                     wrong.append(f"{kv_name} {name(tile)}: rel err {err:.1e} against the table tile")
                     continue
-            us = per_call_us(call, dev)
+            us = clock(call, graph=True) * 1e3
             rows.append(dict(bench="kv_decode_attention", kv_dtype=kv_name, batch=b, context=ctx, tile=name(tile),
                              in_table=i == 0, splits=meta.num_splits, us=round(us, 1), kv_gb=round(read / 1e9, 3),
                              kv_tb_per_s=round(read / us / 1e6, 3),
