@@ -64,5 +64,5 @@ def kv_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -
     12 s beside other jobs) and committed it, whatever the requests would use."""
     if device.type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
-    nbytes = int(np.prod(shape)) * torch.empty((), dtype=dtype).element_size()
+    nbytes = int(np.prod(shape)) * dtype.itemsize
     return torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(dtype).view(shape)
