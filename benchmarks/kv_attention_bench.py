@@ -4,12 +4,12 @@ Llama-3-8B shape (32 query heads, 8 KV heads, head dim 128, pages of 16) at batc
 `Clock`) and the KV bytes read per second, for the tile the table picks and a sweep of
 decode tiles.
 
-Why the sweep: the FP8 cache reads half the bytes yet ran 6% slower than bf16 (SASS shows
-its 8-bit operands read from shared memory a byte at a time, `LDS.U8`, where the K/V
-pipeline stages them). With `num_stages=1` the tile is loaded into registers and converted
-there, before it reaches shared memory as 16-bit values; whether that wins, and with which
-key tile, is what this measures. Every tile's output is checked against the table tile's
-(same cache) before it is timed.
+Why the sweep: the FP8 cache reads half the bytes yet ran 6% slower than bf16 with the bf16
+tile (SASS shows its 8-bit operands read from shared memory a byte at a time, `LDS.U8`).
+Fewer pipeline stages did not fix that (2026-12-02: 505-729 us at 1 stage); 128-key tiles
+over 8 warps at 2 stages did (472 against 544 us), and are now the FP8 table's tile from
+batch 32 (triton_tiles.FP8_DECODE_TILES). Every tile's output is checked against the table
+tile's (same cache) before it is timed.
 
     python benchmarks/kv_attention_bench.py [--out results.jsonl] [--batch 64] [--context 8144]
     TRITON_INTERPRET=1 python benchmarks/kv_attention_bench.py --smoke   # tiny shapes on CPU
@@ -26,15 +26,15 @@ from attention_bench import DIM, HEADS, KV_HEADS, PAGE, TOL, Clock, name, only, 
 
 from expresslane.attention.backend import AttentionMetadata
 from expresslane.attention.triton_backend import TritonAttentionBackend
-from expresslane.attention.triton_tiles import DECODE_TILES, DecodeTile, pick
+from expresslane.attention.triton_tiles import DECODE_TILES, FP8_DECODE_TILES, DecodeTile, pick
 from expresslane.bench.floors import H200_PEAK_BANDWIDTH as PEAK_BW
 
 
-def tiles(batch: int, smoke: bool) -> list[DecodeTile]:
-    """The table's tile first, then key tiles x pipeline stages, at the table's splits and at
-    up to 64 splits over 4 waves (2 splits at batch 64 on an H200: the bf16 winner of
-    `attention_bench`)."""
-    table = pick(DECODE_TILES, DIM, batch, DecodeTile())
+def tiles(batch: int, smoke: bool, fp8: bool) -> list[DecodeTile]:
+    """The table's tile (of this cache's dtype) first, then key tiles x pipeline stages, at the
+    table's splits and at up to 64 splits over 4 waves (2 splits at batch 64 on an H200: the bf16
+    winner of `attention_bench`)."""
+    table = pick(FP8_DECODE_TILES if fp8 else DECODE_TILES, DIM, batch, DecodeTile())
     if smoke:
         return [table, DecodeTile(num_stages=1, block_n=16)]
     shapes = [dict(block_n=32), dict(block_n=64), dict(block_n=128, num_warps=8)]
@@ -70,7 +70,7 @@ def main() -> None:
         kv = torch.randn(2, b * per_seq, PAGE, KV_HEADS, DIM, device=dev, dtype=torch.bfloat16).to(dtype)
         read = b * ctx * KV_HEADS * DIM * 2 * kv.element_size()
         ref, rows = None, measured.setdefault(kv_name, [])
-        for i, tile in enumerate(tiles(b, args.smoke)):
+        for i, tile in enumerate(tiles(b, args.smoke, dtype.itemsize == 1)):
             backend = TritonAttentionBackend(HEADS, KV_HEADS, DIM, dev, decode_tiles=only(tile))
             backend.prepare(meta)
             call = lambda backend=backend: backend.attend(q, kv, meta, DIM ** -0.5, scales)  # noqa: E731

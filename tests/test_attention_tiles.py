@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from expresslane.attention.torch_backend import TorchAttentionBackend
-from expresslane.attention.triton_tiles import DECODE_TILES, PREFILL_TILES, DecodeTile, PrefillTile, pick
+from expresslane.attention.triton_tiles import (DECODE_TILES, FP8_DECODE_TILES, PREFILL_TILES, DecodeTile, PrefillTile,
+                                               pick)
 from expresslane.layers.rotary import RotaryEmbedding
 from test_triton_attention import DEVICE, make_step
 
@@ -18,7 +19,8 @@ PREFILL = sorted({tile for entries in PREFILL_TILES.values() for _, tile in entr
     PrefillTile(rows=128, block_n=128, num_warps=8, num_stages=2), PrefillTile(rows=256, block_n=32, num_warps=8),
     PrefillTile(rows=16, block_n=32),
     PrefillTile(mask_all=True)}, key=repr)
-DECODE = sorted({tile for entries in DECODE_TILES.values() for _, tile in entries} | {
+FP8_DECODE = sorted({tile for entries in FP8_DECODE_TILES.values() for _, tile in entries}, key=repr)
+DECODE = sorted({tile for entries in DECODE_TILES.values() for _, tile in entries} | set(FP8_DECODE) | {
     DecodeTile(max_splits=3, waves=64), DecodeTile(max_splits=24, waves=64, block_n=16),
     DecodeTile(block_n=32, mask_all=True), DecodeTile(fused_reduce=True),
     DecodeTile(max_splits=24, waves=64, block_n=16, fused_reduce=True)}, key=repr)
@@ -86,6 +88,20 @@ def test_every_decode_tile_matches_torch(tile, shape):
     if tile.fused_reduce:  # the last split of each (seq, KV head) combined them and reset its counter
         from expresslane.device import arrival_counters
         assert int(arrival_counters(torch.device(DEVICE)).abs().sum()) == 0
+
+
+@pytest.mark.parametrize("tile", FP8_DECODE, ids=repr)
+def test_every_decode_tile_of_the_fp8_table_over_an_fp8_cache(tile):
+    backend = triton_backend.TritonAttentionBackend(8, 2, 128, DEVICE, decode_tiles=only(tile),
+                                                    kv_dtype=torch.float8_e4m3fn)
+    check(backend, 8, 2, 128, DECODE_STEP, torch.float32, seed=5, kv_scales=(0.5, 3.0))
+
+
+def test_an_fp8_cache_takes_its_own_decode_table():
+    fp8_backend = triton_backend.TritonAttentionBackend(32, 8, 128, DEVICE, kv_dtype=torch.float8_e4m3fn)
+    bf16_backend = triton_backend.TritonAttentionBackend(32, 8, 128, DEVICE, kv_dtype=torch.bfloat16)
+    assert fp8_backend.decode_tile(64) == pick(FP8_DECODE_TILES, 128, 64, None) != bf16_backend.decode_tile(64)
+    assert fp8_backend.decode_tile(1) == bf16_backend.decode_tile(1)
 
 
 def test_tables_pick_by_key_and_head_dim():

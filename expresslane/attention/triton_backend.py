@@ -17,7 +17,7 @@ import torch
 from expresslane.attention.backend import AttentionMetadata
 from expresslane.attention.library_prefill import LIBRARIES, seq_attention
 from expresslane.attention.triton_kernels import paged_attention_kernel, reduce_splits_kernel, rope_store_kernel
-from expresslane.attention.triton_tiles import DECODE_TILES, PREFILL_TILES, DecodeTile, PrefillTile, Table, pick
+from expresslane.attention.triton_tiles import DECODE_TILES, FP8_DECODE_TILES, PREFILL_TILES, DecodeTile, PrefillTile, Table, pick
 from expresslane.device import arrival_counters, to_device
 
 
@@ -63,7 +63,9 @@ class TritonAttentionBackend:
         self.counters = arrival_counters(device)  # one per (seq, KV head) when decode splits combine themselves
         # tile tables (triton_tiles.py); a benchmark passes its own to sweep shapes
         self.prefill_tiles = PREFILL_TILES if prefill_tiles is None else prefill_tiles
-        self.decode_tiles = DECODE_TILES if decode_tiles is None else decode_tiles
+        if decode_tiles is None:
+            decode_tiles = FP8_DECODE_TILES if self.kv_itemsize == 1 else DECODE_TILES
+        self.decode_tiles = decode_tiles
 
     def prefill_tile(self, num_tokens: int) -> PrefillTile:
         """The tile of a step with `num_tokens` prefill tokens (a mixed graph: its bucket size); the

@@ -71,6 +71,12 @@ PREFILL_TILES: Table = {64: ((0, _P), (1024, _P), (4096, _P), (16384, _P)),
                         128: ((0, _P), (1024, _P_LONG), (4096, _P_LONG), (16384, _P_LONG))}
 DECODE_TILES: Table = {64: ((1, _D), (2, _D), (32, _D)),
                        128: ((1, DecodeTile(max_splits=64, waves=4)), (2, _D), (32, _D))}
+# An FP8 cache (H200, 2026-12-02, `gpu.sh gemv`: kv_attention_bench, batch 64 x 8k, head dim 128):
+# 128-key tiles over 8 warps, 2 stages, 472 us against 544 for the bf16 table's tile (which stays
+# best for bf16: 496-510 us); fewer stages (the idea that the 8-bit operands' byte-wide shared-memory
+# reads were the cost) did not win: 505-729 us at 1 stage. Other batch sizes keep the bf16 tiles.
+FP8_DECODE_TILES: Table = {64: DECODE_TILES[64],
+                           128: DECODE_TILES[128][:2] + ((32, DecodeTile(block_n=128, num_warps=8, num_stages=2)),)}
 
 
 def pick(table: Table, d_pad: int, key: int, default):
