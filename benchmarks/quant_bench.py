@@ -37,6 +37,10 @@ from expresslane.bench.floors import decode_weight_bytes
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # models.py, quant_models.py
 
 
+ENGINES = ("bf16", "fp8", "awq", "bf16-weights-fp8-kv")
+MEASURES = ("decode", "ttft", "throughput", "long", "accuracy")
+
+
 def prompts_of(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
     rng = random.Random(seed)
     return [[rng.randrange(min(vocab, 30000)) for _ in range(length)] for _ in range(n)]
@@ -82,8 +86,7 @@ def measure_fp8_peak(out) -> float:
 def run_engine(args, name: str, out, fp8_peak: float, texts, ref_logits, **engine_kwargs):
     """Every measurement that applies to one engine configuration; returns (texts, its logits on
     them): the first engine (bf16, no `texts`) writes the texts itself."""
-    from expresslane import LLM, SamplingParams
-    from expresslane.quant.accuracy import compare, sequence_logits
+    from expresslane import LLM
 
     t0 = time.perf_counter()
     llm = LLM(engine_kwargs.pop("model"), max_num_seqs=256, max_num_batched_tokens=8192,
@@ -98,12 +101,14 @@ def run_engine(args, name: str, out, fp8_peak: float, texts, ref_logits, **engin
          kv_dtype=str(runner.kv_dtype).removeprefix("torch."), cuda_graphs=runner.decode_graphs is not None)
     llm.generate([{"prompt_token_ids": p} for p in prompts_of(4, 64, vocab, 0)], greedy(8), use_tqdm=False)
 
-    if name != "bf16-weights-fp8-kv":
+    want = args.measures
+    if name != "bf16-weights-fp8-kv" and "decode" in want:
         [o] = llm.generate([{"prompt_token_ids": prompts_of(1, 128, vocab, 1)[0]}], greedy(257), use_tqdm=False)
         per_tok = (o.metrics.finished_time - o.metrics.first_token_time) / 256
         floor_ms = wbytes / PEAK_BW * 1e3
         emit(out, **common, bench="quant_decode_batch1", tokens_per_s=1 / per_tok, ms_per_token=per_tok * 1e3,
              floor_ms=floor_ms, floor_tokens_per_s=1e3 / floor_ms, pct_of_floor=100 * floor_ms / (per_tok * 1e3))
+    if name != "bf16-weights-fp8-kv" and "ttft" in want:
         for n, reps in ((128, 5), (min(args.long_prompt, core.max_model_len - 2), 2)):
             ttfts = []
             for rep in range(reps):
@@ -115,7 +120,7 @@ def run_engine(args, name: str, out, fp8_peak: float, texts, ref_logits, **engin
             emit(out, **common, bench="quant_ttft", prompt_len=n, ttft_ms=ttft * 1e3, prefill_tflops=tflops,
                  pct_of_fp8_peak=100 * tflops / fp8_peak, pct_of_bf16_peak=100 * tflops * 1e12 / PEAK_FLOPS)
 
-    if name in ("bf16", "fp8"):
+    if name in ("bf16", "fp8") and "throughput" in want:
         ps = prompts_of(args.tput_prompts, args.tput_input, vocab, 7)
         t0 = time.perf_counter()
         llm.generate([{"prompt_token_ids": p} for p in ps], greedy(args.tput_output), use_tqdm=False)
@@ -123,7 +128,7 @@ def run_engine(args, name: str, out, fp8_peak: float, texts, ref_logits, **engin
         emit(out, **common, bench="quant_throughput", prompts=len(ps), input_len=args.tput_input,
              output_len=args.tput_output, output_tokens_per_s=len(ps) * args.tput_output / wall, wall_s=wall)
 
-    if name in ("bf16", "bf16-weights-fp8-kv") and args.long_batch:
+    if name in ("bf16", "bf16-weights-fp8-kv") and "long" in want and args.long_batch:
         eng, batch, ctx = llm.engine, args.long_batch, min(args.long_context, core.max_model_len) - 48
         for i, p in enumerate(prompts_of(batch, ctx, vocab, 11)):
             eng.add_request(f"long-{i}", {"prompt_token_ids": p}, greedy(40))
@@ -133,18 +138,35 @@ def run_engine(args, name: str, out, fp8_peak: float, texts, ref_logits, **engin
         for _ in range(3):
             eng.step()
         sync()
-        steps, t0 = 16, time.perf_counter()
+        steps, seqs, t0 = 16, [], time.perf_counter()
         for _ in range(steps):
             eng.step()
+            seqs.append(core.stats().batch_size)
         sync()
         wall = time.perf_counter() - t0
         while eng.has_unfinished():
             eng.step()
         emit(out, **common, bench="quant_long_decode", batch=batch, context=ctx, step_ms=wall / steps * 1e3,
-             tokens_per_s=batch * steps / wall)
+             tokens_per_s=sum(seqs) / wall, seqs_per_step=statistics.fmean(seqs))
 
     # accuracy last: sequence_logits overwrites KV blocks 0.. (this engine is done with them)
-    if texts is None:  # texts the bf16 model writes itself: temperature 1 from random 16-token prompts
+    logits = None
+    if "accuracy" in want:
+        texts, logits = accuracy(llm, common, out, args, texts, ref_logits)
+    del llm, core, runner
+    gc.collect()
+    torch.cuda.empty_cache()
+    return texts, logits
+
+
+def accuracy(llm, common: dict, out, args, texts, ref_logits):
+    """Teacher-forced logits on `texts` (written by this engine when None, temperature 1 from random
+    16-token prompts) and, against `ref_logits`, top-1 agreement, KL and perplexity difference."""
+    from expresslane import SamplingParams
+    from expresslane.quant.accuracy import compare, sequence_logits
+
+    vocab = llm.engine.core.hf_config.vocab_size
+    if texts is None:
         ps = prompts_of(args.texts, 16, vocab, 5)
         outs = llm.generate([{"prompt_token_ids": p} for p in ps],
                             [SamplingParams(temperature=1.0, max_tokens=args.text_len - 16, ignore_eos=True, seed=i)
@@ -152,7 +174,7 @@ def run_engine(args, name: str, out, fp8_peak: float, texts, ref_logits, **engin
         texts = [p + list(o.outputs[0].token_ids) for p, o in zip(ps, outs)]
     logits = [sequence_logits(llm, t).cpu() for t in texts]  # (1 GB for 8 x 256 x 128k)
     if ref_logits is not None:
-        dev = runner.device
+        dev = llm.engine.core.runner.device
         rows = [compare(r.to(dev), q.to(dev), t) for r, q, t in zip(ref_logits, logits, texts)]
 
         def mean_se(key):
@@ -164,9 +186,6 @@ def run_engine(args, name: str, out, fp8_peak: float, texts, ref_logits, **engin
         emit(out, **common, bench="quant_accuracy", texts=len(rows), tokens_per_text=len(texts[0]),
              top1_agreement=agree[0], top1_agreement_se=agree[1], kl=kl[0], kl_se=kl[1],
              perplexity_bf16=ppl_b, perplexity=ppl_q, perplexity_diff=ppl_q - ppl_b)
-    del llm, core, runner
-    gc.collect()
-    torch.cuda.empty_cache()
     return texts, logits
 
 
@@ -210,16 +229,27 @@ def main() -> None:
     ap.add_argument("--long-context", type=int, default=8192)
     ap.add_argument("--texts", type=int, default=8, help="accuracy texts")
     ap.add_argument("--text-len", type=int, default=256)
+    ap.add_argument("--engines", default=",".join(ENGINES), help="a subset of " + ", ".join(ENGINES))
+    ap.add_argument("--measures", default=",".join(MEASURES), help="a subset of " + ", ".join(MEASURES))
+    ap.add_argument("--no-greedy-check", action="store_true", help="skip the GPU-vs-CPU greedy tokens")
     args = ap.parse_args()
+    args.measures = set(args.measures.split(","))
+    engines = args.engines.split(",")
+    if unknown := set(engines) - set(ENGINES) | args.measures - set(MEASURES):
+        ap.error(f"unknown engines or measures: {', '.join(sorted(unknown))}")
 
     out = args.out
-    greedy_vs_cpu(out)
+    if not args.no_greedy_check:
+        greedy_vs_cpu(out)
     fp8_peak = measure_fp8_peak(out)
-    texts, ref = run_engine(args, "bf16", out, fp8_peak, None, None, model=args.model)
-    run_engine(args, "fp8", out, fp8_peak, texts, ref, model=args.model, quantization="fp8")
-    if args.awq:
-        run_engine(args, "awq", out, fp8_peak, texts, ref, model=args.awq)
-    run_engine(args, "bf16-weights-fp8-kv", out, fp8_peak, texts, ref, model=args.model, kv_cache_dtype="fp8")
+    kwargs = {"bf16": dict(model=args.model), "fp8": dict(model=args.model, quantization="fp8"),
+              "awq": dict(model=args.awq), "bf16-weights-fp8-kv": dict(model=args.model, kv_cache_dtype="fp8")}
+    texts = ref = None
+    for name in engines:  # bf16 first: the others' accuracy is against its texts and logits
+        if name == "awq" and not args.awq:
+            continue
+        texts, logits = run_engine(args, name, out, fp8_peak, texts, ref, **kwargs[name])
+        ref = logits if name == "bf16" else ref
 
 
 if __name__ == "__main__":
