@@ -110,10 +110,11 @@ def test_speculative_sampling_keeps_the_target_distribution(proposer):
         q1 = q_logits.softmax(-1)
         drafts = torch.stack([torch.multinomial(q1[j], n, replacement=True, generator=gen) for j in range(k)], 1)
         q = q1[None].repeat(n, 1, 1)
-    logits = target[None].repeat(n, 1, 1).reshape(n * (k + 1), vocab)
+    logits = target[None].repeat(n, 1, 1)
     params = [SamplingParams(temperature=1.0)] * n
-    tokens, counts = verify(logits, np.full(n, k), drafts, params, gen, q)
-    tokens, counts = tokens.numpy(), counts.numpy()
+    got = verify(logits, np.full(n, k), drafts, params, gen, q).tokens()
+    counts = np.array([len(t) for t in got])
+    tokens = np.array([t + [-1] * (k + 1 - len(t)) for t in got])
     assert _chi2_ok(tokens[:, 0], p[0])
     second = tokens[counts >= 2, 1]  # the first token was the accepted proposal
     first_accepted = tokens[counts >= 2, 0]
@@ -124,14 +125,30 @@ def test_speculative_sampling_keeps_the_target_distribution(proposer):
     assert set(counts.tolist()) <= {1, 2, 3} and (tokens[np.arange(n), counts - 1] >= 0).all()
 
 
-def test_greedy_verification_stops_at_the_first_mismatch():
+@pytest.mark.parametrize("on_device", [False, True], ids=["host-drafts", "device-drafts"])
+def test_greedy_verification_stops_at_the_first_mismatch(on_device):
     vocab = 5
-    logits = torch.full((3, vocab), -5.0)
-    logits[0, 2] = logits[1, 4] = logits[2, 1] = 5.0  # argmax per position: 2, 4, 1
+    logits = torch.full((1, 3, vocab), -5.0)
+    logits[0, 0, 2] = logits[0, 1, 4] = logits[0, 2, 1] = 5.0  # argmax per position: 2, 4, 1
     params = [SamplingParams(temperature=0)]
     for drafts, want in (([2, 4], [2, 4, 1]), ([2, 3], [2, 4]), ([0, 4], [2])):
-        tokens, counts = verify(logits, np.array([2]), torch.tensor([drafts]), params, torch.Generator())
-        assert tokens[0, :counts[0]].tolist() == want
+        drafts = torch.tensor([drafts]) if on_device else np.array([drafts])
+        assert verify(logits, np.array([2]), drafts, params, torch.Generator()).tokens() == [want]
+
+
+def test_greedy_and_sampling_verification_of_seqs_with_fewer_proposals_than_the_widest():
+    """Two seqs, 3 and 1 proposals: the second's rows are padded by repeating its last one, and its
+    padding never counts as accepted (greedy on the host, and the device path beside a sampling seq)."""
+    vocab = 6
+    logits = torch.full((2, 4, vocab), -9.0)
+    for j, t in enumerate([1, 2, 3, 4]):
+        logits[0, j, t] = 9.0
+    logits[1, :, 5] = 9.0  # argmax 5 at its last known token and at its padding rows
+    drafts = np.array([[1, 2, 0], [5, 5, 5]])  # seq 1: one proposal (5), then padding equal to the argmax
+    greedy = [SamplingParams(temperature=0)] * 2
+    assert verify(logits, np.array([3, 1]), drafts, greedy, torch.Generator()).tokens() == [[1, 2, 3], [5, 5]]
+    peaked = [SamplingParams(temperature=0), SamplingParams(temperature=1e-3)]  # sampling, near-greedy
+    assert verify(logits, np.array([3, 1]), drafts, peaked, torch.Generator()).tokens() == [[1, 2, 3], [5, 5]]
 
 
 def test_benchmark_reports_acceptance_on_held_out_code(tmp_path):

@@ -29,7 +29,7 @@ from expresslane.runner.cuda_graphs import DecodeGraphs, MixedGraphs, Patch
 from expresslane.runner.expert_load import ExpertTokensCopy, copy_expert_tokens, reset_expert_tokens
 from expresslane.runner.input_batch import InputBatch, StepInputs
 from expresslane.runner.sampler import Sampler, SamplingBatch
-from expresslane.runner.spec_verify import verify
+from expresslane.runner.spec_verify import Verified, verify
 from expresslane.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -213,7 +213,7 @@ class ModelRunner:
         return StepResult(ids, tokens, logprobs)
 
     def _execute_spec(self, inputs: StepInputs) -> "StepResult":
-        """A step that verifies proposals (eager): logits at each speculating seq's last token
+        """A step that verifies proposals: logits at each speculating seq's last token
         and proposals, at the other sampling seqs' last token; the core lands it before the
         next plan, so no later step takes an input token from it on the device."""
         sampling = inputs.sampling
@@ -237,19 +237,21 @@ class ModelRunner:
             drafts = np.full((len(spec), int(k.max())), -1, dtype=np.int64)
             for j, i in enumerate(spec):
                 drafts[j, :k[j]] = inputs.seqs[sampling[i]].token_ids[1:]
-            drafts, patch = to_device(drafts, torch.int64, self.device), None
-        # logits rows: each plain seq's last token, then each speculating seq's last known token and proposals
-        rows = np.concatenate([ends[plain] - 1, *(np.arange(e - n - 1, e) for e, n in zip(ends[spec], k))])
+            patch = None
+        # logits rows: each plain seq's last token, then each speculating seq's last known token and
+        # proposals, padded to the widest by repeating its last row (logits [S, width, V] as they come)
+        width = int(k.max()) + 1
+        spec_rows = (ends[spec] - k - 1)[:, None] + np.minimum(np.arange(width)[None, :], k[:, None])
+        rows = np.concatenate([ends[plain] - 1, spec_rows.reshape(-1)])
         logits = self._logits_at(inputs, patch, rows.astype(np.int64))
         self._prev_tokens, self._prev_rows = None, {}
         plain_tokens = logprobs = None
         if len(plain):
             batch = SamplingBatch([params[i] for i in plain], [banned[i] for i in plain], [gens[i] for i in plain])
             plain_tokens, logprobs = self.sampler(logits[:len(plain)], batch)
-        spec_tokens, spec_counts = verify(logits[len(plain):], k, drafts, spec_params, self.sampler.generator,
-                                          draft_probs)
-        return StepResult([ids[i] for i in plain], plain_tokens, logprobs,
-                          ([ids[i] for i in spec], spec_tokens, spec_counts))
+        verified = verify(logits[len(plain):].view(len(spec), width, -1), k, drafts, spec_params,
+                          self.sampler.generator, draft_probs)
+        return StepResult([ids[i] for i in plain], plain_tokens, logprobs, ([ids[i] for i in spec], verified))
 
     def _logits_at(self, inputs: StepInputs, patch: Patch | None, rows: np.ndarray) -> torch.Tensor:
         """Logits at the step's tokens `rows`: a mixed-step graph when the step fits one, else eager."""
@@ -339,14 +341,13 @@ _GREEDY = SamplingParams(temperature=0.0, max_tokens=1)
 
 class StepResult:
     """Sampled ids of a launched step, copied to the host without blocking the launch. With
-    `spec` (request ids, tokens [S, K + 1], counts [S]): speculating requests' verified tokens."""
+    `spec` (request ids, Verified): speculating requests' verified tokens."""
 
     def __init__(self, request_ids: list[str], tokens: torch.Tensor | None,
-                 logprobs: list[dict[int, float]] | None,
-                 spec: tuple[list[str], torch.Tensor, torch.Tensor] | None = None):
+                 logprobs: list[dict[int, float]] | None, spec: tuple[list[str], Verified] | None = None):
         self.request_ids, self.logprobs = request_ids, logprobs
-        self.spec_ids = spec[0] if spec else []
-        device = [t for t in (tokens, *(spec[1:] if spec else ())) if t is not None]
+        self.spec_ids, self._verified = spec if spec else ([], None)
+        device = ([tokens] if tokens is not None else []) + (self._verified.tensors if spec else [])
         self._event = None
         self._host = device
         if device and device[0].is_cuda:
@@ -367,6 +368,5 @@ class StepResult:
         if self.request_ids:
             sampled.update(zip(self.request_ids, host.pop(0).tolist()))
         if self.spec_ids:
-            tokens, counts = host
-            sampled.update((rid, row[:n]) for rid, row, n in zip(self.spec_ids, tokens.tolist(), counts.tolist()))
+            sampled.update(zip(self.spec_ids, self._verified.tokens([t.numpy() for t in host])))
         return sampled, (dict(zip(self.request_ids, self.logprobs)) if self.logprobs is not None else None)

@@ -12,9 +12,16 @@ token of the target's own, so every step yields 1 to k + 1 tokens.
   token is then distributed exactly as p. Prompt lookup (ngram) proposals are deterministic:
   q is one-hot, so d is accepted with probability p(d) and a rejection draws from p without d.
   Draws come from the engine's generator (seeded sampling requests do not speculate).
+
+A verify step is not pipelined (its outcome shapes the next plan), so its host time is on the
+critical path. When every speculating seq is greedy, the device does one argmax and the
+acceptance is counted on the host once the argmaxes are copied (the ~20 small launches of the
+device path cost ~0.5 ms of host time a step on the H200, more than the 9M model's forward).
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 import numpy as np
 import torch
@@ -24,54 +31,76 @@ from expresslane.runner.sampler import filter_logits
 from expresslane.sampling_params import SamplingParams
 
 
-def verify(logits: torch.Tensor, counts: np.ndarray, drafts: torch.Tensor, params: list[SamplingParams],
-           generator: torch.Generator, draft_probs: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits [sum(counts + 1), V] float32: each seq's k + 1 rows in order; counts [S] its k;
-    drafts [S, K] its proposals (padded); draft_probs [S, K, V] the draft's q, or None (ngram).
-    Returns (tokens [S, K + 1] padded with -1, number of tokens [S]) on the device."""
+class Verified:
+    """A verify step's outcome: `tensors` on the device (StepResult copies them to the host
+    without blocking), turned into each speculating seq's tokens by `tokens(host copies)`."""
+
+    def __init__(self, tensors: list[torch.Tensor], finish: Callable[[list[np.ndarray]], list[list[int]]]):
+        self.tensors, self._finish = tensors, finish
+
+    def tokens(self, host: list[np.ndarray] | None = None) -> list[list[int]]:
+        """Each seq's accepted proposals and the target's own token (1 to k + 1 tokens)."""
+        return self._finish([t.cpu().numpy() for t in self.tensors] if host is None else host)
+
+
+def accept_greedy(target: np.ndarray, drafts: np.ndarray, counts: np.ndarray) -> list[list[int]]:
+    """target [S, W]: the argmax at each seq's last known token and proposals; drafts [S, >= W - 1];
+    counts [S]: proposals per seq. The proposals up to the first that differs from the argmax
+    before it, then the argmax after the last accepted one."""
+    width = target.shape[1]
+    match = (drafts[:, :width - 1] == target[:, :-1]) & (np.arange(width - 1)[None, :] < counts[:, None])
+    accepted = np.cumprod(match, axis=1).sum(axis=1)
+    return [[*d[:a].tolist(), int(t[a])] for d, t, a in zip(drafts, target, accepted)]
+
+
+def verify(logits: torch.Tensor, counts: np.ndarray, drafts: np.ndarray | torch.Tensor, params: list[SamplingParams],
+           generator: torch.Generator, draft_probs: torch.Tensor | None = None) -> Verified:
+    """logits [S, W, V] float32, W = max(counts) + 1: each seq's rows at its last known token and
+    its proposals, padded by repeating its last row; counts [S] its k (>= 1); drafts [S, >= W - 1]
+    its proposals (padded), on the host (prompt lookup) or the device (a draft model);
+    draft_probs [S, K, V] the draft's q, or None (ngram)."""
+    num, width = len(counts), logits.shape[1]
+    if all(p.greedy for p in params):
+        target = logits.argmax(dim=-1)
+        if isinstance(drafts, torch.Tensor):
+            return Verified([target, drafts], lambda host: accept_greedy(host[0], host[1], counts))
+        return Verified([target], lambda host: accept_greedy(host[0], drafts, counts))
     dev = logits.device
-    num, width = len(counts), int(counts.max()) + 1  # every seq here proposes at least one token
-    starts = np.concatenate([[0], np.cumsum(counts + 1)[:-1]])
+    if not isinstance(drafts, torch.Tensor):
+        drafts = to_device(drafts, torch.int64, dev)
     cols = np.arange(width)
-    rows = starts[:, None] + np.minimum(cols[None, :], counts[:, None])  # padding repeats the last row
-    logits = logits[to_device(rows.reshape(-1), torch.int64, dev)].view(num, width, -1)
     valid = to_device(cols[None, :width - 1] < counts[:, None], torch.bool, dev)  # [S, K]
     drafts = drafts[:, :width - 1].clamp(min=0)
     greedy = [p.greedy for p in params]
     target = logits.argmax(dim=-1)  # [S, K + 1]
-    accept = valid & (drafts == target[:, :-1])
-    if not all(greedy):
-        temps = to_device([p.temperature if p.temperature > 0 else 1.0 for p in params], torch.float32, dev)
-        flat = filter_logits((logits / temps[:, None, None]).view(num * width, -1),
-                             [p for p in params for _ in range(width)])
-        probs = flat.softmax(dim=-1).view(num, width, -1)
-        uniform = torch.rand(num, width - 1, device=dev, generator=generator)
-        noise = torch.empty(num, probs.shape[-1], device=dev).exponential_(generator=generator)
-        p_draft = probs[:, :-1].gather(2, drafts[..., None]).squeeze(2)  # p(d) [S, K]
-        if draft_probs is None:
-            ratio = p_draft
-        else:
-            q_draft = draft_probs[:, :width - 1].gather(2, drafts[..., None]).squeeze(2)
-            ratio = p_draft / q_draft.clamp(min=1e-30)
-        sampled_accept = valid & (uniform < ratio)
-        is_greedy = to_device(greedy, torch.bool, dev)[:, None]
-        accept = torch.where(is_greedy, accept, sampled_accept)
+    temps = to_device([p.temperature if p.temperature > 0 else 1.0 for p in params], torch.float32, dev)
+    flat = filter_logits((logits / temps[:, None, None]).view(num * width, -1),
+                         [p for p in params for _ in range(width)])
+    probs = flat.softmax(dim=-1).view(num, width, -1)
+    uniform = torch.rand(num, width - 1, device=dev, generator=generator)
+    noise = torch.empty(num, probs.shape[-1], device=dev).exponential_(generator=generator)
+    p_draft = probs[:, :-1].gather(2, drafts[..., None]).squeeze(2)  # p(d) [S, K]
+    if draft_probs is None:
+        ratio = p_draft
+    else:
+        q_draft = draft_probs[:, :width - 1].gather(2, drafts[..., None]).squeeze(2)
+        ratio = p_draft / q_draft.clamp(min=1e-30)
+    is_greedy = to_device(greedy, torch.bool, dev)
+    accept = torch.where(is_greedy[:, None], valid & (drafts == target[:, :-1]), valid & (uniform < ratio))
     num_accepted = accept.int().cumprod(dim=1).sum(dim=1)  # [S]
     at = num_accepted[:, None]
-    final = target.gather(1, at).squeeze(1)
-    if not all(greedy):
-        p_at = probs.gather(1, at[..., None].expand(-1, -1, probs.shape[-1])).squeeze(1)  # [S, V]
-        rejected = num_accepted < to_device(counts, torch.int64, dev)
-        if draft_probs is None:
-            q_at = torch.zeros_like(p_at).scatter_(1, drafts.gather(1, at.clamp(max=width - 2)), 1.0)
-        else:
-            q_at = draft_probs.gather(1, at.clamp(max=width - 2)[..., None].expand(-1, -1, p_at.shape[-1])).squeeze(1)
-        residual = torch.where(rejected[:, None], (p_at - q_at).clamp(min=0), p_at)
-        empty = residual.sum(dim=1, keepdim=True) <= 0  # p == q: a rejection had probability 0
-        residual = torch.where(empty, p_at, residual)
-        drawn = (residual / noise).argmax(dim=-1)
-        final = torch.where(to_device(greedy, torch.bool, dev), final, drawn)
+    p_at = probs.gather(1, at[..., None].expand(-1, -1, probs.shape[-1])).squeeze(1)  # [S, V]
+    rejected = num_accepted < to_device(counts, torch.int64, dev)
+    if draft_probs is None:
+        q_at = torch.zeros_like(p_at).scatter_(1, drafts.gather(1, at.clamp(max=width - 2)), 1.0)
+    else:
+        q_at = draft_probs.gather(1, at.clamp(max=width - 2)[..., None].expand(-1, -1, p_at.shape[-1])).squeeze(1)
+    residual = torch.where(rejected[:, None], (p_at - q_at).clamp(min=0), p_at)
+    empty = residual.sum(dim=1, keepdim=True) <= 0  # p == q: a rejection had probability 0
+    residual = torch.where(empty, p_at, residual)
+    final = torch.where(is_greedy, target.gather(1, at).squeeze(1), (residual / noise).argmax(dim=-1))
     tokens = torch.where(torch.arange(width, device=dev)[None, :] < at, torch.cat(
         [drafts, drafts.new_zeros(num, 1)], dim=1), torch.full_like(target, -1))
     tokens.scatter_(1, at, final[:, None])
-    return tokens, num_accepted + 1
+    return Verified([tokens, num_accepted + 1],
+                    lambda host: [row[:n].tolist() for row, n in zip(host[0], host[1])])
