@@ -129,9 +129,13 @@ def run_engine(args, name: str, out, fp8_peak: float, texts, ref_logits, **engin
              output_len=args.tput_output, output_tokens_per_s=len(ps) * args.tput_output / wall, wall_s=wall)
 
     if name in ("bf16", "bf16-weights-fp8-kv") and "long" in want and args.long_batch:
-        eng, batch, ctx = llm.engine, args.long_batch, min(args.long_context, core.max_model_len) - 48
+        # prompts fill the batch one step budget at a time (~64 steps for 64 x 8k); each must still be
+        # decoding for the 3 + 16 steps after the last (with 40 new tokens the first had finished:
+        # 30 seqs a step on average, not 64)
+        eng, batch, out_len = llm.engine, args.long_batch, 128
+        ctx = min(args.long_context, core.max_model_len) - out_len
         for i, p in enumerate(prompts_of(batch, ctx, vocab, 11)):
-            eng.add_request(f"long-{i}", {"prompt_token_ids": p}, greedy(40))
+            eng.add_request(f"long-{i}", {"prompt_token_ids": p}, greedy(out_len))
         while core.scheduler.num_waiting or any(r.num_computed_tokens < r.num_prompt_tokens
                                                 for r in core.scheduler.running.values()):
             eng.step()
@@ -147,7 +151,7 @@ def run_engine(args, name: str, out, fp8_peak: float, texts, ref_logits, **engin
         while eng.has_unfinished():
             eng.step()
         emit(out, **common, bench="quant_long_decode", batch=batch, context=ctx, step_ms=wall / steps * 1e3,
-             tokens_per_s=sum(seqs) / wall, seqs_per_step=statistics.fmean(seqs))
+             tokens_per_s=sum(seqs) / wall, seqs_per_step=statistics.fmean(seqs), fewest_seqs=min(seqs))
 
     # accuracy last: sequence_logits overwrites KV blocks 0.. (this engine is done with them)
     logits = None

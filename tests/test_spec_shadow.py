@@ -12,7 +12,7 @@ from expresslane.engine.cost_model import StepCostModel
 from expresslane.engine.kv_cache import KVCacheManager
 from expresslane.engine.request import Request
 from expresslane.engine.scheduler import Scheduler
-from expresslane.engine.spec_decode import PRIOR_ACCEPTANCE, SpecDecoder
+from expresslane.engine.spec_decode import PRIOR_ACCEPTANCE, WARMUP_VERIFIES, SpecDecoder
 from expresslane.sampling_params import SamplingParams
 
 PATTERN = [11, 12, 13, 14, 15, 16]
@@ -87,12 +87,46 @@ def test_a_verify_steps_first_use_cost_does_not_keep_speculation_off():
         spec = SpecDecoder(SpeculativeConfig(speculative_method="ngram", num_speculative_tokens=4), COSTS)
         spec.shadow_proposed = spec.shadow_accepted = 100  # every proposal right: speculating pays
         for r in ratios:
-            spec.observe(r * 1.9e-3, 1.9e-3)
+            spec.observe(r * 1.9e-3, [(5, 5, 4)])  # one seq verifying 4 proposals: predicted 1.9 ms
         return spec
 
     decoding = [Request.from_core_request(EngineCoreRequest(
         "r", list(PATTERN), SamplingParams(temperature=0.0), (0,), 0.0, 0, "interactive"), 4096)]
     assert decoder([1.0] * 12).worth_it(decoding)
     first_use = decoder([245.0] + [1.1] * 3 + [1.1] * 8 + [245.0])  # a later outlier: one of the window
-    assert first_use.verify_scale == 1.1 and first_use.worth_it(decoding)
+    assert first_use.verify_scale(1) == 1.1 and first_use.worth_it(decoding)
     assert not decoder([1.0] * 4 + [3.0] * 12).worth_it(decoding)  # 3x steadily: 1.1 ms a token against 1 plain
+
+
+def _decoding(n: int) -> list[Request]:
+    return [Request.from_core_request(EngineCoreRequest(
+        f"r{i}", list(PATTERN), SamplingParams(temperature=0.0), (0,), 0.0, 0, "interactive"), 4096)
+        for i in range(n)]
+
+
+def test_verify_cost_is_measured_per_batch_size():
+    """On the H200 a verify step of the 9M model cost ~1.2x its prediction alone and ~20x at batch 64
+    (eager there): one scale for both kept speculating at 64 for 160 verify steps (0.45x plain).
+    Slow verifies at batch 64 turn it off at 64 and not at 1; an unmeasured size takes the nearest
+    smaller measured one's scale."""
+    spec = SpecDecoder(SpeculativeConfig(speculative_method="ngram", num_speculative_tokens=4), COSTS)
+    spec.shadow_proposed = spec.shadow_accepted = 100
+    for _ in range(8):
+        spec.observe(1.9e-3, [(5, 5, 4)])
+        spec.observe(20 * 1.9e-3, [(5, 5, 4)] * 64)  # (the flat model: 64 x 5 tokens cost as 5)
+    assert spec.verify_scale(1) == 1.0 and spec.verify_scale(64) == 20.0 and spec.verify_scale(100) == 20.0
+    assert spec.verify_scale(8) == 1.0  # not measured: batch 1's
+    assert spec.worth_it(_decoding(1)) and not spec.worth_it(_decoding(64))
+
+
+def test_a_verify_step_is_predicted_no_cheaper_than_the_plain_step_it_extends():
+    """A mixed-step constant fitted negative (host-bound GPU runs fitted -0.95 ms) made a 5-token
+    step's prediction 0: speculating looked free, and its measurements (over 0) were dropped."""
+    costs = StepCostModel([1, 16], [1e-3, 1.1e-3], c_mixed=-2e-3)
+    spec = SpecDecoder(SpeculativeConfig(speculative_method="ngram", num_speculative_tokens=4), costs)
+    spec.shadow_proposed = spec.shadow_accepted = 100
+    plain, speculating = spec.predicted_costs([5])
+    assert plain == 1e-3 and speculating == 1e-3 / 5  # the plain step's time, over 5 tokens a verify
+    for _ in range(WARMUP_VERIFIES + 1):
+        spec.observe(6e-3, [(5, 5, 4)])
+    assert spec.verify_scale(1) == 6.0 and not spec.worth_it(_decoding(1))

@@ -183,8 +183,8 @@ class EngineCore:
             return 0.0, 0.0
         measured = step.done - last[0]
         predicted = self.cost_model.predict(step.shape)
-        if step.speculative:  # another path (eager, not pipelined): it tells speculation what it costs
-            self.spec.observe(measured, predicted)
+        if step.speculative:  # another path (not pipelined): it tells speculation what it costs
+            self.spec.observe(measured, [(s.start_pos, len(s.token_ids), s.num_spec_tokens) for s in step.plan.seqs])
         else:
             self.cost_model.observe(step.shape, measured)
         return measured, predicted

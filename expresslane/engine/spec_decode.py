@@ -9,8 +9,12 @@ occurrence of its last n tokens) or from a draft model the runner runs (``draft_
 the plan then carries placeholders). Whether a step speculates at all is decided once per
 step: by ``speculative_disable_by_batch_size`` when given, else by the step-cost model
 (speculate when the expected time per generated token is lower). A verify step runs another
-path than the steps the model was fitted on (eager, not pipelined), so the prediction for it
-is scaled by what such steps measured against their prediction so far.
+path than the steps the model was fitted on (not pipelined; eager where its logits rows do not
+fit a graph), so the prediction for it is scaled by what such steps measured against their
+prediction so far, per batch size (by powers of two: on the H200 a verify step of the 9M model
+measured ~1.2x its prediction at batch 1 and ~20x at batch 64, where it runs eagerly). The
+prediction is at least that of the plain step it extends: the model's mixed-step constant is
+fitted on prefill chunks, and for a few-token step it made the prediction 0.
 
 The acceptance rate that decision needs is measured by verify steps, but a model that never
 speculates would never measure it (on the H200 the built-in pair stayed on the prior). So
@@ -34,9 +38,9 @@ from expresslane.engine.request import Request
 
 PRIOR_ACCEPTANCE = 0.5  # per proposed token, until the engine has measured its own
 GAIN_MARGIN = 0.9  # speculate only when the model predicts at least 10% less time per token
-# The first verify steps pay first-use costs (the verify shapes' first kernels): on the H200 one
-# measured ~245x its prediction, and a moving average then kept speculation off for good (no
-# verify step ran to correct it). Those are not observed, and the scale is a median.
+# The first verify steps of a batch size pay first-use costs (the verify shapes' first kernels): on
+# the H200 one measured ~245x its prediction, and a moving average then kept speculation off for
+# good (no verify step ran to correct it). Those are not observed, and the scale is a median.
 WARMUP_VERIFIES = 4
 VERIFY_WINDOW = 16
 
@@ -83,9 +87,9 @@ class SpecDecoder:
         self.cost_model = cost_model
         self.counters = SpecCounters()
         self.draft_cost_ratio = 0.0  # a draft step's time over a target step's (the engine sets it)
-        self.verify_scale = 1.0  # verify steps' measured time over predicted (median of the last ones)
-        self._verify_ratios: deque[float] = deque(maxlen=VERIFY_WINDOW)
-        self._verifies_seen = 0
+        # per batch bucket (`_bucket`): verify steps' measured time over predicted, the last ones
+        self._verify_ratios: dict[int, deque[float]] = {}
+        self._verifies_seen: dict[int, int] = {}
         self._shadow: tuple[Request, int, list[int]] | None = None  # (request, at token, proposal)
         self._shadow_turn = 0
         self.shadow_proposed = self.shadow_accepted = 0
@@ -179,22 +183,40 @@ class SpecDecoder:
     def predicted_costs(self, contexts: list[int]) -> tuple[float, float]:
         """Predicted seconds per generated token (per request) of a step of decodes at these
         context lengths: plain, and speculating k tokens each (with the draft's k steps, at the
-        acceptance rate measured so far, scaled by what verify steps measured)."""
+        acceptance rate measured so far, scaled by what verify steps of this batch size measured)."""
         k = self.config.num_speculative_tokens
         a = self.acceptance()
         expected = (1 - a ** (k + 1)) / (1 - a) if a < 1 else k + 1.0  # tokens per request per step
         plain = self.cost_model.predict(StepShape.of((c, 1) for c in contexts))
-        spec = self.cost_model.predict(StepShape.of((c, 1 + k) for c in contexts))
-        return plain, spec * (1 + k * self.draft_cost_ratio) * self.verify_scale / expected
+        spec = self._predicted_verify([(c, 1 + k, k) for c in contexts])
+        return plain, spec * self.verify_scale(len(contexts)) / expected
 
-    def observe(self, measured: float, predicted: float) -> None:
-        """A verify step's time (completion to completion) and the cost model's prediction for it."""
-        self._verifies_seen += 1
-        if predicted <= 0 or self._verifies_seen <= WARMUP_VERIFIES:
+    def _predicted_verify(self, seqs: list[tuple[int, int, int]]) -> float:
+        """The model's time for a verify step of (cached tokens, tokens now, of them proposals)
+        per seq, at least that of the same step without the proposals, with the draft's steps."""
+        as_is = self.cost_model.predict(StepShape.of((start, n) for start, n, _ in seqs))
+        plain = self.cost_model.predict(StepShape.of((start, n - k) for start, n, k in seqs if n > k))
+        return max(as_is, plain) * (1 + self.config.num_speculative_tokens * self.draft_cost_ratio)
+
+    @staticmethod
+    def _bucket(num_speculating: int) -> int:
+        return num_speculating.bit_length()  # 1 | 2-3 | 4-7 | 8-15 | ...
+
+    def verify_scale(self, num_speculating: int) -> float:
+        """Measured over predicted time of verify steps with this many speculating seqs: those of
+        its bucket, else of the nearest smaller bucket measured, else 1."""
+        measured = [b for b, r in self._verify_ratios.items() if r and b <= self._bucket(num_speculating)]
+        return float(np.median(self._verify_ratios[max(measured)])) if measured else 1.0
+
+    def observe(self, measured: float, seqs: list[tuple[int, int, int]]) -> None:
+        """A verify step's time (completion to completion) and its seqs' (cached tokens, tokens
+        now, of them proposals)."""
+        bucket = self._bucket(sum(1 for _, _, k in seqs if k))
+        self._verifies_seen[bucket] = seen = self._verifies_seen.get(bucket, 0) + 1
+        predicted = self._predicted_verify(seqs)
+        if predicted <= 0 or seen <= WARMUP_VERIFIES:
             return
-        with_draft = predicted * (1 + self.config.num_speculative_tokens * self.draft_cost_ratio)
-        self._verify_ratios.append(measured / with_draft)
-        self.verify_scale = float(np.median(self._verify_ratios))
+        self._verify_ratios.setdefault(bucket, deque(maxlen=VERIFY_WINDOW)).append(measured / predicted)
 
     def record(self, proposed: int, accepted: int) -> None:
         if proposed:
