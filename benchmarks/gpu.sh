@@ -13,7 +13,8 @@
 #            clients (llama-3-8b shape; needs the server wheels and nvidia-ml-py in .whl/)
 #   flat:    issue #20's acceptance through HTTP (bench doctor's scenarios, goodput sweep 8-32
 #            req/s x 10 s, throughput 256 x 512/256) for `serve MODEL --dtype bfloat16` with
-#            no other flags, then with --scheduling-policy fcfs, back to back (8B shape)
+#            no other flags (fcfs), then with --scheduling-policy deadline, back to back (8B
+#            shape); FLAT_CONFIGS="--config NAME=FLAGS ..." measures others instead
 #   batch:   issue #15's batch tier: a 2,000-request Batch API batch (256 in / 128 out) drains,
 #            alone and while Poisson interactive shorts (64 in / 16 out, 4/s) run; interactive
 #            TTFT p99 vs idle, batch throughput vs alone (8B shape; needs the server wheels and
@@ -126,9 +127,13 @@ for section in $SECTIONS; do
       run python3 benchmarks/gpu_metrics.py --model "$MODELS/llama-3-8b" --dtype bfloat16 ;;
     flat)
       model llama-3-8b
-      echo "== flat latency through HTTP (llama-3-8b): default flags, then --scheduling-policy fcfs"
+      # two configurations fit one 10-minute call; FLAT_CONFIGS replaces them (e.g. "--config
+      # deadline=--scheduling-policy=deadline --config slack2.5=--scheduling-policy=deadline
+      # --lane-slo=interactive:slack=2.5")
+      echo "== flat latency through HTTP (llama-3-8b): default flags (fcfs), then --scheduling-policy deadline"
       run python3 benchmarks/flat_acceptance.py --model "$MODELS/llama-3-8b" --dtype bfloat16 \
-        --config default= --config fcfs=--scheduling-policy=fcfs --duration 20 --sweep-duration 10 --logs "$OUT" ;;
+        ${FLAT_CONFIGS:---config default= --config deadline=--scheduling-policy=deadline} --duration 20 \
+        --sweep-duration 10 --logs "$OUT" ;;
     batch)
       model llama-3-8b
       echo "== batch tier (llama-3-8b): a 2,000-request batch drains while interactive shorts run"
