@@ -181,9 +181,11 @@ def test_verify_steps_through_the_graph_input_path(tmp_path):
     """The triton backend (Triton's interpreter on CPU) with the mixed-step graphs' static buffers:
     verify steps take their logits rows from the graph path, proposals patched in on the device;
     the draft's forwards go through its own graphs' buffers (a catch-up pass through the mixed
-    ones, the single-token passes through the decode ones); greedy tokens as without
-    speculation. A tiny random model (the interpreter is slow) as its own draft, so every
-    proposal is accepted. (Prompt lookup differs only in where proposals come from.)"""
+    ones; greedy proposals 2..k through the chain, each fed the argmax before it on the device;
+    a sampling request's through the decode ones); greedy tokens as without speculation, with
+    the two requests ending apart (near its end a request proposes fewer: the chain must not
+    write past its slots). A tiny random model (the interpreter is slow) as its own draft, so
+    every greedy proposal is accepted. (Prompt lookup differs only in where proposals come from.)"""
     pytest.importorskip("triton")
     from models import build_model
 
@@ -191,16 +193,23 @@ def test_verify_steps_through_the_graph_input_path(tmp_path):
     engine = dict(attention_backend="triton", max_model_len=128, num_kv_blocks=24, max_num_seqs=4,
                   max_num_batched_tokens=64)
     prompts = [{"prompt_token_ids": [5, 6, 7, 8, 9, 5, 6, 7]}, {"prompt_token_ids": list(range(20, 50))}]
-    runs = []
+    params = [_greedy(11), _greedy(7)]
+    runs, chains = [], []
     for extra in ({}, dict(speculative_model=model, num_speculative_tokens=3, speculative_disable_by_batch_size=8)):
         llm = LLM(model, **engine, **extra)
         llm.engine.core.runner.build_graphs(128, capture=False)
-        runs.append([o.outputs[0].token_ids for o in llm.generate(prompts, _greedy(10), use_tqdm=False)])
+        draft = llm.engine.core.runner.draft
+        if draft is not None:  # count the chain's replays
+            run_chain = draft.chain_graphs.run_chain
+            draft.chain_graphs.run_chain = lambda *a: (chains.append(a[2].copy()), run_chain(*a))[1]
+        runs.append([o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)])
     assert runs[0] == runs[1]
     stats = llm.engine.core.stats()
     assert stats.spec_num_draft_tokens > 0 and stats.spec_num_accepted_tokens == stats.spec_num_draft_tokens
-    draft = llm.engine.core.runner.draft
-    assert draft.decode_graphs.positions.any() and draft.mixed_graphs.positions.any()  # both buffers were fed
+    assert chains and any(len(set(c.tolist())) > 1 for c in chains)  # seqs of different counts in one chain
+    assert draft.chain_graphs.positions.any() and draft.mixed_graphs.positions.any()  # both buffers were fed
+    sampled = llm.generate(prompts[:1], SamplingParams(temperature=0.8, max_tokens=6, ignore_eos=True), use_tqdm=False)
+    assert len(sampled[0].outputs[0].token_ids) == 6 and draft.decode_graphs.positions.any()
 
 
 @pytest.mark.parametrize("mode", [dict(speculative_disable_by_batch_size=2),
@@ -219,3 +228,39 @@ def test_speculation_turning_on_and_off_keeps_greedy_output(mode, reference):
     outs = llm.generate(prompts, [_greedy(n) for n in lengths])
     assert [o.outputs[0].token_ids for o in outs] == [r[:n] for r, n in zip(ref, lengths)]
     assert llm.engine.core.stats().spec_num_draft_tokens > 0
+
+
+def test_the_draft_chain_writes_only_the_slots_of_the_proposals_a_seq_makes(tmp_path):
+    """Two seqs in one chain replay: A proposes 3 (the chain feeds proposals 1 and 2 at positions
+    5 and 6), B proposes 1 (the chain feeds it nothing) from the model's last position (1023,
+    the last slot of block 3). The draft's cache gets A's two positions and nothing else: B
+    neither writes into the table's padding (block 0, another request's) nor moves past the
+    rotary table."""
+    pytest.importorskip("triton")
+    from models import build_model
+
+    from expresslane.engine.contract import ScheduledSeq
+    from expresslane.runner.cuda_graphs import DraftChainGraphs, Patch
+    from expresslane.runner.draft_model import DraftModel
+    from expresslane.runner.input_batch import StepInputs
+
+    model_dir = build_model("llama", tmp_path / "m")
+    cpu = torch.device("cpu")
+    draft = DraftModel(model_dir, 512, cpu, torch.float32, "triton")
+    draft.allocate_kv_cache(8, 16, torch.float32)
+    logits_out = torch.empty(4, 512)
+    chain = DraftChainGraphs(draft.model, draft.backend, 4, 64, cpu, logits_out, steps=2, block_size=16)
+    table = np.zeros((2, 64), np.int32)
+    table[0, :2], table[1, 63] = (1, 2), 3  # (B's other blocks: in the test, none of its own)
+    seqs = [ScheduledSeq("a", [0], 5, [], True), ScheduledSeq("b", [0], 1023, [], True)]
+    step = StepInputs(seqs=seqs, rows=np.arange(2), token_ids=np.zeros(2, np.int64), positions=np.array([5, 1023]),
+                      slot_mapping=np.array([16 + 5, 48 + 15]), query_start_loc=np.arange(3, dtype=np.int32),
+                      seq_lens=np.array([6, 1024], np.int32), block_tables=table, num_decodes=2,
+                      sampling=np.arange(2), from_previous=np.arange(0), num_spec=np.zeros(2, np.int64))
+    tokens = chain.run_chain(step, Patch(np.arange(2), np.arange(2), torch.tensor([7, 9])), np.array([3, 1]))
+    assert tokens.shape == (2, 2)
+    for layer in draft.model.layers:
+        cache = layer.self_attn.kv_cache  # [2, blocks, 16, kv heads, head dim]
+        written = cache.abs().sum(dim=(0, 3, 4)) != 0  # [blocks, slots]
+        assert written[1].nonzero().flatten().tolist() == [5, 6]
+        assert not written[torch.tensor([0, 2, 3, 4, 5, 6, 7])].any()

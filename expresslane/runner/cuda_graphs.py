@@ -135,10 +135,10 @@ class _Graphs:
             patch.apply(self.input_ids, *staged[len(fields):])
 
     def _token_fields(self, inputs: StepInputs, padded: int, num_seqs: int) -> list:
-        """Tokens (padding up to `padded`: slot -1, no KV write), context lengths (padding
-        seqs up to `num_seqs`: none) and block tables."""
+        """Tokens (padding up to `padded`: position 0, slot -1, no KV write), context lengths
+        (padding seqs up to `num_seqs`: none) and block tables."""
         t, (b, width) = inputs.num_tokens, inputs.block_tables.shape
-        return [(self.input_ids[:t], inputs.token_ids, 0), (self.positions[:t], inputs.positions, 0),
+        return [(self.input_ids[:t], inputs.token_ids, 0), (self.positions[:padded], inputs.positions, 0),
                 (self.slot_mapping[:padded], inputs.slot_mapping, -1), (self.seq_lens[:num_seqs], inputs.seq_lens, 0),
                 (self.block_tables[:b, :width], inputs.block_tables, 0)]
 
@@ -179,6 +179,53 @@ class DecodeGraphs(_Graphs):
         # padding seqs: no context (query_start_loc stays 0..size: one padding token each)
         self._load(self._token_fields(inputs, size, size), patch)
         return self._replay(size, n)
+
+
+class DraftChainGraphs(DecodeGraphs):
+    """A greedy draft's proposals 2..k in one replay: `steps` single-token forwards, each fed
+    the argmax of the one before on the device, positions and context lengths advancing by one
+    a forward. Loaded as a decode step of every speculating seq feeding its first proposal (the
+    patch puts it in) at the position after its last known token, with each seq's proposal
+    count: a seq moves on and writes its KV only while it proposes that many (`counts` >
+    forward + 1); past that it stays on its last slot with slot -1, so no position leaves its
+    allocated slots (nor the rotary table). Outputs past a seq's count are padding the verify
+    step ignores. Without capture (CPU tests) the same buffers run eagerly."""
+
+    def __init__(self, model, backend, max_num_seqs: int, max_blocks: int, device: torch.device,
+                 logits_out: torch.Tensor, steps: int, block_size: int):
+        super().__init__(model, backend, max_num_seqs, max_blocks, device, logits_out)
+        self.steps, self.block_size = steps, block_size
+        self.counts = torch.zeros(self.max_size, dtype=torch.int64, device=device)
+        self.tokens = torch.zeros(self.max_size, steps, dtype=torch.int64, device=device)
+
+    def _pieces(self, size: int) -> list:
+        [forward] = super()._pieces(size)  # one piece: logits at every seq
+        ids, pos, lens, slots = (self.input_ids[:size], self.positions[:size], self.seq_lens[:size],
+                                 self.slot_mapping[:size])
+        table, counts, bs = self.block_tables[:size], self.counts[:size], self.block_size
+
+        def run():
+            for j in range(self.steps):
+                live = counts > j + 1  # feeds its proposal j + 1: it proposes more than that
+                if j:  # the live seqs move on; the others stay on their last slot (no write)
+                    ids.copy_(self.tokens[:size, j - 1])
+                    pos.add_(live)
+                    lens.add_(live)
+                block = table.gather(1, torch.div(pos, bs, rounding_mode="floor")[:, None]).squeeze(1)
+                slots.copy_(torch.where(live, block.to(torch.int64) * bs + pos % bs, -1))
+                self.tokens[:size, j].copy_(forward().argmax(dim=-1))
+            return self.tokens[:size]
+        return [run]
+
+    def run_chain(self, inputs: StepInputs, patch: Patch, counts: np.ndarray) -> torch.Tensor:
+        """Proposals 2..steps + 1 of the step's seqs, [num_seqs, steps] on the device."""
+        n = inputs.num_tokens
+        size = next(s for s in self.sizes if s >= n)
+        self._load(self._token_fields(inputs, size, size) + [(self.counts[:size], counts, 0)], patch)
+        if size in self.graphs:
+            self.graphs[size][0].replay()
+            return self.tokens[:n]
+        return self._forward(size)[:n]
 
 
 class MixedGraphs(_Graphs):

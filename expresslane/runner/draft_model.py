@@ -30,7 +30,7 @@ from expresslane.engine.contract import ScheduledSeq
 from expresslane.models.loader import iter_weights
 from expresslane.models.model_dir import load_hf_config
 from expresslane.models.registry import model_class
-from expresslane.runner.cuda_graphs import DecodeGraphs, MixedGraphs, Patch
+from expresslane.runner.cuda_graphs import DecodeGraphs, DraftChainGraphs, MixedGraphs, Patch
 from expresslane.runner.input_batch import StepInputs
 from expresslane.runner.sampler import filter_logits
 from expresslane.sampling_params import SamplingParams
@@ -60,17 +60,25 @@ class DraftModel:
         self.num_params = sum(p.numel() for p in self.model.parameters())
         self.decode_graphs: DecodeGraphs | None = None
         self.mixed_graphs: MixedGraphs | None = None
+        self.chain_graphs: DraftChainGraphs | None = None
 
-    def build_graphs(self, max_num_seqs: int, mixed_tokens: int, max_blocks: int, pool) -> None:
-        """The draft's decode and mixed-step graphs (static buffers of its own); captured into
-        `pool` on a GPU, replayed eagerly through the same buffers when `pool` is None (CPU tests)."""
+    def build_graphs(self, max_num_seqs: int, mixed_tokens: int, max_blocks: int, pool, num_speculative_tokens: int,
+                     block_size: int) -> None:
+        """The draft's decode and mixed-step graphs and, for k > 1 proposals, the greedy chain of
+        proposals 2..k (static buffers of its own); captured into `pool` on a GPU, replayed eagerly
+        through the same buffers when `pool` is None (CPU tests)."""
         logits_out = torch.empty(max_num_seqs, self.model.config.vocab_size, dtype=torch.float32, device=self.device)
         self.decode_graphs = DecodeGraphs(self.model, self.backend, max_num_seqs, max_blocks, self.device, logits_out)
         self.mixed_graphs = MixedGraphs(self.model, self.backend, mixed_tokens, max_num_seqs, max_blocks, self.device,
                                         logits_out)
+        families = [self.decode_graphs, self.mixed_graphs]
+        if num_speculative_tokens > 1:
+            self.chain_graphs = DraftChainGraphs(self.model, self.backend, max_num_seqs, max_blocks, self.device,
+                                                 logits_out, num_speculative_tokens - 1, block_size)
+            families.append(self.chain_graphs)
         if pool is not None:
-            self.decode_graphs.capture(pool)
-            self.mixed_graphs.capture(pool)
+            for graphs in families:
+                graphs.capture(pool)
 
     def _forward(self, runner, step: StepInputs, patch: Patch | None) -> torch.Tensor:
         """Logits at each seq's last token of `step`, [num_seqs, vocab], through the draft's own graphs."""
@@ -104,7 +112,14 @@ class DraftModel:
         tokens = torch.zeros(len(spec), width, dtype=torch.int64, device=self.device)
         probs = None if all(p.greedy for p in params) else \
             torch.zeros(len(spec), width, logits.shape[-1], device=self.device)
+        chain = self.chain_graphs
         for j in range(width):
+            if j == 1 and probs is None and chain is not None and chain.fits(len(seqs), len(seqs)):
+                # greedy: proposals 2..width in one replay (each fed the argmax before it on the device)
+                step = runner.batch._gather([ScheduledSeq(s.request_id, [0], s.start_pos + 1, [], True) for s in seqs])
+                patch = Patch(np.arange(len(seqs)), np.arange(len(seqs)), tokens[:, 0])
+                tokens[:, 1:] = chain.run_chain(step, patch, counts)[:, :width - 1]
+                break
             if j:  # feed proposal j (1-based) at its position, for the seqs that propose more than j
                 live = np.flatnonzero(counts > j)
                 step = runner.batch._gather([ScheduledSeq(seqs[i].request_id, [0], seqs[i].start_pos + j, [], True)

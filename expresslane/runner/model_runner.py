@@ -183,7 +183,8 @@ class ModelRunner:
             self.decode_graphs.capture(pool)
             self.mixed_graphs.capture(pool)
         if self.draft is not None:
-            self.draft.build_graphs(s.max_num_seqs, mixed_tokens, max_blocks, pool)
+            self.draft.build_graphs(s.max_num_seqs, mixed_tokens, max_blocks, pool,
+                                    self.config.speculative.num_speculative_tokens, self.block_size)
 
     # -- mixture-of-experts load (rank 0's counters are complete: every rank routes every token) ---
     def copy_expert_tokens(self) -> ExpertTokensCopy | None:
