@@ -74,6 +74,15 @@ def test_greedy_equal_with_preemption_and_sampling_neighbours(method, reference)
     assert len(outs[-1].outputs[0].token_ids) == 24
 
 
+def test_a_draft_model_left_to_the_cost_model_probes_and_keeps_greedy_output(reference):
+    """No batch-size limit: the step-cost model decides, and while the draft's acceptance is the
+    prior some steps speculate to measure it (probes); tokens as without speculation."""
+    _, ref = reference
+    llm = LLM(**ENGINE, **METHODS["draft_model"], num_speculative_tokens=4)
+    assert [o.outputs[0].token_ids for o in llm.generate(_prompts()[:2], _greedy(32))] == ref[:2]
+    assert llm.engine.core.stats().spec_num_drafts > 0
+
+
 def test_off_at_high_batch():
     """Without a batch-size limit the step-cost model decides; with a limit below the batch nothing is proposed."""
     llm = LLM(**ENGINE, speculative_method="ngram", speculative_disable_by_batch_size=2)

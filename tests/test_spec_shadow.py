@@ -12,7 +12,7 @@ from expresslane.engine.cost_model import StepCostModel
 from expresslane.engine.kv_cache import KVCacheManager
 from expresslane.engine.request import Request
 from expresslane.engine.scheduler import Scheduler
-from expresslane.engine.spec_decode import PRIOR_ACCEPTANCE, WARMUP_VERIFIES, SpecDecoder
+from expresslane.engine.spec_decode import PRIOR_ACCEPTANCE, PRIOR_UNTIL, PROBE_EVERY, WARMUP_VERIFIES, SpecDecoder
 from expresslane.sampling_params import SamplingParams
 
 PATTERN = [11, 12, 13, 14, 15, 16]
@@ -130,3 +130,22 @@ def test_a_verify_step_is_predicted_no_cheaper_than_the_plain_step_it_extends():
     for _ in range(WARMUP_VERIFIES + 1):
         spec.observe(6e-3, [(5, 5, 4)])
     assert spec.verify_scale(1) == 6.0 and not spec.worth_it(_decoding(1))
+
+
+def test_a_draft_model_probes_while_its_acceptance_is_the_prior():
+    """No shadow for a draft model (its proposals cost a forward): while the prior (0.5) says
+    speculating does not pay, one step in PROBE_EVERY speculates anyway, the same answer both
+    times a step asks; once PRIOR_UNTIL tokens were proposed the model alone decides."""
+    spec = SpecDecoder(SpeculativeConfig(speculative_model="draft", num_speculative_tokens=4), COSTS)
+    decoding = _decoding(1)
+    decisions = []
+    for _ in range(3 * PROBE_EVERY):
+        speculate = spec.worth_it(decoding)
+        assert spec.worth_it(decoding) == speculate  # the engine's question, then the plan's
+        spec.decided(decoding, speculate)
+        decisions.append(speculate)
+    assert decisions == ([False] * PROBE_EVERY + [True]) * 2 + [False] * (PROBE_EVERY - 2)
+    spec.record(PRIOR_UNTIL, PRIOR_UNTIL // 8)  # measured: 1 in 8 accepted (1.1 tokens a verify)
+    for _ in range(3 * PROBE_EVERY):
+        assert not spec.worth_it(decoding)
+        spec.decided(decoding, False)

@@ -110,10 +110,9 @@ class Scheduler:
         head = self._peek_waiting()
         speculate = False
         if self.spec is not None:
-            decoding = self._decoding()  # once a step: the decision, then the shadow when off
+            decoding = self._decoding()  # once a step: the decision, then what it records
             speculate = self.spec.worth_it(decoding)
-            if not speculate:
-                self.spec.shadow(decoding)  # keeps the acceptance rate measured while off
+            self.spec.decided(decoding, speculate)  # off: a shadow keeps the acceptance rate measured
         spec_tokens = self.spec.config.num_speculative_tokens if speculate else 0
         budget = self.policy.step_budget(head, self.running.values(), self._waiting_by_lane, self.clock(), spec_tokens)
         scheduled, preempted = self._schedule_running(budget, speculate)

@@ -22,7 +22,9 @@ while prompt lookup is off, one decoding request at a time is shadowed: its prop
 taken as if it would speculate, and compared with the tokens it then decodes plainly. The
 leading matches are what a verify would have accepted (greedy: equal to the argmax; sampling:
 a one-hot proposal d is accepted with probability p(d), the chance the sampled token is d).
-Shadow counts feed ``acceptance()`` only, not the /metrics counters.
+Shadow counts feed ``acceptance()`` only, not the /metrics counters. A draft model has no
+shadow (its proposals cost a forward): while its rate is the prior, every PROBE_EVERY-th
+planned step speculates to measure it.
 """
 
 from __future__ import annotations
@@ -37,6 +39,11 @@ from expresslane.engine.cost_model import StepCostModel, StepShape
 from expresslane.engine.request import Request
 
 PRIOR_ACCEPTANCE = 0.5  # per proposed token, until the engine has measured its own
+PRIOR_UNTIL = 64  # proposed tokens (verified or shadowed) before the measured rate replaces the prior
+# A draft model's acceptance is measured only by verify steps (no shadow: its proposals cost a
+# forward), so while its rate is the prior, one step in this many speculates to measure it
+# (else a prior that says no would hold for good, whatever the draft is worth).
+PROBE_EVERY = 8
 GAIN_MARGIN = 0.9  # speculate only when the model predicts at least 10% less time per token
 # The first verify steps of a batch size pay first-use costs (the verify shapes' first kernels): on
 # the H200 one measured ~245x its prediction, and a moving average then kept speculation off for
@@ -93,18 +100,30 @@ class SpecDecoder:
         self._shadow: tuple[Request, int, list[int]] | None = None  # (request, at token, proposal)
         self._shadow_turn = 0
         self.shadow_proposed = self.shadow_accepted = 0
+        self._steps_off = 0  # planned steps since the last one that speculated
 
     @property
     def proposes_on_host(self) -> bool:
         return self.config.method == "ngram"
 
+    def _on_prior(self) -> bool:
+        return self.counters.num_draft_tokens + self.shadow_proposed < PRIOR_UNTIL
+
     def acceptance(self) -> float:
-        """Accepted over proposed tokens, verified and shadowed; the prior below 64 proposed."""
-        c = self.counters
-        proposed = c.num_draft_tokens + self.shadow_proposed
-        if proposed < 64:
+        """Accepted over proposed tokens, verified and shadowed; the prior below PRIOR_UNTIL proposed."""
+        if self._on_prior():
             return PRIOR_ACCEPTANCE
-        return (c.num_accepted_tokens + self.shadow_accepted) / proposed
+        c = self.counters
+        return (c.num_accepted_tokens + self.shadow_accepted) / (c.num_draft_tokens + self.shadow_proposed)
+
+    def decided(self, decoding: list[Request], speculate: bool) -> None:
+        """Once a planned step, after its `worth_it`: count the steps off (a draft model's probes)
+        and, off, shadow a request (prompt lookup)."""
+        if speculate:
+            self._steps_off = 0
+            return
+        self._steps_off += 1
+        self.shadow(decoding)
 
     def shadow(self, decoding: list[Request]) -> None:
         """A step that does not speculate: unless one is pending, take the next decoding
@@ -169,7 +188,8 @@ class SpecDecoder:
     def worth_it(self, decoding: list[Request]) -> bool:
         """Whether this step speculates: at most `speculative_disable_by_batch_size` decoding
         requests when that is given; else when the step-cost model predicts less time per
-        generated token with k proposals each (at the acceptance rate measured so far)."""
+        generated token with k proposals each (at the acceptance rate measured so far), or for
+        a draft model's probe. Asked twice a step (the engine, then the plan): no state changes."""
         if not decoding:
             return False
         limit = self.config.speculative_disable_by_batch_size
@@ -177,6 +197,8 @@ class SpecDecoder:
             return len(decoding) <= limit
         if self.cost_model is None:
             return False
+        if not self.proposes_on_host and self._on_prior() and self._steps_off >= PROBE_EVERY:
+            return True  # a probe: the draft's acceptance is measured by verify steps alone
         plain, spec = self.predicted_costs([r.num_tokens - 1 for r in decoding])
         return spec < GAIN_MARGIN * plain
 
