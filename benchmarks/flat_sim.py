@@ -9,6 +9,7 @@ the measurement, this is the quick way to see what a policy change does before s
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import statistics
 
@@ -132,13 +133,20 @@ def main() -> None:
                    help="NAME='key:value key:value' (SchedulerConfig fields); repeatable")
     p.add_argument("--rates", type=float, nargs="+", default=[8, 16, 24, 32])
     p.add_argument("--seconds", type=float, default=15.0)
-    p.add_argument("--cost", choices=sorted(COSTS), default="h200",
-                   help="step costs: the H200's calibrated model, or the floors (what the kernels could reach)")
+    p.add_argument("--cost", default="h200",
+                   help="step costs: h200 (the H200's calibrated model), floor (what the kernels could reach), "
+                        "or a JSON file of a model (what a server publishes at /load, `step_cost` in "
+                        "flat_acceptance.py's results)")
+    p.add_argument("--seeds", type=int, default=1, help="mixed-load arrival sequences per rate (each line one)")
     p.add_argument("--stretch", type=float, default=policy.PREFILL_STRETCH,
                    help="the deadline policy's PREFILL_STRETCH, to try other values")
     args = p.parse_args()
     policy.PREFILL_STRETCH = args.stretch
-    model = COSTS[args.cost]
+    if args.cost in COSTS:
+        model = COSTS[args.cost]
+    else:
+        with open(args.cost) as f:
+            model = StepCostModel.from_dict(json.load(f))
     for name, config in args.config:
         b = beside_long(config, model)
         print(f"{name}: beside 8k: short TTFT {b['short_ttft_x']:.2f}x (alone {b['short_ttft_alone_ms']:.1f} ms), "
@@ -147,8 +155,8 @@ def main() -> None:
         lone = {n: 1e3 * simulate(config, [request("x", n, 1, 0.0)], model)["x"][0] for n in (128, 2048, 8192)}
         print("   lone TTFT " + ", ".join(f"{n}: {ms:.1f} ms" for n, ms in lone.items())
               + f"; throughput 256 x 512/256: {throughput(config, model=model):,.0f} tok/s")
-        for rate in args.rates:
-            m = mixed_load(config, rate, args.seconds, model=model)
+        for rate, seed in ((r, sd) for r in args.rates for sd in range(args.seeds)):
+            m = mixed_load(config, rate, args.seconds, seed=seed, model=model)
             print(f"   {rate:4.0f} req/s: short TTFT p99 {m['short_ttft_p99_ms']:7.1f} ms, ITL p99 "
                   f"{m['short_itl_p99_ms']:5.1f} ms, long TTFT p50 {m['long_ttft_p50_ms']:7.1f} ms, "
                   f"goodput {m['good_per_s']:5.1f}/s ({100 * m['good_frac']:.0f}%)")
