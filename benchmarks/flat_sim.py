@@ -15,6 +15,7 @@ import statistics
 
 import numpy as np
 
+from expresslane.bench.arrivals import MIXED_SALT, load_arrivals
 from expresslane.config import SchedulerConfig
 from expresslane.engine import policy
 from expresslane.engine.contract import EngineCoreRequest
@@ -41,6 +42,10 @@ _KNOTS = [1, 16, 32, 64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048]
 FLOOR = StepCostModel(_KNOTS, [max(3.51e-3, n * 18.6e-6) + 0.2e-3 for n in _KNOTS],
                       k_decode=131072 / 4.27e12, k_prefill=2**19 / (0.75 * 805e12), c_mixed=0.0)
 COSTS = {"h200": H200, "floor": FLOOR}
+
+
+# issue #20's workload: shorts of 64 tokens, long prompts of 8192, 64 new tokens each (--short-len etc.)
+SHAPE = {"short": 64, "long": 8192, "out": 64}
 
 
 def request(rid: str, n: int, out: int, t: float, lane: str = "interactive") -> Request:
@@ -73,10 +78,11 @@ def simulate(config: dict, arrivals: list[Request], model: StepCostModel = H200)
 
 def beside_long(config: dict, model: StepCostModel = H200) -> dict[str, float]:
     """16 shorts (64/64) sent 5 ms after one 8192/64 prompt, against each alone."""
-    shorts = lambda: [request(f"s{i}", 64, 64, 0.005) for i in range(16)]  # noqa: E731
+    short, long, out = SHAPE["short"], SHAPE["long"], SHAPE["out"]
+    shorts = lambda: [request(f"s{i}", short, out, 0.005) for i in range(16)]  # noqa: E731
     alone_s = simulate(config, shorts(), model)
-    alone_l = simulate(config, [request("long", 8192, 64, 0.0)], model)
-    mixed = simulate(config, [request("long", 8192, 64, 0.0), *shorts()], model)
+    alone_l = simulate(config, [request("long", long, out, 0.0)], model)
+    mixed = simulate(config, [request("long", long, out, 0.0), *shorts()], model)
     ttft = lambda t, ids: statistics.median(t[i][0] - 0.005 for i in ids)  # noqa: E731
     total = lambda t, ids: statistics.median(t[i][-1] - 0.005 for i in ids)  # noqa: E731
     ids = [f"s{i}" for i in range(16)]
@@ -85,21 +91,18 @@ def beside_long(config: dict, model: StepCostModel = H200) -> dict[str, float]:
             "long_ttft_alone_ms": 1e3 * alone_l["long"][0], "long_ttft_x": mixed["long"][0] / alone_l["long"][0]}
 
 
-def poisson(rate: float, seconds: float, seed: int = 0, long_frac: float = 0.15) -> list[Request]:
-    rng, t, out = random.Random(seed), 0.0, []
-    while True:
-        t += rng.expovariate(rate)
-        if t > seconds:
-            return out
-        long = rng.random() < long_frac
-        out.append(request(f"{'long' if long else 'short'}{len(out)}", 8192 if long else 64, 64, t))
+def arrivals(rate: float, seconds: float, seed: int = 0, long_frac: float = 0.15) -> list[Request]:
+    """The schedule `bench scenarios --seed SEED` sends in its mixed run at this rate and duration
+    (bench/arrivals.py): a simulated run replays the very arrivals of a measured one."""
+    return [request(f"{'long' if long else 'short'}{i}", SHAPE["long" if long else "short"], SHAPE["out"], t)
+            for i, (t, long) in enumerate(load_arrivals(seed, MIXED_SALT, rate, seconds, long_frac))]
 
 
 def mixed_load(config: dict, rate: float, seconds: float = 20.0, seed: int = 0,
                model: StepCostModel = H200) -> dict[str, float]:
-    arrivals = poisson(rate, seconds, seed)
-    start = {r.request_id: r.arrival_time for r in arrivals}
-    t = simulate(config, arrivals, model)
+    sent = arrivals(rate, seconds, seed)
+    start = {r.request_id: r.arrival_time for r in sent}
+    t = simulate(config, sent, model)
     shorts = [i for i in t if i.startswith("short")]
     longs = [i for i in t if i.startswith("long")]
     ttft = {i: t[i][0] - start[i] for i in t}
@@ -137,11 +140,16 @@ def main() -> None:
                    help="step costs: h200 (the H200's calibrated model), floor (what the kernels could reach), "
                         "or a JSON file of a model (what a server publishes at /load, `step_cost` in "
                         "flat_acceptance.py's results)")
-    p.add_argument("--seeds", type=int, default=1, help="mixed-load arrival sequences per rate (each line one)")
+    p.add_argument("--seed", type=int, default=0, help="the first arrival schedule: `bench scenarios --seed`'s")
+    p.add_argument("--seeds", type=int, default=1, help="mixed-load arrival schedules per rate (each line one)")
+    p.add_argument("--short-len", type=int, default=SHAPE["short"])
+    p.add_argument("--long-len", type=int, default=SHAPE["long"])
+    p.add_argument("--output-len", type=int, default=SHAPE["out"])
     p.add_argument("--stretch", type=float, default=policy.PREFILL_STRETCH,
                    help="the deadline policy's PREFILL_STRETCH, to try other values")
     args = p.parse_args()
     policy.PREFILL_STRETCH = args.stretch
+    SHAPE.update(short=args.short_len, long=args.long_len, out=args.output_len)
     if args.cost in COSTS:
         model = COSTS[args.cost]
     else:
@@ -152,10 +160,11 @@ def main() -> None:
         print(f"{name}: beside 8k: short TTFT {b['short_ttft_x']:.2f}x (alone {b['short_ttft_alone_ms']:.1f} ms), "
               f"short total {b['short_total_x']:.2f}x, long TTFT {b['long_ttft_x']:.2f}x "
               f"(alone {b['long_ttft_alone_ms']:.0f} ms)")
-        lone = {n: 1e3 * simulate(config, [request("x", n, 1, 0.0)], model)["x"][0] for n in (128, 2048, 8192)}
+        lone = {n: 1e3 * simulate(config, [request("x", n, 1, 0.0)], model)["x"][0]
+                for n in sorted({128, 2048, SHAPE["long"]})}
         print("   lone TTFT " + ", ".join(f"{n}: {ms:.1f} ms" for n, ms in lone.items())
               + f"; throughput 256 x 512/256: {throughput(config, model=model):,.0f} tok/s")
-        for rate, seed in ((r, sd) for r in args.rates for sd in range(args.seeds)):
+        for rate, seed in ((r, sd) for r in args.rates for sd in range(args.seed, args.seed + args.seeds)):
             m = mixed_load(config, rate, args.seconds, seed=seed, model=model)
             print(f"   {rate:4.0f} req/s: short TTFT p99 {m['short_ttft_p99_ms']:7.1f} ms, ITL p99 "
                   f"{m['short_itl_p99_ms']:5.1f} ms, long TTFT p50 {m['long_ttft_p50_ms']:7.1f} ms, "

@@ -29,7 +29,8 @@ from expresslane.bench import client
 from expresslane.bench.client import Endpoint
 from expresslane.bench.prompts import PromptMaker
 from expresslane.bench.records import RequestRecord
-from expresslane.bench.serving import arrival_offsets, connect, run_facts
+from expresslane.bench.arrivals import GOODPUT_SALT, MIXED_SALT, load_arrivals
+from expresslane.bench.serving import connect, run_facts
 from expresslane.bench.stats import distribution
 from expresslane.config.bench import ScenarioConfig
 
@@ -154,14 +155,11 @@ def ratio(a: float | None, b: float | None) -> float | None:
 
 # -- open-loop mixed load -----------------------------------------------------------------------
 async def open_loop(p: Probe, cfg: ScenarioConfig, rate: float, duration: float, salt: int) -> list[RequestRecord]:
-    rng = np.random.default_rng([cfg.seed, salt])
-    n = max(1, round(rate * duration))
-    is_long = rng.random(n) < cfg.long_fraction
-    prompts = await p.prompts([p.long_len if x else p.short_len for x in is_long])
-    offsets = arrival_offsets(n, rate, 1.0, cfg.seed + salt)
+    arrivals = load_arrivals(cfg.seed, salt, rate, duration, cfg.long_fraction)
+    prompts = await p.prompts([p.long_len if long else p.short_len for _, long in arrivals])
     t0 = time.perf_counter()
     tasks = []
-    for prompt, long, offset in zip(prompts, is_long, offsets):
+    for prompt, (offset, long) in zip(prompts, arrivals):
         if (wait := t0 + offset - time.perf_counter()) > 0:
             await asyncio.sleep(wait)
         tasks.append(asyncio.create_task(
@@ -196,14 +194,14 @@ def summarize_load(records: list[RequestRecord], cfg: ScenarioConfig, duration: 
 
 
 async def mixed(p: Probe, cfg: ScenarioConfig) -> dict:
-    return {"rate": cfg.rate, **summarize_load(await open_loop(p, cfg, cfg.rate, cfg.duration, 1), cfg,
+    return {"rate": cfg.rate, **summarize_load(await open_loop(p, cfg, cfg.rate, cfg.duration, MIXED_SALT), cfg,
                                                cfg.duration)}
 
 
 async def goodput(p: Probe, cfg: ScenarioConfig) -> dict:
     points = []
     for i, rate in enumerate(cfg.rates):
-        records = await open_loop(p, cfg, rate, cfg.sweep_duration, 100 + i)
+        records = await open_loop(p, cfg, rate, cfg.sweep_duration, GOODPUT_SALT + i)
         points.append({"rate": rate, **summarize_load(records, cfg, cfg.sweep_duration)})
     peak = max(points, key=lambda x: x["good_per_s"])
     return {"points": points, "peak_good_per_s": peak["good_per_s"], "peak_rate": peak["rate"]}

@@ -12,7 +12,6 @@ measured TTFT is a prefix-cache hit on an earlier request.
 from __future__ import annotations
 
 import asyncio
-import math
 import statistics
 import time
 from collections import Counter
@@ -20,10 +19,10 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 
 import aiohttp
-import numpy as np
 from tqdm import tqdm
 
 from expresslane.bench import client, slo, stats
+from expresslane.bench.arrivals import arrival_offsets
 from expresslane.bench.client import Endpoint
 from expresslane.bench.datasets import (SYNTHETIC, SampleRequest, Shape, count_file_prompts,
                                         draw_prompts, fit_context, sample_shapes)
@@ -46,17 +45,6 @@ class Prepared:
     shapes: list[Shape]
     notices: list[str]
     alone_ttft_ms: float | None = None
-
-
-def arrival_offsets(n: int, rate: float, burstiness: float, seed: int) -> np.ndarray:
-    """Send time of each request, seconds after the start (cumulative, so no drift)."""
-    if rate <= 0 or burstiness <= 0:
-        raise ValueError(f"request rate and burstiness must be positive, got {rate}, {burstiness}")
-    if math.isinf(rate):
-        return np.zeros(n)
-    gaps = np.random.default_rng(seed).gamma(burstiness, 1.0 / (rate * burstiness), n)
-    gaps[0] = 0.0  # the first request starts the clock
-    return np.cumsum(gaps)
 
 
 async def connect(session: aiohttp.ClientSession, opts: ClientOptions) -> tuple[Endpoint, PromptMaker, list[str]]:
