@@ -15,6 +15,9 @@
 #            req/s x 10 s, throughput 256 x 512/256) for `serve MODEL --dtype bfloat16` with
 #            no other flags (fcfs), then with --scheduling-policy deadline, back to back (8B
 #            shape); FLAT_CONFIGS="--config NAME=FLAGS ..." measures others instead
+#   replay:  issue #20's mixed load (bench scenarios' arrivals, 8 req/s x 10 s, 15% 8k) replayed into the
+#            offline engine in real time (no HTTP), deadline then fcfs, next to flat_sim's prediction for
+#            the same arrivals; the steps around the worst short request (8B shape)
 #   batch:   issue #15's batch tier: a 2,000-request Batch API batch (256 in / 128 out) drains,
 #            alone and while Poisson interactive shorts (64 in / 16 out, 4/s) run; interactive
 #            TTFT p99 vs idle, batch throughput vs alone (8B shape; needs the server wheels and
@@ -134,6 +137,12 @@ for section in $SECTIONS; do
       run python3 benchmarks/flat_acceptance.py --model "$MODELS/llama-3-8b" --dtype bfloat16 \
         ${FLAT_CONFIGS:---config default= --config deadline=--scheduling-policy=deadline} --duration 20 \
         --sweep-duration 10 --logs "$OUT" ;;
+    replay)
+      model llama-3-8b
+      echo "== issue #20's mixed load (8 req/s, 15% 8k) replayed into the offline engine, no HTTP: deadline, then fcfs"
+      for pol in deadline fcfs; do
+        run python3 benchmarks/replay_mixed.py --model "$MODELS/llama-3-8b" --dtype bfloat16 --flag scheduling_policy=$pol
+      done ;;
     batch)
       model llama-3-8b
       echo "== batch tier (llama-3-8b): a 2,000-request batch drains while interactive shorts run"

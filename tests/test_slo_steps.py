@@ -260,3 +260,35 @@ def test_proposals_of_decodes_are_not_eaten_by_a_prefill_ranked_first():
                             for s in plan.seqs if s.sample})
     assert long_done_when_short_finished < long.num_prompt_tokens  # still prefilling all the short's life
     assert verified >= 3 and spec.counters.num_draft_tokens > 0
+
+
+def test_running_long_prompts_share_the_slack_and_leave_a_waiting_short_its_first_chunk():
+    """Two 8k prompts prefill beside 8 decodes, both past their deadlines (under load they never
+    step aside): their chunks together keep the step within the decodes' slack, and a short
+    prompt arriving then starts in the next step. (Each took the whole chunk: the step ran
+    twice as long, and on the CPU a short prompt waited 25 steps.)"""
+    now = [0.0]
+    sched = scheduler(now)
+    for i in range(8):
+        sched.add_request(request(f"d{i}", 64, 64, 0.0))
+    plan = sched.schedule()
+    sched.update(plan, {s.request_id: 5 for s in plan.seqs if s.sample})
+    sched.add_request(request("long0", 8192, 4, 0.0))
+    sched.add_request(request("long1", 8192, 4, 0.0))
+    for _ in range(3):  # both longs running
+        plan = sched.schedule()
+        sched.update(plan, {s.request_id: 5 for s in plan.seqs if s.sample})
+    assert {"long0", "long1"} <= set(sched.running)
+    now[0] = 10.0  # past both deadlines
+    decodes = StepShape.of([(r.num_computed_tokens, 1) for r in sched.running.values()
+                            if r.num_tokens_with_pending - r.num_computed_tokens == 1])
+    plan = sched.schedule()
+    chunks = {s.request_id: len(s.token_ids) for s in plan.seqs if len(s.token_ids) > 1}
+    assert set(chunks) == {"long0", "long1"} or set(chunks) == {"long0"}  # (the second may get none)
+    assert H200.predict(shape_of(plan)) <= max((1 + SLACK) * H200.predict(decodes), H200.predict(
+        decodes.plus_chunk(8192, MIN_CHUNK))) + 1e-12
+    sched.update(plan, {s.request_id: 5 for s in plan.seqs if s.sample})
+    sched.add_request(request("short", 64, 4, 10.0))
+    plan = sched.schedule()
+    assert "short" in {s.request_id for s in plan.seqs}
+    assert H200.predict(shape_of(plan)) <= TPOT

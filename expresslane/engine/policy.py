@@ -35,6 +35,7 @@ class StepBudget:
     lanes: dict[str, int]  # most tokens each lane may still take in this step
     top_up: bool = False  # leftover budget goes back to capped requests at the end
     short_first: bool = False  # a short interactive prompt waits: long interactive prefills may step aside
+    running_prefill: int = 1 << 62  # most tokens the running prompts' chunks may take together
 
     @classmethod
     def unlimited(cls) -> "StepBudget":
@@ -143,7 +144,8 @@ class DeadlinePolicy(SchedulingPolicy):
         busy = {lane for lane, n in waiting_by_lane.items() if n} | {r.lane for r in running}
         if ("interactive" in busy and self.cost_model is not None
                 and self.config.long_prefill_token_threshold is None):
-            budget.tokens, budget.prefill_cap = self.slo_sized(head, running, now, spec_tokens)
+            sized = self.slo_sized(head, running, now, spec_tokens)
+            budget.tokens, budget.prefill_cap, budget.running_prefill = sized
         if "interactive" in busy:
             share = int(self.lanes["batch"].share * budget.tokens)
             budget.lanes = {"interactive": budget.tokens - (share if "batch" in busy else 0), "batch": share}
@@ -152,9 +154,10 @@ class DeadlinePolicy(SchedulingPolicy):
         return budget
 
     def slo_sized(self, head: Request | None, running: Collection[Request], now: float,
-                  spec_tokens: int = 0) -> tuple[int, int]:
-        """(the step's tokens, the prefill cap) while interactive work is on, by the step-cost
-        model. The cap (``room``) is the prefill that keeps the step within ``(1 + slack)``
+                  spec_tokens: int = 0) -> tuple[int, int, int]:
+        """(the step's tokens, the prefill cap, what the running prompts' chunks may take
+        together) while interactive work is on, by the step-cost model. The cap (``room``) is
+        the prefill that keeps the step within ``(1 + slack)``
         times its decodes alone (a 1-token step when none decodes: what a request arriving
         now would wait behind) and within the lane's ``tpot`` target; when the queue's head
         is within half its lane's TTFT target of its deadline, up to the ``tpot`` target
@@ -163,9 +166,13 @@ class DeadlinePolicy(SchedulingPolicy):
 
         - Interactive decodes running: the step is its decodes (with the ``spec_tokens``
           proposals each may verify: a prefill ranked before them takes ``room``, not their
-          proposals' share) plus ``room`` prefill tokens;
-          a waiting interactive prompt's first chunk is counted in first, so it starts this
-          step even beside a long prompt that does not step aside.
+          proposals' share) plus ``room`` prefill tokens, which the running prompts share (two
+          long prompts each taking ``room`` made the step twice as long, and ate the tokens of
+          the decodes ranked after them);
+          a waiting interactive prompt's first chunk is counted in first and held back from
+          the running prompts, so it starts this step even beside long prompts that do not
+          step aside (past their deadlines, under load, they never do: on the CPU a short
+          prompt then waited 25 steps).
         - None: no decode pace to keep. Any number of prompts may start (a burst of short
           prompts shares one step), but none takes more than ``room``. With nobody waiting
           either, a lone prompt's chunk may double what it has computed, in steps of at most a
@@ -192,14 +199,14 @@ class DeadlinePolicy(SchedulingPolicy):
             if head is None:  # nor anyone waiting: a lone prompt's chunk may double what it has computed,
                 # in steps a request arriving meanwhile waits behind for at most a quarter of its TTFT target
                 room = max(room, min(start, self.cost_model.max_chunk(base, start, limit, slo.ttft / 4)))
-            return top, room
+            return top, room, top
         if head is None or head.lane != "interactive":
-            return min(top, base.num_tokens + room), room
+            return min(top, base.num_tokens + room), room, room
         # the head's first chunk counts in the step's time; what is left goes to running prompts
         starting = min(head.num_tokens, room)
         rest = self.cost_model.max_chunk(base.plus_chunk(0, starting), start, limit - starting, target)
         rest = max(rest, min(MIN_CHUNK, limit - starting))  # the head gets a chunk after a long one's
-        return min(top, base.num_tokens + starting + rest), max(starting, rest)
+        return min(top, base.num_tokens + starting + rest), max(starting, rest), rest
 
     def steps_aside(self, req: Request, budget: StepBudget, now: float) -> bool:
         """A long interactive prompt (more than the cap left) skips the step that admits a

@@ -142,6 +142,8 @@ class Scheduler:
             wanted = req.num_tokens_with_pending - req.num_computed_tokens
             proposals = self._propose(req, budget) if speculate else []
             n = budget.take(req, wanted + len(proposals))
+            if wanted > 1:  # a prompt's chunk: the running prompts share what the policy gives them
+                n = min(n, budget.running_prefill)
             if n == 0:
                 continue  # its lane's share of this step is spent
             while not self.kv.allocate_slots(req, n):
@@ -157,6 +159,8 @@ class Scheduler:
             else:
                 scheduled.append((req, n))
                 budget.spend(req, n)
+                if wanted > 1:
+                    budget.running_prefill -= n
                 if proposals:
                     self._proposals[req.request_id] = proposals
         return scheduled, preempted

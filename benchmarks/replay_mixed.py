@@ -1,0 +1,137 @@
+"""Issue #20: the mixed load of `bench scenarios` replayed into the offline engine in real time,
+without HTTP, next to what the scheduler alone predicts for the same arrivals.
+
+    python benchmarks/replay_mixed.py [--model DIR] [--rate 8 --duration 10] [--flag scheduling_policy=deadline]
+
+The arrivals are the ones `bench scenarios --seed SEED` sends in its mixed run (bench/arrivals.py),
+the prompts random token ids of --short-len / --long-len tokens, --output-len new tokens each
+(greedy, EOS ignored). Requests enter the engine at their arrival times; it steps while any is
+unfinished. Reported, as for the server: short TTFT p50 / p99, short inter-token p99, long TTFT
+p50, the good fraction (short: TTFT <= 100 ms and mean TPOT <= 25 ms; long: TTFT <= 1 s); the
+steps' measured and predicted time; `flat_sim.py`'s figures for the same arrivals with the
+model this engine calibrated at start-up; and the steps around the worst short request (its
+prefill chunks, the other chunks, the decodes, who waited).
+
+Where the server's tails match this replay, they come from the engine; where the replay
+matches the simulation, from the host or HTTP. On the 2-core CPU (2026-12-02) the replay
+matched the server, not the simulation: see docs/performance.md, "Flat latency through HTTP".
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import random
+import time
+
+import numpy as np
+from _shared import emit
+
+import flat_sim
+from expresslane import LLM, SamplingParams
+from expresslane.bench.arrivals import load_arrivals
+from expresslane.engine.cost_model import StepCostModel
+from expresslane.models.model_dir import DEFAULT_MODEL
+
+
+def parse_flag(text: str) -> tuple[str, object]:
+    key, _, value = text.partition("=")
+    for cast in (int, float):
+        try:
+            return key, cast(value)
+        except ValueError:
+            pass
+    return key, value
+
+
+def summarize(first: dict[str, float], ends: dict[str, list[float]], arrival: dict[str, float]) -> dict:
+    """The scenario's figures from each request's token times (seconds, the same clock)."""
+    ttft = {r: ends[r][0] - arrival[r] for r in ends}
+    shorts = [r for r in ttft if r.startswith("short")]
+    longs = [r for r in ttft if r.startswith("long")]
+    itl = [b - a for r in shorts for a, b in zip(ends[r], ends[r][1:])]
+    tpot = {r: (ends[r][-1] - ends[r][0]) / max(1, len(ends[r]) - 1) for r in shorts}
+    good = sum(ttft[r] <= 0.1 and tpot[r] <= 0.025 for r in shorts) + sum(ttft[r] <= 1.0 for r in longs)
+    return {"short_ttft_p50_ms": 1e3 * float(np.median([ttft[r] for r in shorts])),
+            "short_ttft_p99_ms": 1e3 * float(np.percentile([ttft[r] for r in shorts], 99)),
+            "short_itl_p99_ms": 1e3 * float(np.percentile(itl, 99)) if itl else None,
+            "long_ttft_p50_ms": 1e3 * float(np.median([ttft[r] for r in longs])) if longs else None,
+            "good_fraction": good / len(ttft)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=str(DEFAULT_MODEL))
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--flag", action="append", type=parse_flag, default=[], metavar="KEY=VALUE",
+                   help="an engine argument (LLM keyword), e.g. scheduling_policy=deadline; repeatable")
+    p.add_argument("--rate", type=float, default=8.0)
+    p.add_argument("--duration", type=float, default=10.0)
+    p.add_argument("--short-len", type=int, default=64)
+    p.add_argument("--long-len", type=int, default=8192, help="cut to the context, less the output")
+    p.add_argument("--output-len", type=int, default=64)
+    p.add_argument("--long-fraction", type=float, default=0.15)
+    p.add_argument("--seed", type=int, default=0, help="`bench scenarios --seed`: the same arrivals")
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+
+    llm = LLM(args.model, dtype=args.dtype, **dict(args.flag))
+    engine, core = llm.engine, llm.engine.core
+    long_len = min(args.long_len, core.max_model_len - args.output_len - 1)
+    calibrated = StepCostModel.from_dict(core.cost_model.to_dict()) if core.cost_model else None
+    sched_cfg = {f.name: getattr(core.config.scheduler, f.name) for f in dataclasses.fields(core.config.scheduler)}
+    vocab = min(core.hf_config.vocab_size, 30000)
+    rng = random.Random(args.seed)
+    warm = [[rng.randrange(1, vocab) for _ in range(n)] for n in (args.short_len, long_len)]
+    llm.generate([{"prompt_token_ids": w} for w in warm], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
+
+    sent = load_arrivals(args.seed, flat_sim.MIXED_SALT, args.rate, args.duration, args.long_fraction)
+    names = [f"{'long' if long else 'short'}{i}" for i, (_, long) in enumerate(sent)]
+    prompts = [[rng.randrange(1, vocab) for _ in range(long_len if long else args.short_len)] for _, long in sent]
+    sp = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
+    times: dict[str, list[float]] = {}
+    steps = []  # (start, seconds in step(), measured, predicted, prefill chunks [(id, n)], decodes, waiting ids)
+    t0, i = time.monotonic(), 0
+    while i < len(sent) or engine.has_unfinished():
+        now = time.monotonic() - t0
+        while i < len(sent) and sent[i][0] <= now:
+            engine.add_request(names[i], {"prompt_token_ids": prompts[i]}, sp, arrival_time=t0 + sent[i][0])
+            i += 1
+        if not engine.has_unfinished():
+            time.sleep(max(0.0, sent[i][0] - now))
+            continue
+        waiting = [r.request_id for _, r in core.scheduler._waiting if r.status.name == "WAITING"]
+        start = time.monotonic()
+        outs = engine.step()
+        done = time.monotonic()
+        stats = core.stats()
+        plan = core._in_flight.plan.seqs if core._in_flight else []
+        steps.append((start - t0, done - start, stats.step_time, stats.predicted_step_time,
+                      [(s.request_id, len(s.token_ids)) for s in plan if len(s.token_ids) > 1],
+                      sum(len(s.token_ids) == 1 for s in plan), waiting))
+        for o in outs:
+            times.setdefault(o.request_id, []).append(done - t0)
+    arrival = {n: t for n, (t, _) in zip(names, sent)}
+    measured = summarize({}, times, arrival)
+    row = {"bench": "replay_mixed", "model": args.model.rstrip("/").split("/")[-1], "flags": dict(args.flag),
+           "rate": args.rate, "duration": args.duration, "requests": len(sent),
+           "long_prompts": sum(long for _, long in sent), "long_len": long_len, **measured,
+           "steps": len(steps), "step_seconds_in_step": sum(s[1] for s in steps),
+           "step_seconds_measured": sum(s[2] for s in steps), "step_seconds_predicted": sum(s[3] for s in steps)}
+    if calibrated is not None:  # the scheduler alone, same arrivals, this engine's start-up model
+        flat_sim.SHAPE.update(short=args.short_len, long=long_len, out=args.output_len)
+        sim = flat_sim.mixed_load(sched_cfg, args.rate, args.duration, seed=args.seed, model=calibrated)
+        row["simulated"] = {k: round(v, 2) for k, v in sim.items()}
+    emit(args.out, **row)
+
+    worst = max((n for n in times if n.startswith("short")), key=lambda n: times[n][0] - arrival[n])
+    t_in, t_first = arrival[worst], times[worst][0]
+    print(f"the worst short request, {worst}: arrived at {t_in:.3f} s, first token at {t_first:.3f} s; the steps "
+          "started in between (s, ms in step(), prefill chunks (request, tokens), decodes, waiting):")
+    for start, wall, _, _, chunks, decodes, waiting in steps:
+        if t_in - 0.05 <= start <= t_first:
+            print(f"  {start:8.3f} {1e3 * wall:6.1f}  {chunks[:6]}  decodes {decodes}  waiting {waiting[:6]}")
+
+
+if __name__ == "__main__":
+    main()
