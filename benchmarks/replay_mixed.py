@@ -44,7 +44,7 @@ def parse_flag(text: str) -> tuple[str, object]:
     return key, value
 
 
-def summarize(first: dict[str, float], ends: dict[str, list[float]], arrival: dict[str, float]) -> dict:
+def summarize(ends: dict[str, list[float]], arrival: dict[str, float]) -> dict:
     """The scenario's figures from each request's token times (seconds, the same clock)."""
     ttft = {r: ends[r][0] - arrival[r] for r in ends}
     shorts = [r for r in ttft if r.startswith("short")]
@@ -112,7 +112,7 @@ def main() -> None:
         for o in outs:
             times.setdefault(o.request_id, []).append(done - t0)
     arrival = {n: t for n, (t, _) in zip(names, sent)}
-    measured = summarize({}, times, arrival)
+    measured = summarize(times, arrival)
     row = {"bench": "replay_mixed", "model": args.model.rstrip("/").split("/")[-1], "flags": dict(args.flag),
            "rate": args.rate, "duration": args.duration, "requests": len(sent),
            "long_prompts": sum(long for _, long in sent), "long_len": long_len, **measured,

@@ -16,7 +16,7 @@ import dataclasses
 from array import array
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import AsyncIterator, Callable
 
 import msgspec
