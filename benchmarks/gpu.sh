@@ -225,6 +225,8 @@ for section in $SECTIONS; do
       run python3 benchmarks/bf16_agreement.py --model "$PAIR/stdlib-llama-9m" --held-out-code --num-seqs 64
       echo "== speculative decoding: ngram and draft vs none, batch 1 and 64, held-out code (bf16)"
       run python3 benchmarks/spec_decode_bench.py --dtype bfloat16 --batch-sizes 1,64 --num-prompts 64
+      echo "== host time of a step by phase, batch 1, without and with prompt lookup (bf16)"
+      run python3 benchmarks/step_phases.py --dtype bfloat16
       echo "== the same, speculating whatever the batch (what it would cost where the cost model says no)"
       run python3 benchmarks/spec_decode_bench.py --dtype bfloat16 --batch-sizes 1,64 --num-prompts 64 \
         --methods none,ngram --speculative-disable-by-batch-size 256 ;;

@@ -273,3 +273,22 @@ def test_the_draft_chain_writes_only_the_slots_of_the_proposals_a_seq_makes(tmp_
         written = cache.abs().sum(dim=(0, 3, 4)) != 0  # [blocks, slots]
         assert written[1].nonzero().flatten().tolist() == [5, 6]
         assert not written[torch.tensor([0, 2, 3, 4, 5, 6, 7])].any()
+
+
+def test_step_phases_benchmark_times_the_verify_phases(tmp_path):
+    """benchmarks/step_phases.py at a CPU size: every phase timed, the verify ones only with speculation."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / "rows.jsonl"
+    subprocess.run([sys.executable, "step_phases.py", "--prompts", "2", "--max-tokens", "32", "--out", str(out)],
+                   cwd=root / "benchmarks", check=True, capture_output=True, timeout=600)
+    none, ngram = [json.loads(line) for line in out.read_text().splitlines()]
+    assert none["method"] == "none" and ngram["method"] == "ngram"
+    common = {"core_step", "schedule", "update", "execute", "batch_apply", "output_process", "result_get"}
+    assert common <= set(none["phases"]) and not {"verify_forward", "verify_accept"} & set(none["phases"])
+    assert {"verify_forward", "verify_accept"} <= set(ngram["phases"]) and ngram["steps"] < none["steps"]
+    assert all(p["calls"] > 0 and p["mean_us"] > 0 for r in (none, ngram) for p in r["phases"].values())
