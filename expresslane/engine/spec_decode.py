@@ -94,8 +94,10 @@ class SpecDecoder:
         self.cost_model = cost_model
         self.counters = SpecCounters()
         self.draft_cost_ratio = 0.0  # a draft step's time over a target step's (the engine sets it)
-        # per batch bucket (`_bucket`): verify steps' measured time over predicted, the last ones
+        # per batch bucket (`_bucket`): verify steps' measured time over predicted, the last ones,
+        # and their median (kept here: the decision asks for it twice a step)
         self._verify_ratios: dict[int, deque[float]] = {}
+        self._verify_scales: dict[int, float] = {}
         self._verifies_seen: dict[int, int] = {}
         self._shadow: tuple[Request, int, list[int]] | None = None  # (request, at token, proposal)
         self._shadow_turn = 0
@@ -210,15 +212,14 @@ class SpecDecoder:
         a = self.acceptance()
         expected = (1 - a ** (k + 1)) / (1 - a) if a < 1 else k + 1.0  # tokens per request per step
         plain = self.cost_model.predict(StepShape.of((c, 1) for c in contexts))
-        spec = self._predicted_verify([(c, 1 + k, k) for c in contexts])
+        spec = self._verify_cost(StepShape.of((c, 1 + k) for c in contexts), plain)
         return plain, spec * self.verify_scale(len(contexts)) / expected
 
-    def _predicted_verify(self, seqs: list[tuple[int, int, int]]) -> float:
-        """The model's time for a verify step of (cached tokens, tokens now, of them proposals)
-        per seq, at least that of the same step without the proposals, with the draft's steps."""
-        as_is = self.cost_model.predict(StepShape.of((start, n) for start, n, _ in seqs))
-        plain = self.cost_model.predict(StepShape.of((start, n - k) for start, n, k in seqs if n > k))
-        return max(as_is, plain) * (1 + self.config.num_speculative_tokens * self.draft_cost_ratio)
+    def _verify_cost(self, shape: StepShape, plain: float) -> float:
+        """The model's time for a verify step of this shape, at least `plain` (the same step
+        without the proposals), with the draft's steps."""
+        predicted = max(self.cost_model.predict(shape), plain)
+        return predicted * (1 + self.config.num_speculative_tokens * self.draft_cost_ratio)
 
     @staticmethod
     def _bucket(num_speculating: int) -> int:
@@ -227,18 +228,21 @@ class SpecDecoder:
     def verify_scale(self, num_speculating: int) -> float:
         """Measured over predicted time of verify steps with this many speculating seqs: those of
         its bucket, else of the nearest smaller bucket measured, else 1."""
-        measured = [b for b, r in self._verify_ratios.items() if r and b <= self._bucket(num_speculating)]
-        return float(np.median(self._verify_ratios[max(measured)])) if measured else 1.0
+        measured = [b for b in self._verify_scales if b <= self._bucket(num_speculating)]
+        return self._verify_scales[max(measured)] if measured else 1.0
 
     def observe(self, measured: float, seqs: list[tuple[int, int, int]]) -> None:
         """A verify step's time (completion to completion) and its seqs' (cached tokens, tokens
         now, of them proposals)."""
         bucket = self._bucket(sum(1 for _, _, k in seqs if k))
         self._verifies_seen[bucket] = seen = self._verifies_seen.get(bucket, 0) + 1
-        predicted = self._predicted_verify(seqs)
+        plain = self.cost_model.predict(StepShape.of((start, n - k) for start, n, k in seqs if n > k))
+        predicted = self._verify_cost(StepShape.of((start, n) for start, n, _ in seqs), plain)
         if predicted <= 0 or seen <= WARMUP_VERIFIES:
             return
-        self._verify_ratios.setdefault(bucket, deque(maxlen=VERIFY_WINDOW)).append(measured / predicted)
+        ratios = self._verify_ratios.setdefault(bucket, deque(maxlen=VERIFY_WINDOW))
+        ratios.append(measured / predicted)
+        self._verify_scales[bucket] = float(np.median(ratios))
 
     def record(self, proposed: int, accepted: int) -> None:
         if proposed:
