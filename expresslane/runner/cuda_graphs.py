@@ -222,10 +222,8 @@ class DraftChainGraphs(DecodeGraphs):
         n = inputs.num_tokens
         size = next(s for s in self.sizes if s >= n)
         self._load(self._token_fields(inputs, size, size) + [(self.counts[:size], counts, 0)], patch)
-        if size in self.graphs:
-            self.graphs[size][0].replay()
-            return self.tokens[:n]
-        return self._forward(size)[:n]
+        self._replay(size, n)  # (its outputs are the proposals in `tokens`)
+        return self.tokens[:n]
 
 
 class MixedGraphs(_Graphs):
