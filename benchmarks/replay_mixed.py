@@ -6,8 +6,9 @@ without HTTP, next to what the scheduler alone predicts for the same arrivals.
 The arrivals are the ones `bench scenarios --seed SEED` sends in its mixed run (bench/arrivals.py),
 the prompts random token ids of --short-len / --long-len tokens, --output-len new tokens each
 (greedy, EOS ignored). Requests enter the engine at their arrival times; it steps while any is
-unfinished. Reported, as for the server: short TTFT p50 / p99, short inter-token p99, long TTFT
-p50, the good fraction (short: TTFT <= 100 ms and mean TPOT <= 25 ms; long: TTFT <= 1 s); the
+unfinished. Reported, as for the server (`flat_sim.load_figures`): short TTFT p50 / p99, short
+inter-token p99, long TTFT p50, goodput (short: TTFT <= 100 ms and mean TPOT <= 25 ms; long:
+TTFT <= 1 s); the
 steps' measured and predicted time; `flat_sim.py`'s figures for the same arrivals with the
 model this engine calibrated at start-up; and the steps around the worst short request (its
 prefill chunks, the other chunks, the decodes, who waited).
@@ -30,6 +31,7 @@ from _shared import emit
 import flat_sim
 from expresslane import LLM, SamplingParams
 from expresslane.bench.arrivals import load_arrivals
+from expresslane.engine.request import RequestStatus
 from expresslane.engine.cost_model import StepCostModel
 from expresslane.models.model_dir import DEFAULT_MODEL
 
@@ -42,21 +44,6 @@ def parse_flag(text: str) -> tuple[str, object]:
         except ValueError:
             pass
     return key, value
-
-
-def summarize(ends: dict[str, list[float]], arrival: dict[str, float]) -> dict:
-    """The scenario's figures from each request's token times (seconds, the same clock)."""
-    ttft = {r: ends[r][0] - arrival[r] for r in ends}
-    shorts = [r for r in ttft if r.startswith("short")]
-    longs = [r for r in ttft if r.startswith("long")]
-    itl = [b - a for r in shorts for a, b in zip(ends[r], ends[r][1:])]
-    tpot = {r: (ends[r][-1] - ends[r][0]) / max(1, len(ends[r]) - 1) for r in shorts}
-    good = sum(ttft[r] <= 0.1 and tpot[r] <= 0.025 for r in shorts) + sum(ttft[r] <= 1.0 for r in longs)
-    return {"short_ttft_p50_ms": 1e3 * float(np.median([ttft[r] for r in shorts])),
-            "short_ttft_p99_ms": 1e3 * float(np.percentile([ttft[r] for r in shorts], 99)),
-            "short_itl_p99_ms": 1e3 * float(np.percentile(itl, 99)) if itl else None,
-            "long_ttft_p50_ms": 1e3 * float(np.median([ttft[r] for r in longs])) if longs else None,
-            "good_fraction": good / len(ttft)}
 
 
 def main() -> None:
@@ -100,7 +87,7 @@ def main() -> None:
         if not engine.has_unfinished():
             time.sleep(max(0.0, sent[i][0] - now))
             continue
-        waiting = [r.request_id for _, r in core.scheduler._waiting if r.status.name == "WAITING"]
+        waiting = [r.request_id for r in core.scheduler.requests.values() if r.status == RequestStatus.WAITING]
         start = time.monotonic()
         outs = engine.step()
         done = time.monotonic()
@@ -112,7 +99,9 @@ def main() -> None:
         for o in outs:
             times.setdefault(o.request_id, []).append(done - t0)
     arrival = {n: t for n, (t, _) in zip(names, sent)}
-    measured = summarize(times, arrival)
+    measured, ttft = flat_sim.load_figures(times, arrival, args.duration)  # the simulation's own figures
+    measured["good_fraction"] = measured.pop("good_frac")
+    measured["short_ttft_p50_ms"] = 1e3 * float(np.median([v for r, v in ttft.items() if r.startswith("short")]))
     row = {"bench": "replay_mixed", "model": args.model.rstrip("/").split("/")[-1], "flags": dict(args.flag),
            "rate": args.rate, "duration": args.duration, "requests": len(sent),
            "long_prompts": sum(long for _, long in sent), "long_len": long_len, **measured,
