@@ -36,6 +36,18 @@ def scheduler(now: list[float], **config) -> Scheduler:
     return Scheduler(cfg, KVCacheManager(40_000, 16), clock=lambda: now[0], cost_model=H200)
 
 
+def land(sched: Scheduler, plan) -> None:
+    """The step ran: every sampling seq got a token."""
+    sched.update(plan, {s.request_id: 5 for s in plan.seqs if s.sample})
+
+
+def decoding(sched: Scheduler, n: int) -> None:
+    """`n` short requests, through their prompt step: decoding from the next step on."""
+    for i in range(n):
+        sched.add_request(request(f"d{i}", 64, 64, 0.0))
+    land(sched, sched.schedule())
+
+
 def shape_of(plan) -> StepShape:
     return StepShape.of((s.start_pos, len(s.token_ids)) for s in plan.seqs)
 
@@ -147,10 +159,7 @@ def test_prefill_rides_in_the_slack_of_16_decodes():
     a decode step's slack on the H200 (4.2 ms -> within 20% more), not a quarter of 2048."""
     now = [0.0]
     sched = scheduler(now)
-    for i in range(16):
-        sched.add_request(request(f"s{i}", 64, 64, 0.0))
-    plan = sched.schedule()
-    sched.update(plan, {s.request_id: 5 for s in plan.seqs if s.sample})
+    decoding(sched, 16)
     sched.add_request(request("long", 8192, 4, 0.0))
     plan = sched.schedule()
     chunk = {s.request_id: len(s.token_ids) for s in plan.seqs}["long"]
@@ -163,10 +172,7 @@ def test_deadlines_at_risk_grow_the_step_up_to_the_tpot_target():
     steps (its deadlines come first), still within the tpot target."""
     now = [0.0]
     sched = scheduler(now)
-    for i in range(4):
-        sched.add_request(request(f"d{i}", 64, 64, 0.0))
-    plan = sched.schedule()
-    sched.update(plan, {s.request_id: 5 for s in plan.seqs if s.sample})
+    decoding(sched, 4)
     for i in range(64):
         sched.add_request(request(f"r{i}", 512, 8, 0.0))
     small = sched.schedule()
@@ -269,15 +275,12 @@ def test_running_long_prompts_share_the_slack_and_leave_a_waiting_short_its_firs
     twice as long, and on the CPU a short prompt waited 25 steps.)"""
     now = [0.0]
     sched = scheduler(now)
-    for i in range(8):
-        sched.add_request(request(f"d{i}", 64, 64, 0.0))
-    plan = sched.schedule()
-    sched.update(plan, {s.request_id: 5 for s in plan.seqs if s.sample})
+    decoding(sched, 8)
     sched.add_request(request("long0", 8192, 4, 0.0))
     sched.add_request(request("long1", 8192, 4, 0.0))
     for _ in range(3):  # both longs running
         plan = sched.schedule()
-        sched.update(plan, {s.request_id: 5 for s in plan.seqs if s.sample})
+        land(sched, plan)
     assert {"long0", "long1"} <= set(sched.running)
     now[0] = 10.0  # past both deadlines
     decodes = StepShape.of([(r.num_computed_tokens, 1) for r in sched.running.values()
@@ -287,7 +290,7 @@ def test_running_long_prompts_share_the_slack_and_leave_a_waiting_short_its_firs
     assert set(chunks) == {"long0", "long1"} or set(chunks) == {"long0"}  # (the second may get none)
     assert H200.predict(shape_of(plan)) <= max((1 + SLACK) * H200.predict(decodes), H200.predict(
         decodes.plus_chunk(8192, MIN_CHUNK))) + 1e-12
-    sched.update(plan, {s.request_id: 5 for s in plan.seqs if s.sample})
+    land(sched, plan)
     sched.add_request(request("short", 64, 4, 10.0))
     plan = sched.schedule()
     assert "short" in {s.request_id for s in plan.seqs}

@@ -79,6 +79,12 @@ def test_shadow_proposals_that_miss_keep_it_off():
     assert spec.shadow_proposed >= 64 and spec.acceptance() < 0.3 < PRIOR_ACCEPTANCE
 
 
+def _decoding(n: int) -> list[Request]:
+    return [Request.from_core_request(EngineCoreRequest(
+        f"r{i}", list(PATTERN), SamplingParams(temperature=0.0), (0,), 0.0, 0, "interactive"), 4096)
+        for i in range(n)]
+
+
 def test_a_verify_steps_first_use_cost_does_not_keep_speculation_off():
     """The first verify step on the H200 measured ~245x its prediction (Triton compiling the
     verify shapes); a moving average turned speculation off for good after it. Sustained slow
@@ -90,18 +96,11 @@ def test_a_verify_steps_first_use_cost_does_not_keep_speculation_off():
             spec.observe(r * 1.9e-3, [(5, 5, 4)])  # one seq verifying 4 proposals: predicted 1.9 ms
         return spec
 
-    decoding = [Request.from_core_request(EngineCoreRequest(
-        "r", list(PATTERN), SamplingParams(temperature=0.0), (0,), 0.0, 0, "interactive"), 4096)]
+    decoding = _decoding(1)
     assert decoder([1.0] * 12).worth_it(decoding)
     first_use = decoder([245.0] + [1.1] * 3 + [1.1] * 8 + [245.0])  # a later outlier: one of the window
     assert first_use.verify_scale(1) == 1.1 and first_use.worth_it(decoding)
     assert not decoder([1.0] * 4 + [3.0] * 12).worth_it(decoding)  # 3x steadily: 1.1 ms a token against 1 plain
-
-
-def _decoding(n: int) -> list[Request]:
-    return [Request.from_core_request(EngineCoreRequest(
-        f"r{i}", list(PATTERN), SamplingParams(temperature=0.0), (0,), 0.0, 0, "interactive"), 4096)
-        for i in range(n)]
 
 
 def test_verify_cost_is_measured_per_batch_size():
