@@ -15,9 +15,10 @@
 #            req/s x 10 s, throughput 256 x 512/256) for `serve MODEL --dtype bfloat16` with
 #            no other flags (fcfs), then with --scheduling-policy deadline, back to back (8B
 #            shape); FLAT_CONFIGS="--config NAME=FLAGS ..." measures others instead
-#   replay:  issue #20's mixed load (bench scenarios' arrivals, 8 req/s x 10 s, 15% 8k) replayed into the
-#            offline engine in real time (no HTTP), deadline then fcfs, next to flat_sim's prediction for
-#            the same arrivals; the steps around the worst short request (8B shape)
+#   replay:  issue #20's mixed load (bench scenarios' arrivals, 8 req/s x 20 s, 15% 8k) replayed into the
+#            offline engine in real time (no HTTP), deadline then fcfs (REPLAY_POLICIES), next to flat_sim's
+#            prediction for the same arrivals; cost-model refits, each long prompt's chunks, the steps
+#            around the worst short request (8B shape)
 #   batch:   issue #15's batch tier: a 2,000-request Batch API batch (256 in / 128 out) drains,
 #            alone and while Poisson interactive shorts (64 in / 16 out, 4/s) run; interactive
 #            TTFT p99 vs idle, batch throughput vs alone (8B shape; needs the server wheels and
@@ -54,6 +55,8 @@
 #            torch SDPA flash and cuDNN (a chunk: two cuDNN calls merged) (TFLOP/s); decode at batch 1 x 8k / 32k, 64 x 8k, 64 x 1k and 256 x 1k by split count
 #            and tile (KV TB/s); every tile checked against float32 first; the attention-tile tests (bf16)
 #            before; KERNELS_QUICK=1: fewer tiles and cases
+#   split:   a short prefill chunk (16-256 tokens) after 8k / 32k keys, one layer of the 8B shape: prefill
+#            items whole vs cut over their keys (us, KV TB/s); the split tests of the attention tiles first
 #   longctx: issue #18 through HTTP (llama-3-8b, `serve --max-model-len 33792`): TTFT of a 16k and a 32k
 #            prompt sent alone and the ITL of their decode, batch-1 ITL at 1k, next to vLLM's and the floors;
 #            then TTFT 16k / 32k again with `--prefill-attention cudnn`
@@ -140,8 +143,9 @@ for section in $SECTIONS; do
     replay)
       model llama-3-8b
       echo "== issue #20's mixed load (8 req/s, 15% 8k) replayed into the offline engine, no HTTP: deadline, then fcfs"
-      for pol in deadline fcfs; do
-        run python3 benchmarks/replay_mixed.py --model "$MODELS/llama-3-8b" --dtype bfloat16 --flag scheduling_policy=$pol
+      for pol in ${REPLAY_POLICIES:-deadline fcfs}; do
+        run python3 benchmarks/replay_mixed.py --model "$MODELS/llama-3-8b" --dtype bfloat16 --flag scheduling_policy=$pol \
+          --duration 20
       done ;;
     batch)
       model llama-3-8b
@@ -178,6 +182,12 @@ for section in $SECTIONS; do
         | tail -3 || status=1
       echo "== attention at long context: prefill tiles vs SDPA flash / cuDNN, decode splits (8B shape, one layer)"
       run python3 benchmarks/attention_bench.py ${KERNELS_QUICK:+--quick} ;;
+    split)
+      echo "== attention tiles against the torch reference (split prefill items among them)"
+      python3 -m pytest -q tests/test_attention_tiles.py -p no:cacheprovider -k "split" 2>&1 | tee -a "$OUT/gpu-tests.log" \
+        | tail -3 || status=1
+      echo "== a short prefill chunk after 8k / 32k keys: items whole vs cut over their keys (8B shape, one layer)"
+      run python3 benchmarks/split_prefill_bench.py ;;
     longctx)
       model llama-3-8b  # the same weights with Llama-3.1's 128k position limit (Llama-3's is 8k): same cost per token
       L="$MODELS/llama-3-8b-128k"

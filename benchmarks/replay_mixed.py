@@ -78,6 +78,7 @@ def main() -> None:
     sp = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
     times: dict[str, list[float]] = {}
     steps = []  # (start, seconds in step(), measured, predicted, prefill chunks [(id, n)], decodes, waiting ids)
+    models = []  # (seconds, the cost model) each time a refit was kept
     t0, i = time.monotonic(), 0
     while i < len(sent) or engine.has_unfinished():
         now = time.monotonic() - t0
@@ -98,6 +99,8 @@ def main() -> None:
                       sum(len(s.token_ids) == 1 for s in plan), waiting))
         for o in outs:
             times.setdefault(o.request_id, []).append(done - t0)
+        if core.cost_model is not None and core.cost_model.refits > len(models):
+            models.append((done - t0, core.cost_model.describe()))
     arrival = {n: t for n, (t, _) in zip(names, sent)}
     measured, ttft = flat_sim.load_figures(times, arrival, args.duration)  # the simulation's own figures
     measured["good_fraction"] = measured.pop("good_frac")
@@ -113,13 +116,30 @@ def main() -> None:
         row["simulated"] = {k: round(v, 2) for k, v in sim.items()}
     emit(args.out, **row)
 
+    print(f"cost model at start-up: {calibrated.describe() if calibrated else None}")
+    for t, text in models:
+        print(f"refit kept at {t:.3f} s: {text}")
+    print("the long prompts (arrival s, TTFT ms, chunks, their median and smallest tokens, "
+          "steps it sat out between its first and last chunk):")
+    for name in (n for n in names if n.startswith("long")):
+        mine = [(k, n) for k, s in enumerate(steps) for r, n in s[4] if r == name]
+        if not mine:
+            continue
+        sizes = [n for _, n in mine]
+        sat_out = mine[-1][0] - mine[0][0] + 1 - len(mine)
+        print(f"  {name:8s} {arrival[name]:7.3f} {1e3 * (times[name][0] - arrival[name]):8.1f}  {len(sizes):4d} "
+              f"{int(np.median(sizes)):5d} {min(sizes):5d}  {sat_out}")
+
     worst = max((n for n in times if n.startswith("short")), key=lambda n: times[n][0] - arrival[n])
     t_in, t_first = arrival[worst], times[worst][0]
     print(f"the worst short request, {worst}: arrived at {t_in:.3f} s, first token at {t_first:.3f} s; the steps "
           "started in between (s, ms in step(), prefill chunks (request, tokens), decodes, waiting):")
-    for start, wall, _, _, chunks, decodes, waiting in steps:
-        if t_in - 0.05 <= start <= t_first:
+    around = [s for s in steps if t_in - 0.05 <= s[0] <= t_first]
+    for k, (start, wall, _, _, chunks, decodes, waiting) in enumerate(around):
+        if k < 20 or k >= len(around) - 20:  # the first and last 20
             print(f"  {start:8.3f} {1e3 * wall:6.1f}  {chunks[:6]}  decodes {decodes}  waiting {waiting[:6]}")
+        elif k == 20:
+            print(f"  ... {len(around) - 40} steps ...")
 
 
 if __name__ == "__main__":

@@ -133,13 +133,50 @@ def test_prefill_work_list_longest_first():
     qsl = [0, 1, 2, 77, 98, 148]  # two decodes, then prefill chunks of 75, 21, 50 tokens
     lens = [41, 9, 75, 151, 53]
     work = backend.plan_prefill(qsl, lens, 2, tile)
-    expected = {(s, off) for s in (2, 3, 4) for off in range(0, qsl[s + 1] - qsl[s], 8)}
+    expected = {(s, off, 0, 1, 0) for s in (2, 3, 4) for off in range(0, qsl[s + 1] - qsl[s], 8)}
     assert len(work) == len(expected) and {tuple(w) for w in work.tolist()} == expected
     q_len = np.diff(qsl)[work[:, 0]]
     ctx = np.asarray(lens)[work[:, 0]]
     keys = np.minimum(ctx, ctx - q_len + work[:, 1] + 8)
     assert (np.diff(keys) <= 0).all() and keys[0] == 151
-    assert backend.plan_prefill([0, 1, 41], [9, 50], 1, tile).tolist() == [[1, off] for off in (32, 24, 16, 8, 0)]
+    assert backend.plan_prefill([0, 1, 41], [9, 50], 1, tile).tolist() == [
+        [1, off, 0, 1, 0] for off in (32, 24, 16, 8, 0)]
+
+
+def test_a_short_chunk_after_a_long_context_is_split_over_its_keys():
+    """The H200's geometry (132 SMs; Llama-3-8B heads: 8 KV heads, 16 query tokens an item): a
+    24-token chunk after 8,000 cached tokens is 2 items, 16 programs, each reading 8k keys. Cut
+    into slices of >= 512 keys, up to two waves: 15 slices each, in 30 partial slots; every
+    (item, slice) once, each item's slices adjacent with slots of their own."""
+    backend = triton_backend.TritonAttentionBackend(32, 8, 128, DEVICE)
+    backend.sms = 132
+    work = backend.plan_prefill([0, 1, 25], [300, 8024], 1, PrefillTile())
+    assert work.shape == (30, 5) and backend.max_prefill_work(32, 2) >= 30
+    for off, slot in ((16, 0), (0, 15)):  # the later tile sees more keys: it starts first
+        mine = work[work[:, 1] == off]
+        assert mine[:, 0].tolist() == [1] * 15 and mine[:, 2].tolist() == list(range(15))
+        assert (mine[:, 3] == 15).all() and (mine[:, 4] == slot).all()
+    # a full wave already (a long chunk, or many seqs): nothing is split
+    assert (backend.plan_prefill([0, 2048], [10048], 0, PrefillTile())[:, 3] == 1).all()
+    # a short context: slices would be too short to pay
+    assert (backend.plan_prefill([0, 24], [900], 0, PrefillTile())[:, 3] == 1).all()
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("tile", PREFILL, ids=repr)
+def test_split_prefill_items_match_torch(monkeypatch, tile, shape):
+    """Prefill items cut over their keys (slices of >= 16 keys here; 64 SMs, so the few items of
+    these steps all split) combine to the reference: chunks after long and short contexts, a
+    prompt, beside decodes; the last split to finish writes the rows."""
+    monkeypatch.setattr(triton_backend.TritonAttentionBackend, "SPLIT_MIN_KEYS", 16)
+    seqs = [(40, 1), (300, 5), (130, 21), (0, 40)]
+    for dtype in DTYPES:  # (a tile too big for the shared memory in this dtype falls back, split too)
+        backend = triton_backend.TritonAttentionBackend(*shape, DEVICE, prefill_tiles=only(tile), kv_dtype=dtype)
+        backend.sms = 64
+        check(backend, *shape, seqs, dtype, seed=5)
+        meta = make_step(seqs, *shape, 16, torch.float32, 5)[4]
+        backend.prepare(meta)
+        assert meta.prefill_work[:, 3].max() > 1
 
 
 @pytest.mark.parametrize("mask_all", [False, True])

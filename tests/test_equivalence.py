@@ -97,11 +97,14 @@ def test_library_prefill_matches_transformers(model_dirs, references, monkeypatc
     assert 0 in calls and any(c > 0 for c in calls), calls  # whole prompts and chunks after cached keys
 
 
-def test_graph_input_path_matches_transformers(model_dirs, references):
+@pytest.mark.parametrize("split", [False, True], ids=["whole", "split"])
+def test_graph_input_path_matches_transformers(model_dirs, references, monkeypatch, split):
     """The CUDA-graph families' static buffers and padding, run eagerly (no capture) on CPU:
     decode batches padded to a bucket, small mixed steps on a padded work list, each mixed
-    bucket with a prefill tile of its own (8, 16, 32 query tokens per work item)."""
+    bucket with a prefill tile of its own (8, 16, 32 query tokens per work item); `split`:
+    prefill items also cut over their keys (slices of >= 16 keys, 64 SMs)."""
     pytest.importorskip("triton")
+    from expresslane.attention import triton_backend
     from expresslane.attention.triton_tiles import PrefillTile
 
     arch = "qwen3"
@@ -112,6 +115,12 @@ def test_graph_input_path_matches_transformers(model_dirs, references):
     tiles = ((0, PrefillTile(rows=16, block_n=16)), (16, PrefillTile(rows=32, block_n=32)),
              (48, PrefillTile(rows=64, block_n=16)))  # head dim 32, group 2; buckets 8, 16, 32, 48
     runner.attn_backend.prefill_tiles = {32: tiles}
+    splits = []
+    if split:
+        monkeypatch.setattr(triton_backend.TritonAttentionBackend, "SPLIT_MIN_KEYS", 16)
+        runner.attn_backend.sms = 64
+        real_plan = runner.attn_backend.plan_prefill
+        runner.attn_backend.plan_prefill = lambda *a: (w := real_plan(*a), splits.append(int(w[:, 3].max())))[0]
     runner.build_graphs(llm.config.model.max_model_len, capture=False)
     used = {"decode": 0, "mixed": 0}
     for family in used:
@@ -122,6 +131,7 @@ def test_graph_input_path_matches_transformers(model_dirs, references):
     mismatched = [i for i, o in zip(picked, outs) if o.outputs[0].token_ids != references[arch][i]]
     assert not mismatched, f"prompts {mismatched} differ from transformers"
     assert used["decode"] > 0 and used["mixed"] > 0, used
+    assert max(splits, default=1) > 1 if split else not splits
 
 
 @pytest.mark.parametrize("policy", ["fcfs", "priority", "deadline"])

@@ -3,8 +3,9 @@
 Decode seqs run split-KV (grid: seq x KV head x split, then a reduction), with the
 number of splits and the tile fixed by the batch size alone so a captured graph replays
 with any context lengths. Prefill chunks run one program per (seq, tile of query tokens,
-KV head); `prepare` picks the step's prefill tile by its prefill tokens (triton_tiles.py)
-and builds the work list, the items with the most keys first. With `prefill_library`
+KV head), and where those are too few to fill the GPU, per slice of the item's keys too
+(`plan_prefill`); `prepare` picks the step's prefill tile by its prefill tokens
+(triton_tiles.py) and builds the work list, the items with the most keys first. With `prefill_library`
 "cudnn", prefill seqs of at least `LIBRARY_MIN_TOKENS` query tokens run through cuDNN
 instead (library_prefill.py), in eager steps (`eager_step`).
 """
@@ -42,6 +43,8 @@ class TritonAttentionBackend:
     supports_cuda_graphs = True
     fused_ops = True
     LIBRARY_MIN_TOKENS = 512  # query tokens of a prefill seq that the library runs (prefill_library set)
+    SPLIT_MIN_KEYS = 512  # keys a slice of a split prefill item has at least
+    MAX_PREFILL_SPLITS = 16
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, device: torch.device,
                  prefill_tiles: Table | None = None, decode_tiles: Table | None = None,
@@ -60,7 +63,8 @@ class TritonAttentionBackend:
         self.sms = _num_sms(device)
         self.kv_itemsize = kv_dtype.itemsize
         self.smem = _smem_bytes(device) if smem_bytes is None else smem_bytes
-        self.counters = arrival_counters(device)  # one per (seq, KV head) when decode splits combine themselves
+        self.counters = arrival_counters(device)  # one per (seq or partial slot, KV head) when splits combine themselves
+        self._partial_bufs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         # tile tables (triton_tiles.py); a benchmark passes its own to sweep shapes
         self.prefill_tiles = PREFILL_TILES if prefill_tiles is None else prefill_tiles
         if decode_tiles is None:
@@ -89,26 +93,56 @@ class TritonAttentionBackend:
         return max(1, min(tile.max_splits, want))
 
     def plan_prefill(self, query_start_loc, seq_lens, first_seq: int, tile: PrefillTile) -> np.ndarray:
-        """One (seq, first query token) work item per tile of query tokens: [W, 2] int32, in
-        decreasing order of the keys they attend to, so the longest start first and the launch
-        does not end on a late long one (each item writes its own rows: the order changes no
-        result)."""
+        """The prefill launch's work list, [W, 5] int32 rows (seq, first query token, split,
+        splits, partial slot): one item per tile of a seq's query tokens, in decreasing order
+        of the keys they attend to, so the longest start first and the launch does not end on
+        a late long one (each item writes its own rows: the order changes no result).
+
+        When the items fill less than one wave of programs (a short chunk after a long
+        context: a few programs would each read thousands of keys), an item with at least
+        2 x `SPLIT_MIN_KEYS` keys is cut into slices of its keys, up to about two waves in all
+        (at most `split_rows` partial slots); its slices are adjacent and share `splits` slots
+        from `slot` on."""
         qsl = np.asarray(query_start_loc, dtype=np.int64)[first_seq:]
         bq = self.block_q(tile)
         q_lens = qsl[1:] - qsl[:-1]
         tiles = -(-q_lens // bq)
         seq = np.repeat(np.arange(first_seq, first_seq + len(tiles)), tiles)
         q_off = (np.arange(len(seq)) - np.repeat(np.cumsum(tiles) - tiles, tiles)) * bq
-        if len(tiles) == 1:  # one chunk: its last tokens see the most keys
-            order = slice(None, None, -1)
-        else:
-            ctx = np.repeat(np.asarray(seq_lens, dtype=np.int64)[first_seq:first_seq + len(tiles)], tiles)
-            keys = np.minimum(ctx, ctx - np.repeat(q_lens, tiles) + q_off + bq)
-            order = np.argsort(-keys, kind="stable")
-        return np.stack([seq[order], q_off[order]], axis=1).astype(np.int32)
+        ctx = np.repeat(np.asarray(seq_lens, dtype=np.int64)[first_seq:first_seq + len(tiles)], tiles)
+        keys = np.minimum(ctx, ctx - np.repeat(q_lens, tiles) + q_off + bq)
+        order = np.argsort(-keys, kind="stable")
+        seq, q_off, keys = seq[order], q_off[order], keys[order]
+        splits = np.ones(len(seq), dtype=np.int64)
+        programs = len(seq) * self.num_kv_heads
+        if 0 < programs < self.sms:
+            most = min(self.MAX_PREFILL_SPLITS, 2 * self.sms // programs)  # sum(splits) <= split_rows
+            splits = np.clip(keys // self.SPLIT_MIN_KEYS, 1, most)
+        slot = np.cumsum(np.where(splits > 1, splits, 0)) - np.where(splits > 1, splits, 0)
+        split = np.arange(int(splits.sum())) - np.repeat(np.cumsum(splits) - splits, splits)
+        rows = [np.repeat(seq, splits), np.repeat(q_off, splits), split, np.repeat(splits, splits),
+                np.repeat(slot, splits)]
+        return np.stack(rows, axis=1).astype(np.int32)
+
+    @property
+    def split_rows(self) -> int:
+        """Partial slots of split prefill items: about two waves of programs."""
+        return max(1, 2 * self.sms // self.num_kv_heads)
 
     def max_prefill_work(self, num_tokens: int, num_seqs: int) -> int:
-        return num_tokens // self.block_q(self.prefill_tile(num_tokens)) + num_seqs
+        """Work items a step of this many tokens and seqs may have (a captured launch's grid)."""
+        return max(num_tokens // self.block_q(self.prefill_tile(num_tokens)) + num_seqs, self.split_rows)
+
+    def _partials(self, bq: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The split prefill items' partial results (acc; m and l) for tiles of `bq` query
+        tokens: one buffer, reused by every layer and step (launches on one stream do not
+        overlap; each combines its own before it ends). Allocated on first use, which the
+        CUDA-graph warm-up does before capture."""
+        if bq not in self._partial_bufs:
+            shape = (self.split_rows, bq, self.num_heads)
+            self._partial_bufs[bq] = (torch.empty(*shape, self.d_pad, dtype=torch.float32, device=device),
+                                      torch.empty(*shape, 2, dtype=torch.float32, device=device))
+        return self._partial_bufs[bq]
 
     def library_seqs(self, query_start_loc, num_decodes: int) -> tuple[int, ...]:
         """The step's prefill seqs that the library runs (none without `prefill_library`)."""
@@ -179,7 +213,9 @@ class TritonAttentionBackend:
             part_ml = torch.empty(nd, self.num_heads, s, 2, dtype=torch.float32, device=q.device)
             paged_attention_kernel[(nd, hk, s)](
                 q, kc, vc, out, part_acc, part_ml, counters, meta.block_tables, meta.seq_lens, meta.query_start_loc,
-                meta.seq_lens, scale, s, *kv_scales, *strides, part_acc.stride(0), part_acc.stride(1), part_ml.stride(0),
+                meta.seq_lens, scale, s, *kv_scales, *strides,  # partials: slot = seq, no token stride
+                part_acc.stride(0), part_acc.stride(2), 0, part_acc.stride(1),
+                part_ml.stride(0), part_ml.stride(2), 0, part_ml.stride(1),
                 BLOCK_Q=self.decode_q, BLOCK_N=tile.block_n, DECODE=True, MASK_ALL=tile.mask_all,
                 FUSED_REDUCE=tile.fused_reduce, num_warps=tile.num_warps, num_stages=tile.num_stages, **common)
             if not tile.fused_reduce:
@@ -188,9 +224,11 @@ class TritonAttentionBackend:
                     out.stride(0), out.stride(1), HEAD_DIM=d, D_PAD=self.d_pad, MAX_SPLITS=_pow2(tile.max_splits))
         if meta.prefill_work is not None:
             tile = meta.prefill_tile
+            acc, ml = self._partials(self.block_q(tile), q.device)  # partials: slot + split, token, head
             paged_attention_kernel[(meta.prefill_work.shape[0] * hk,)](
-                q, kc, vc, out, out, out, counters, meta.block_tables, meta.seq_lens, meta.query_start_loc,
-                meta.prefill_work, scale, 1, *kv_scales, *strides, 0, 0, 0,
+                q, kc, vc, out, acc, ml, counters, meta.block_tables, meta.seq_lens, meta.query_start_loc,
+                meta.prefill_work, scale, 1, *kv_scales, *strides, acc.stride(0), acc.stride(0), acc.stride(1),
+                acc.stride(2), ml.stride(0), ml.stride(0), ml.stride(1), ml.stride(2),
                 BLOCK_Q=self.block_q(tile), BLOCK_N=tile.block_n, DECODE=False, MASK_ALL=tile.mask_all,
                 FUSED_REDUCE=False,
                 num_warps=tile.num_warps, num_stages=tile.num_stages, **common)

@@ -12,7 +12,8 @@ A key at position j is visible to a query at position p iff j <= p; a query's
 position is ``seq_len - q_len + token``. Softmax is online (running max m, sum l).
 Rows with nothing to attend to (padding, empty splits) produce zeros, never NaN. A decode's
 splits are combined by ``reduce_splits_kernel``, or (FUSED_REDUCE) by the last of them to
-finish, counted in on the device's arrival counters as the split-K GEMVs do.
+finish, counted in on the device's arrival counters as the split-K GEMVs do; a split prefill
+item's slices always combine that way.
 
 The key loop runs in two parts: whole BLOCK_N tiles of keys that every row of the tile
 sees (all of a cached prefix and the keys before the tile's first query token) without
@@ -148,24 +149,35 @@ def paged_attention_kernel(
         block_tables_ptr, seq_lens_ptr, query_start_loc_ptr, work_ptr,
         scale, num_splits, k_scale, v_scale,
         stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_ot, stride_oh, stride_bt,
-        stride_pa_s, stride_pa_h, stride_pml_s,
+        stride_pa_s, stride_pa_p, stride_pa_t, stride_pa_h, stride_ml_s, stride_ml_p, stride_ml_t, stride_ml_h,
         G: tl.constexpr, G_PAD: tl.constexpr, HK: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
         HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, PAGE: tl.constexpr, DECODE: tl.constexpr,
         MASK_ALL: tl.constexpr, FUSED_REDUCE: tl.constexpr, PRECISION: tl.constexpr):
-    """Prefill (DECODE=False): one program per (work item (seq, q_off) from work_ptr, KV head),
-    the HK KV heads of an item adjacent (program w * HK + kv_head), so the work list's order is
-    the launch order. Decode (DECODE=True): program 0-axis = seq, 1-axis = KV head, 2-axis =
-    split of its keys; partials go to part_acc/part_ml for reduce_splits_kernel."""
+    """Prefill (DECODE=False): one program per (work item, KV head), the HK KV heads of an item
+    adjacent (program w * HK + kv_head), so the work list's order is the launch order. An item
+    (work_ptr row: seq, q_off, split, splits, slot) is a tile of a seq's query tokens and, when
+    `splits` > 1, one of that many slices of its keys: partials go to partial slot `slot +
+    split` and the last slice to finish combines them (a short chunk after a long context
+    reads its keys over many programs, as a decode does). Decode (DECODE=True): program 0-axis
+    = seq, 1-axis = KV head, 2-axis = split of its keys; partials go to part_acc/part_ml (slot:
+    the seq), combined by the last split (FUSED_REDUCE) or by reduce_splits_kernel.
+    Partial addresses: slot * stride_s + split * stride_p + token in the tile * stride_t +
+    head * stride_h (+ the head dim for part_acc, + 0 / 1 for m / l in part_ml)."""
     if DECODE:
         seq = tl.program_id(0)
         kv_head = tl.program_id(1)
         split = tl.program_id(2)
         q_off = 0
+        splits = num_splits
+        slot = seq
     else:
         w = tl.program_id(0) // HK
         kv_head = tl.program_id(0) % HK
-        seq = tl.load(work_ptr + 2 * w)
-        q_off = tl.load(work_ptr + 2 * w + 1)
+        seq = tl.load(work_ptr + 5 * w)
+        q_off = tl.load(work_ptr + 5 * w + 1)
+        split = tl.load(work_ptr + 5 * w + 2)
+        splits = tl.load(work_ptr + 5 * w + 3)
+        slot = tl.load(work_ptr + 5 * w + 4)
     q_start = tl.load(query_start_loc_ptr + seq)
     q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
     ctx = tl.load(seq_lens_ptr + seq)
@@ -186,15 +198,11 @@ def paged_attention_kernel(
     q_first = ctx - q_len + q_off  # position of the tile's first query token
     q_pos = q_first + rows // G_PAD
 
-    # keys this tile can see at all; a decode split takes a BLOCK_N-aligned slice of them
+    # keys this tile can see at all; a split takes a BLOCK_N-aligned slice of them (one split: all)
     kv_end = tl.minimum(ctx, q_first + BLOCK_Q)
-    if DECODE:
-        per_split = tl.cdiv(tl.cdiv(kv_end, num_splits), BLOCK_N) * BLOCK_N
-        lo = split * per_split
-        hi = tl.minimum(lo + per_split, kv_end)
-    else:
-        lo = 0
-        hi = kv_end
+    per_split = tl.cdiv(tl.cdiv(kv_end, splits), BLOCK_N) * BLOCK_N
+    lo = split * per_split
+    hi = tl.minimum(lo + per_split, kv_end)
     # keys lo..mid are visible to every row (<= q_first) and fill whole tiles: no masks there;
     # only the tiles from mid on (the diagonal, a split's ragged end) are masked. MASK_ALL masks
     # every tile (one loop: less code, for tile shapes where that measures faster)
@@ -219,39 +227,41 @@ def paged_attention_kernel(
                                      PRECISION)
 
     acc = acc * v_scale
+    o = out_ptr + (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
+    partial = splits > 1
     if DECODE:
-        pa = part_acc_ptr + seq * stride_pa_s + head[:, None] * stride_pa_h + split * D_PAD + d[None, :]
-        tl.store(pa, acc, mask=row_ok[:, None])
-        ml = part_ml_ptr + seq * stride_pml_s + head * (2 * num_splits) + 2 * split
-        tl.store(ml, m_i, mask=row_ok)
-        tl.store(ml + 1, l_i, mask=row_ok)
-        if FUSED_REDUCE:  # the last split of this (seq, KV head) to arrive combines them all
+        partial = splits > 0  # always: the reduction reads the partials
+    if partial:
+        local = rows // G_PAD
+        pa = part_acc_ptr + slot * stride_pa_s + local[:, None] * stride_pa_t + head[:, None] * stride_pa_h + d[None, :]
+        ml = part_ml_ptr + slot * stride_ml_s + local * stride_ml_t + head * stride_ml_h
+        tl.store(pa + split * stride_pa_p, acc, mask=row_ok[:, None])
+        tl.store(ml + split * stride_ml_p, m_i, mask=row_ok)
+        tl.store(ml + split * stride_ml_p + 1, l_i, mask=row_ok)
+        if FUSED_REDUCE or not DECODE:  # the last split of this (slot, KV head) to arrive combines them all
             tl.debug_barrier()  # every thread's partial is written before the (single-thread) atomic
-            count = tl.atomic_add(count_ptr + seq * HK + kv_head, 1, sem="acq_rel", scope="gpu")
-            if count == num_splits - 1:
-                _combine_splits(part_acc_ptr + seq * stride_pa_s + head[:, None] * stride_pa_h + d[None, :],
-                                part_ml_ptr + seq * stride_pml_s + head * (2 * num_splits), num_splits,
-                                out_ptr + (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
-                                row_ok, d_ok, BLOCK_Q * G_PAD, D_PAD)
-                tl.store(count_ptr + seq * HK + kv_head, 0)
+            count = tl.atomic_add(count_ptr + slot * HK + kv_head, 1, sem="acq_rel", scope="gpu")
+            if count == splits - 1:
+                _combine_splits(pa, ml, splits, stride_pa_p, stride_ml_p, o, row_ok, d_ok, BLOCK_Q * G_PAD, D_PAD)
+                tl.store(count_ptr + slot * HK + kv_head, 0)
     else:
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-        o = out_ptr + (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
         tl.store(o, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
 
 
 @triton.jit
-def _combine_splits(acc_ptrs, ml_ptrs, num_splits, out_ptrs, row_ok, d_ok, ROWS: tl.constexpr, D_PAD: tl.constexpr):
-    """The rows' output from their splits' partials (acc at acc_ptrs + split * D_PAD, m and l at
-    ml_ptrs + 2 * split): an online softmax over the splits, read past L1 (other programs
-    wrote them)."""
+def _combine_splits(acc_ptrs, ml_ptrs, num_splits, stride_acc, stride_ml, out_ptrs, row_ok, d_ok, ROWS: tl.constexpr,
+                    D_PAD: tl.constexpr):
+    """The rows' output from their splits' partials (acc at acc_ptrs + split * stride_acc, m and
+    l at ml_ptrs + split * stride_ml, + 1): an online softmax over the splits, read past L1
+    (other programs wrote them)."""
     m = tl.full([ROWS], float("-inf"), tl.float32)
     l = tl.zeros([ROWS], tl.float32)
     acc = tl.zeros([ROWS, D_PAD], tl.float32)
     for s in range(num_splits):
-        m_s = tl.load(ml_ptrs + 2 * s, mask=row_ok, other=float("-inf"), cache_modifier=".cg")
-        l_s = tl.load(ml_ptrs + 2 * s + 1, mask=row_ok, other=0.0, cache_modifier=".cg")
-        a_s = tl.load(acc_ptrs + s * D_PAD, mask=row_ok[:, None], other=0.0, cache_modifier=".cg")
+        m_s = tl.load(ml_ptrs + s * stride_ml, mask=row_ok, other=float("-inf"), cache_modifier=".cg")
+        l_s = tl.load(ml_ptrs + s * stride_ml + 1, mask=row_ok, other=0.0, cache_modifier=".cg")
+        a_s = tl.load(acc_ptrs + s * stride_acc, mask=row_ok[:, None], other=0.0, cache_modifier=".cg")
         m_new = tl.maximum(m, m_s)
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key in any split so far
         alpha, beta = tl.math.exp2(m - m_safe), tl.math.exp2(m_s - m_safe)

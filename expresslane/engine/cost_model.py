@@ -105,6 +105,7 @@ class StepCostModel:
         self._recent: deque[tuple[StepShape, float]] = deque(maxlen=512)
         self._since_fit = 0
         self.refit_every = 256
+        self.refits = 0  # refits kept
 
     # -- fitting -----------------------------------------------------------------------
     @classmethod
@@ -135,6 +136,7 @@ class StepCostModel:
         new = self._solve(x, y)
         if _error(x, y, new) <= _error(x, y, (self.token_times, self.k_decode, self.k_prefill, self.c_mixed)):
             self.token_times, self.k_decode, self.k_prefill, self.c_mixed = new
+            self.refits += 1
 
     def _solve(self, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float, float, float]:
         """Least squares over the design (`_design`): (token_times, k_decode, k_prefill, c_mixed)."""

@@ -239,8 +239,9 @@ class MixedGraphs(_Graphs):
         self.max_seqs = min(sizes[-1], max_num_seqs)
         super().__init__(model, backend, sizes, sizes[-1], self.max_seqs + 1, max_blocks, device, logits_out)
         # one work list for all buckets (each bucket's prefill tile is its own: as many items as the largest needs)
-        self.work = torch.zeros(max(backend.max_prefill_work(s, self._seqs(s)) for s in sizes), 2, dtype=torch.int32,
+        self.work = torch.zeros(max(backend.max_prefill_work(s, self._seqs(s)) for s in sizes), 5, dtype=torch.int32,
                                 device=device)
+        self.work[:, 3] = 1  # (seq 0, no split) until a step's list is loaded: the capture's warm-up reads it
 
     def _seqs(self, size: int) -> int:
         return min(size, self.max_seqs)
@@ -272,10 +273,10 @@ class MixedGraphs(_Graphs):
         seqs = self._seqs(size)
         qsl = inputs.query_start_loc
         capacity = self.backend.max_prefill_work(size, seqs)
-        work = np.empty((capacity, 2), dtype=np.int64)
+        work = np.empty((capacity, 5), dtype=np.int64)
         planned = self.backend.plan_prefill(qsl, inputs.seq_lens, 0, self.backend.prefill_tile(size))
         work[:len(planned)] = planned
-        work[len(planned):] = (b, 0)  # items of the padding seq b: no tokens, no context
+        work[len(planned):] = (b, 0, 0, 1, 0)  # items of the padding seq b: no tokens, no context
         fields = self._token_fields(inputs, size, b + 1)  # the padding seq's context: 0
         wanted = qsl[1:] - 1 if rows is None else rows
         fields += [(self.query_start_loc[:b + 2], qsl, t), (self.logits_rows[:seqs], wanted, 0),

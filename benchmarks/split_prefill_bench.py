@@ -1,0 +1,65 @@
+"""A short prefill chunk after a long context, one layer of the Llama-3-8B shape, bf16: the
+prefill kernel with its items whole (one program per tile of query tokens and KV head, each
+reading every key) against items cut over their keys (``plan_prefill``'s split: about two
+waves of programs, the last slice to finish combining them). Such steps are what a
+latency-first scheduler makes while decodes run beside a long prompt: a few dozen tokens of
+it at a time. Timed in CUDA graphs cycling over enough layers' caches that L2 holds none:
+microseconds, KV TB/s and % of the H200's copy bandwidth; each output first checked against
+float32 attention.
+
+    python benchmarks/split_prefill_bench.py [--out results.jsonl]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from _shared import emit
+from attention_bench import DIM, HEADS, KV_HEADS, TOL, Clock, paged, reference, rel_err, wrong
+
+from expresslane.attention.triton_backend import TritonAttentionBackend
+from expresslane.bench.floors import H200_PEAK_BANDWIDTH as PEAK_BW
+
+CASES = [(q, ctx) for ctx in (8192, 32768) for q in (16, 24, 64, 256)]  # (chunk tokens, keys with the chunk)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--repeats", type=int, default=7)
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    clock = Clock(dev, args.repeats)
+    l2 = torch.cuda.get_device_properties(dev).L2_cache_size
+    for q_len, ctx in CASES:
+        q, kv, meta, kvs = paged([q_len], ctx, dev, torch.bfloat16, seed=q_len + ctx)
+        ref = reference(q, *kvs[0])
+        del kvs
+        read = ctx * KV_HEADS * DIM * 2 * kv.element_size()
+        layers = [kv] + [torch.randn_like(kv, dtype=torch.float32).to(kv.dtype) for _ in range(-(-4 * l2 // read) - 1)]
+        us = {}
+        for how in ("whole", "split"):
+            backend = TritonAttentionBackend(HEADS, KV_HEADS, DIM, dev)
+            if how == "whole":
+                backend.MAX_PREFILL_SPLITS = 1
+            backend.prepare(meta)
+            err = rel_err(backend.attend(q, kv, meta, DIM ** -0.5), ref)
+            if not err < TOL:
+                wrong(f"{how} items, {q_len} tokens after {ctx - q_len}", err)
+
+            def fn(backend=backend, q=q, meta=meta, layers=layers):
+                for layer in layers:
+                    backend.attend(q, layer, meta, DIM ** -0.5)
+            us[how] = clock(fn, graph=True) / len(layers) * 1e3
+            emit(args.out, bench="split_prefill", q_len=q_len, context=ctx, items=how,
+                 programs=int(meta.prefill_work.shape[0]) * KV_HEADS, us=round(us[how], 2),
+                 kv_tb_per_s=round(read / us[how] / 1e6, 3), pct_of_bw=round(100 * read / us[how] / 1e-6 / PEAK_BW, 1),
+                 rel_err=err)
+        print(f"   {q_len:4d} tokens after {ctx - q_len:6d}: whole {us['whole']:8.1f} us, split {us['split']:7.1f} us "
+              f"({us['whole'] / us['split']:.2f}x); floor {read / PEAK_BW * 1e6:.1f} us", flush=True)
+        del layers, kv
+
+
+if __name__ == "__main__":
+    main()
