@@ -295,3 +295,31 @@ def test_running_long_prompts_share_the_slack_and_leave_a_waiting_short_its_firs
     plan = sched.schedule()
     assert "short" in {s.request_id for s in plan.seqs}
     assert H200.predict(shape_of(plan)) <= TPOT
+
+
+def test_a_short_prompt_past_its_first_chunk_goes_before_a_long_one_past_its_deadline():
+    """An 8k prompt prefills beside 8 decodes, past its deadline; a 300-token prompt arrives and
+    starts with the chunk the step keeps for it. Its rest then comes before the long prompt's
+    next chunks: it finishes its prefill in the next steps. (By deadline alone the long prompt,
+    whose deadline came first, took the whole room every step: on the H200 a short prompt waited
+    3.4 s.)"""
+    now = [0.0]
+    sched = scheduler(now)
+    decoding(sched, 8)
+    sched.add_request(request("long", 8192, 4, 0.0))
+    for _ in range(3):
+        land(sched, sched.schedule())
+    now[0] = 10.0  # past the long prompt's deadline
+    sched.add_request(request("short", 300, 4, 10.0))
+    chunks = []
+    for _ in range(4):
+        plan = sched.schedule()
+        chunks.append({s.request_id: len(s.token_ids) for s in plan.seqs if len(s.token_ids) > 1})
+        land(sched, plan)
+        if sched.running["short"].num_computed_tokens >= 300:
+            break
+    assert sched.running["short"].num_computed_tokens >= 300, chunks
+    assert 0 < chunks[0]["short"] < 300  # it did not fit one step: the rest came after
+    # its rest before the long prompt's chunks: the long one takes only what the short one's last leaves
+    assert all("long" not in c for c in chunks[1:-1]) and len(chunks) <= 3, chunks
+    assert sched.running["long"].num_computed_tokens < 8192

@@ -2,8 +2,9 @@
 
 A policy answers four questions for the continuous scheduler (engine/scheduler.py):
 
-- queue order: ``key(req)`` ranks waiting and running requests (lower first; the
-  highest-ranked running request is the first victim when KV blocks run out);
+- queue order: ``key(req)`` ranks waiting requests (lower first), ``order_running`` the
+  running ones (by ``key`` unless the policy says otherwise; the last is the first victim
+  when KV blocks run out);
 - the step's budget: ``step_budget(...)`` decides, once per step, the token budget,
   the prefill cap and each lane's share (``deadline`` sizes it with the step-cost model;
   in a step that speculates, each decode's proposals are part of its decode);
@@ -77,6 +78,10 @@ class SchedulingPolicy:
         budget = self.config.max_num_batched_tokens
         cap = self.prefill_cap if head is not None or len(running) > 1 else budget
         return StepBudget(budget, cap, dict.fromkeys(LANES, budget), top_up=cap < budget)
+
+    def order_running(self, running: Collection[Request]) -> list[Request]:
+        """The running requests in the order a step serves them (the last: the first victims)."""
+        return sorted(running, key=self.key)
 
     def steps_aside(self, req: Request, budget: StepBudget, now: float) -> bool:
         return False
@@ -207,6 +212,20 @@ class DeadlinePolicy(SchedulingPolicy):
         rest = self.cost_model.max_chunk(base.plus_chunk(0, starting), start, limit - starting, target)
         rest = max(rest, min(MIN_CHUNK, limit - starting))  # the head gets a chunk after a long one's
         return min(top, base.num_tokens + starting + rest), max(starting, rest), rest
+
+    def order_running(self, running: Collection[Request]) -> list[Request]:
+        """Decodes by deadline, then prompts by the tokens they have left, fewest first (ties by
+        deadline). The running prompts share one prefill room (``slo_sized``): a short prompt
+        past its first chunk finishes in the next steps, before a long one takes the room again.
+        By deadline alone a long prompt past its deadline took the whole room every step while
+        a short one admitted beside it waited for all of the long one's prefill (3.4 s on the
+        H200). Among long prompts too the one nearest its first token goes first (simulated on
+        the H200's model: long TTFT p50 at 16-32 req/s 1.6-12.5 s -> 0.9-10.3 s, goodput equal
+        or higher); none waits for a longer one."""
+        def rank(r: Request) -> tuple:
+            left = r.num_tokens_with_pending - r.num_computed_tokens
+            return (left > 1, left if left > 1 else 0, self.key(r))
+        return sorted(running, key=rank)
 
     def steps_aside(self, req: Request, budget: StepBudget, now: float) -> bool:
         """A long interactive prompt (more than the cap left) skips the step that admits a

@@ -129,7 +129,7 @@ class Scheduler:
         scheduled: list[tuple[Request, int]] = []
         preempted = False
         now = self.clock()
-        order = sorted(self.running.values(), key=self.policy.key)
+        order = self.policy.order_running(self.running.values())
         tail = len(order)  # order[i:tail] (after i += 1): not yet scheduled; victims come from the end
         i = 0
         while i < tail and budget.tokens > 0:
