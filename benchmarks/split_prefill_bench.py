@@ -1,7 +1,8 @@
 """A short prefill chunk after a long context, one layer of the Llama-3-8B shape, bf16: the
 prefill kernel with its items whole (one program per tile of query tokens and KV head, each
-reading every key) against items cut over their keys (``plan_prefill``'s split: about two
-waves of programs, the last slice to finish combining them). Such steps are what a
+reading every key) against items cut over their keys (``plan_prefill``'s split: about
+``SPLIT_WAVES`` waves of programs, the last slice to finish combining them), at the default
+and at more waves and slices (``VARIANTS``). Such steps are what a
 latency-first scheduler makes while decodes run beside a long prompt: a few dozen tokens of
 it at a time. Timed in CUDA graphs cycling over enough layers' caches that L2 holds none:
 microseconds, KV TB/s and % of the H200's copy bandwidth; each output first checked against
@@ -22,6 +23,9 @@ from expresslane.attention.triton_backend import TritonAttentionBackend
 from expresslane.bench.floors import H200_PEAK_BANDWIDTH as PEAK_BW
 
 CASES = [(q, ctx) for ctx in (8192, 32768) for q in (16, 24, 64, 256)]  # (chunk tokens, keys with the chunk)
+# how items are cut: name -> (waves of programs, most slices an item); "split" is the backend's default
+VARIANTS = {"whole": (1, 1), "split": (TritonAttentionBackend.SPLIT_WAVES, TritonAttentionBackend.MAX_PREFILL_SPLITS),
+            "w4-s32": (4, 32), "w8-s64": (8, 64)}
 
 
 def main() -> None:
@@ -39,10 +43,9 @@ def main() -> None:
         read = ctx * KV_HEADS * DIM * 2 * kv.element_size()
         layers = [kv] + [torch.randn_like(kv, dtype=torch.float32).to(kv.dtype) for _ in range(-(-4 * l2 // read) - 1)]
         us = {}
-        for how in ("whole", "split"):
+        for how, (waves, most) in VARIANTS.items():
             backend = TritonAttentionBackend(HEADS, KV_HEADS, DIM, dev)
-            if how == "whole":
-                backend.MAX_PREFILL_SPLITS = 1
+            backend.SPLIT_WAVES, backend.MAX_PREFILL_SPLITS = waves, most
             backend.prepare(meta)
             err = rel_err(backend.attend(q, kv, meta, DIM ** -0.5), ref)
             if not err < TOL:
@@ -56,8 +59,8 @@ def main() -> None:
                  programs=int(meta.prefill_work.shape[0]) * KV_HEADS, us=round(us[how], 2),
                  kv_tb_per_s=round(read / us[how] / 1e6, 3), pct_of_bw=round(100 * read / us[how] / 1e-6 / PEAK_BW, 1),
                  rel_err=err)
-        print(f"   {q_len:4d} tokens after {ctx - q_len:6d}: whole {us['whole']:8.1f} us, split {us['split']:7.1f} us "
-              f"({us['whole'] / us['split']:.2f}x); floor {read / PEAK_BW * 1e6:.1f} us", flush=True)
+        print(f"   {q_len:4d} tokens after {ctx - q_len:6d}: " + ", ".join(f"{k} {v:.1f}" for k, v in us.items())
+              + f" us; floor {read / PEAK_BW * 1e6:.1f} us", flush=True)
         del layers, kv
 
 

@@ -163,7 +163,7 @@ def test_a_short_chunk_after_a_long_context_is_split_over_its_keys():
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-@pytest.mark.parametrize("tile", PREFILL, ids=repr)
+@pytest.mark.parametrize("tile", sorted({t for entries in PREFILL_TILES.values() for _, t in entries}, key=repr), ids=repr)
 def test_split_prefill_items_match_torch(monkeypatch, tile, shape):
     """Prefill items cut over their keys (slices of >= 16 keys here; 64 SMs, so the few items of
     these steps all split) combine to the reference: chunks after long and short contexts, a

@@ -44,7 +44,8 @@ class TritonAttentionBackend:
     fused_ops = True
     LIBRARY_MIN_TOKENS = 512  # query tokens of a prefill seq that the library runs (prefill_library set)
     SPLIT_MIN_KEYS = 512  # keys a slice of a split prefill item has at least
-    MAX_PREFILL_SPLITS = 16
+    MAX_PREFILL_SPLITS = 16  # slices of one item at most
+    SPLIT_WAVES = 2  # split items fill about this many waves of programs
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, device: torch.device,
                  prefill_tiles: Table | None = None, decode_tiles: Table | None = None,
@@ -64,7 +65,7 @@ class TritonAttentionBackend:
         self.kv_itemsize = kv_dtype.itemsize
         self.smem = _smem_bytes(device) if smem_bytes is None else smem_bytes
         self.counters = arrival_counters(device)  # one per (seq or partial slot, KV head) when splits combine themselves
-        self._partial_bufs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._partial_bufs: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
         # tile tables (triton_tiles.py); a benchmark passes its own to sweep shapes
         self.prefill_tiles = PREFILL_TILES if prefill_tiles is None else prefill_tiles
         if decode_tiles is None:
@@ -100,7 +101,7 @@ class TritonAttentionBackend:
 
         When the items fill less than one wave of programs (a short chunk after a long
         context: a few programs would each read thousands of keys), an item with at least
-        2 x `SPLIT_MIN_KEYS` keys is cut into slices of its keys, up to about two waves in all
+        2 x `SPLIT_MIN_KEYS` keys is cut into slices of its keys, up to about `SPLIT_WAVES` waves in all
         (at most `split_rows` partial slots); its slices are adjacent and share `splits` slots
         from `slot` on."""
         qsl = np.asarray(query_start_loc, dtype=np.int64)[first_seq:]
@@ -116,7 +117,7 @@ class TritonAttentionBackend:
         splits = np.ones(len(seq), dtype=np.int64)
         programs = len(seq) * self.num_kv_heads
         if 0 < programs < self.sms:
-            most = min(self.MAX_PREFILL_SPLITS, 2 * self.sms // programs)  # sum(splits) <= split_rows
+            most = min(self.MAX_PREFILL_SPLITS, self.SPLIT_WAVES * self.sms // programs)  # sum <= split_rows
             splits = np.clip(keys // self.SPLIT_MIN_KEYS, 1, most)
         slot = np.cumsum(np.where(splits > 1, splits, 0)) - np.where(splits > 1, splits, 0)
         split = np.arange(int(splits.sum())) - np.repeat(np.cumsum(splits) - splits, splits)
@@ -126,8 +127,8 @@ class TritonAttentionBackend:
 
     @property
     def split_rows(self) -> int:
-        """Partial slots of split prefill items: about two waves of programs."""
-        return max(1, 2 * self.sms // self.num_kv_heads)
+        """Partial slots of split prefill items: `SPLIT_WAVES` waves of programs."""
+        return max(1, self.SPLIT_WAVES * self.sms // self.num_kv_heads)
 
     def max_prefill_work(self, num_tokens: int, num_seqs: int) -> int:
         """Work items a step of this many tokens and seqs may have (a captured launch's grid)."""
@@ -138,11 +139,11 @@ class TritonAttentionBackend:
         tokens: one buffer, reused by every layer and step (launches on one stream do not
         overlap; each combines its own before it ends). Allocated on first use, which the
         CUDA-graph warm-up does before capture."""
-        if bq not in self._partial_bufs:
-            shape = (self.split_rows, bq, self.num_heads)
-            self._partial_bufs[bq] = (torch.empty(*shape, self.d_pad, dtype=torch.float32, device=device),
-                                      torch.empty(*shape, 2, dtype=torch.float32, device=device))
-        return self._partial_bufs[bq]
+        shape = (self.split_rows, bq, self.num_heads)
+        if shape not in self._partial_bufs:
+            self._partial_bufs[shape] = (torch.empty(*shape, self.d_pad, dtype=torch.float32, device=device),
+                                         torch.empty(*shape, 2, dtype=torch.float32, device=device))
+        return self._partial_bufs[shape]
 
     def library_seqs(self, query_start_loc, num_decodes: int) -> tuple[int, ...]:
         """The step's prefill seqs that the library runs (none without `prefill_library`)."""
