@@ -12,7 +12,8 @@ from expresslane.engine.cost_model import StepCostModel
 from expresslane.engine.kv_cache import KVCacheManager
 from expresslane.engine.request import Request
 from expresslane.engine.scheduler import Scheduler
-from expresslane.engine.spec_decode import PRIOR_ACCEPTANCE, PRIOR_UNTIL, PROBE_EVERY, WARMUP_VERIFIES, SpecDecoder
+from expresslane.engine.spec_decode import (PRIOR_ACCEPTANCE, PRIOR_UNTIL, PROBE_EVERY, PROBE_EVERY_MEASURED,
+                                           WARMUP_VERIFIES, SpecDecoder)
 from expresslane.sampling_params import SamplingParams
 
 PATTERN = [11, 12, 13, 14, 15, 16]
@@ -134,7 +135,8 @@ def test_a_verify_step_is_predicted_no_cheaper_than_the_plain_step_it_extends():
 def test_a_draft_model_probes_while_its_acceptance_is_the_prior():
     """No shadow for a draft model (its proposals cost a forward): while the prior (0.5) says
     speculating does not pay, one step in PROBE_EVERY speculates anyway, the same answer both
-    times a step asks; once PRIOR_UNTIL tokens were proposed the model alone decides."""
+    times a step asks; once PRIOR_UNTIL tokens were proposed the model decides, with a probe in
+    PROBE_EVERY_MEASURED steps where speculating would pay at full acceptance."""
     spec = SpecDecoder(SpeculativeConfig(speculative_model="draft", num_speculative_tokens=4), COSTS)
     decoding = _decoding(1)
     decisions = []
@@ -145,6 +147,17 @@ def test_a_draft_model_probes_while_its_acceptance_is_the_prior():
         decisions.append(speculate)
     assert decisions == ([False] * PROBE_EVERY + [True]) * 2 + [False] * (PROBE_EVERY - 2)
     spec.record(PRIOR_UNTIL, PRIOR_UNTIL // 8)  # measured: 1 in 8 accepted (1.1 tokens a verify)
-    for _ in range(3 * PROBE_EVERY):
+    decisions = []
+    for _ in range(2 * PROBE_EVERY_MEASURED):  # (PROBE_EVERY - 2 steps off already)
+        speculate = spec.worth_it(decoding)
+        spec.decided(decoding, speculate)
+        decisions.append(speculate)
+    # the measured rate says no; a probe now and then re-measures it (a few early verifies are not final)
+    first = PROBE_EVERY_MEASURED - (PROBE_EVERY - 2)
+    assert [i for i, d in enumerate(decisions) if d] == [first, first + PROBE_EVERY_MEASURED + 1]
+    # where speculating could not pay even at full acceptance (verify steps measured 10x dearer), none
+    for _ in range(WARMUP_VERIFIES + 1):
+        spec.observe(10 * 1.9e-3, [(5, 5, 4)])
+    for _ in range(2 * PROBE_EVERY_MEASURED):
         assert not spec.worth_it(decoding)
         spec.decided(decoding, False)

@@ -24,7 +24,8 @@ leading matches are what a verify would have accepted (greedy: equal to the argm
 a one-hot proposal d is accepted with probability p(d), the chance the sampled token is d).
 Shadow counts feed ``acceptance()`` only, not the /metrics counters. A draft model has no
 shadow (its proposals cost a forward): while its rate is the prior, every PROBE_EVERY-th
-planned step speculates to measure it.
+planned step speculates to measure it, and after that every PROBE_EVERY_MEASURED-th where
+speculating could pay at full acceptance.
 """
 
 from __future__ import annotations
@@ -44,6 +45,11 @@ PRIOR_UNTIL = 64  # proposed tokens (verified or shadowed) before the measured r
 # forward), so while its rate is the prior, one step in this many speculates to measure it
 # (else a prior that says no would hold for good, whatever the draft is worth).
 PROBE_EVERY = 8
+# Past the prior, probes go on at a lower rate where speculating could pay at all (at full
+# acceptance): a rate measured on a few early verifies is not final. (On the H200 the draft's
+# probes measured 0.27 over 15 verifies, where forced runs accept 0.63; the decision then held
+# "off" for good.)
+PROBE_EVERY_MEASURED = 64
 GAIN_MARGIN = 0.9  # speculate only when the model predicts at least 10% less time per token
 # The first verify steps of a batch size pay first-use costs (the verify shapes' first kernels): on
 # the H200 one measured ~245x its prediction, and a moving average then kept speculation off for
@@ -199,17 +205,29 @@ class SpecDecoder:
             return len(decoding) <= limit
         if self.cost_model is None:
             return False
-        if not self.proposes_on_host and self._on_prior() and self._steps_off >= PROBE_EVERY:
+        contexts = [r.num_tokens - 1 for r in decoding]
+        if not self.proposes_on_host and self._probe_due(contexts):
             return True  # a probe: the draft's acceptance is measured by verify steps alone
-        plain, spec = self.predicted_costs([r.num_tokens - 1 for r in decoding])
+        plain, spec = self.predicted_costs(contexts)
         return spec < GAIN_MARGIN * plain
 
-    def predicted_costs(self, contexts: list[int]) -> tuple[float, float]:
+    def _probe_due(self, contexts: list[int]) -> bool:
+        """A draft model's probe: every PROBE_EVERY steps off while on the prior, then every
+        PROBE_EVERY_MEASURED where full acceptance would pay."""
+        if self._on_prior():
+            return self._steps_off >= PROBE_EVERY
+        if self._steps_off < PROBE_EVERY_MEASURED:
+            return False
+        plain, best = self.predicted_costs(contexts, acceptance=1.0)
+        return best < GAIN_MARGIN * plain
+
+    def predicted_costs(self, contexts: list[int], acceptance: float | None = None) -> tuple[float, float]:
         """Predicted seconds per generated token (per request) of a step of decodes at these
         context lengths: plain, and speculating k tokens each (with the draft's k steps, at the
-        acceptance rate measured so far, scaled by what verify steps of this batch size measured)."""
+        acceptance rate measured so far or `acceptance`, scaled by what verify steps of this
+        batch size measured)."""
         k = self.config.num_speculative_tokens
-        a = self.acceptance()
+        a = self.acceptance() if acceptance is None else acceptance
         expected = (1 - a ** (k + 1)) / (1 - a) if a < 1 else k + 1.0  # tokens per request per step
         plain = self.cost_model.predict(StepShape.of((c, 1) for c in contexts))
         spec = self._verify_cost(StepShape.of((c, 1 + k) for c in contexts), plain)
