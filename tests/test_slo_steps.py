@@ -169,7 +169,8 @@ def test_prefill_rides_in_the_slack_of_16_decodes():
 
 def test_deadlines_at_risk_grow_the_step_up_to_the_tpot_target():
     """Beside decoding requests, a backlog that has waited half its TTFT target gets bigger
-    steps (its deadlines come first), still within the tpot target."""
+    steps (its deadlines come first), still within the tpot target; one more than its TTFT
+    target past its deadline, the whole budget."""
     now = [0.0]
     sched = scheduler(now)
     decoding(sched, 4)
@@ -182,6 +183,11 @@ def test_deadlines_at_risk_grow_the_step_up_to_the_tpot_target():
     assert small.num_batched_tokens <= 300 < big.num_batched_tokens
     assert H200.predict(shape_of(small)) <= (1 + SLACK) * H200.predict(StepShape.of([(64, 1)] * 4)) * 1.5
     assert H200.predict(shape_of(big)) <= TPOT
+    sched.update(big, {})
+    # more than its TTFT target past its deadline: a backlog past saving takes the whole budget
+    now[0] = sched.policy.deadline(sched._peek_waiting()) + TTFT * 1.01
+    whole = sched.schedule()
+    assert whole.num_batched_tokens == 2048 and H200.predict(shape_of(whole)) > TPOT
 
 
 def test_deadlines_grow_with_the_prompt_s_work():

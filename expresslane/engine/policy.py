@@ -18,6 +18,7 @@ A policy answers four questions for the continuous scheduler (engine/scheduler.p
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection
 from dataclasses import dataclass
 
@@ -166,7 +167,10 @@ class DeadlinePolicy(SchedulingPolicy):
         times its decodes alone (a 1-token step when none decodes: what a request arriving
         now would wait behind) and within the lane's ``tpot`` target; when the queue's head
         is within half its lane's TTFT target of its deadline, up to the ``tpot`` target
-        (deadlines at risk come before decode smoothness); at least `MIN_CHUNK`, so prompts
+        (deadlines at risk come before decode smoothness), and once it is more than that
+        target past its deadline, up to the whole budget (a backlog the SLO has missed anyway,
+        e.g. a burst of 256 prompts: in simulation on the H200's model 9,113 -> 9,862 output
+        tok/s, fcfs 10,030, the mixed loads unchanged); at least `MIN_CHUNK`, so prompts
         always progress.
 
         - Interactive decodes running: the step is its decodes (with the ``spec_tokens``
@@ -197,6 +201,8 @@ class DeadlinePolicy(SchedulingPolicy):
         target = min(slo.tpot, (1.0 + slo.slack) * alone)
         if head is not None and now > self.deadline(head) - self.lanes[head.lane].ttft / 2:
             target = slo.tpot
+            if now > self.deadline(head) + self.lanes[head.lane].ttft:
+                target = math.inf  # a backlog past saving: the full budget clears it fastest
         top = self.config.max_num_batched_tokens
         limit = top - base.num_tokens
         room = max(min(MIN_CHUNK, limit), self.cost_model.max_chunk(base, start, limit, target), 1)
