@@ -108,7 +108,7 @@ def test_graph_input_path_matches_transformers(model_dirs, references, monkeypat
     from expresslane.attention.triton_tiles import PrefillTile
 
     arch = "qwen3"
-    picked = [0, 2, 3, 5, 8, 16, 17]
+    picked = [5, 16] if split else [0, 2, 3, 5, 8, 16, 17]  # (split: the kernel path, fewer prompts)
     llm = LLM(str(model_dirs[arch]), attention_backend="triton", max_num_batched_tokens=48, max_num_seqs=6,
               max_model_len=384, num_kv_blocks=64)
     runner = llm.engine.core.runner
