@@ -320,15 +320,30 @@ def bench_prefill(cases, tiles, lib_ok, dev, dtype, clock, out) -> list[dict]:
     return rows
 
 
+def cold_caches(kv: torch.Tensor, read: int) -> list[torch.Tensor]:
+    """`kv` and enough caches like it (4x L2 in all) that a loop over them, one layer each,
+    finds none of a layer's `read` bytes in L2."""
+    dev = kv.device
+    l2 = torch.cuda.get_device_properties(dev).L2_cache_size if dev.type == "cuda" else 1 << 20
+    return [kv] + [torch.randn_like(kv, dtype=torch.float32).to(kv.dtype) for _ in range(-(-4 * l2 // read) - 1)]
+
+
+def ms_per_layer(clock: Clock, backend: TritonAttentionBackend, q, meta, layers: list[torch.Tensor]) -> float:
+    """One layer's attention, timed over a CUDA graph of a pass through the `layers` caches."""
+    def fn():
+        for layer in layers:
+            backend.attend(q, layer, meta, DIM ** -0.5)
+    return clock(fn, graph=True) / len(layers)
+
+
 def bench_decode(cases, tiles, dev, dtype, clock, out) -> list[dict]:
     rows = []
-    l2 = torch.cuda.get_device_properties(dev).L2_cache_size if dev.type == "cuda" else 1 << 20
     for batch, ctx in cases:
         q, kv, meta, kvs = paged([1] * batch, ctx, dev, dtype, seed=batch + ctx, decode=True)
         ref = reference(q[:1], *kvs[0])
         del kvs
         read = batch * ctx * KV_HEADS * DIM * 2 * kv.element_size()  # K and V of every seq
-        layers = [kv] + [torch.randn_like(kv, dtype=torch.float32).to(dtype) for _ in range(-(-4 * l2 // read) - 1)]
+        layers = cold_caches(kv, read)
         in_table = pick(DECODE_TILES, DIM, batch, DecodeTile())
         for tile in dict.fromkeys([in_table] + tiles):
             backend = TritonAttentionBackend(HEADS, KV_HEADS, DIM, dev, decode_tiles=only(tile))
@@ -336,11 +351,7 @@ def bench_decode(cases, tiles, dev, dtype, clock, out) -> list[dict]:
             err = rel_err(backend.attend(q, kv, meta, DIM ** -0.5)[:1], ref)
             if not err < TOL:
                 wrong(f"decode tile {name(tile)} ({meta.num_splits} splits), batch {batch} x {ctx}", err)
-
-            def fn(backend=backend):
-                for layer in layers:
-                    backend.attend(q, layer, meta, DIM ** -0.5)
-            ms = clock(fn, graph=True) / len(layers)
+            ms = ms_per_layer(clock, backend, q, meta, layers)
             r = dict(bench="attn_decode", batch=batch, context=ctx, splits=meta.num_splits, tile=name(tile),
                      us=round(ms * 1e3, 2), kv_tb_per_s=round(read / ms / 1e9, 3),
                      pct_of_bw=round(100 * read / ms / 1e-3 / PEAK_BW, 1), layers=len(layers), rel_err=err,

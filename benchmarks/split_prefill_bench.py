@@ -17,7 +17,8 @@ import argparse
 
 import torch
 from _shared import emit
-from attention_bench import DIM, HEADS, KV_HEADS, TOL, Clock, paged, reference, rel_err, wrong
+from attention_bench import (DIM, HEADS, KV_HEADS, TOL, Clock, cold_caches, ms_per_layer, paged, reference,
+                             rel_err, wrong)
 
 from expresslane.attention.triton_backend import TritonAttentionBackend
 from expresslane.bench.floors import H200_PEAK_BANDWIDTH as PEAK_BW
@@ -35,13 +36,12 @@ def main() -> None:
     args = ap.parse_args()
     dev = torch.device("cuda")
     clock = Clock(dev, args.repeats)
-    l2 = torch.cuda.get_device_properties(dev).L2_cache_size
     for q_len, ctx in CASES:
         q, kv, meta, kvs = paged([q_len], ctx, dev, torch.bfloat16, seed=q_len + ctx)
         ref = reference(q, *kvs[0])
         del kvs
         read = ctx * KV_HEADS * DIM * 2 * kv.element_size()
-        layers = [kv] + [torch.randn_like(kv, dtype=torch.float32).to(kv.dtype) for _ in range(-(-4 * l2 // read) - 1)]
+        layers = cold_caches(kv, read)
         us = {}
         for how, (waves, most) in VARIANTS.items():
             backend = TritonAttentionBackend(HEADS, KV_HEADS, DIM, dev)
@@ -50,11 +50,7 @@ def main() -> None:
             err = rel_err(backend.attend(q, kv, meta, DIM ** -0.5), ref)
             if not err < TOL:
                 wrong(f"{how} items, {q_len} tokens after {ctx - q_len}", err)
-
-            def fn(backend=backend, q=q, meta=meta, layers=layers):
-                for layer in layers:
-                    backend.attend(q, layer, meta, DIM ** -0.5)
-            us[how] = clock(fn, graph=True) / len(layers) * 1e3
+            us[how] = ms_per_layer(clock, backend, q, meta, layers) * 1e3
             emit(args.out, bench="split_prefill", q_len=q_len, context=ctx, items=how,
                  programs=int(meta.prefill_work.shape[0]) * KV_HEADS, us=round(us[how], 2),
                  kv_tb_per_s=round(read / us[how] / 1e6, 3), pct_of_bw=round(100 * read / us[how] / 1e-6 / PEAK_BW, 1),

@@ -119,7 +119,8 @@ class TritonAttentionBackend:
         if 0 < programs < self.sms:
             most = min(self.MAX_PREFILL_SPLITS, self.SPLIT_WAVES * self.sms // programs)  # sum <= split_rows
             splits = np.clip(keys // self.SPLIT_MIN_KEYS, 1, most)
-        slot = np.cumsum(np.where(splits > 1, splits, 0)) - np.where(splits > 1, splits, 0)
+        slots = np.where(splits > 1, splits, 0)  # partial slots each item takes
+        slot = np.cumsum(slots) - slots
         split = np.arange(int(splits.sum())) - np.repeat(np.cumsum(splits) - splits, splits)
         rows = [np.repeat(seq, splits), np.repeat(q_off, splits), split, np.repeat(splits, splits),
                 np.repeat(slot, splits)]
@@ -224,13 +225,13 @@ class TritonAttentionBackend:
                     part_acc, part_ml, out, s, part_acc.stride(0), part_acc.stride(1), part_ml.stride(0),
                     out.stride(0), out.stride(1), HEAD_DIM=d, D_PAD=self.d_pad, MAX_SPLITS=_pow2(tile.max_splits))
         if meta.prefill_work is not None:
-            tile = meta.prefill_tile
-            acc, ml = self._partials(self.block_q(tile), q.device)  # partials: slot + split, token, head
+            tile, bq = meta.prefill_tile, self.block_q(meta.prefill_tile)
+            acc, ml = self._partials(bq, q.device)  # partials: slot + split, token, head
             paged_attention_kernel[(meta.prefill_work.shape[0] * hk,)](
                 q, kc, vc, out, acc, ml, counters, meta.block_tables, meta.seq_lens, meta.query_start_loc,
                 meta.prefill_work, scale, 1, *kv_scales, *strides, acc.stride(0), acc.stride(0), acc.stride(1),
                 acc.stride(2), ml.stride(0), ml.stride(0), ml.stride(1), ml.stride(2),
-                BLOCK_Q=self.block_q(tile), BLOCK_N=tile.block_n, DECODE=False, MASK_ALL=tile.mask_all,
+                BLOCK_Q=bq, BLOCK_N=tile.block_n, DECODE=False, MASK_ALL=tile.mask_all,
                 FUSED_REDUCE=False,
                 num_warps=tile.num_warps, num_stages=tile.num_stages, **common)
         for i in meta.library_seqs:

@@ -199,10 +199,12 @@ class DeadlinePolicy(SchedulingPolicy):
         base = StepShape.of(decodes)
         alone = self.cost_model.predict(base if decodes else StepShape(1))
         target = min(slo.tpot, (1.0 + slo.slack) * alone)
-        if head is not None and now > self.deadline(head) - self.lanes[head.lane].ttft / 2:
-            target = slo.tpot
-            if now > self.deadline(head) + self.lanes[head.lane].ttft:
+        if head is not None:
+            late, ttft = now - self.deadline(head), self.lanes[head.lane].ttft
+            if late > ttft:
                 target = math.inf  # a backlog past saving: the full budget clears it fastest
+            elif late > -ttft / 2:
+                target = slo.tpot
         top = self.config.max_num_batched_tokens
         limit = top - base.num_tokens
         room = max(min(MIN_CHUNK, limit), self.cost_model.max_chunk(base, start, limit, target), 1)
