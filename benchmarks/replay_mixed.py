@@ -11,7 +11,9 @@ inter-token p99, long TTFT p50, goodput (short: TTFT <= 100 ms and mean TPOT <= 
 TTFT <= 1 s); the
 steps' measured and predicted time; `flat_sim.py`'s figures for the same arrivals with the
 model this engine calibrated at start-up; and the steps around the worst short request (its
-prefill chunks, the other chunks, the decodes, who waited).
+prefill chunks, the other chunks, the decodes, who waited); and the stalls: steps that spent
+more than STALL_MS in step() beyond their predicted time, with what ran on the host meanwhile
+(a cost-model refit, Python's garbage collector, Triton compiling a kernel).
 
 Where the server's tails match this replay, they come from the engine; where the replay
 matches the simulation, from the host or HTTP. On the 2-core CPU (2026-12-02) the replay
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import random
 import time
 
@@ -34,6 +37,45 @@ from expresslane.bench.arrivals import load_arrivals
 from expresslane.engine.request import RequestStatus
 from expresslane.engine.cost_model import StepCostModel
 from expresslane.models.model_dir import DEFAULT_MODEL
+
+
+STALL_MS = 30.0
+
+
+class HostEvents:
+    """Host work that can stall a step, timed as it happens: cost-model refits, garbage
+    collections, Triton compilations (each a (start, seconds, what) in `events`)."""
+
+    def __init__(self, core):
+        self.events: list[tuple[float, float, str]] = []
+        self._gc_start = 0.0
+        gc.callbacks.append(self._gc)
+        model = core.cost_model
+        if model is not None:
+            refit = model._refit
+
+            def timed_refit():
+                t = time.monotonic()
+                refit()
+                self.events.append((t, time.monotonic() - t, "refit"))
+            model._refit = timed_refit
+        try:
+            import triton
+            triton.knobs.runtime.jit_post_compile_hook = self._compiled
+        except (ImportError, AttributeError):
+            pass
+
+    def _gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._gc_start = time.monotonic()
+        else:
+            self.events.append((self._gc_start, time.monotonic() - self._gc_start, f"gc{info['generation']}"))
+
+    def _compiled(self, **kw) -> None:
+        self.events.append((time.monotonic(), 0.0, "compiled " + str(kw.get("repr", "?")).split("[")[0]))
+
+    def between(self, a: float, b: float) -> list[str]:
+        return [f"{what} {1e3 * took:.1f} ms" if took else what for t, took, what in self.events if a <= t < b]
 
 
 def parse_flag(text: str) -> tuple[str, object]:
@@ -72,6 +114,7 @@ def main() -> None:
     warm = [[rng.randrange(1, vocab) for _ in range(n)] for n in (args.short_len, long_len)]
     llm.generate([{"prompt_token_ids": w} for w in warm], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
 
+    host = HostEvents(core)
     sent = load_arrivals(args.seed, flat_sim.MIXED_SALT, args.rate, args.duration, args.long_fraction)
     names = [f"{'long' if long else 'short'}{i}" for i, (_, long) in enumerate(sent)]
     prompts = [[rng.randrange(1, vocab) for _ in range(long_len if long else args.short_len)] for _, long in sent]
@@ -140,6 +183,12 @@ def main() -> None:
             print(f"  {start:8.3f} {1e3 * wall:6.1f}  {chunks[:6]}  decodes {decodes}  waiting {waiting[:6]}")
         elif k == 20:
             print(f"  ... {len(around) - 40} steps ...")
+
+    stalls = [s for s in steps if 1e3 * (s[1] - s[3]) > STALL_MS]
+    print(f"stalls: {len(stalls)} steps spent > {STALL_MS:.0f} ms in step() beyond their predicted time "
+          "(s, ms in step(), ms predicted, host events meanwhile):")
+    for start, wall, _, predicted, *_ in stalls[:30]:
+        print(f"  {start:8.3f} {1e3 * wall:6.1f} {1e3 * predicted:6.1f}  {host.between(t0 + start, t0 + start + wall)}")
 
 
 if __name__ == "__main__":

@@ -70,3 +70,24 @@ def test_speculation_through_captured_graphs_keeps_greedy_output(llama_dir):
     assert stats.spec_num_accepted_tokens >= 0.9 * stats.spec_num_draft_tokens  # (near-ties aside)
     sampled = llm.generate(prompts[:1], SamplingParams(temperature=0.8, max_tokens=9, ignore_eos=True), use_tqdm=False)
     assert len(sampled[0].outputs[0].token_ids) == 9
+
+
+def test_steps_that_sample_nothing_are_waited_for(llama_dir, monkeypatch):
+    """A step of prefill chunks alone samples no token, yet landing it waits for its end: the
+    host keeps at most one step queued behind the running one (unbounded, a request arriving
+    next waited behind a whole long prompt's chunks: 237 ms on the H200)."""
+    from expresslane.runner.model_runner import StepResult
+    landed = []
+    get = StepResult.get
+
+    def get_and_check(self):
+        out = get(self)
+        landed.append((out[0] == {}, self._event is not None and self._event.query()))
+        return out
+
+    monkeypatch.setattr(StepResult, "get", get_and_check)
+    llm = LLM(str(llama_dir), device="cuda", dtype="float32", max_num_batched_tokens=64, num_kv_blocks=256)
+    llm.generate([{"prompt_token_ids": PROMPTS[4]}], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True),
+                 use_tqdm=False)
+    empty = [done for nothing, done in landed if nothing]
+    assert len(empty) >= 4 and all(done for _, done in landed)

@@ -205,13 +205,13 @@ class ModelRunner:
         logits = self._logits(inputs)
         if logits is None:
             self._prev_rows = {}  # nothing sampled: no next-step input comes from this step
-            return StepResult([], None, None)
+            return StepResult(self.device, [], None, None)
         ids = [inputs.seqs[i].request_id for i in inputs.sampling]
         params, banned = self.batch.sampling_rows(inputs)
         batch = SamplingBatch(params, banned, [self._generator(rid, p) for rid, p in zip(ids, params)])
         tokens, logprobs = self.sampler(logits, batch)
         self._prev_tokens, self._prev_rows = tokens, {rid: i for i, rid in enumerate(ids)}
-        return StepResult(ids, tokens, logprobs)
+        return StepResult(self.device, ids, tokens, logprobs)
 
     def _execute_spec(self, inputs: StepInputs) -> "StepResult":
         """A step that verifies proposals: logits at each speculating seq's last token
@@ -252,7 +252,7 @@ class ModelRunner:
             plain_tokens, logprobs = self.sampler(logits[:len(plain)], batch)
         verified = verify(logits[len(plain):].view(len(spec), width, -1), k, drafts, spec_params,
                           self.sampler.generator, draft_probs)
-        return StepResult([ids[i] for i in plain], plain_tokens, logprobs, ([ids[i] for i in spec], verified))
+        return StepResult(self.device, [ids[i] for i in plain], plain_tokens, logprobs, ([ids[i] for i in spec], verified))
 
     def _logits_at(self, inputs: StepInputs, patch: Patch | None, rows: np.ndarray) -> torch.Tensor:
         """Logits at the step's tokens `rows`: a mixed-step graph when the step fits one, else eager."""
@@ -342,28 +342,31 @@ _GREEDY = SamplingParams(temperature=0.0, max_tokens=1)
 
 class StepResult:
     """Sampled ids of a launched step, copied to the host without blocking the launch. With
-    `spec` (request ids, Verified): speculating requests' verified tokens."""
+    `spec` (request ids, Verified): speculating requests' verified tokens. On CUDA `get()`
+    waits for the step's end even when it sampled nothing (prefill chunks only): otherwise the
+    host would launch such steps back to back without bound, and a request arriving next
+    would queue behind all of them."""
 
-    def __init__(self, request_ids: list[str], tokens: torch.Tensor | None,
+    def __init__(self, device: torch.device, request_ids: list[str], tokens: torch.Tensor | None,
                  logprobs: list[dict[int, float]] | None, spec: tuple[list[str], Verified] | None = None):
         self.request_ids, self.logprobs = request_ids, logprobs
         self.spec_ids, self._verified = spec if spec else ([], None)
-        device = ([tokens] if tokens is not None else []) + (self._verified.tensors if spec else [])
+        on_device = ([tokens] if tokens is not None else []) + (self._verified.tensors if spec else [])
         self._event = None
-        self._host = device
-        if device and device[0].is_cuda:
-            self._host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in device]
-            for h, t in zip(self._host, device):
+        self._host = on_device
+        if device.type == "cuda":
+            self._host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in on_device]
+            for h, t in zip(self._host, on_device):
                 h.copy_(t, non_blocking=True)
             self._event = torch.cuda.Event()
             self._event.record()
 
     def get(self) -> tuple[dict[str, int | list[int]], dict[str, dict[int, float]] | None]:
         """Each sampling request's token; a speculating request's tokens as a list."""
-        if not self._host:
-            return {}, None
         if self._event is not None:
             self._event.synchronize()
+        if not self._host:
+            return {}, None
         host = list(self._host)
         sampled: dict[str, int | list[int]] = {}
         if self.request_ids:
