@@ -8,11 +8,11 @@ the prompts random token ids of --short-len / --long-len tokens, --output-len ne
 (greedy, EOS ignored). Requests enter the engine at their arrival times; it steps while any is
 unfinished. Reported, as for the server (`flat_sim.load_figures`): short TTFT p50 / p99, short
 inter-token p99, long TTFT p50, goodput (short: TTFT <= 100 ms and mean TPOT <= 25 ms; long:
-TTFT <= 1 s); the
-steps' measured and predicted time; `flat_sim.py`'s figures for the same arrivals with the
-model this engine calibrated at start-up; and the steps around the worst short request (its
-prefill chunks, the other chunks, the decodes, who waited); and the stalls: steps that spent
-more than STALL_MS in step() beyond their predicted time, with what ran on the host meanwhile
+TTFT <= 1 s); the steps' measured and predicted time; `flat_sim.py`'s figures for the same
+arrivals with the model this engine calibrated at start-up and with the model its refits left
+at the end; the steps around the worst short request (its prefill chunks, the other chunks,
+the decodes, who waited); and the stalls: steps that spent more than STALL_MS in step()
+beyond their predicted time, with what ran on the host meanwhile
 (a cost-model refit, Python's garbage collector, Triton compiling a kernel).
 
 Where the server's tails match this replay, they come from the engine; where the replay
@@ -157,6 +157,10 @@ def main() -> None:
         flat_sim.SHAPE.update(short=args.short_len, long=long_len, out=args.output_len)
         sim = flat_sim.mixed_load(sched_cfg, args.rate, args.duration, seed=args.seed, model=calibrated)
         row["simulated"] = {k: round(v, 2) for k, v in sim.items()}
+        if core.cost_model.refits:  # and with the model as the run left it: how much of a gap is the cost level
+            ended = StepCostModel.from_dict(core.cost_model.to_dict())
+            sim = flat_sim.mixed_load(sched_cfg, args.rate, args.duration, seed=args.seed, model=ended)
+            row["simulated_refit"] = {k: round(v, 2) for k, v in sim.items()}
     emit(args.out, **row)
 
     print(f"cost model at start-up: {calibrated.describe() if calibrated else None}")
