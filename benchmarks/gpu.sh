@@ -13,7 +13,7 @@
 #            clients (llama-3-8b shape; needs the server wheels and nvidia-ml-py in .whl/)
 #   flat:    issue #20's acceptance through HTTP (bench doctor's scenarios, goodput sweep 8-32
 #            req/s x 10 s, throughput 256 x 512/256) for `serve MODEL --dtype bfloat16` with
-#            no other flags (fcfs), then with --scheduling-policy deadline, back to back (8B
+#            no other flags (deadline), then with --scheduling-policy fcfs, back to back (8B
 #            shape); FLAT_CONFIGS="--config NAME=FLAGS ..." measures others instead
 #   replay:  issue #20's mixed load (bench scenarios' arrivals, 8 req/s x 20 s, 15% 8k) replayed into the
 #            offline engine in real time (no HTTP), deadline then fcfs (REPLAY_POLICIES), next to flat_sim's
@@ -135,11 +135,10 @@ for section in $SECTIONS; do
     flat)
       model llama-3-8b
       # two configurations fit one 10-minute call; FLAT_CONFIGS replaces them (e.g. "--config
-      # deadline=--scheduling-policy=deadline --config slack2.5=--scheduling-policy=deadline
-      # --lane-slo=interactive:slack=2.5")
-      echo "== flat latency through HTTP (llama-3-8b): default flags (fcfs), then --scheduling-policy deadline"
+      # default= --config slack2.5=--lane-slo=interactive:slack=2.5")
+      echo "== flat latency through HTTP (llama-3-8b): default flags (deadline), then --scheduling-policy fcfs"
       run python3 benchmarks/flat_acceptance.py --model "$MODELS/llama-3-8b" --dtype bfloat16 \
-        ${FLAT_CONFIGS:---config default= --config deadline=--scheduling-policy=deadline} --duration 20 \
+        ${FLAT_CONFIGS:---config default= --config fcfs=--scheduling-policy=fcfs} --duration 20 \
         --sweep-duration 10 --logs "$OUT" ;;
     replay)
       model llama-3-8b

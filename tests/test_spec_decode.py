@@ -84,8 +84,10 @@ def test_a_draft_model_left_to_the_cost_model_probes_and_keeps_greedy_output(ref
 
 
 def test_off_at_high_batch():
-    """Without a batch-size limit the step-cost model decides; with a limit below the batch nothing is proposed."""
-    llm = LLM(**ENGINE, speculative_method="ngram", speculative_disable_by_batch_size=2)
+    """Without a batch-size limit the step-cost model decides; with a limit below the batch nothing is proposed.
+    fcfs: the four prompts start in one step and finish together (under deadline the cost model's chunks
+    staggered them, and the last two decoded alone, under the limit)."""
+    llm = LLM(**ENGINE, speculative_method="ngram", speculative_disable_by_batch_size=2, scheduling_policy="fcfs")
     llm.generate(_prompts()[:4], _greedy(8))  # four decode together: over the limit until some finish
     stats = llm.engine.core.stats()
     assert stats.spec_num_draft_tokens == 0

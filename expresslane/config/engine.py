@@ -52,10 +52,10 @@ class SchedulerConfig:
     max_num_seqs: int = _knob(256, "most requests running at once")
     max_num_batched_tokens: int = _knob(2048, "token budget of one step (prefill chunks + decodes); under "
                                         "deadline the largest step, each sized below it by the SLO")
-    scheduling_policy: str = _knob("fcfs", "order of requests: fcfs (the default: arrival order, a fixed prefill "
-                                   "cap beside others); priority (lower value first); deadline (lanes, earliest TTFT "
+    scheduling_policy: str = _knob("deadline", "order of requests: deadline (the default: lanes, earliest TTFT "
                                    "deadline first, steps sized by the SLO with the step-cost model, budget shares, "
-                                   "interactive preempts batch)",
+                                   "interactive preempts batch); fcfs (arrival order, a fixed prefill cap beside "
+                                   "others; long prompts first under load); priority (lower value first)",
                                    ("fcfs", "priority", "deadline"))
     # a spec string (flag, keyword), parsed once into `Lanes` when the config is built
     lane_slo: Lanes | str = _knob(DEFAULT_LANE_SLO, "lane targets and budget shares, e.g. "
