@@ -77,7 +77,9 @@ async def detect_server(session: aiohttp.ClientSession, ep: client.Endpoint) -> 
                   if c.get("id") == ep.model), "")
     version = (await get("/version") or {}).get("version")
     if owner in SERVERS:
-        return {"name": owner, "version": version, "how": "/v1/models owned_by"}
+        # ours says its scheduling policy at /load: a flag it already runs is no advice
+        policy = (await get("/load") or {}).get("scheduling_policy") if owner == "expresslane" else None
+        return {"name": owner, "version": version, "how": "/v1/models owned_by", "policy": policy}
     if await get("/get_server_info") is not None:
         return {"name": "sglang", "version": version, "how": "/get_server_info"}
     if version is not None:
@@ -125,7 +127,7 @@ def round16(x: float, low: int, high: int) -> int:
     return int(min(max(low, int(x) // 16 * 16), high))
 
 
-def diagnose(m: dict, server: str, long_len: int, split: dict | None = None) -> dict:
+def diagnose(m: dict, server: str, long_len: int, split: dict | None = None, policy: str | None = None) -> dict:
     """Causes with their evidence, and the flags (with values) that address them."""
     iso, b, mix = m["isolated"], m["beside_long"], m["mixed"]
     itl1 = iso["batch1_itl_ms"]
@@ -165,7 +167,7 @@ def diagnose(m: dict, server: str, long_len: int, split: dict | None = None) -> 
     names = [c for c, _ in causes]
     return {"server": server, "prefill_ms_per_token": per_tok, "chunk": chunk, "budget": budget,
             "causes": [{"cause": c, "evidence": e} for c, e in causes],
-            "flags": flags_for(server, names, chunk, budget)}
+            "flags": flags_for(server, names, chunk, budget, policy)}
 
 
 def overhead_per_token(split: dict | None) -> tuple[float, float, int] | None:
@@ -178,14 +180,16 @@ def overhead_per_token(split: dict | None) -> tuple[float, float, int] | None:
     return us, z["server_ms"] / z["client_ms"] if z["client_ms"] else 0.0, n1
 
 
-def flags_for(server: str, causes: list[str], chunk: int | None, budget: int | None) -> list[str]:
-    """Command-line flags of `server` for the causes, each once, in a fixed order."""
+def flags_for(server: str, causes: list[str], chunk: int | None, budget: int | None,
+              policy: str | None = None) -> list[str]:
+    """Command-line flags of `server` for the causes, each once, in a fixed order; `policy`:
+    the scheduling policy an expresslane server reported (None: unknown)."""
     prefill = {"head-of-line prefill", "decode slowed by prefill chunks"} & set(causes)
     out: list[str] = []
     if server == "expresslane":
         # deadline sizes every step with the step-cost model (the default); a fixed
         # --long-prefill-token-threshold or a small --max-num-batched-tokens would turn that off
-        if prefill or "queueing" in causes:
+        if (prefill or "queueing" in causes) and policy != "deadline":
             out.append("--scheduling-policy deadline")
         if "decode slowed by prefill chunks" in causes:
             out.append("--lane-slo interactive:slack=0.5")  # about half the default prefill per decode step
@@ -220,7 +224,7 @@ async def _run(cfg: DoctorConfig) -> dict:
         measured = await measure(p, sc)
         split = await engine_split(p, [p.short_len, p.long_len], sc.repeats) if server["name"] == "expresslane" \
             else None
-    diagnosis = diagnose(measured, server["name"], p.long_len, split)
+    diagnosis = diagnose(measured, server["name"], p.long_len, split, server.get("policy"))
     return {"kind": "flat-doctor", "date": datetime.now().strftime("%Y%m%d-%H%M%S"),
             **run_facts(p.endpoint, p.maker, p.notices, []),
             **sc.settings(), "long_len_used": p.long_len,
@@ -234,7 +238,8 @@ def run_doctor(cfg: DoctorConfig) -> dict:
 def format_doctor(r: dict) -> str:
     d, s = r["diagnosis"], r["server"]
     out = [format_scenarios(r).rsplit("\n", 1)[0],
-           f"server: {s['name']}{' ' + s['version'] if s['version'] else ''} (from {s['how']})"]
+           f"server: {s['name']}{' ' + s['version'] if s['version'] else ''} (from {s['how']})"
+           + (f", scheduling policy {s['policy']}" if s.get("policy") else "")]
     if split := r.get("engine_split"):
         rows = [[n, fmt(v["client_ms"]), fmt(v["engine_ttft_ms"]), fmt(v["server_ms"])] for n, v in split.items()]
         out += ["", "time of a 1-token request, split by the engine's timestamps (min of repeats)",

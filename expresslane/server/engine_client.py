@@ -90,6 +90,7 @@ class EngineClient:
         self.max_model_len = ready.max_model_len
         self.num_kv_blocks = ready.num_kv_blocks
         self.step_cost, self.max_num_batched_tokens = ready.step_cost, ready.max_num_batched_tokens
+        self.scheduling_policy = ready.scheduling_policy
         self.inputs = InputProcessor(tokenizer, vocab_size, ready.max_model_len, eos)
         self.max_prompt_chars = ready.max_model_len * longest_token
         # Each token id's text (logprobs name tokens by it), decoded once at start: made lazily during a

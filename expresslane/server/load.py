@@ -8,7 +8,8 @@ Plain JSON, cheap to build (read every second by each router):
   but without a first token yet: queued prompts and the rest of running prefills;
 - ``step_cost``: the engine's fitted step-cost model (``StepCostModel.to_dict``) and
   ``max_num_batched_tokens``, its step budget; ``prefill_rate``: tokens/s its recent steps
-  processed (a fallback when there is no model).
+  processed (a fallback when there is no model);
+- ``scheduling_policy``: the engine's (a tool such as `bench doctor` advises flags by it).
 """
 
 from __future__ import annotations
@@ -31,4 +32,5 @@ def load_snapshot(client: EngineClient, metrics: Metrics) -> dict:
         "prefill_rate": adm.prefill_rate,
         "step_cost": getattr(client, "step_cost", None) or None,
         "max_num_batched_tokens": getattr(client, "max_num_batched_tokens", 0),
+        "scheduling_policy": getattr(client, "scheduling_policy", None),
     }

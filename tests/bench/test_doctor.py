@@ -54,6 +54,16 @@ def test_default_flags_on_h200_name_head_of_line_and_slow_decode_with_sized_flag
     assert d["flags"] == ["--scheduling-policy deadline", "--lane-slo interactive:slack=0.5"]
 
 
+def test_no_flag_for_the_policy_the_server_already_runs():
+    """An expresslane server that reports `deadline` at /load is not told to use it."""
+    d = diagnose(h200(), "expresslane", 8192, policy="deadline")
+    assert d["flags"] == ["--lane-slo interactive:slack=0.5"]
+    m = h200(short_beside=33.0, total_beside=380.0, itl_beside_p99=7.0, mixed_p50=40.0, mixed_p99=300.0,
+             mixed_itl_p99=8.0)
+    assert diagnose(m, "expresslane", 8192, policy="deadline")["flags"] == []
+    assert diagnose(m, "expresslane", 8192, policy="fcfs")["flags"] == ["--scheduling-policy deadline"]
+
+
 def test_flags_use_the_detected_server_names():
     m = h200()
     assert diagnose(m, "vllm", 8192)["flags"] == ["--long-prefill-token-threshold 144",
@@ -179,10 +189,12 @@ def test_doctor_end_to_end_on_expresslane_fcfs_then_with_its_flags(tmp_path):
         return r
 
     before = doctor("--scheduling-policy", "fcfs")
+    assert before["server"]["policy"] == "fcfs"  # from /load
     d = before["diagnosis"]
     assert "head-of-line prefill" in causes(d), format_doctor(before)
     assert d["flags"][0] == "--scheduling-policy deadline"
     assert "  " + " ".join(d["flags"]) in format_doctor(before)
     after = doctor(*(x for flag in d["flags"] for x in flag.split()))
+    assert after["server"]["policy"] == "deadline"
     assert after["beside_long"]["ratios"]["short_ttft"] < before["beside_long"]["ratios"]["short_ttft"], \
         format_doctor(before) + "\n" + format_doctor(after)
