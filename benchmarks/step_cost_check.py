@@ -1,0 +1,73 @@
+"""Issue #20: does the step-cost model the engine calibrates at start-up predict the steps a
+mixed load really runs? On the H200 the replay's refits moved it (the constant of a step with
+prefill −0.5 → +1 to +2.5 ms; a 256-token step 10.5 → 11.5-13.8 ms), and with the refitted
+model the simulation predicted the measured long-prompt TTFT where the start-up model
+predicted half of it (docs/performance.md, "Flat latency through HTTP", session 11).
+
+    python benchmarks/step_cost_check.py [--model DIR] [--dtype bfloat16] [--out results.jsonl]
+
+Times, as the start-up calibration does (`runner.step_timing.time_steps`: alone, fastest of
+--repeats after one untimed run), the shapes of that load's steps: 1, 3 or 5 decodes at a
+short (128) or long (--long) context, beside one prefill chunk of 16-512 tokens after 0 to
+--long cached keys; and prints each against the start-up model's prediction. Where these
+isolated steps match the model, the refits' higher costs come from running steps back to
+back (the host, the pipeline); where they do not, from a shape the calibration never times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+from _shared import emit
+
+from expresslane import LLM
+from expresslane.engine.cost_model import StepShape
+from expresslane.models.model_dir import DEFAULT_MODEL
+from expresslane.runner.step_timing import time_steps
+
+
+def shapes(long: int, max_len: int) -> list[list[tuple[int, int]]]:
+    """Decodes (context, 1) beside a chunk (start, n): the mixed load's steps, within the context."""
+    out = []
+    for decodes in (1, 3, 5):
+        for context in (128, long):
+            for start in sorted({0, long // 4, long // 2, max(0, long - 512)}):
+                for n in (16, 64, 136, 200, 512):
+                    if max(context, start + n) < max_len:
+                        out.append([(context, 1)] * decodes + [(start, n)])
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=str(DEFAULT_MODEL))
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--long", type=int, default=8192, help="the long context (cut to the model's)")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+    llm = LLM(args.model, dtype=args.dtype, max_model_len=args.max_model_len)
+    core = llm.engine.core
+    model, max_len = core.cost_model, core.max_model_len
+    long = min(args.long, max_len - 1)
+    errors = {}
+    print("decodes x context | chunk after keys | measured ms | predicted ms | error")
+    for step in shapes(long, max_len):
+        [(shape, seconds)] = time_steps(core.runner, [step], repeats=args.repeats)
+        predicted = model.predict(shape)
+        error = (predicted - seconds) / seconds
+        (context, _), (start, n) = step[0], step[-1]
+        errors.setdefault((len(step) - 1, context), []).append(error)
+        emit(args.out, bench="step_cost_check", decodes=len(step) - 1, decode_context=context, chunk_start=start,
+             chunk=n, measured_ms=1e3 * seconds, predicted_ms=1e3 * predicted, error=error)
+        print(f"{len(step) - 1:3d} x {context:6d} | {n:4d} after {start:6d} | {1e3 * seconds:8.2f} | "
+              f"{1e3 * predicted:8.2f} | {100 * error:+6.1f}%")
+    print("mean error of the start-up model's prediction, by decodes x context (negative: under-predicts):")
+    for (decodes, context), errs in errors.items():
+        print(f"  {decodes} x {context:6d}: {100 * statistics.mean(errs):+6.1f}% over {len(errs)} steps")
+
+
+if __name__ == "__main__":
+    main()
