@@ -54,8 +54,9 @@ class SchedulerConfig:
                                         "deadline the largest step, each sized below it by the SLO")
     scheduling_policy: str = _knob("deadline", "order of requests: deadline (the default: lanes, earliest TTFT "
                                    "deadline first, steps sized by the SLO with the step-cost model, budget shares, "
-                                   "interactive preempts batch); fcfs (arrival order, a fixed prefill cap beside "
-                                   "others; long prompts first under load); priority (lower value first)",
+                                   "interactive preempts batch); fcfs (arrival order, full-budget steps with a fixed "
+                                   "prefill cap beside others: long prompts' TTFT first, shorts wait behind "
+                                   "them); priority (fcfs by the request's priority, lower first)",
                                    ("fcfs", "priority", "deadline"))
     # a spec string (flag, keyword), parsed once into `Lanes` when the config is built
     lane_slo: Lanes | str = _knob(DEFAULT_LANE_SLO, "lane targets and budget shares, e.g. "
