@@ -58,7 +58,8 @@
 #            before; KERNELS_QUICK=1: fewer tiles and cases
 #   split:   a short prefill chunk (16-256 tokens) after 8k / 32k keys, one layer of the 8B shape: prefill
 #            items whole vs cut over their keys, at the default and at 4 / 8 waves (us, KV TB/s); the split
-#            tests of the attention tiles first (the tables' tiles)
+#            tests of the attention tiles first (the tables' tiles); SPLIT_TILES=1: the split items at 32k
+#            under 8 other tiles too (is a program's slow walk over its keys the tile's?)
 #   longctx: issue #18 through HTTP (llama-3-8b, `serve --max-model-len 33792`): TTFT of a 16k and a 32k
 #            prompt sent alone and the ITL of their decode, batch-1 ITL at 1k, next to vLLM's and the floors;
 #            then TTFT 16k / 32k again with `--prefill-attention cudnn`
@@ -190,7 +191,7 @@ for section in $SECTIONS; do
       python3 -m pytest -q tests/test_attention_tiles.py -p no:cacheprovider -k "split" 2>&1 | tee -a "$OUT/gpu-tests.log" \
         | tail -3 || status=1
       echo "== a short prefill chunk after 8k / 32k keys: items whole vs cut over their keys (8B shape, one layer)"
-      run python3 benchmarks/split_prefill_bench.py ;;
+      run python3 benchmarks/split_prefill_bench.py ${SPLIT_TILES:+--tiles} ;;
     longctx)
       model llama-3-8b  # the same weights with Llama-3.1's 128k position limit (Llama-3's is 8k): same cost per token
       L="$MODELS/llama-3-8b-128k"

@@ -6,9 +6,11 @@ and at more waves and slices (``VARIANTS``). Such steps are what a
 latency-first scheduler makes while decodes run beside a long prompt: a few dozen tokens of
 it at a time. Timed in CUDA graphs cycling over enough layers' caches that L2 holds none:
 microseconds, KV TB/s and % of the H200's copy bandwidth; each output first checked against
-float32 attention.
+float32 attention. ``--tiles``: also the split items at 32k keys under other tiles (rows, keys
+per loop step, warps, pipeline stages), to tell whether a program's slow walk over its keys
+(~1-3 GB/s each, session 11) is the tile's.
 
-    python benchmarks/split_prefill_bench.py [--out results.jsonl]
+    python benchmarks/split_prefill_bench.py [--tiles] [--out results.jsonl]
 """
 
 from __future__ import annotations
@@ -17,22 +19,28 @@ import argparse
 
 import torch
 from _shared import emit
-from attention_bench import (DIM, HEADS, KV_HEADS, TOL, Clock, cold_caches, ms_per_layer, paged, reference,
-                             rel_err, wrong)
+from attention_bench import (DIM, HEADS, KV_HEADS, TOL, Clock, cold_caches, ms_per_layer, name, only, paged,
+                             reference, rel_err, wrong)
 
 from expresslane.attention.triton_backend import TritonAttentionBackend
+from expresslane.attention.triton_tiles import PrefillTile
 from expresslane.bench.floors import H200_PEAK_BANDWIDTH as PEAK_BW
 
 CASES = [(q, ctx) for ctx in (8192, 32768) for q in (16, 24, 64, 256)]  # (chunk tokens, keys with the chunk)
 # how items are cut: name -> (waves of programs, most slices an item); "split" is the backend's default
 VARIANTS = {"whole": (1, 1), "split": (TritonAttentionBackend.SPLIT_WAVES, TritonAttentionBackend.MAX_PREFILL_SPLITS),
             "w4-s32": (4, 32), "w8-s64": (8, 64)}
+# --tiles: split items under these tiles too (the default tile is r64-n64-w4-s3)
+TILES = [PrefillTile(rows=r, block_n=n, num_warps=w, num_stages=st)
+         for r, n, w, st in ((16, 64, 4, 3), (64, 32, 4, 3), (64, 128, 4, 3), (64, 64, 4, 2), (64, 64, 4, 4),
+                             (64, 64, 8, 3), (64, 128, 8, 2), (16, 128, 4, 4))]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=None)
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--tiles", action="store_true", help="also the split items at 32k keys under other tiles")
     args = ap.parse_args()
     dev = torch.device("cuda")
     clock = Clock(dev, args.repeats)
@@ -43,8 +51,11 @@ def main() -> None:
         read = ctx * KV_HEADS * DIM * 2 * kv.element_size()
         layers = cold_caches(kv, read)
         us = {}
-        for how, (waves, most) in VARIANTS.items():
-            backend = TritonAttentionBackend(HEADS, KV_HEADS, DIM, dev)
+        runs = [(how, cut, None) for how, cut in VARIANTS.items()]
+        if args.tiles and ctx == 32768:
+            runs += [(f"split {name(t)}", VARIANTS["split"], t) for t in TILES]
+        for how, (waves, most), tile in runs:
+            backend = TritonAttentionBackend(HEADS, KV_HEADS, DIM, dev, prefill_tiles=only(tile) if tile else None)
             backend.SPLIT_WAVES, backend.MAX_PREFILL_SPLITS = waves, most
             backend.prepare(meta)
             err = rel_err(backend.attend(q, kv, meta, DIM ** -0.5), ref)
