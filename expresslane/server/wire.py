@@ -36,7 +36,7 @@ class Ready(msgspec.Struct, tag=True):
     num_kv_blocks: int
     step_cost: dict = {}  # the engine's fitted step-cost model (StepCostModel.to_dict), for /load
     max_num_batched_tokens: int = 0
-    scheduling_policy: str = ""
+    scheduling_policy: str | None = None  # filled by the engine (None: an engine that did not say)
 
 
 class Failed(msgspec.Struct, tag=True):
