@@ -44,10 +44,12 @@ STALL_MS = 30.0
 
 class HostEvents:
     """Host work that can stall a step, timed as it happens: cost-model refits, garbage
-    collections, Triton compilations (each a (start, seconds, what) in `events`)."""
+    collections, Triton compilations (each a (start, seconds, what) in `events`); and each
+    refit the model kept, (start, the model) in `kept`."""
 
     def __init__(self, core):
         self.events: list[tuple[float, float, str]] = []
+        self.kept: list[tuple[float, str]] = []
         self._gc_start = 0.0
         gc.callbacks.append(self._gc)
         model = core.cost_model
@@ -55,9 +57,11 @@ class HostEvents:
             refit = model._refit
 
             def timed_refit():
-                t = time.monotonic()
+                t, before = time.monotonic(), model.refits
                 refit()
                 self.events.append((t, time.monotonic() - t, "refit"))
+                if model.refits > before:
+                    self.kept.append((t, model.describe()))
             model._refit = timed_refit
         try:
             import triton
@@ -125,7 +129,6 @@ def main() -> None:
     sp = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
     times: dict[str, list[float]] = {}
     steps = []  # (start, seconds in step(), measured, predicted, prefill chunks [(id, n)], decodes, waiting ids)
-    models = []  # (seconds, the cost model) each time a refit was kept
     t0, i = time.monotonic(), 0
     while i < len(sent) or engine.has_unfinished():
         now = time.monotonic() - t0
@@ -146,8 +149,6 @@ def main() -> None:
                       sum(len(s.token_ids) == 1 for s in plan), waiting))
         for o in outs:
             times.setdefault(o.request_id, []).append(done - t0)
-        if core.cost_model is not None and core.cost_model.refits > len(models):
-            models.append((done - t0, core.cost_model.describe()))
     arrival = {n: t for n, (t, _) in zip(names, sent)}
     measured, ttft = flat_sim.load_figures(times, arrival, args.duration)  # the simulation's own figures
     measured["good_fraction"] = measured.pop("good_frac")
@@ -159,17 +160,18 @@ def main() -> None:
            "step_seconds_measured": sum(s[2] for s in steps), "step_seconds_predicted": sum(s[3] for s in steps)}
     if calibrated is not None:  # the scheduler alone, same arrivals, this engine's start-up model
         flat_sim.SHAPE.update(short=args.short_len, long=long_len, out=args.output_len)
-        sim = flat_sim.mixed_load(sched_cfg, args.rate, args.duration, seed=args.seed, model=calibrated)
-        row["simulated"] = {k: round(v, 2) for k, v in sim.items()}
-        if core.cost_model.refits:  # and with the model as the run left it: how much of a gap is the cost level
-            ended = StepCostModel.from_dict(core.cost_model.to_dict())
-            sim = flat_sim.mixed_load(sched_cfg, args.rate, args.duration, seed=args.seed, model=ended)
-            row["simulated_refit"] = {k: round(v, 2) for k, v in sim.items()}
+        # and with the model as the run left it (when a refit was kept): how much of a gap is the cost level
+        ended = StepCostModel.from_dict(core.cost_model.to_dict()) if host.kept else None
+        models = {"simulated": calibrated, "simulated_refit": ended}
+        for key, model in models.items():
+            if model is not None:
+                sim = flat_sim.mixed_load(sched_cfg, args.rate, args.duration, seed=args.seed, model=model)
+                row[key] = {k: round(v, 2) for k, v in sim.items()}
     emit(args.out, **row)
 
     print(f"cost model at start-up: {calibrated.describe() if calibrated else None}")
-    for t, text in models:
-        print(f"refit kept at {t:.3f} s: {text}")
+    for t, text in host.kept:
+        print(f"refit kept at {t - t0:.3f} s: {text}")
     print("the long prompts (arrival s, TTFT ms, chunks, their median and smallest tokens, "
           "steps it sat out between its first and last chunk):")
     for name in (n for n in names if n.startswith("long")):
