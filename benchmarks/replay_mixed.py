@@ -167,6 +167,7 @@ def main() -> None:
             if model is not None:
                 sim = flat_sim.mixed_load(sched_cfg, args.rate, args.duration, seed=args.seed, model=model)
                 row[key] = {k: round(v, 2) for k, v in sim.items()}
+        row["step_cost"] = calibrated.to_dict()  # for flat_sim.py --cost
     emit(args.out, **row)
 
     print(f"cost model at start-up: {calibrated.describe() if calibrated else None}")

@@ -123,7 +123,7 @@ def test_a_tile_that_does_not_fit_the_shared_memory_falls_back():
         4096) == big
     backend = triton_backend.TritonAttentionBackend(8, 2, 128, DEVICE, kv_dtype=torch.float32, **kw)
     assert backend.prefill_tile(4096) == PrefillTile()
-    assert backend.max_prefill_work(4096, 1) == 4096 // backend.block_q(PrefillTile()) + 1
+    assert backend.max_prefill_work(4096, 1) == 4096 // backend.block_q(PrefillTile()) + 1 + backend.split_rows
 
 
 def test_prefill_work_list_longest_first():
@@ -160,6 +160,28 @@ def test_a_short_chunk_after_a_long_context_is_split_over_its_keys():
     assert (backend.plan_prefill([0, 2048], [10048], 0, PrefillTile())[:, 3] == 1).all()
     # a short context: slices would be too short to pay
     assert (backend.plan_prefill([0, 24], [900], 0, PrefillTile())[:, 3] == 1).all()
+
+
+def test_a_long_item_beside_a_full_wave_is_split_to_the_fair_share():
+    """A mixed step on the H200's geometry: a 512-token prompt (32 items, 256 programs: more
+    than a wave) beside a decode at 8k keys and one at 100. Whole, the decode's 8 programs
+    would each read 8k keys while the prompt's read at most 512 (7 ms more a step on the H200).
+    It is cut to the fair share: its 8,192 keys plus the prompt's 8,448 and the short decode's
+    100, over 2 waves of 132 programs, x 8 KV heads: 508 keys, so slices of 512. The short
+    decode and the prompt's items stay whole; the slots fit `split_rows`, the rows the grid."""
+    backend = triton_backend.TritonAttentionBackend(32, 8, 128, DEVICE)
+    backend.sms = 132
+    qsl, lens = [0, 1, 2, 514], [8192, 100, 512]
+    work = backend.plan_prefill(qsl, lens, 0, PrefillTile())
+    long = work[work[:, 0] == 0]
+    assert long[:, 2].tolist() == list(range(16)) and (long[:, 3] == 16).all() and (long[:, 4] == 0).all()
+    assert (work[work[:, 0] != 0][:, 3] == 1).all()
+    assert long[:, 3].max() <= backend.split_rows and len(work) <= backend.max_prefill_work(514, 3)
+    # many decodes at 8k beside it: the fair share grows, each is cut less, the slots still fit
+    work = backend.plan_prefill([0, 1, 2, 3, 4, 5, 517], [8192] * 5 + [512], 0, PrefillTile())
+    split = work[work[:, 3] > 1]
+    assert set(split[:, 0].tolist()) == set(range(5)) and (split[:, 3] == 5).all()
+    assert len(split) <= backend.split_rows and len(work) <= backend.max_prefill_work(517, 6)
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)

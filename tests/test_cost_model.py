@@ -77,6 +77,38 @@ def test_max_chunk_is_the_largest_chunk_within_the_target():
     assert model.max_chunk(decodes, 2000, limit=8192, target=1e-4) == 0
 
 
+BUCKETS = (8, 16, 32, 64, 128, 256, 384, 512, 640, 768, 896, 1024)  # a mixed-graph family's sizes
+
+
+def bucketed_step(shape: StepShape) -> float:
+    """A machine whose steps with prefill run padded to `BUCKETS` (the mixed CUDA graphs)."""
+    t = shape.num_tokens
+    if shape.has_prefill and t <= BUCKETS[-1]:
+        t = min(b for b in BUCKETS if b >= t)
+    return h200_step(StepShape(t, shape.decode_context, shape.prefill_pairs, shape.has_prefill))
+
+
+def test_a_step_with_prefill_costs_its_padded_bucket():
+    """Fitted on a machine that pads steps with prefill (the H200: one decode beside a 136- and
+    a 200-token chunk took the same 8.7 ms, bucket 256), the model predicts the bucket's cost,
+    where interpolating between knots under-predicted it; and the largest chunk within a target
+    fills its bucket: the target pays for those tokens anyway."""
+    samples = [(s, bucketed_step(s)) for s, _ in calibration()]
+    padded = StepCostModel.fit(samples, max_tokens=2048, padded=BUCKETS)
+    plain = StepCostModel.fit(samples, max_tokens=2048)
+    decodes = StepShape.of([(100, 1)] * 8)
+    for n in (9, 57, 129, 200, 247, 300, 700, 1500):  # 1500 + 8 tokens: past the buckets, unpadded
+        shape = decodes.plus_chunk(0, n)
+        assert padded.predict(shape) == pytest.approx(bucketed_step(shape), rel=0.02)
+    assert plain.predict(decodes.plus_chunk(0, 129)) < 0.9 * bucketed_step(decodes.plus_chunk(0, 129))
+    assert padded.predict(decodes) == pytest.approx(h200_step(decodes), rel=0.02)  # decodes: unpadded
+    target = bucketed_step(decodes.plus_chunk(0, 129)) * 1.001  # bucket 256's cost
+    assert padded.max_chunk(decodes, 0, 8192, target) == 256 - 8
+    again = StepCostModel.from_dict(padded.to_dict())
+    assert again.padded == BUCKETS and again.predict(decodes.plus_chunk(0, 129)) == padded.predict(
+        decodes.plus_chunk(0, 129))
+
+
 def test_observed_steps_refine_the_model_toward_the_machine_it_runs_on():
     model = StepCostModel.fit(calibration(), max_tokens=2048)
     model.refit_every = 64

@@ -3,8 +3,8 @@
 Decode seqs run split-KV (grid: seq x KV head x split, then a reduction), with the
 number of splits and the tile fixed by the batch size alone so a captured graph replays
 with any context lengths. Prefill chunks run one program per (seq, tile of query tokens,
-KV head), and where those are too few to fill the GPU, per slice of the item's keys too
-(`plan_prefill`); `prepare` picks the step's prefill tile by its prefill tokens
+KV head), and for an item with more keys than the launch's fair share of a program, per
+slice of its keys too (`plan_prefill`); `prepare` picks the step's prefill tile by its prefill tokens
 (triton_tiles.py) and builds the work list, the items with the most keys first. With `prefill_library`
 "cudnn", prefill seqs of at least `LIBRARY_MIN_TOKENS` query tokens run through cuDNN
 instead (library_prefill.py), in eager steps (`eager_step`).
@@ -99,11 +99,14 @@ class TritonAttentionBackend:
         of the keys they attend to, so the longest start first and the launch does not end on
         a late long one (each item writes its own rows: the order changes no result).
 
-        When the items fill less than one wave of programs (a short chunk after a long
-        context: a few programs would each read thousands of keys), an item with at least
-        2 x `SPLIT_MIN_KEYS` keys is cut into slices of its keys, up to about `SPLIT_WAVES` waves in all
-        (at most `split_rows` partial slots); its slices are adjacent and share `splits` slots
-        from `slot` on."""
+        An item is cut into slices of its keys when one program walking them all would outlast
+        the launch's fair share (a short chunk after a long context: a few programs each read
+        thousands of keys; a decode at 8k keys beside a short prompt in a mixed step, which
+        made that step 7 ms longer on the H200): slices of at least `SPLIT_MIN_KEYS` keys and of
+        the keys that `SPLIT_WAVES` waves of programs would each read if all were spread evenly,
+        at most `MAX_PREFILL_SPLITS` per item. Their slots never exceed `split_rows` (the slices
+        hold at most all keys over the slice length); an item's slices are adjacent and share
+        `splits` slots from `slot` on."""
         qsl = np.asarray(query_start_loc, dtype=np.int64)[first_seq:]
         bq = self.block_q(tile)
         q_lens = qsl[1:] - qsl[:-1]
@@ -114,11 +117,8 @@ class TritonAttentionBackend:
         keys = np.minimum(ctx, ctx - np.repeat(q_lens, tiles) + q_off + bq)
         order = np.argsort(-keys, kind="stable")
         seq, q_off, keys = seq[order], q_off[order], keys[order]
-        splits = np.ones(len(seq), dtype=np.int64)
-        programs = len(seq) * self.num_kv_heads
-        if 0 < programs < self.sms:
-            most = min(self.MAX_PREFILL_SPLITS, self.SPLIT_WAVES * self.sms // programs)  # sum <= split_rows
-            splits = np.clip(keys // self.SPLIT_MIN_KEYS, 1, most)
+        fair = -(-int(keys.sum()) * self.num_kv_heads // (self.SPLIT_WAVES * self.sms))
+        splits = np.clip(keys // max(self.SPLIT_MIN_KEYS, fair), 1, self.MAX_PREFILL_SPLITS)
         slots = np.where(splits > 1, splits, 0)  # partial slots each item takes
         slot = np.cumsum(slots) - slots
         split = np.arange(int(splits.sum())) - np.repeat(np.cumsum(splits) - splits, splits)
@@ -128,12 +128,14 @@ class TritonAttentionBackend:
 
     @property
     def split_rows(self) -> int:
-        """Partial slots of split prefill items: `SPLIT_WAVES` waves of programs."""
+        """Partial slots of split prefill items: `SPLIT_WAVES` waves of programs (`plan_prefill`'s
+        slices never take more: each has at least the keys of a fair share over that many)."""
         return max(1, self.SPLIT_WAVES * self.sms // self.num_kv_heads)
 
     def max_prefill_work(self, num_tokens: int, num_seqs: int) -> int:
-        """Work items a step of this many tokens and seqs may have (a captured launch's grid)."""
-        return max(num_tokens // self.block_q(self.prefill_tile(num_tokens)) + num_seqs, self.split_rows)
+        """Work items a step of this many tokens and seqs may have (a captured launch's grid):
+        its tiles of query tokens, and the slices that split ones add (fewer than `split_rows`)."""
+        return num_tokens // self.block_q(self.prefill_tile(num_tokens)) + num_seqs + self.split_rows
 
     def _partials(self, bq: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """The split prefill items' partial results (acc; m and l) for tiles of `bq` query

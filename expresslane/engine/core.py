@@ -81,7 +81,7 @@ class EngineCore:
             steps = calibration_steps(s.max_num_batched_tokens, s.max_num_seqs, num_blocks, bs,
                                       config.model.max_model_len, light=not cuda)
             self.cost_model = StepCostModel.fit(time_steps(self.runner, steps, repeats=3 if cuda else 1),
-                                                s.max_num_batched_tokens)
+                                                s.max_num_batched_tokens, self.runner.padded_step_sizes)
         log.info("step cost model (%s): %s", self.runner.device, self.cost_model.describe())
         self.runner.reset_expert_tokens()  # the start-up steps above routed dummy tokens
         self._expert_copy = None  # a copy of the counters on its way to the host

@@ -12,6 +12,11 @@ A step's time, fitted on the engine's own hardware:
   a chunk of ``n`` tokens after ``s`` cached ones has ``n * (s + (n + 1) / 2)``.
 - ``has_prefill``: a step with a prefill chunk runs another path (mixed graphs) than a
   pure-decode step (decode graphs); the difference is a constant.
+- ``padded``: the token counts that path computes (its graphs' buckets). A step with prefill
+  costs what its bucket costs: on the H200 one decode beside a 136- or a 200-token chunk took
+  the same 8.7 ms (bucket 256), where interpolating 137 tokens between knots said 7.6 ms. So
+  ``num_tokens`` is read as its bucket in fitting and predicting alike, and the largest chunk
+  within a target fills its bucket (``max_chunk``).
 
 Calibration samples come from synthetic steps timed at start-up (``runner/step_timing``);
 ``observe`` adds the steps the engine actually ran and refits every ``refit_every``
@@ -25,6 +30,7 @@ the scheduler then cut every prompt into 16-token chunks).
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -63,9 +69,17 @@ class StepShape:
                          self.prefill_pairs + n * start + n * (n + 1) // 2, True)
 
 
-def _features(shapes: list[StepShape], knots: np.ndarray) -> np.ndarray:
-    """Rows of [hat_0(T) .. hat_k(T), decode_context, prefill_pairs, has_prefill]."""
-    t = np.array([s.num_tokens for s in shapes], dtype=np.float64)
+def padded_tokens(shape: StepShape, padded: tuple[int, ...]) -> int:
+    """The tokens the step computes: a step with prefill is padded to the smallest of `padded`
+    that holds it (none past the largest: those run unpadded)."""
+    if shape.has_prefill and padded and shape.num_tokens <= padded[-1]:
+        return padded[bisect.bisect_left(padded, shape.num_tokens)]
+    return shape.num_tokens
+
+
+def _features(shapes: list[StepShape], knots: np.ndarray, padded: tuple[int, ...] = ()) -> np.ndarray:
+    """Rows of [hat_0(T) .. hat_k(T), decode_context, prefill_pairs, has_prefill], T padded."""
+    t = np.array([padded_tokens(s, padded) for s in shapes], dtype=np.float64)
     hats = np.zeros((len(shapes), len(knots)))
     # piecewise-linear interpolation weights; past the last knot, extrapolate its last segment
     idx = np.clip(np.searchsorted(knots, t, side="right") - 1, 0, len(knots) - 2)
@@ -78,9 +92,11 @@ def _features(shapes: list[StepShape], knots: np.ndarray) -> np.ndarray:
     return np.hstack([hats, extra.reshape(len(shapes), 3)])
 
 
-def _design(samples: list[tuple[StepShape, float]], knots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _design(samples: list[tuple[StepShape, float]], knots: np.ndarray,
+            padded: tuple[int, ...] = ()) -> tuple[np.ndarray, np.ndarray]:
     """(features, seconds) of the samples."""
-    return _features([s for s, _ in samples], knots), np.array([t for _, t in samples], dtype=np.float64)
+    return (_features([s for s, _ in samples], knots, padded),
+            np.array([t for _, t in samples], dtype=np.float64))
 
 
 def _error(x: np.ndarray, y: np.ndarray, params: tuple[np.ndarray, float, float, float]) -> float:
@@ -95,7 +111,8 @@ class StepCostModel:
     """Predicted seconds of a step; fit from (StepShape, seconds) samples."""
 
     def __init__(self, knots: Iterable[int], token_times: Iterable[float], k_decode: float = 0.0,
-                 k_prefill: float = 0.0, c_mixed: float = 0.0):
+                 k_prefill: float = 0.0, c_mixed: float = 0.0, padded: Iterable[int] = ()):
+        self.padded = tuple(sorted(padded))  # token counts a step with prefill is padded to
         self.knots = np.array(sorted(knots), dtype=np.float64)
         if len(self.knots) < 2:
             raise ValueError("a step-cost model needs at least two token-count knots")
@@ -109,16 +126,18 @@ class StepCostModel:
 
     # -- fitting -----------------------------------------------------------------------
     @classmethod
-    def fit(cls, samples: list[tuple[StepShape, float]], max_tokens: int | None = None) -> "StepCostModel":
-        """Least squares over the samples; knots are the default ones within the sampled range."""
+    def fit(cls, samples: list[tuple[StepShape, float]], max_tokens: int | None = None,
+            padded: Iterable[int] = ()) -> "StepCostModel":
+        """Least squares over the samples; knots are the default ones within the sampled range
+        and the `padded` sizes (the buckets' costs are the ones the steps pay)."""
         if not samples:
             raise ValueError("no samples to fit a step-cost model")
         top = max(max_tokens or 0, 2, max(s.num_tokens for s, _ in samples))
-        knots = [k for k in DEFAULT_KNOTS if k < top] + [top]
-        model = cls(knots, np.zeros(len(knots)))
+        knots = sorted({k for k in DEFAULT_KNOTS if k < top} | {p for p in padded if p < top} | {top})
+        model = cls(knots, np.zeros(len(knots)), padded=padded)
         model._calibration = list(samples)
         model.token_times, model.k_decode, model.k_prefill, model.c_mixed = model._solve(
-            *_design(model._calibration, model.knots))
+            *_design(model._calibration, model.knots, model.padded))
         return model
 
     @classmethod
@@ -132,7 +151,7 @@ class StepCostModel:
     def _refit(self) -> None:
         """Refit on calibration + recent samples; keep the result only if it predicts them better."""
         self._since_fit = 0
-        x, y = _design(self._calibration + list(self._recent), self.knots)
+        x, y = _design(self._calibration + list(self._recent), self.knots, self.padded)
         new = self._solve(x, y)
         if _error(x, y, new) <= _error(x, y, (self.token_times, self.k_decode, self.k_prefill, self.c_mixed)):
             self.token_times, self.k_decode, self.k_prefill, self.c_mixed = new
@@ -180,7 +199,7 @@ class StepCostModel:
     def predict(self, shape: StepShape) -> float:
         if shape.num_tokens <= 0:
             return 0.0
-        t = float(shape.num_tokens)
+        t = float(padded_tokens(shape, self.padded))
         k = self.knots
         if t >= k[-1]:  # past the last knot: its last segment's slope
             slope = (self.token_times[-1] - self.token_times[-2]) / (k[-1] - k[-2])
@@ -206,11 +225,11 @@ class StepCostModel:
     def to_dict(self) -> dict:
         """The fitted model as plain data (the engine publishes it; a router predicts with it)."""
         return {"knots": self.knots.tolist(), "token_times": self.token_times.tolist(), "k_decode": self.k_decode,
-                "k_prefill": self.k_prefill, "c_mixed": self.c_mixed}
+                "k_prefill": self.k_prefill, "c_mixed": self.c_mixed, "padded": list(self.padded)}
 
     @classmethod
     def from_dict(cls, d: dict) -> "StepCostModel":
-        return cls(d["knots"], d["token_times"], d["k_decode"], d["k_prefill"], d["c_mixed"])
+        return cls(d["knots"], d["token_times"], d["k_decode"], d["k_prefill"], d["c_mixed"], d.get("padded", ()))
 
     def describe(self) -> str:
         """One line for the start-up log: the linear part at a few sizes, and the attention terms."""

@@ -235,7 +235,9 @@ class MixedGraphs(_Graphs):
 
     def __init__(self, model, backend, max_tokens: int, max_num_seqs: int, max_blocks: int, device: torch.device,
                  logits_out: torch.Tensor):
-        sizes = bucket_sizes(max_tokens, small=(8, 16, 32, 64), step=128)
+        # every 64 tokens up to 512, where SLO-sized steps live (a step costs its bucket: a 137-token
+        # step ran as 256 on the H200), then every 128
+        sizes = bucket_sizes(max_tokens, small=(8, 16, 32, 64, 192, 320, 448), step=128)
         self.max_seqs = min(sizes[-1], max_num_seqs)
         super().__init__(model, backend, sizes, sizes[-1], self.max_seqs + 1, max_blocks, device, logits_out)
         # one work list for all buckets (each bucket's prefill tile is its own: as many items as the largest needs)

@@ -186,6 +186,11 @@ class ModelRunner:
             self.draft.build_graphs(s.max_num_seqs, mixed_tokens, max_blocks, pool,
                                     self.config.speculative.num_speculative_tokens, self.block_size)
 
+    @property
+    def padded_step_sizes(self) -> tuple[int, ...]:
+        """Token counts a step with prefill is padded to: the mixed graphs' buckets (none eager)."""
+        return () if self.mixed_graphs is None else tuple(self.mixed_graphs.sizes)
+
     # -- mixture-of-experts load (rank 0's counters are complete: every rank routes every token) ---
     def copy_expert_tokens(self) -> ExpertTokensCopy | None:
         return copy_expert_tokens(self.model)
