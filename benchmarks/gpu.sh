@@ -19,7 +19,8 @@
 #            offline engine in real time (no HTTP), deadline then fcfs (REPLAY_POLICIES), next to flat_sim's
 #            prediction for the same arrivals; cost-model refits, each long prompt's chunks, the steps
 #            around the worst short request, the stalls (8B shape); then step_cost_check.py: the start-up
-#            cost model against that load's step shapes (1-5 decodes beside a 16-512-token chunk after 0-8k keys)
+#            cost model against that load's step shapes (1-5 decodes beside a 16-512-token chunk after 0-8k keys;
+#            REPLAY_CHECK=0 leaves it out)
 #   batch:   issue #15's batch tier: a 2,000-request Batch API batch (256 in / 128 out) drains,
 #            alone and while Poisson interactive shorts (64 in / 16 out, 4/s) run; interactive
 #            TTFT p99 vs idle, batch throughput vs alone (8B shape; needs the server wheels and
@@ -149,8 +150,10 @@ for section in $SECTIONS; do
         run python3 benchmarks/replay_mixed.py --model "$MODELS/llama-3-8b" --dtype bfloat16 --flag scheduling_policy=$pol \
           --duration 20
       done
-      echo "== the start-up step-cost model against the mixed load's step shapes, timed alone (llama-3-8b)"
-      run python3 benchmarks/step_cost_check.py --model "$MODELS/llama-3-8b" --dtype bfloat16 ;;
+      if [ "${REPLAY_CHECK:-1}" = 1 ]; then
+        echo "== the start-up step-cost model against the mixed load's step shapes, timed alone (llama-3-8b)"
+        run python3 benchmarks/step_cost_check.py --model "$MODELS/llama-3-8b" --dtype bfloat16
+      fi ;;
     batch)
       model llama-3-8b
       echo "== batch tier (llama-3-8b): a 2,000-request batch drains while interactive shorts run"

@@ -142,13 +142,15 @@ def main() -> None:
         start = time.monotonic()
         outs = engine.step()
         done = time.monotonic()
+        for o in outs:
+            times.setdefault(o.request_id, []).append(done - t0)
+        if core.held:  # nothing launched: the step on the GPU is far from its end
+            continue
         stats = core.stats()
         plan = core._in_flight.plan.seqs if core._in_flight else []
         steps.append((start - t0, done - start, stats.step_time, stats.predicted_step_time,
                       [(s.request_id, len(s.token_ids)) for s in plan if len(s.token_ids) > 1],
                       sum(len(s.token_ids) == 1 for s in plan), waiting))
-        for o in outs:
-            times.setdefault(o.request_id, []).append(done - t0)
     arrival = {n: t for n, (t, _) in zip(names, sent)}
     measured, ttft = flat_sim.load_figures(times, arrival, args.duration)  # the simulation's own figures
     measured["good_fraction"] = measured.pop("good_frac")

@@ -26,6 +26,15 @@ from expresslane.runner.step_timing import calibration_steps, time_steps
 log = logging.getLogger(__name__)
 
 EXPERT_LOAD_EVERY = 64  # steps between copies of the MoE per-expert counters to the host (none waits)
+# Planning waits until the step on the GPU is predicted to end within this margin (at least; more
+# when planning and launching take longer: HOLD_HOST times their recent time), in slices of at most
+# HOLD_SLICE_S that return to the caller (the server takes in new requests between them). A request
+# arriving during a long step then starts in the next one: planned at the start of the step on the
+# GPU, the next step was committed already, and on the H200 a short prompt arriving during a
+# 2048-token prefill step waited behind two of them (110 ms).
+HOLD_MARGIN_S = 0.002
+HOLD_HOST = 3.0
+HOLD_SLICE_S = 0.001
 
 
 @dataclass(slots=True)
@@ -33,7 +42,8 @@ class _InFlight:
     plan: StepPlan
     result: StepResult
     shape: StepShape
-    index: int  # the step() call that launched it
+    index: int  # the step launched before it has index - 1
+    ends: float = 0.0  # when the GPU is predicted to finish it (monotonic; 0: unknown)
     done: float = 0.0  # when its results were known on the host
     speculative: bool = False  # verifies proposals: lands before the next plan
 
@@ -96,7 +106,9 @@ class EngineCore:
         self._last = StepStats(0, 0, 0.0)
         self._in_flight: _InFlight | None = None  # the step the GPU may still be running
         self._sync_launch = not cuda  # execute() returns when the step is done
-        self._calls = 0
+        self._calls = 0  # steps launched
+        self._host_s = 0.0  # recent time to plan and launch a step (moving average)
+        self.held = False  # the last step() launched nothing: the step on the GPU is far from its end
         self._last_done: tuple[float, int] | None = None  # (done, index) of the last completed step
         log.info("KV cache: %d blocks of %d tokens (%.2f GiB, %s)", num_blocks, bs,
                  num_blocks * self.runner.kv_block_bytes() / 2**30, str(self.runner.kv_dtype).removeprefix("torch."))
@@ -118,38 +130,66 @@ class EngineCore:
     def step(self) -> list[EngineCoreOutput]:
         """Launch the next step, then apply the previous one's results: the host plans and
         launches step N+1 while the GPU still runs step N (a decode's input token is taken
-        on the device from the step that sampled it)."""
+        on the device from the step that sampled it), shortly before step N is predicted to end
+        (`hold`): until then a call launches nothing (`held`) and returns no outputs."""
         t0 = time.monotonic()
+        prev = self._in_flight
+        wait = self.hold(prev, t0)
+        self.held = wait > 0
+        if self.held:
+            time.sleep(min(wait, HOLD_SLICE_S))
+            self._last = self._stats(0, 0, 0.0)
+            return []
         self._calls += 1
         outputs: list[EngineCoreOutput] = []
         measured = predicted = 0.0
-        prev = self._in_flight
         if prev is not None and (prev.speculative or self.scheduler.speculating()):
             # a speculative step's outcome (how many tokens) shapes the next plan: no pipelining
             outputs, measured, predicted = self._land(prev)
             self._in_flight = prev = None
+        planned = time.monotonic()
         plan = self.scheduler.schedule()
         launched = None
         if not plan.is_empty:
             shape = StepShape.of((s.start_pos, len(s.token_ids)) for s in plan.seqs)
             launched = _InFlight(plan, self.runner.execute(plan), shape, self._calls,
                                  speculative=any(s.num_spec_tokens for s in plan.seqs))
+            now = time.monotonic()
+            self._host_s += 0.1 * (now - planned - self._host_s)
             if self._sync_launch:
-                launched.done = time.monotonic()
+                launched.done = now
         if prev is not None:
             outputs, measured, predicted = self._land(prev)
+        if launched is not None and not self._sync_launch:  # the GPU runs it once the one before is done
+            launched.ends = max(time.monotonic() if prev is None else prev.done, t0) + self.cost_model.predict(
+                launched.shape)
         self._in_flight = launched
-        self._last = StepStats(
+        self._last = self._stats(plan.num_batched_tokens, len(plan.seqs), time.monotonic() - t0, measured, predicted)
+        return outputs
+
+    def hold(self, step: _InFlight | None, now: float) -> float:
+        """Seconds to wait before planning the next step: until `step` (on the GPU) is predicted
+        to end within the margin, unless it has ended. None on CPU (launches are synchronous)
+        and around speculative steps (they land before the next plan)."""
+        if step is None or not step.ends or step.speculative or self.scheduler.speculating():
+            return 0.0
+        wait = step.ends - now - max(HOLD_MARGIN_S, HOLD_HOST * self._host_s)
+        return wait if wait > 0 and not step.result.ready() else 0.0
+
+    def _stats(self, tokens: int, seqs: int, duration: float, measured: float = 0.0,
+               predicted: float = 0.0) -> StepStats:
+        """The stats of a call that launched `seqs` seqs (0: none) of `tokens` tokens."""
+        stats = StepStats(
             num_running=self.scheduler.num_running, num_waiting=self.scheduler.num_waiting,
-            kv_cache_usage=self.kv.usage, num_batched_tokens=plan.num_batched_tokens, batch_size=len(plan.seqs),
-            step_duration=time.monotonic() - t0, prefix_cache_queries=self.kv.prefix_cache_queries,
+            kv_cache_usage=self.kv.usage, num_batched_tokens=tokens, batch_size=seqs,
+            step_duration=duration, prefix_cache_queries=self.kv.prefix_cache_queries,
             prefix_cache_hits=self.kv.prefix_cache_hits, num_preemptions=self.scheduler.num_preemptions,
-            step_time=measured, predicted_step_time=predicted, expert_tokens=self._expert_load(not plan.is_empty))
+            step_time=measured, predicted_step_time=predicted, expert_tokens=self._expert_load(seqs > 0))
         if self.spec is not None:
             c = self.spec.counters
-            self._last.spec_num_drafts, self._last.spec_num_draft_tokens = c.num_drafts, c.num_draft_tokens
-            self._last.spec_num_accepted_tokens = c.num_accepted_tokens
-        return outputs
+            stats.spec_num_drafts, stats.spec_num_draft_tokens = c.num_drafts, c.num_draft_tokens
+            stats.spec_num_accepted_tokens = c.num_accepted_tokens
+        return stats
 
     def _land(self, step: _InFlight) -> tuple[list[EngineCoreOutput], float, float]:
         """Apply a launched step's sampled tokens (waits for them); its time and prediction."""

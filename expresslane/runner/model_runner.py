@@ -366,6 +366,10 @@ class StepResult:
             self._event = torch.cuda.Event()
             self._event.record()
 
+    def ready(self) -> bool:
+        """Whether the step has ended (`get` would not wait)."""
+        return self._event is None or self._event.query()
+
     def get(self) -> tuple[dict[str, int | list[int]], dict[str, dict[int, float]] | None]:
         """Each sampling request's token; a speculating request's tokens as a list."""
         if self._event is not None:
