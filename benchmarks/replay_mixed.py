@@ -197,6 +197,19 @@ def main() -> None:
         elif k == 20:
             print(f"  ... {len(around) - 40} steps ...")
 
+    # a call's measured and predicted times are the step it landed: the one the call before launched
+    paced = [(prev, cur[2], cur[3]) for prev, cur in zip(steps, steps[1:]) if prev[5] and cur[2] > 0]
+    if paced:
+        ms = np.array([1e3 * m for _, m, _ in paced])
+        ratio = np.array([m / p for _, m, p in paced if p > 0])
+        print(f"the {len(paced)} timed steps with decodes (what decoding requests wait between tokens): "
+              f"ms p50 / p90 / p99 {np.percentile(ms, 50):.1f} / {np.percentile(ms, 90):.1f} / "
+              f"{np.percentile(ms, 99):.1f}; measured / predicted p50 / p90 / p99 {np.percentile(ratio, 50):.2f} / "
+              f"{np.percentile(ratio, 90):.2f} / {np.percentile(ratio, 99):.2f}; the slowest "
+              "(s, ms measured, ms predicted, prefill chunks (request, tokens), decodes):")
+        for prev, m, p in sorted(paced, key=lambda x: -x[1])[:10]:
+            print(f"  {prev[0]:8.3f} {1e3 * m:6.1f} {1e3 * p:6.1f}  {prev[4][:6]}  decodes {prev[5]}")
+
     stalls = [s for s in steps if 1e3 * (s[1] - s[3]) > STALL_MS]
     print(f"stalls: {len(stalls)} steps spent > {STALL_MS:.0f} ms in step() beyond their predicted time "
           "(s, ms in step(), ms predicted, host events meanwhile):")

@@ -109,6 +109,47 @@ def test_a_step_with_prefill_costs_its_padded_bucket():
         decodes.plus_chunk(0, 129))
 
 
+def two_paths(shape: StepShape) -> float:
+    """A machine whose mixed path (steps with prefill, bucketed) costs more than its decode path
+    by 2.5 ms at a few tokens and less the more tokens, none from 512 on (where the matmuls
+    dominate both): not a constant apart, as on the H200."""
+    if not shape.has_prefill:
+        return h200_step(shape)
+    return bucketed_step(shape) + 2.5e-3 * max(0.0, 1.0 - shape.num_tokens / 512)
+
+
+def test_decodes_alone_keep_their_own_curve_under_a_mixed_load():
+    """Fitted on a machine whose two paths differ by more than a constant, and refitted on a mixed
+    load's steps (8-16 decodes beside 40-500-token chunks, the H200 replay's kind), the model
+    predicts decodes alone and mixed steps alike: each path has its curve. (With one curve and a
+    constant, such refits predicted 9 decodes at ~7 ms for ~5 ms on the H200.)"""
+    rng = random.Random(3)
+    samples = [(s, two_paths(s)) for s, _ in calibration()]
+    model = StepCostModel.fit(samples, max_tokens=2048, padded=BUCKETS)
+    model.refit_every = 256
+    for _ in range(512):
+        shape = StepShape.of([(rng.randint(60, 8000), 1) for _ in range(rng.randint(8, 16))]).plus_chunk(
+            rng.randint(0, 6000), rng.choice((rng.randint(40, 110), rng.randint(150, 500))))
+        model.observe(shape, two_paths(shape))
+    assert model.refits >= 1
+    for n in (1, 9, 16, 100):
+        decodes = StepShape.of([(500, 1)] * n)
+        assert model.predict(decodes) == pytest.approx(two_paths(decodes), rel=0.03)
+    mixed = StepShape.of([(500, 1)] * 9).plus_chunk(3000, 247)
+    assert model.predict(mixed) == pytest.approx(two_paths(mixed), rel=0.05)
+    again = StepCostModel.from_dict(model.to_dict())
+    assert again.predict(mixed) == model.predict(mixed) and again.predict(decodes) == model.predict(decodes)
+
+
+def test_a_model_of_one_curve_and_a_constant_is_two_curves():
+    """A model written with one curve and a mixed-path constant (by hand, or published by an
+    older engine: `c_mixed` in its dict) predicts as it always did."""
+    old = {"knots": [1, 256], "token_times": [1e-3, 3e-3], "k_decode": 0.0, "k_prefill": 0.0, "c_mixed": 0.5e-3}
+    model = StepCostModel.from_dict(old)
+    assert model.predict(StepShape(128)) == pytest.approx(1e-3 + 2e-3 * 127 / 255)
+    assert model.predict(StepShape(128, has_prefill=True)) == pytest.approx(model.predict(StepShape(128)) + 0.5e-3)
+
+
 def test_observed_steps_refine_the_model_toward_the_machine_it_runs_on():
     model = StepCostModel.fit(calibration(), max_tokens=2048)
     model.refit_every = 64

@@ -2,16 +2,20 @@
 
 A step's time, fitted on the engine's own hardware:
 
-    t = L(num_tokens) + k_decode * decode_context + k_prefill * prefill_pairs + c_mixed * has_prefill
+    t = L(num_tokens) + k_decode * decode_context + k_prefill * prefill_pairs
 
 - ``L`` is piecewise linear over token-count knots: the linear layers. Flat while the
   step is memory-bound (reading the weights dominates), steep once it is compute-bound;
-  where the bend lies is the hardware's, so it is measured, not assumed.
+  where the bend lies is the hardware's, so it is measured, not assumed. It has two
+  curves: a step with a prefill chunk runs another path (mixed graphs, every sequence on the
+  prefill path) than a pure-decode step (decode graphs), so each has its own (``token_times``
+  and ``decode_times``). With one curve and a constant for the mixed path, the refits under a
+  mixed load (many steps of 8-16 decodes beside a chunk, in buckets of 64 tokens and up) bent
+  the curve up where pure decode steps read it too: 9 decodes alone were predicted at ~7 ms
+  for ~5 ms, and the steps sized at twice that ran 14-20 ms (H200).
 - ``decode_context``: KV tokens read by the step's decodes (memory-bound attention).
 - ``prefill_pairs``: query-key pairs of its prefill chunks (compute-bound attention);
   a chunk of ``n`` tokens after ``s`` cached ones has ``n * (s + (n + 1) / 2)``.
-- ``has_prefill``: a step with a prefill chunk runs another path (mixed graphs) than a
-  pure-decode step (decode graphs); the difference is a constant.
 - ``padded``: the token counts that path computes (its graphs' buckets). A step with prefill
   costs what its bucket costs: on the H200 one decode beside a 136- or a 200-token chunk took
   the same 8.7 ms (bucket 256), where interpolating 137 tokens between knots said 7.6 ms. So
@@ -78,7 +82,8 @@ def padded_tokens(shape: StepShape, padded: tuple[int, ...]) -> int:
 
 
 def _features(shapes: list[StepShape], knots: np.ndarray, padded: tuple[int, ...] = ()) -> np.ndarray:
-    """Rows of [hat_0(T) .. hat_k(T), decode_context, prefill_pairs, has_prefill], T padded."""
+    """Rows of [mixed hat_0(T) .. hat_k(T), decode hat_0(T) .. hat_k(T), decode_context, prefill_pairs]:
+    a step's hats in its path's curve (T padded on the mixed path), zeros in the other's."""
     t = np.array([padded_tokens(s, padded) for s in shapes], dtype=np.float64)
     hats = np.zeros((len(shapes), len(knots)))
     # piecewise-linear interpolation weights; past the last knot, extrapolate its last segment
@@ -88,8 +93,9 @@ def _features(shapes: list[StepShape], knots: np.ndarray, padded: tuple[int, ...
     rows = np.arange(len(shapes))
     hats[rows, idx] = 1.0 - w
     hats[rows, idx + 1] += w
-    extra = np.array([[s.decode_context, s.prefill_pairs, float(s.has_prefill)] for s in shapes])
-    return np.hstack([hats, extra.reshape(len(shapes), 3)])
+    mixed = np.array([s.has_prefill for s in shapes], dtype=np.float64)[:, None]
+    extra = np.array([[s.decode_context, s.prefill_pairs] for s in shapes]).reshape(len(shapes), 2)
+    return np.hstack([hats * mixed, hats * (1.0 - mixed), extra])
 
 
 def _design(samples: list[tuple[StepShape, float]], knots: np.ndarray,
@@ -99,25 +105,32 @@ def _design(samples: list[tuple[StepShape, float]], knots: np.ndarray,
             np.array([t for _, t in samples], dtype=np.float64))
 
 
-def _error(x: np.ndarray, y: np.ndarray, params: tuple[np.ndarray, float, float, float]) -> float:
+Params = tuple[np.ndarray, np.ndarray, float, float]  # (token_times, decode_times, k_decode, k_prefill)
+
+
+def _error(x: np.ndarray, y: np.ndarray, params: Params) -> float:
     """Mean relative error of a model's predictions over a design, in one product (the refit runs
     in the step loop): the features interpolate exactly as `predict` does, clamped at 0 alike."""
-    token_times, *attention = params
-    predicted = np.maximum(x @ np.concatenate([token_times, attention]), 0.0)
+    token_times, decode_times, *attention = params
+    predicted = np.maximum(x @ np.concatenate([token_times, decode_times, attention]), 0.0)
     return float(np.mean(np.abs(predicted - y) / y))
 
 
 class StepCostModel:
-    """Predicted seconds of a step; fit from (StepShape, seconds) samples."""
+    """Predicted seconds of a step; fit from (StepShape, seconds) samples. Built by hand with one
+    curve (`decode_times` None) and a mixed-path constant `c_mixed`, that is its two curves."""
 
     def __init__(self, knots: Iterable[int], token_times: Iterable[float], k_decode: float = 0.0,
-                 k_prefill: float = 0.0, c_mixed: float = 0.0, padded: Iterable[int] = ()):
-        self.padded = tuple(sorted(padded))  # token counts a step with prefill is padded to
+                 k_prefill: float = 0.0, c_mixed: float = 0.0, padded: Iterable[int] = (),
+                 decode_times: Iterable[float] | None = None):
         self.knots = np.array(sorted(knots), dtype=np.float64)
         if len(self.knots) < 2:
             raise ValueError("a step-cost model needs at least two token-count knots")
-        self.token_times = np.array(list(token_times), dtype=np.float64)
-        self.k_decode, self.k_prefill, self.c_mixed = k_decode, k_prefill, c_mixed
+        times = np.array(list(token_times), dtype=np.float64)
+        self.token_times = times + c_mixed  # steps with prefill (the mixed path)
+        self.decode_times = times.copy() if decode_times is None else np.array(list(decode_times), dtype=np.float64)
+        self.k_decode, self.k_prefill = k_decode, k_prefill
+        self.padded = tuple(sorted(padded))  # token counts a step with prefill is padded to
         self._calibration: list[tuple[StepShape, float]] = []
         self._recent: deque[tuple[StepShape, float]] = deque(maxlen=512)
         self._since_fit = 0
@@ -136,8 +149,7 @@ class StepCostModel:
         knots = sorted({k for k in DEFAULT_KNOTS if k < top} | {p for p in padded if p < top} | {top})
         model = cls(knots, np.zeros(len(knots)), padded=padded)
         model._calibration = list(samples)
-        model.token_times, model.k_decode, model.k_prefill, model.c_mixed = model._solve(
-            *_design(model._calibration, model.knots, model.padded))
+        model._set(model._solve(*_design(model._calibration, model.knots, model.padded)))
         return model
 
     @classmethod
@@ -148,39 +160,57 @@ class StepCostModel:
         top = max(max_tokens, 2)
         return cls([1, top], [1e-3 + 1e-5, 1e-3 + 1e-5 * top], k_decode=1e-8, k_prefill=1e-9)
 
+    @property
+    def params(self) -> Params:
+        return self.token_times, self.decode_times, self.k_decode, self.k_prefill
+
+    def _set(self, params: Params) -> None:
+        self.token_times, self.decode_times, self.k_decode, self.k_prefill = params
+
     def _refit(self) -> None:
         """Refit on calibration + recent samples; keep the result only if it predicts them better."""
         self._since_fit = 0
         x, y = _design(self._calibration + list(self._recent), self.knots, self.padded)
         new = self._solve(x, y)
-        if _error(x, y, new) <= _error(x, y, (self.token_times, self.k_decode, self.k_prefill, self.c_mixed)):
-            self.token_times, self.k_decode, self.k_prefill, self.c_mixed = new
+        if _error(x, y, new) <= _error(x, y, self.params):
+            self._set(new)
             self.refits += 1
 
-    def _solve(self, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float, float, float]:
-        """Least squares over the design (`_design`): (token_times, k_decode, k_prefill, c_mixed)."""
+    def _solve(self, x: np.ndarray, y: np.ndarray) -> Params:
+        """Least squares over the design (`_design`)."""
         n = len(self.knots)
-        keep = list(range(n + 3))
+        attention = (2 * n, 2 * n + 1)
+        keep = list(range(2 * n + 2))
         while True:
-            coef = np.zeros(n + 3)
+            coef = np.zeros(2 * n + 2)
             sol, *_ = np.linalg.lstsq(x[:, keep], y, rcond=None)
             coef[keep] = sol
-            negative = [j for j in (n, n + 1) if j in keep and coef[j] < 0]
+            negative = [j for j in attention if j in keep and coef[j] < 0]
             if not negative:  # attention costs are never negative; drop such a term and refit
                 break
             keep.remove(negative[0])
-        covered = np.abs(x[:, :n]).sum(axis=0) > 0
-        times = coef[:n]
-        if not covered.all():  # a knot no sample reaches: from its neighbours, or past the last
-            k, t = self.knots[covered], times[covered]  # sampled one along the last sampled segment
-            times = np.interp(self.knots, k, t)
-            if len(k) >= 2:
-                slope = max((t[-1] - t[-2]) / (k[-1] - k[-2]), 0.0)
-                above = self.knots > k[-1]
-                times[above] = t[-1] + slope * (self.knots[above] - k[-1])
-        # more tokens never take less time: the linear part is non-decreasing
-        k_decode, k_prefill, c_mixed = (float(c) for c in coef[n:])
-        return np.maximum.accumulate(np.maximum(times, 0.0)), k_decode, k_prefill, c_mixed
+        covered = np.abs(x[:, :2 * n]).sum(axis=0) > 0
+        mixed = self._curve(coef[:n], covered[:n]) if covered[:n].any() else None
+        decode = self._curve(coef[n:2 * n], covered[n:2 * n], mixed)
+        return (decode.copy() if mixed is None else mixed), decode, float(coef[2 * n]), float(coef[2 * n + 1])
+
+    def _curve(self, times: np.ndarray, covered: np.ndarray, beside: np.ndarray | None = None) -> np.ndarray:
+        """A curve's times at every knot from those its samples reach (at least one, or `beside`
+        is given). A knot between them is interpolated; past the last, the curve follows `beside`
+        (the decode curve: parallel to the mixed one, whose samples reach further) or else its
+        last sampled segment; with none reached, it is `beside`. More tokens never take less
+        time: the curve is non-decreasing."""
+        if not covered.any():
+            return beside.copy()
+        k, t = self.knots[covered], times[covered]
+        out = np.interp(self.knots, k, t)
+        above = self.knots > k[-1]
+        if beside is not None:
+            out[above] = beside[above] + t[-1] - np.interp(k[-1], self.knots, beside)
+        elif len(k) >= 2:
+            slope = max((t[-1] - t[-2]) / (k[-1] - k[-2]), 0.0)
+            out[above] = t[-1] + slope * (self.knots[above] - k[-1])
+        return np.maximum.accumulate(np.maximum(out, 0.0))
 
     @property
     def num_observed(self) -> int:
@@ -196,18 +226,20 @@ class StepCostModel:
             self._refit()
 
     # -- use -----------------------------------------------------------------------------
-    def predict(self, shape: StepShape) -> float:
-        if shape.num_tokens <= 0:
-            return 0.0
+    def linear(self, shape: StepShape) -> float:
+        """The step's linear part: its path's curve at its (padded) token count."""
+        times = self.token_times if shape.has_prefill else self.decode_times
         t = float(padded_tokens(shape, self.padded))
         k = self.knots
         if t >= k[-1]:  # past the last knot: its last segment's slope
-            slope = (self.token_times[-1] - self.token_times[-2]) / (k[-1] - k[-2])
-            linear = self.token_times[-1] + slope * (t - k[-1])
-        else:
-            linear = float(np.interp(t, k, self.token_times))
-        return max(0.0, float(linear) + self.k_decode * shape.decode_context + self.k_prefill * shape.prefill_pairs
-                   + (self.c_mixed if shape.has_prefill else 0.0))
+            return float(times[-1] + (times[-1] - times[-2]) / (k[-1] - k[-2]) * (t - k[-1]))
+        return float(np.interp(t, k, times))
+
+    def predict(self, shape: StepShape) -> float:
+        if shape.num_tokens <= 0:
+            return 0.0
+        return max(0.0, self.linear(shape) + self.k_decode * shape.decode_context
+                   + self.k_prefill * shape.prefill_pairs)
 
     def max_chunk(self, base: StepShape, start: int, limit: int, target: float) -> int:
         """The most prefill tokens (<= limit) a chunk starting after ``start`` cached tokens may
@@ -224,18 +256,24 @@ class StepCostModel:
 
     def to_dict(self) -> dict:
         """The fitted model as plain data (the engine publishes it; a router predicts with it)."""
-        return {"knots": self.knots.tolist(), "token_times": self.token_times.tolist(), "k_decode": self.k_decode,
-                "k_prefill": self.k_prefill, "c_mixed": self.c_mixed, "padded": list(self.padded)}
+        return {"knots": self.knots.tolist(), "token_times": self.token_times.tolist(),
+                "decode_times": self.decode_times.tolist(), "k_decode": self.k_decode, "k_prefill": self.k_prefill,
+                "padded": list(self.padded)}
 
     @classmethod
     def from_dict(cls, d: dict) -> "StepCostModel":
-        return cls(d["knots"], d["token_times"], d["k_decode"], d["k_prefill"], d["c_mixed"], d.get("padded", ()))
+        """From `to_dict`'s data, or an older model's (one curve and a mixed-path constant)."""
+        return cls(d["knots"], d["token_times"], d["k_decode"], d["k_prefill"], d.get("c_mixed", 0.0),
+                   d.get("padded", ()), d.get("decode_times"))
 
     def describe(self) -> str:
-        """One line for the start-up log: the linear part at a few sizes, and the attention terms."""
-        sizes = [k for k in (1, 64, 128, 256, 512, 2048) if k <= self.knots[-1]]
-        parts = ", ".join(f"{n} tok {self.predict(StepShape(n)) * 1e3:.2f} ms" for n in sizes)
-        return (f"{parts}; +{self.k_decode * 1e9:.2f} ns per decode context token, "
-                f"+{self.k_prefill * 1e9:.4f} ns per prefill query-key pair, "
-                f"{self.c_mixed * 1e3:+.2f} ms for a step with prefill "
+        """One line for the start-up log: each path's linear part at a few sizes, and the attention terms."""
+        top = self.knots[-1]
+
+        def at(sizes, prefill: bool) -> str:
+            return ", ".join(f"{n} {self.predict(StepShape(n, has_prefill=prefill)) * 1e3:.2f}"
+                             for n in sizes if n <= top)
+        return (f"decodes alone (seqs: ms) {at((1, 8, 64, 256), False)}; steps with prefill (tokens: ms) "
+                f"{at((64, 128, 256, 512, 2048), True)}; +{self.k_decode * 1e9:.2f} ns per decode context token, "
+                f"+{self.k_prefill * 1e9:.4f} ns per prefill query-key pair "
                 f"({len(self._calibration)} calibration samples)")
