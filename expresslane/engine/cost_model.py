@@ -11,8 +11,8 @@ A step's time, fitted on the engine's own hardware:
   prefill path) than a pure-decode step (decode graphs), so each has its own (``token_times``
   and ``decode_times``). With one curve and a constant for the mixed path, the refits under a
   mixed load (many steps of 8-16 decodes beside a chunk, in buckets of 64 tokens and up) bent
-  the curve up where pure decode steps read it too: 9 decodes alone were predicted at ~7 ms
-  for ~5 ms, and the steps sized at twice that ran 14-20 ms (H200).
+  the curve up where pure decode steps read it too: 64 tokens 6.3 -> 8.1 ms, and steps of
+  8-9 decodes sized by that prediction (twice the decodes alone) ran 14-20 ms (H200).
 - ``decode_context``: KV tokens read by the step's decodes (memory-bound attention).
 - ``prefill_pairs``: query-key pairs of its prefill chunks (compute-bound attention);
   a chunk of ``n`` tokens after ``s`` cached ones has ``n * (s + (n + 1) / 2)``.
