@@ -19,6 +19,7 @@ from expresslane.bench.arrivals import MIXED_SALT, load_arrivals
 from expresslane.config import SchedulerConfig
 from expresslane.engine import policy
 from expresslane.engine.contract import EngineCoreRequest
+from expresslane.engine.core import HOLD_MARGIN_S
 from expresslane.engine.cost_model import StepCostModel, StepShape
 from expresslane.engine.kv_cache import KVCacheManager
 from expresslane.engine.request import Request
@@ -56,23 +57,37 @@ def request(rid: str, n: int, out: int, t: float, lane: str = "interactive") -> 
 
 
 def simulate(config: dict, arrivals: list[Request], model: StepCostModel = H200) -> dict[str, list[float]]:
-    """Each request's token times (seconds from t=0), by request id."""
-    now = [0.0]
+    """Each request's token times (seconds from t=0). Steps are pipelined as the engine runs them
+    (engine/core.py): step N+1 is planned `HOLD_MARGIN_S` before step N is predicted to end (at
+    N's start if N is shorter), runs once N ends, and N's tokens land when it ends; a request
+    arriving after the plan waits for the step after."""
+    now = 0.0
     cfg = SchedulerConfig(**{"max_num_batched_tokens": 2048, "max_num_seqs": 256, **config})
-    sched = Scheduler(cfg, KVCacheManager(60_000, 16), clock=lambda: now[0], cost_model=model)
+    sched = Scheduler(cfg, KVCacheManager(60_000, 16), clock=lambda: now, cost_model=model)
     todo = sorted(arrivals, key=lambda r: r.arrival_time)
     times: dict[str, list[float]] = {r.request_id: [] for r in arrivals}
+    flight = None  # (plan, when it ends)
     while todo or sched.has_unfinished():
-        while todo and todo[0].arrival_time <= now[0]:
+        while todo and todo[0].arrival_time <= now:
             sched.add_request(todo.pop(0))
-        if not sched.has_unfinished():
-            now[0] = todo[0].arrival_time
-            continue
         plan = sched.schedule()
-        shape = StepShape.of((s.start_pos, len(s.token_ids)) for s in plan.seqs)
-        now[0] += max(model.predict(shape), 1e-4) if plan.seqs else 1e-4
-        for out in sched.update(plan, {s.request_id: 5 for s in plan.seqs if s.sample}):
-            times[out.request_id].extend([now[0]] * len(out.new_token_ids))
+        start = now if flight is None else max(now, flight[1])
+        launched = None
+        if plan.seqs:
+            shape = StepShape.of((s.start_pos, len(s.token_ids)) for s in plan.seqs)
+            launched = (plan, start + max(model.predict(shape), 1e-4))
+        landed = flight is not None
+        if landed:
+            for out in sched.update(flight[0], {s.request_id: 5 for s in flight[0].seqs if s.sample}):
+                times[out.request_id].extend([flight[1]] * len(out.new_token_ids))
+            now = max(now, flight[1])  # (a plan made meanwhile stays at its own time: `start`)
+        flight = launched
+        if flight is not None:
+            now = max(start, flight[1] - HOLD_MARGIN_S)
+        elif not landed:  # nothing ran, nothing landed: idle until the next arrival
+            if not todo:
+                raise RuntimeError("the scheduler planned nothing while requests were unfinished")
+            now = max(now, todo[0].arrival_time)
     return times
 
 

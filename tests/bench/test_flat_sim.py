@@ -1,0 +1,43 @@
+"""benchmarks/flat_sim.py's pipelined simulation: steps as the engine runs them (simulated time)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from expresslane.engine.core import HOLD_MARGIN_S
+from expresslane.engine.cost_model import StepCostModel
+
+STEP = 0.1
+FLAT = StepCostModel([1, 4096], [STEP, STEP])  # every step 100 ms, whatever it computes
+
+
+@pytest.fixture(scope="module")
+def flat_sim():
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "flat_sim.py"
+    spec = importlib.util.spec_from_file_location("flat_sim", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_next_step_is_planned_a_margin_before_the_one_running_ends(flat_sim):
+    """A prompt's step runs [0, 100 ms]; the next is planned at 100 ms - the margin: a request
+    arriving just before that plan is in it (first token at 200 ms), one arriving just after waits
+    for the step after (300 ms). Each of a request's tokens lands when its step ends."""
+    fcfs = {"scheduling_policy": "fcfs"}
+    plan_at = STEP - HOLD_MARGIN_S
+    sent = [flat_sim.request("a", 64, 3, 0.0), flat_sim.request("in", 16, 1, plan_at - 1e-4),
+            flat_sim.request("late", 16, 1, plan_at + 1e-4)]
+    times = flat_sim.simulate(fcfs, sent, FLAT)
+    assert times["a"] == pytest.approx([STEP, 2 * STEP, 3 * STEP])
+    assert times["in"] == pytest.approx([2 * STEP])
+    assert times["late"] == pytest.approx([3 * STEP])
+
+
+def test_an_idle_engine_starts_a_request_when_it_arrives(flat_sim):
+    times = flat_sim.simulate({"scheduling_policy": "fcfs"},
+                              [flat_sim.request("a", 16, 2, 0.0), flat_sim.request("b", 16, 1, 5.0)], FLAT)
+    assert times["a"] == pytest.approx([STEP, 2 * STEP]) and times["b"] == pytest.approx([5.0 + STEP])
