@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
+import itertools
 import random
 import time
 
@@ -198,7 +199,7 @@ def main() -> None:
             print(f"  ... {len(around) - 40} steps ...")
 
     # a call's measured and predicted times are the step it landed: the one the call before launched
-    paced = [(prev, cur[2], cur[3]) for prev, cur in zip(steps, steps[1:]) if prev[5] and cur[2] > 0]
+    paced = [(prev, cur[2], cur[3]) for prev, cur in itertools.pairwise(steps) if prev[5] and cur[2] > 0]
     if paced:
         ms = np.array([1e3 * m for _, m, _ in paced])
         ratio = np.array([m / p for _, m, p in paced if p > 0])
