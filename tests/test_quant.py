@@ -167,7 +167,16 @@ def test_make_model_writes_the_format_from_the_same_weights(tmp_path, fmt):
     kind = {"fp8": "compressed-tensors"}.get(fmt, fmt)
     assert config["quantization_config"]["quant_method"] == kind
     floats, quant = load_file(plain / "model.safetensors"), load_file(tmp_path / fmt / "model.safetensors")
-    name = "model.layers.1.mlp.down_proj"
+    assert_rounded_to_format(floats, quant, "model.layers.1.mlp.down_proj", fmt)
+    assert quant["model.embed_tokens.weight"].dtype == floats["model.embed_tokens.weight"].dtype
+    llm = LLM(str(tmp_path / fmt), num_kv_blocks=32, max_model_len=256)
+    [out] = llm.generate([{"prompt_token_ids": [1, 2, 3]}], SamplingParams(max_tokens=3, ignore_eos=True),
+                         use_tqdm=False)
+    assert len(out.outputs[0].token_ids) == 3
+
+
+def assert_rounded_to_format(floats: dict, quant: dict, name: str, fmt: str) -> None:
+    """The checkpoint `quant`'s weight `name`, dequantized, is the float one rounded to the format."""
     want = floats[f"{name}.weight"].float()
     got = reference_weight({k.removeprefix(name + "."): v for k, v in quant.items() if k.startswith(name + ".")},
                            fmt if fmt == "fp8" else f"{fmt}-128")
@@ -181,11 +190,33 @@ def test_make_model_writes_the_format_from_the_same_weights(tmp_path, fmt):
         step = ((hi - lo) / 15 if fmt == "awq" else groups.abs().amax(1) / 7).repeat_interleave(128, 0).t()
         bound = step * (1.0 if fmt == "awq" else 0.5) + want.abs() * 2**-10 + 1e-7
     assert ((got - want).abs() <= bound).all()
-    assert quant["model.embed_tokens.weight"].dtype == floats["model.embed_tokens.weight"].dtype
-    llm = LLM(str(tmp_path / fmt), num_kv_blocks=32, max_model_len=256)
-    [out] = llm.generate([{"prompt_token_ids": [1, 2, 3]}], SamplingParams(max_tokens=3, ignore_eos=True),
-                         use_tqdm=False)
-    assert len(out.outputs[0].token_ids) == 3
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "awq", "gptq"])
+def test_quantize_writes_a_model_dir_in_the_format(tmp_path, fmt):
+    """`expresslane quantize` of the shipped trained model: every decoder projection rounded to the
+    format, the rest and the tokenizer as they were, a quantization_config; the engine loads it and
+    completes the README's prompt. A second run refuses to overwrite."""
+    import json
+
+    from expresslane.cli.main import main
+    from expresslane.models.model_dir import DEFAULT_MODEL
+
+    out = tmp_path / fmt
+    assert main(["quantize", str(DEFAULT_MODEL), str(out), "--quantization", fmt]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["quantization_config"]["quant_method"] == {"fp8": "compressed-tensors"}.get(fmt, fmt)
+    assert (out / "tokenizer.json").read_bytes() == (DEFAULT_MODEL / "tokenizer.json").read_bytes()
+    floats, quant = load_file(DEFAULT_MODEL / "model.safetensors"), load_file(out / "model.safetensors")
+    for layer in (0, 8):
+        for proj in ("self_attn.k_proj", "mlp.down_proj"):
+            assert_rounded_to_format(floats, quant, f"model.layers.{layer}.{proj}", fmt)
+    assert torch.equal(quant["model.embed_tokens.weight"], floats["model.embed_tokens.weight"])
+    llm = LLM(str(out), num_kv_blocks=32, max_model_len=256)
+    [done] = llm.generate(["class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):"],
+                          SamplingParams(max_tokens=8, temperature=0), use_tqdm=False)
+    assert done.outputs[0].text.startswith("\n        self.items.append(item")
+    assert main(["quantize", str(DEFAULT_MODEL), str(out), "--quantization", fmt]) == 2
 
 
 def _folds(model) -> list[bool]:

@@ -1,4 +1,4 @@
-"""`expresslane` command line: make-model, generate, serve, batch, bench."""
+"""`expresslane` command line: make-model, quantize, generate, serve, batch, bench."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from expresslane import __version__
 from expresslane.batch.cli import add_batch_parser
 from expresslane.bench.cli import add_bench_parser
 from expresslane.config import add_cli_args, engine_kwargs_from_args
-from expresslane.config.commands import GenerateConfig, LoggingConfig, MakeModelConfig
+from expresslane.config.commands import GenerateConfig, LoggingConfig, MakeModelConfig, QuantizeConfig
 from expresslane.config.flags import add_args, from_args
 from expresslane.router.cli import add_router_parser
 from expresslane.server.cli import add_serve_parser
@@ -24,6 +24,14 @@ def _make_model(args: argparse.Namespace) -> int:
                       weights=not cfg.no_weights)
     quant = f", {cfg.quantization}" if cfg.quantization else ""
     print(f"wrote {args.preset} (seed {cfg.seed}{quant}) to {path}")
+    return 0
+
+
+def _quantize(args: argparse.Namespace) -> int:
+    from expresslane.models.quantize import quantize_dir
+
+    fmt = from_args(QuantizeConfig, args).quantization
+    print(f"wrote {args.model} quantized to {fmt} to {quantize_dir(args.model, args.dir, fmt)}")
     return 0
 
 
@@ -84,6 +92,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dir", help="output directory")
     add_args(p, MakeModelConfig)
     p.set_defaults(func=_make_model)
+
+    p = sub.add_parser("quantize", help="copy a model directory with its decoder layers' weights quantized "
+                       "(round to nearest, in the fp8, awq or gptq checkpoint format)")
+    p.add_argument("model", help="model directory (unquantized safetensors)")
+    p.add_argument("dir", help="output directory (must not exist)")
+    add_args(p, QuantizeConfig)
+    p.set_defaults(func=_quantize)
 
     p = sub.add_parser("generate", help="complete one prompt offline")
     p.add_argument("model", nargs="?", default=None, help="model directory (default: the built-in stdlib-llama-9m)")

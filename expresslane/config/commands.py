@@ -24,6 +24,13 @@ class MakeModelConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class QuantizeConfig:
+    quantization: str = _knob(MISSING, "the format of the decoder layers' weights: fp8 (compressed-tensors, "
+                              "per-channel e4m3), awq or gptq (4-bit, group size 128); rounded to nearest",
+                              ("fp8", "awq", "gptq"))
+
+
+@dataclass(frozen=True, slots=True)
 class GenerateConfig:
     """One request of ``generate`` (the command's own defaults: greedy, 64 tokens)."""
 

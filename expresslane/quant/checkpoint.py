@@ -1,4 +1,5 @@
-"""Quantized checkpoints in the formats users have, from float weights (``make-model --quantization``).
+"""Quantized checkpoints in the formats users have, from float weights (``make-model --quantization``,
+and ``expresslane quantize`` of a model directory: models/quantize.py).
 
 ``plan`` gives each quantized linear's tensors (name suffix, dtype, shape) before any is
 computed, so the writer can stream a safetensors file whose header comes first; ``tensors``
@@ -69,3 +70,4 @@ def tensors(fmt: str, w: torch.Tensor, group_size: int = GROUP_SIZE, cpu: bool =
     else:
         out = gptq_tensors(w, group_size)
     return {name: t.cpu() for name, t in out.items()} if cpu else out
+
