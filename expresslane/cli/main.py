@@ -10,7 +10,12 @@ from expresslane import __version__
 from expresslane.batch.cli import add_batch_parser
 from expresslane.bench.cli import add_bench_parser
 from expresslane.config import add_cli_args, engine_kwargs_from_args
-from expresslane.config.commands import GenerateConfig, LoggingConfig, MakeModelConfig, QuantizeConfig
+from expresslane.config.commands import (
+    GenerateConfig,
+    LoggingConfig,
+    MakeModelConfig,
+    QuantizeConfig,
+)
 from expresslane.config.flags import add_args, from_args
 from expresslane.router.cli import add_router_parser
 from expresslane.server.cli import add_serve_parser

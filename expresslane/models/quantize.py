@@ -12,7 +12,12 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from expresslane.models.presets import MARKER_FILE
-from expresslane.quant.checkpoint import GROUP_SIZE, is_quantized, quantization_config, tensors
+from expresslane.quant.checkpoint import (
+    GROUP_SIZE,
+    is_quantized,
+    quantization_config,
+    tensors,
+)
 
 
 def quantize_dir(src: str | Path, dst: str | Path, fmt: str, group_size: int = GROUP_SIZE) -> Path:
