@@ -207,6 +207,11 @@ def flags_for(server: str, causes: list[str], chunk: int | None, budget: int | N
 
 
 NOTES = {
+    "decode slowed by prefill chunks": "less prefill per step keeps the decodes' pace and makes long prompts "
+                                       "wait longer: replaying 8 req/s with 15% 8k prompts offline on an H200 "
+                                       "(Llama-3-8B shape), expresslane with slack 0.5 had an ITL p99 of 2.1x "
+                                       "batch-1 and long prompts' TTFT of 0.69 s, against 3.7x and 0.42 s at "
+                                       "the default 1.0 (docs/performance.md)",
     "per-token server overhead": "no flag removes it: the time goes between HTTP and the engine (see the "
                                  "breakdown above); for expresslane it is issue #20 item 4",
     "queueing": "if it stays after the flags, the offered load is past this server's capacity: lower it or "
