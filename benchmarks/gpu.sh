@@ -21,6 +21,11 @@
 #            around the worst short request, the stalls (8B shape); then step_cost_check.py: the start-up
 #            cost model against that load's step shapes (1-5 decodes beside a 16-512-token chunk after 0-8k keys;
 #            REPLAY_CHECK=0 leaves it out)
+#   gap:     where the server loses against the engine (8B shape): TTFT of 128 tokens through HTTP split into
+#            engine / in / out, and 256 x 512/256 throughput through HTTP (with the engine's steps and busy
+#            time from /metrics) against the same run in-engine; default then fcfs (GAP_CONFIGS); then that run
+#            in-engine step by step (throughput_steps.py: prefill / mixed / decode steps vs floors); GAP_SERVE=0
+#            leaves the server part out; ~6 min
 #   batch:   issue #15's batch tier: a 2,000-request Batch API batch (256 in / 128 out) drains,
 #            alone and while Poisson interactive shorts (64 in / 16 out, 4/s) run; interactive
 #            TTFT p99 vs idle, batch throughput vs alone (8B shape; needs the server wheels and
@@ -143,6 +148,17 @@ for section in $SECTIONS; do
       run python3 benchmarks/flat_acceptance.py --model "$MODELS/llama-3-8b" --dtype bfloat16 \
         ${FLAT_CONFIGS:---config default= --config fcfs=--scheduling-policy=fcfs} --duration 20 \
         --sweep-duration 10 --logs "$OUT" ;;
+    gap)
+      model llama-3-8b
+      echo "== where the server loses against the engine (llama-3-8b): TTFT-128 split, throughput through HTTP vs in-engine"
+      [ "${GAP_SERVE:-1}" = 1 ] && run python3 benchmarks/serve_gap.py --model "$MODELS/llama-3-8b" --dtype bfloat16 \
+        ${GAP_CONFIGS:---config default= --config fcfs=--scheduling-policy=fcfs} --logs "$OUT"
+      echo "== the throughput run in-engine, step by step (steps with prefill, mixed, decodes only vs their floors)"
+      for pol in deadline fcfs; do
+        run python3 benchmarks/throughput_steps.py --model "$MODELS/llama-3-8b" --dtype bfloat16 --flag scheduling_policy=$pol
+      done
+      echo "== its step shapes timed alone against the start-up model, each profiled by kernel"
+      run python3 benchmarks/step_cost_check.py --model "$MODELS/llama-3-8b" --dtype bfloat16 --throughput ;;
     replay)
       model llama-3-8b
       echo "== issue #20's mixed load (8 req/s, 15% 8k) replayed into the offline engine, no HTTP: deadline, then fcfs"
