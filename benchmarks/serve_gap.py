@@ -46,7 +46,7 @@ def engine_sums(url: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for name in SUMS:
         for part in ("sum", "count"):
-            m = re.search(rf"^expresslane:{name}_{part}{{[^}}]*}} (\S+)$", text, re.M)
+            m = re.search(rf"^expresslane:{name}_{part}{{[^}}]*}} (\S+)$", text, re.MULTILINE)
             out[f"{name}_{part}"] = float(m.group(1)) if m else 0.0
     return out
 

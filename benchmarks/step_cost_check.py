@@ -22,7 +22,6 @@ import statistics
 from _shared import emit
 
 from expresslane import LLM
-from expresslane.engine.cost_model import StepShape
 from expresslane.models.model_dir import DEFAULT_MODEL
 from expresslane.runner.step_timing import time_steps
 

@@ -21,7 +21,11 @@ from _shared import emit
 from replay_mixed import parse_flag
 
 from expresslane import LLM, SamplingParams
-from expresslane.bench.floors import H200_PEAK_BANDWIDTH, H200_PEAK_FLOPS, decode_weight_bytes
+from expresslane.bench.floors import (
+    H200_PEAK_BANDWIDTH,
+    H200_PEAK_FLOPS,
+    decode_weight_bytes,
+)
 
 
 def main() -> None:
