@@ -32,7 +32,7 @@ from expresslane.sampling_params import SamplingParams
 H200 = StepCostModel([1, 16, 32, 64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048],
                      [5.11e-3, 5.41e-3, 5.58e-3, 7.32e-3, 7.32e-3, 8.07e-3, 10.16e-3, 10.92e-3, 12.54e-3,
                       18.68e-3, 22.17e-3, 32.85e-3, 37.81e-3],
-                     k_decode=3.53e-8, k_prefill=3.13e-9, c_mixed=0.0)
+                     k_decode=3.53e-8, k_prefill=3.13e-9)
 
 # What the same steps would cost at the H200's floors (DESIGN §8), 8B shape: the linear layers
 # read 15.0 GB of weights (3.51 ms at 4.27 TB/s) or compute 2 x 7.5e9 FLOP a token at 805
@@ -41,7 +41,7 @@ H200 = StepCostModel([1, 16, 32, 64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2
 # A planning aid ("would the policy meet the bars if the kernels did?"), not a measurement.
 _KNOTS = [1, 16, 32, 64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048]
 FLOOR = StepCostModel(_KNOTS, [max(3.51e-3, n * 18.6e-6) + 0.2e-3 for n in _KNOTS],
-                      k_decode=131072 / 4.27e12, k_prefill=2**19 / (0.75 * 805e12), c_mixed=0.0)
+                      k_decode=131072 / 4.27e12, k_prefill=2**19 / (0.75 * 805e12))
 COSTS = {"h200": H200, "floor": FLOOR}
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from expresslane.models import quantize
 from expresslane.quant import checkpoint
 from expresslane.quant.fp8 import quantize_per_row
 from expresslane.quant.int4 import gptq_tensors
@@ -19,10 +20,13 @@ GROUP = 32  # the tiny models have 64 or 128 inputs per layer
 
 def quantize_dir(src: Path, dst: Path, fmt: str, *, desc_act: bool = False, group: int = GROUP) -> Path:
     """`src` (an unquantized HF directory) with its decoder projections (experts included) in
-    format `fmt`: fp8 (compressed-tensors, per channel), fp8-tensor (HF "fp8", per-tensor
-    scales), fp8-block (HF "fp8", 16 x 16 blocks), awq, gptq (desc_act: a random input order),
-    the INT4 ones in groups of `group` inputs."""
-    dst.mkdir(parents=True, exist_ok=True)
+    format `fmt`: fp8 (compressed-tensors, per channel), awq and gptq as `expresslane quantize`
+    writes them; fp8-tensor (HF "fp8", per-tensor scales), fp8-block (HF "fp8", 16 x 16 blocks)
+    and gptq with desc_act (a random input order), which it does not write, here. The INT4 ones
+    in groups of `group` inputs."""
+    if fmt in ("fp8", "awq", "gptq") and not desc_act:
+        return quantize.quantize_dir(src, dst, fmt, group_size=group)
+    dst.mkdir(parents=True)
     for f in src.iterdir():
         if f.suffix != ".safetensors" and f.is_file():
             shutil.copy(f, dst / f.name)
@@ -45,13 +49,13 @@ def quantize_dir(src: Path, dst: Path, fmt: str, *, desc_act: bool = False, grou
                 scale = blocks.abs().amax((1, 3)) / 448.0
                 q = (blocks / scale[:, None, :, None]).clamp(-448, 448).to(torch.float8_e4m3fn)
                 parts = {"weight": q.reshape(n, k), "weight_scale_inv": scale}
-            elif fmt == "gptq" and desc_act:  # projections of the same input share GPTQ's input order
+            elif fmt == "gptq":  # desc_act: projections of the same input share GPTQ's input order
                 kind = {"k_proj": "q_proj", "v_proj": "q_proj", "up_proj": "gate_proj"}.get(name.split(".")[-2])
                 key = name.rsplit(".", 2)[0] + "." + (kind or name.split(".")[-2])
                 perm = perms.setdefault(key, torch.randperm(t.shape[1], generator=gen))
                 parts = gptq_tensors(t, group, perm=perm)
             else:
-                parts = checkpoint.tensors(fmt, t, group)
+                raise ValueError(f"unknown test format {fmt!r}")
             tensors |= {prefix + suffix: v.contiguous() for suffix, v in parts.items()}
     save_file(tensors, str(dst / "model.safetensors"))
     config = json.loads((src / "config.json").read_text())
@@ -60,9 +64,7 @@ def quantize_dir(src: Path, dst: Path, fmt: str, *, desc_act: bool = False, grou
     elif fmt == "fp8-block":
         qc = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [16, 16]}
     else:
-        qc = checkpoint.quantization_config(fmt, group)
-        if desc_act:
-            qc["desc_act"] = True
+        qc = {**checkpoint.quantization_config(fmt, group), "desc_act": True}
     (dst / "config.json").write_text(json.dumps({**config, "quantization_config": qc}, indent=2))
     return dst
 

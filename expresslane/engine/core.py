@@ -103,7 +103,7 @@ class EngineCore:
         if self.spec is not None:
             self.spec.draft_cost_ratio = self.runner.draft_cost_ratio()
         self.scheduler = make_scheduler(config.scheduler, self.kv, cost_model=self.cost_model, spec=self.spec)
-        self._last = StepStats(0, 0, 0.0)
+        self._last: StepStats | None = StepStats(0, 0, 0.0)  # None: a held call's, built when asked
         self._in_flight: _InFlight | None = None  # the step the GPU may still be running
         self._sync_launch = not cuda  # execute() returns when the step is done
         self._calls = 0  # steps launched
@@ -138,7 +138,7 @@ class EngineCore:
         self.held = wait > 0
         if self.held:
             time.sleep(min(wait, HOLD_SLICE_S))
-            self._last = self._stats(0, 0, 0.0)
+            self._last = None  # (held calls come at up to 1 kHz: their stats are built only if read)
             return []
         self._calls += 1
         outputs: list[EngineCoreOutput] = []
@@ -230,4 +230,6 @@ class EngineCore:
         return measured, predicted
 
     def stats(self) -> StepStats:
+        if self._last is None:  # a held call's: no step launched
+            self._last = self._stats(0, 0, 0.0)
         return self._last
