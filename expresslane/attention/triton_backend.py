@@ -222,7 +222,7 @@ class TritonAttentionBackend:
                 part_ml.stride(0), part_ml.stride(2), 0, part_ml.stride(1),
                 BLOCK_Q=self.decode_q, BLOCK_N=tile.block_n, DECODE=True, MASK_ALL=tile.mask_all,
                 FUSED_REDUCE=tile.fused_reduce, num_warps=tile.num_warps, num_stages=tile.num_stages, **common)
-            if not tile.fused_reduce:
+            if not tile.fused_reduce and s > 1:  # one split wrote the output itself
                 reduce_splits_kernel[(nd, self.num_heads)](
                     part_acc, part_ml, out, s, part_acc.stride(0), part_acc.stride(1), part_ml.stride(0),
                     out.stride(0), out.stride(1), HEAD_DIM=d, D_PAD=self.d_pad, MAX_SPLITS=_pow2(tile.max_splits))

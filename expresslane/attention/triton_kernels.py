@@ -159,8 +159,10 @@ def paged_attention_kernel(
     `splits` > 1, one of that many slices of its keys: partials go to partial slot `slot +
     split` and the last slice to finish combines them (a short chunk after a long context
     reads its keys over many programs, as a decode does). Decode (DECODE=True): program 0-axis
-    = seq, 1-axis = KV head, 2-axis = split of its keys; partials go to part_acc/part_ml (slot:
-    the seq), combined by the last split (FUSED_REDUCE) or by reduce_splits_kernel.
+    = seq, 1-axis = KV head, 2-axis = split of its keys; with more than one split, partials go
+    to part_acc/part_ml (slot: the seq), combined by the last split (FUSED_REDUCE) or by
+    reduce_splits_kernel; one split writes its output itself. A work row whose seq is -1 is
+    padding: its programs return at once.
     Partial addresses: slot * stride_s + split * stride_p + token in the tile * stride_t +
     head * stride_h (+ the head dim for part_acc, + 0 / 1 for m / l in part_ml)."""
     if DECODE:
@@ -174,6 +176,8 @@ def paged_attention_kernel(
         w = tl.program_id(0) // HK
         kv_head = tl.program_id(0) % HK
         seq = tl.load(work_ptr + 5 * w)
+        if seq < 0:  # a padding item of a captured launch (its grid fits any step of its bucket)
+            return
         q_off = tl.load(work_ptr + 5 * w + 1)
         split = tl.load(work_ptr + 5 * w + 2)
         splits = tl.load(work_ptr + 5 * w + 3)
@@ -228,10 +232,7 @@ def paged_attention_kernel(
 
     acc = acc * v_scale
     o = out_ptr + (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
-    partial = splits > 1
-    if DECODE:
-        partial = splits > 0  # always: the reduction reads the partials
-    if partial:
+    if splits > 1:
         local = rows // G_PAD
         pa = part_acc_ptr + slot * stride_pa_s + local[:, None] * stride_pa_t + head[:, None] * stride_pa_h + d[None, :]
         ml = part_ml_ptr + slot * stride_ml_s + local * stride_ml_t + head * stride_ml_h

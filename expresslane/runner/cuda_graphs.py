@@ -278,7 +278,7 @@ class MixedGraphs(_Graphs):
         work = np.empty((capacity, 5), dtype=np.int64)
         planned = self.backend.plan_prefill(qsl, inputs.seq_lens, 0, self.backend.prefill_tile(size))
         work[:len(planned)] = planned
-        work[len(planned):] = (b, 0, 0, 1, 0)  # items of the padding seq b: no tokens, no context
+        work[len(planned):] = (-1, 0, 0, 1, 0)  # padding: its programs return at once
         fields = self._token_fields(inputs, size, b + 1)  # the padding seq's context: 0
         wanted = qsl[1:] - 1 if rows is None else rows
         fields += [(self.query_start_loc[:b + 2], qsl, t), (self.logits_rows[:seqs], wanted, 0),
