@@ -24,8 +24,9 @@
 #   gap:     where the server loses against the engine (8B shape): TTFT of 128 tokens through HTTP split into
 #            engine / in / out, and 256 x 512/256 throughput through HTTP (with the engine's steps and busy
 #            time from /metrics) against the same run in-engine; default then fcfs (GAP_CONFIGS); then that run
-#            in-engine step by step (throughput_steps.py: prefill / mixed / decode steps vs floors); GAP_SERVE=0
-#            leaves the server part out; ~6 min
+#            in-engine step by step (throughput_steps.py: prefill / mixed / decode steps vs floors), its step
+#            shapes and a lone prompt's step (16-2048 tokens) timed alone and profiled by kernel
+#            (step_cost_check.py --shapes); GAP_SERVE=0 leaves the server part out; ~7 min
 #   batch:   issue #15's batch tier: a 2,000-request Batch API batch (256 in / 128 out) drains,
 #            alone and while Poisson interactive shorts (64 in / 16 out, 4/s) run; interactive
 #            TTFT p99 vs idle, batch throughput vs alone (8B shape; needs the server wheels and
@@ -158,7 +159,9 @@ for section in $SECTIONS; do
         run python3 benchmarks/throughput_steps.py --model "$MODELS/llama-3-8b" --dtype bfloat16 --flag scheduling_policy=$pol
       done
       echo "== its step shapes timed alone against the start-up model, each profiled by kernel"
-      run python3 benchmarks/step_cost_check.py --model "$MODELS/llama-3-8b" --dtype bfloat16 --throughput ;;
+      run python3 benchmarks/step_cost_check.py --model "$MODELS/llama-3-8b" --dtype bfloat16 --shapes throughput
+      echo "== a prompt's step alone (16-2048 tokens: the isolated TTFT), profiled by kernel"
+      run python3 benchmarks/step_cost_check.py --model "$MODELS/llama-3-8b" --dtype bfloat16 --shapes prompts ;;
     replay)
       model llama-3-8b
       echo "== issue #20's mixed load (8 req/s, 15% 8k) replayed into the offline engine, no HTTP: deadline, then fcfs"

@@ -76,9 +76,10 @@ def main() -> None:
     p.add_argument("--long", type=int, default=8192, help="the long context (cut to the model's)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--throughput", action="store_true",
-                   help="the throughput run's shapes instead (decodes at 640 keys beside 512-token prompts filling "
-                        "the step budget, and decodes alone), each profiled by kernel")
+    p.add_argument("--shapes", choices=("mixed", "throughput", "prompts"), default="mixed",
+                   help="mixed: the mixed load's (default); throughput: the throughput run's (decodes at 640 keys "
+                        "beside 512-token prompts filling the step budget, and decodes alone); prompts: one prompt "
+                        "alone (16 to 2048 tokens: the isolated TTFT's step). The last two each profiled by kernel")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     llm = LLM(args.model, dtype=args.dtype, max_model_len=args.max_model_len)
@@ -88,7 +89,9 @@ def main() -> None:
     errors = {}
     print("decodes x context | chunk after keys | measured ms | predicted ms | error")
     budget = core.config.scheduler.max_num_batched_tokens
-    for step in (throughput_shapes(640, budget) if args.throughput else shapes(long, max_len)):
+    steps = {"mixed": lambda: shapes(long, max_len), "throughput": lambda: throughput_shapes(640, budget),
+             "prompts": lambda: [[(0, n)] for n in (16, 64, 128, 256, 512, 2048) if n < max_len]}[args.shapes]()
+    for step in steps:
         [(shape, seconds)] = time_steps(core.runner, [step], repeats=args.repeats)
         predicted = model.predict(shape)
         error = (predicted - seconds) / seconds
@@ -100,7 +103,7 @@ def main() -> None:
              chunk=n, chunks=len(chunks), measured_ms=1e3 * seconds, predicted_ms=1e3 * predicted, error=error)
         print(f"{len(decodes):3d} x {context:6d} | {n:4d} after {start:6d} | {1e3 * seconds:8.2f} | "
               f"{1e3 * predicted:8.2f} | {100 * error:+6.1f}%")
-        if args.throughput and core.runner.device.type == "cuda":
+        if args.shapes != "mixed" and core.runner.device.type == "cuda":
             profile(core.runner, step)
     print("mean error of the start-up model's prediction, by decodes x context (negative: under-predicts):")
     for (decodes, context), errs in errors.items():
