@@ -118,6 +118,21 @@ def test_every_output_element_written():
     assert torch.isfinite(out).all()
 
 
+def test_padding_rows_of_a_prefill_work_list_change_nothing():
+    """A captured launch's work list ends in padding rows (seq -1) up to its bucket's largest:
+    the output is bit for bit the same with them (their programs return before any work; that
+    they are cheap is the GPU benchmark's to show, docs/performance.md session 13)."""
+    heads, kv_heads, dim, bs, seqs = CASES[0]
+    q, k, v, kv, meta, pos = make_step(seqs, heads, kv_heads, dim, bs, torch.float32, seed=3)
+    backend = triton_backend.TritonAttentionBackend(heads, kv_heads, dim, DEVICE)
+    backend.prepare(meta)
+    exact = run(backend, q, k, v, kv.clone(), meta, pos, dim ** -0.5)
+    padding = torch.tensor([[-1, 0, 0, 1, 0]] * 40, dtype=torch.int32, device=DEVICE)
+    meta.prefill_work = torch.cat([meta.prefill_work, padding])
+    padded = run(backend, q, k, v, kv.clone(), meta, pos, dim ** -0.5)
+    torch.testing.assert_close(padded, exact, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_store_folds_the_qk_norm(dtype):
     """Qwen3's per-head q_norm / k_norm inside the RoPE + KV-write kernel equal the RMSNorm
