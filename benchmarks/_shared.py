@@ -23,6 +23,17 @@ def emit(out: str | None, **row) -> None:
             f.write(line + "\n")
 
 
+def parse_flag(text: str) -> tuple[str, object]:
+    """`--flag KEY=VALUE`: an engine argument (an LLM keyword), the value an int or float if it reads as one."""
+    key, _, value = text.partition("=")
+    for cast in (int, float):
+        try:
+            return key, cast(value)
+        except ValueError:
+            pass
+    return key, value
+
+
 def kernel_intervals(prof) -> list[tuple[float, float, str]]:
     """(start µs, end µs, name) of every GPU activity in a torch.profiler trace, in order
     (user annotations, which the profiler also puts on the GPU timeline, left out)."""

@@ -30,7 +30,7 @@ import random
 import time
 
 import numpy as np
-from _shared import emit
+from _shared import emit, parse_flag
 
 import flat_sim
 from expresslane import LLM, SamplingParams
@@ -81,16 +81,6 @@ class HostEvents:
 
     def between(self, a: float, b: float) -> list[str]:
         return [f"{what} {1e3 * took:.1f} ms" if took else what for t, took, what in self.events if a <= t < b]
-
-
-def parse_flag(text: str) -> tuple[str, object]:
-    key, _, value = text.partition("=")
-    for cast in (int, float):
-        try:
-            return key, cast(value)
-        except ValueError:
-            pass
-    return key, value
 
 
 def main() -> None:

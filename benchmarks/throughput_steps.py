@@ -17,8 +17,7 @@ import random
 import time
 
 import numpy as np
-from _shared import emit
-from replay_mixed import parse_flag
+from _shared import emit, parse_flag
 
 from expresslane import LLM, SamplingParams
 from expresslane.bench.floors import (
