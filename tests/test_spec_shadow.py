@@ -161,3 +161,72 @@ def test_a_draft_model_probes_while_its_acceptance_is_the_prior():
     for _ in range(2 * PROBE_EVERY_MEASURED):
         assert not spec.worth_it(decoding)
         spec.decided(decoding, False)
+
+
+def run_batch(num_requests: int, max_rows: int | None, steps: int = 40) -> list[list[int]]:
+    """`num_requests` requests that speculate whenever allowed (`speculative_disable_by_batch_size`
+    above their number), their verify steps' logits rows capped at `max_rows` (the mixed graphs'
+    as the engine sets it; None: no graphs). Each plan's proposals per speculating seq."""
+    spec = SpecDecoder(SpeculativeConfig(speculative_method="ngram", num_speculative_tokens=4,
+                                         speculative_disable_by_batch_size=64), COSTS)
+    spec.max_rows = max_rows
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=512, max_num_seqs=32), KVCacheManager(2000, 16),
+                      clock=lambda: 0.0, cost_model=COSTS, spec=spec)
+    reqs = [Request.from_core_request(EngineCoreRequest(
+        f"r{i}", PATTERN * 4, SamplingParams(temperature=0.0, max_tokens=400, ignore_eos=True), (0,), 0.0, 0,
+        "interactive"), 4096) for i in range(num_requests)]
+    for req in reqs:
+        sched.add_request(req)
+    by_id = {r.request_id: r for r in reqs}
+    plans = []
+    for _ in range(steps):
+        plan = sched.schedule()
+        plans.append([s.num_spec_tokens for s in plan.seqs if s.num_spec_tokens])
+        sampled = {}
+        for s in plan.seqs:
+            if s.sample:
+                tokens = by_id[s.request_id].all_token_ids
+                sampled[s.request_id] = ([repeat(tokens + [0] * j) for j in range(s.num_spec_tokens + 1)]
+                                         if s.num_spec_tokens else repeat(tokens))
+        sched.update(plan, sampled)
+    return plans
+
+
+def test_verify_rows_fit_the_graphs_and_speculation_stops_past_half_of_them():
+    """On the H200 a verify step whose logits rows (each speculating request's token and its
+    proposals) outnumbered the mixed graph's ran eagerly, ~20x its prediction at batch 64: the
+    first verifies of that batch size cost the run 15%. The proposals per request now shrink so
+    the rows fit; with no room for one proposal each, no step speculates."""
+    free = run_batch(4, None)
+    assert max(max(p, default=0) for p in free) == 4  # no graphs: the configured 4
+    fitted = run_batch(4, 16)
+    assert max(max(p, default=0) for p in fitted) == 3 and any(fitted)  # 4 x (1 + 3) = 16 rows
+    assert all(sum(k + 1 for k in p) <= 16 for p in fitted)
+    assert not any(run_batch(9, 16))  # 16 // 9 - 1 = 0 proposals: off
+
+
+def test_the_decision_is_made_once_until_something_changes():
+    """Every held engine call asks `speculating()` (up to 1 kHz while a long step runs), the
+    engine asks it before planning and the plan again: one evaluation serves them all until a
+    step lands (tokens change who decodes and the acceptance rate) or a request is aborted."""
+    spec = SpecDecoder(SpeculativeConfig(speculative_method="ngram", num_speculative_tokens=4), COSTS)
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=256, max_num_seqs=8), KVCacheManager(1000, 16),
+                      clock=lambda: 0.0, cost_model=COSTS, spec=spec)
+    for i in range(2):
+        sched.add_request(Request.from_core_request(EngineCoreRequest(
+            f"r{i}", PATTERN * 4, SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True), (0,), 0.0, 0,
+            "interactive"), 4096))
+    asked, real = [], spec.worth_it
+    spec.worth_it = lambda decoding: asked.append(len(decoding)) or real(decoding)
+    plan = sched.schedule()  # the prompts
+    sched.update(plan, {s.request_id: 1 for s in plan.seqs})
+    before = len(asked)
+    for _ in range(5):
+        sched.speculating()
+    plan = sched.schedule()
+    assert len(asked) == before + 1 and asked[-1] == 2
+    sched.update(plan, {s.request_id: 1 for s in plan.seqs})
+    sched.speculating()
+    sched.abort(["r1"])
+    sched.speculating()
+    assert len(asked) == before + 3 and asked[-1] == 1

@@ -102,6 +102,7 @@ class EngineCore:
         self.spec = None if config.speculative.method is None else SpecDecoder(config.speculative, self.cost_model)
         if self.spec is not None:
             self.spec.draft_cost_ratio = self.runner.draft_cost_ratio()
+            self.spec.max_rows = self.runner.verify_rows()
         self.scheduler = make_scheduler(config.scheduler, self.kv, cost_model=self.cost_model, spec=self.spec)
         self._last: StepStats | None = StepStats(0, 0, 0.0)  # None: a held call's, built when asked
         self._in_flight: _InFlight | None = None  # the step the GPU may still be running

@@ -45,6 +45,7 @@ class Scheduler:
         self.num_preemptions = 0
         self.spec = spec
         self._proposals: dict[str, list[int]] = {}  # this plan's speculating requests: their proposals
+        self._speculate: bool | None = None  # `speculating()`'s answer while nothing has changed since
 
     # -- queue -------------------------------------------------------------------------
     def add_request(self, req: Request) -> None:
@@ -101,7 +102,9 @@ class Scheduler:
         those with every known token computed or but one."""
         if self.spec is None:
             return False
-        return self.spec.worth_it(self._decoding())
+        if self._speculate is None:  # asked by every held call too: kept until the plan or a landed step
+            self._speculate = self.spec.worth_it(self._decoding())
+        return self._speculate
 
     def _decoding(self) -> list[Request]:
         return [r for r in self.running.values() if r.num_computed_tokens >= r.num_tokens - 1]
@@ -111,9 +114,10 @@ class Scheduler:
         speculate = False
         if self.spec is not None:
             decoding = self._decoding()  # once a step: the decision, then what it records
-            speculate = self.spec.worth_it(decoding)
+            speculate = self.speculating()
+            self._speculate = None
             self.spec.decided(decoding, speculate)  # off: a shadow keeps the acceptance rate measured
-        spec_tokens = self.spec.config.num_speculative_tokens if speculate else 0
+        spec_tokens = self.spec.k if speculate else 0
         budget = self.policy.step_budget(head, self.running.values(), self._waiting_by_lane, self.clock(), spec_tokens)
         scheduled, preempted = self._schedule_running(budget, speculate)
         if not preempted:
@@ -262,6 +266,7 @@ class Scheduler:
                logprobs: dict[str, dict[int, float]] | None = None) -> list[EngineCoreOutput]:
         """Apply a finished step's sampled tokens. Later plans may already be in flight: a
         request finished or aborted since then ignores its token, a preempted one keeps it."""
+        self._speculate = None  # tokens land: who decodes, and at what acceptance, changes
         now = self.clock()
         outputs = []
         proposed = {s.request_id: s.num_spec_tokens for s in plan.seqs if s.num_spec_tokens}
@@ -315,6 +320,7 @@ class Scheduler:
         self._finished_ids.append(req.request_id)
 
     def abort(self, request_ids: list[str]) -> list[EngineCoreOutput]:
+        self._speculate = None
         now = self.clock()
         outputs = []
         for rid in request_ids:

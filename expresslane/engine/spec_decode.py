@@ -12,7 +12,8 @@ step: by ``speculative_disable_by_batch_size`` when given, else by the step-cost
 path than the steps the model was fitted on (not pipelined; eager where its logits rows do not
 fit a graph), so the prediction for it is scaled by what such steps measured against their
 prediction so far, per batch size (by powers of two: on the H200 a verify step of the 9M model
-measured ~1.2x its prediction at batch 1 and ~20x at batch 64, where it runs eagerly). The
+measured ~1.2x its prediction at batch 1 and ~20x at batch 64, where it ran eagerly; now the
+proposals per request shrink so that a verify's logits rows fit the mixed graphs, `proposals`). The
 prediction is at least that of the plain step it extends: the model's mixed-step constant is
 fitted on prefill chunks, and for a few-token step it made the prediction 0.
 
@@ -100,6 +101,12 @@ class SpecDecoder:
         self.cost_model = cost_model
         self.counters = SpecCounters()
         self.draft_cost_ratio = 0.0  # a draft step's time over a target step's (the engine sets it)
+        # logits rows a verify step may have and still replay a mixed-step CUDA graph (the engine
+        # sets it; None: no graphs). Past it a verify runs eagerly: ~20x its prediction on the H200
+        # at batch 64 with the built-in pair, which cost the first verifies of each batch size
+        # (they measure that) 15% of a run
+        self.max_rows: int | None = None
+        self.k = config.num_speculative_tokens  # proposals a request may make in this step (`decided`)
         # per batch bucket (`_bucket`): verify steps' measured time over predicted, the last ones,
         # and their median (kept here: the decision asks for it twice a step)
         self._verify_ratios: dict[int, deque[float]] = {}
@@ -124,9 +131,19 @@ class SpecDecoder:
         c = self.counters
         return (c.num_accepted_tokens + self.shadow_accepted) / (c.num_draft_tokens + self.shadow_proposed)
 
+    def proposals(self, num_decoding: int) -> int:
+        """Proposals each of `num_decoding` requests may make: `num_speculative_tokens`, fewer
+        where their verify rows (the token and its proposals, each) would not fit `max_rows`;
+        0 (no speculation) past half of it."""
+        k = self.config.num_speculative_tokens
+        if self.max_rows is not None:
+            k = min(k, self.max_rows // max(1, num_decoding) - 1)
+        return max(0, k)
+
     def decided(self, decoding: list[Request], speculate: bool) -> None:
-        """Once a planned step, after its `worth_it`: count the steps off (a draft model's probes)
-        and, off, shadow a request (prompt lookup)."""
+        """Once a planned step, after its `worth_it`: the step's proposals per request (`k`),
+        the steps off (a draft model's probes) and, off, a shadowed request (prompt lookup)."""
+        self.k = self.proposals(len(decoding))
         if speculate:
             self._steps_off = 0
             return
@@ -184,7 +201,7 @@ class SpecDecoder:
         if req.num_output_tokens < sp.min_tokens:
             return 0
         room = min(req.max_tokens - req.num_output_tokens, req.max_model_len - req.num_tokens) - 1
-        return max(0, min(self.config.num_speculative_tokens, room))
+        return max(0, min(self.k, room))
 
     def propose(self, req: Request, k: int) -> list[int]:
         """Proposals from the request's tokens (ngram), or ``k`` placeholders the runner's draft model fills."""
@@ -194,11 +211,12 @@ class SpecDecoder:
         return ngram_propose(req.all_token_ids, k, c.prompt_lookup_min, c.prompt_lookup_max)
 
     def worth_it(self, decoding: list[Request]) -> bool:
-        """Whether this step speculates: at most `speculative_disable_by_batch_size` decoding
+        """Whether this step speculates: never when its verify rows could not fit `max_rows`
+        with one proposal each; else at most `speculative_disable_by_batch_size` decoding
         requests when that is given; else when the step-cost model predicts less time per
         generated token with k proposals each (at the acceptance rate measured so far), or for
         a draft model's probe. Asked twice a step (the engine, then the plan): no state changes."""
-        if not decoding:
+        if not decoding or not self.proposals(len(decoding)):
             return False
         limit = self.config.speculative_disable_by_batch_size
         if limit is not None:
@@ -226,18 +244,18 @@ class SpecDecoder:
         context lengths: plain, and speculating k tokens each (with the draft's k steps, at the
         acceptance rate measured so far or `acceptance`, scaled by what verify steps of this
         batch size measured)."""
-        k = self.config.num_speculative_tokens
+        k = self.proposals(len(contexts))
         a = self.acceptance() if acceptance is None else acceptance
         expected = (1 - a ** (k + 1)) / (1 - a) if a < 1 else k + 1.0  # tokens per request per step
         plain = self.cost_model.predict(StepShape.of((c, 1) for c in contexts))
-        spec = self._verify_cost(StepShape.of((c, 1 + k) for c in contexts), plain)
+        spec = self._verify_cost(StepShape.of((c, 1 + k) for c in contexts), plain, k)
         return plain, spec * self.verify_scale(len(contexts)) / expected
 
-    def _verify_cost(self, shape: StepShape, plain: float) -> float:
+    def _verify_cost(self, shape: StepShape, plain: float, k: int) -> float:
         """The model's time for a verify step of this shape, at least `plain` (the same step
-        without the proposals), with the draft's steps."""
+        without the proposals), with the draft's `k` steps."""
         predicted = max(self.cost_model.predict(shape), plain)
-        return predicted * (1 + self.config.num_speculative_tokens * self.draft_cost_ratio)
+        return predicted * (1 + k * self.draft_cost_ratio)
 
     @staticmethod
     def _bucket(num_speculating: int) -> int:
@@ -255,7 +273,8 @@ class SpecDecoder:
         bucket = self._bucket(sum(1 for _, _, k in seqs if k))
         self._verifies_seen[bucket] = seen = self._verifies_seen.get(bucket, 0) + 1
         plain = self.cost_model.predict(StepShape.of((start, n - k) for start, n, k in seqs if n > k))
-        predicted = self._verify_cost(StepShape.of((start, n) for start, n, _ in seqs), plain)
+        predicted = self._verify_cost(StepShape.of((start, n) for start, n, _ in seqs), plain,
+                                      max(k for _, _, k in seqs))
         if predicted <= 0 or seen <= WARMUP_VERIFIES:
             return
         ratios = self._verify_ratios.setdefault(bucket, deque(maxlen=VERIFY_WINDOW))

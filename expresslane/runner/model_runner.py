@@ -269,6 +269,11 @@ class ModelRunner:
         hidden = self.model(input_ids, positions, meta)
         return self.model.compute_logits(hidden[to_device(rows, torch.int64, self.device)])
 
+    def verify_rows(self) -> int | None:
+        """The most logits rows a verify step may have and still replay a mixed-step CUDA graph
+        (`MixedGraphs.fits_rows`); None without graphs (every step runs eagerly)."""
+        return self.mixed_graphs.max_seqs if self.mixed_graphs is not None else None
+
     def draft_cost_ratio(self) -> float:
         """A draft step's cost relative to a target step, by parameter count (0 without a draft model)."""
         if self.draft is None:
