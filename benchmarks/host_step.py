@@ -24,6 +24,9 @@ def main() -> None:
     ap.add_argument("--decodes", type=int, default=64)
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--trials", type=int, default=30)
+    ap.add_argument("--speculative-method", choices=("ngram",), default=None,
+                    help="with prompt lookup configured but every verify step predicted 100x too dear: what a "
+                         "decision that says no costs a step (its shadow proposals included)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
@@ -41,9 +44,12 @@ def main() -> None:
     # no forward (host work only): graph replays, and eager steps (the start-up calibration)
     _Graphs._replay = lambda self, size, rows: self.logits_out[:rows]
     LlamaForCausalLM.forward = lambda self, ids, positions, meta: torch.zeros(len(ids), self.config.hidden_size)
+    spec = {} if args.speculative_method is None else {"speculative_method": args.speculative_method}
     config = EngineConfig.from_kwargs(attention_backend="triton", max_model_len=2048, device="cpu",
-                                      scheduling_policy="fcfs", enable_prefix_caching=False)
+                                      scheduling_policy="fcfs", enable_prefix_caching=False, **spec)
     core = EngineCore(config)
+    if core.spec is not None:  # measured verifies of every batch size at 100x their prediction: never pays
+        core.spec._verify_scales = {bucket: 100.0 for bucket in range(1, 12)}
     core.runner.build_graphs(core.max_model_len, capture=False)
     core.runner.mixed_graphs.logits_out.zero_()
     greedy = SamplingParams(temperature=0.0, max_tokens=1500, ignore_eos=True)
@@ -70,7 +76,9 @@ def main() -> None:
         mixed.append(timed_step())  # the prompt's step: its whole prefill beside the decodes
         assert core.stats().num_batched_tokens == args.prompt + args.decodes, core.stats()
         timed_step()  # its token lands; it finishes
+    assert core.stats().spec_num_drafts == 0  # no step speculated
     emit(args.out, bench="host_step_cpu", context=args.context, decodes=args.decodes, prompt=args.prompt,
+         speculative_method=args.speculative_method,
          mixed_step_us=round(statistics.median(mixed) * 1e6), decode_step_us=round(statistics.median(decode) * 1e6))
 
 
