@@ -247,8 +247,10 @@ class SpecDecoder:
         k = self.proposals(len(contexts))
         a = self.acceptance() if acceptance is None else acceptance
         expected = (1 - a ** (k + 1)) / (1 - a) if a < 1 else k + 1.0  # tokens per request per step
-        plain = self.cost_model.predict(StepShape.of((c, 1) for c in contexts))
-        spec = self._verify_cost(StepShape.of((c, 1 + k) for c in contexts), plain, k)
+        n, total = len(contexts), sum(contexts)  # (StepShape.of's sums, without a pass per shape)
+        plain = self.cost_model.predict(StepShape(n, total + n))
+        spec = self._verify_cost(StepShape(n * (1 + k), 0, (1 + k) * total + n * (1 + k) * (2 + k) // 2, True)
+                                 if k else StepShape(n, total + n), plain, k)
         return plain, spec * self.verify_scale(len(contexts)) / expected
 
     def _verify_cost(self, shape: StepShape, plain: float, k: int) -> float:
