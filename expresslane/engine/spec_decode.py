@@ -108,7 +108,7 @@ class SpecDecoder:
         self.max_rows: int | None = None
         self.k = config.num_speculative_tokens  # proposals a request may make in this step (`decided`)
         # per batch bucket (`_bucket`): verify steps' measured time over predicted, the last ones,
-        # and their median (kept here: the decision asks for it twice a step)
+        # and their median (kept here: the decision asks for it every step)
         self._verify_ratios: dict[int, deque[float]] = {}
         self._verify_scales: dict[int, float] = {}
         self._verifies_seen: dict[int, int] = {}
@@ -215,7 +215,8 @@ class SpecDecoder:
         with one proposal each; else at most `speculative_disable_by_batch_size` decoding
         requests when that is given; else when the step-cost model predicts less time per
         generated token with k proposals each (at the acceptance rate measured so far), or for
-        a draft model's probe. Asked twice a step (the engine, then the plan): no state changes."""
+        a draft model's probe. No state changes (`Scheduler.speculating` keeps the answer for the
+        engine's question and the plan's until a step lands)."""
         if not decoding or not self.proposals(len(decoding)):
             return False
         limit = self.config.speculative_disable_by_batch_size
