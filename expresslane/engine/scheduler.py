@@ -96,14 +96,14 @@ class Scheduler:
         self._proposals = {}
         return plan
 
-    def speculating(self) -> bool:
+    def speculating(self, decoding: list[Request] | None = None) -> bool:
         """Whether the next step speculates (the engine then lands the step in flight before
         planning it: proposals need each request's last token here). Decoding requests are
         those with every known token computed or but one."""
         if self.spec is None:
             return False
         if self._speculate is None:  # asked by every held call too: kept until the plan or a landed step
-            self._speculate = self.spec.worth_it(self._decoding())
+            self._speculate = self.spec.worth_it(self._decoding() if decoding is None else decoding)
         return self._speculate
 
     def _decoding(self) -> list[Request]:
@@ -114,7 +114,7 @@ class Scheduler:
         speculate = False
         if self.spec is not None:
             decoding = self._decoding()  # once a step: the decision, then what it records
-            speculate = self.speculating()
+            speculate = self.speculating(decoding)
             self._speculate = None
             self.spec.decided(decoding, speculate)  # off: a shadow keeps the acceptance rate measured
         spec_tokens = self.spec.k if speculate else 0
