@@ -48,7 +48,8 @@
 #   moe:     issue #17: qwen3-30b-a3b shape (batch-1 decode vs the active-weight floor, TTFT 128 and 8192,
 #            decode throughput at batch 64 and 256) then transformers on the same shape (its random init),
 #            and mixtral-8x7b batch-1 decode, and qwen3-30b-a3b with AWQ (INT4) experts batch-1 decode, then a
-#            kernel profile of qwen3-30b-a3b decode steps (decode_profile.py: experts, routing, matmul, attention);
+#            kernel profile of qwen3-30b-a3b decode steps (decode_profile.py: experts, routing, matmul, attention)
+#            after the MoE kernels alone at decode sizes (moe_kernel_bench.py: each piece, tiles swept);
 #            weights generated on the GPU (--load-format dummy: 61 and 93 GB do not go through the disk);
 #            the fused MoE kernel tests ran with the GPU tests; ~6 min
 #   hostile: issue #19: one hostile request (10 MB prompt, 300k stop strings, n=128 with logprobs=20,
@@ -246,6 +247,8 @@ for section in $SECTIONS; do
       echo "== qwen3-30b-a3b with AWQ experts (INT4, group 128): expresslane (batch-1 decode)"
       run python3 benchmarks/gpu_bench.py --model "$MODELS/qwen3-30b-a3b-awq-bare" --load-format dummy --only engine \
         --benches decode
+      echo "== the fused MoE kernels alone at decode sizes, one layer (qwen3-30b-a3b, mixtral-8x7b), tiles swept at 1 token"
+      run python3 benchmarks/moe_kernel_bench.py
       echo "== qwen3-30b-a3b: where a decode step's time goes (kernels by kind, batch 1 and 64)"
       run python3 benchmarks/decode_profile.py --model "$MODELS/qwen3-30b-a3b-bare" --load-format dummy --no-ttft
       echo "== qwen3-30b-a3b: transformers (at most 150 s; what it measured by then stays)"

@@ -67,6 +67,15 @@ def fmt(r: dict) -> str:
                 f"{during['p99_ms']:.1f} ms "
                 f"({r['ttft_p99_ratio']}x, target <= 1.5); batch {alone['output_tok_s']:.0f} -> "
                 f"{busy['output_tok_s']:.0f} tok/s ({r['batch_tput_ratio']}x, target >= 0.8)")
+    if b == "moe_kernels":
+        us = r["us"]
+        return (f"MoE layer {r['shape']} x{r['tokens']:<3} experts {us['experts_whole']:.1f} us (floor {r['floor_us']:.1f}: "
+                f"GEMMs {r['gemm1_gb_s']}/{r['gemm2_gb_s']} GB/s), route {us['route_warps1']:.1f}, align {us['align']:.1f}, "
+                f"router matmul {us['router_matmul']:.1f}, sum {us['sum']:.1f}")
+    if b == "moe_tile_sweep":
+        best = r["best"][0]
+        return (f"MoE tiles {r['shape']} x{r['tokens']} {r['gemm']}: default {r['default']} {r['default_us']:.1f} us, "
+                f"best {best['tiles']} {best['us']:.1f} us")
     if b == "decode_profile":
         kinds = "  ".join(f"{k.split()[0]} {v:.2f}" for k, v in r["ms_by_kind"].items())
         return (f"decode profile b={r['batch']:<3} step {r['step_ms']:.2f} ms, graph replay {r['replay_ms']:.2f} ms "

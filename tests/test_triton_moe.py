@@ -26,11 +26,12 @@ def _inputs(seed: int, tokens: int, experts: int, k: int, hidden: int, inter: in
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("tokens,experts,k,drop", [  # rows per expert: every tile size (fused_moe._tiles)
-    (1, 5, 2, 0.0), (7, 7, 1, 0.0), (33, 5, 2, 0.3), (90, 3, 2, 0.0), (130, 3, 2, 0.0), (300, 3, 1, 0.5),
-    (800, 3, 1, 0.0)])
-def test_fused_experts_match_reference(dtype, tokens, experts, k, drop):
-    x, w13, w2, weights, ids = _inputs(tokens, tokens, experts, k, hidden=96, inter=80, dtype=dtype, drop=drop)
+@pytest.mark.parametrize("tokens,experts,k,drop,hidden,inter", [  # every tile of fused_moe._tiles: rows per
+    (1, 5, 2, 0.0, 96, 80), (7, 7, 1, 0.0, 96, 80), (33, 5, 2, 0.3, 96, 80),  # expert, and decode's by K
+    (90, 3, 2, 0.0, 96, 80), (130, 3, 2, 0.0, 96, 80), (300, 3, 1, 0.5, 96, 80), (800, 3, 1, 0.0, 96, 80),
+    (2, 3, 2, 0.0, 2048, 40), (1, 3, 1, 0.0, 40, 4100)])
+def test_fused_experts_match_reference(dtype, tokens, experts, k, drop, hidden, inter):
+    x, w13, w2, weights, ids = _inputs(tokens, tokens, experts, k, hidden, inter, dtype=dtype, drop=drop)
     ref = torch_experts(x.float(), w13.float(), w2.float(), weights, ids)
     out = fused_moe.fused_experts(*(t.to(DEVICE) for t in (x, w13, w2, weights, ids))).cpu().float()
     tol = 1e-4 if dtype == torch.float32 else 3e-2

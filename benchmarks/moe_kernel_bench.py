@@ -1,0 +1,146 @@
+"""The fused MoE path at decode sizes, one layer of a real shape (issue #17): where a layer's
+time goes (router matmul, route, align, the two grouped GEMMs, the sum over slots), the grouped
+GEMMs' tiles swept, and cuBLAS on the same experts one linear at a time, each against the
+routed weights' read floor.
+
+    python benchmarks/moe_kernel_bench.py [--shapes qwen3-30b-a3b,mixtral-8x7b] [--tokens 1,4,16,64]
+                                          [--sweep-tokens 1] [--out results.jsonl]
+
+Every timing replays a CUDA graph of REPS calls, each with its own routing (random router
+logits), so one call's experts are mostly not in L2 from the call before; µs per call.
+GB/s: bytes of the experts a call routes to (gate and up for the first GEMM, down for the
+second) over its time; the floor is those bytes at the H200's 4.27 TB/s. A swept tile's output
+is checked against the default tiles' before it is reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+
+import torch
+import torch.nn.functional as F
+from _shared import emit
+
+from expresslane.bench.floors import H200_PEAK_BANDWIDTH as PEAK_BW
+from expresslane.layers.fused_moe import Tiles, _tiles, align_by_expert, fused_experts, fused_route, grouped_gemm
+
+SHAPES = {"qwen3-30b-a3b": (128, 8, 2048, 768), "mixtral-8x7b": (8, 2, 4096, 14336)}  # experts, top-k, H, I
+REPS = 16
+
+
+def graph_us(fn, reps: int = REPS, replays: int = 10) -> float:
+    """µs per call of fn(r), r = 0..reps-1, captured once in a CUDA graph and replayed."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # compile and warm up outside the capture
+        for r in range(reps):
+            fn(r)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for r in range(reps):
+            fn(r)
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / (replays * reps)
+
+
+def bench_shape(name: str, tokens_list: list[int], sweep_tokens: set[int], out) -> None:
+    experts, k, hidden, inter = SHAPES[name]
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    w13 = torch.empty(experts, 2 * inter, hidden, dtype=dt, device=dev).normal_(std=hidden ** -0.5)
+    w2 = torch.empty(experts, hidden, inter, dtype=dt, device=dev).normal_(std=inter ** -0.5)
+    gate = torch.empty(experts, hidden, dtype=dt, device=dev).normal_(std=hidden ** -0.5)
+    for tokens in tokens_list:
+        x = torch.randn(tokens, hidden, dtype=dt, device=dev)
+        logits = [torch.randn(tokens, experts, dtype=dt, device=dev) * 2 for _ in range(REPS)]
+        counts = torch.zeros(experts, dtype=torch.int64, device=dev)
+        slots = torch.arange(tokens, device=dev)
+        routed = [fused_route(lg, k, True, counts, slots) for lg in logits]  # (weights, ids) per call
+        used = sum(len(ids.unique()) for _, ids in routed) / REPS  # experts a call reads
+        bytes1, bytes2 = used * 2 * inter * hidden * 2, used * hidden * inter * 2
+        n = tokens * k
+        tiles1, tiles2 = _tiles(n, experts, hidden), _tiles(n, experts, inter)
+        aligned = [align_by_expert(ids, experts, tiles1.block_m) for _, ids in routed]
+        act = torch.empty(n, inter, dtype=dt, device=dev)
+        rows_out = torch.empty(n, hidden, dtype=dt, device=dev)
+
+        def gemm1(r, t=tiles1):
+            grouped_gemm(x, w13, act, routed[r][0], aligned[r], k, True, t)
+
+        def gemm2(r, t=tiles2):
+            grouped_gemm(act, w2, rows_out, routed[r][0], aligned[r], k, False, t)
+
+        pieces = {
+            "router_matmul": lambda r: F.linear(x, gate),
+            **{f"route_warps{w}": (lambda r, w=w: fused_route(logits[r], k, True, counts, slots, warps=w))
+               for w in (1, 2, 4)},
+            "align": lambda r: align_by_expert(routed[r][1], experts, tiles1.block_m),
+            "gemm1": gemm1, "gemm2": gemm2,
+            "sum": lambda r: rows_out.view(tokens, k, hidden).sum(1),
+            "experts_whole": lambda r: fused_experts(x, w13, w2, routed[r][0], routed[r][1], all_routed=True),
+        }
+        us = {p: round(graph_us(fn), 2) for p, fn in pieces.items()}
+        row = dict(bench="moe_kernels", shape=name, tokens=tokens, experts_read=used, tiles=[list(tiles1), list(tiles2)], us=us,
+                   gemm1_gb_s=round(bytes1 / us["gemm1"] / 1e3), gemm2_gb_s=round(bytes2 / us["gemm2"] / 1e3),
+                   floor_us=round((bytes1 + bytes2) / PEAK_BW * 1e6, 2))
+        if tokens == 1:  # the library alternative: each routed expert as two cuBLAS linears
+            chosen = [ids[0].tolist() for _, ids in routed]  # read before the capture
+
+            def cublas(r):
+                for e in chosen[r]:
+                    h = F.linear(x, w13[e])
+                    F.linear(h[:, :inter], w2[e])
+            row["cublas_linears_us"] = round(graph_us(cublas), 2)
+        emit(out, **row)
+        if tokens in sweep_tokens:
+            sweep(name, tokens, gemm1, gemm2, tiles1, tiles2, act, rows_out, bytes1, bytes2, out)
+
+
+def sweep(name, tokens, gemm1, gemm2, tiles1, tiles2, act, rows_out, bytes1, bytes2, out) -> None:
+    """Each GEMM under every tile of a grid (block_m kept: the alignment's); the six fastest."""
+    for label, fn, default, result, nbytes in (("gemm1", gemm1, tiles1, act, bytes1),
+                                               ("gemm2", gemm2, tiles2, rows_out, bytes2)):
+        grid = [Tiles(default.block_m, bn, bk, warps, stages)
+                for bn, bk, warps, stages in itertools.product((16, 32, 64), (128, 256), (2, 4), (3, 5))]
+        fn(0)
+        reference = result.clone()
+        timed = []
+        for t in dict.fromkeys([default, *grid]):
+            try:
+                result.zero_()
+                fn(0, t)
+                ok = torch.allclose(result.float(), reference.float(), atol=2e-2, rtol=2e-2)
+                timed.append((graph_us(lambda r: fn(r, t)), t, ok))
+            except Exception as e:  # out of shared memory for the tile: skip it
+                timed.append((float("inf"), t, repr(e)[:80]))
+        timed.sort(key=lambda x: x[0])
+        default_us = next(u for u, t, _ in timed if t == default)
+        emit(out, bench="moe_tile_sweep", shape=name, tokens=tokens, gemm=label, default=list(default),
+             default_us=round(default_us, 2), default_gb_s=round(nbytes / default_us / 1e3),
+             best=[dict(tiles=list(t), us=round(u, 2), gb_s=round(nbytes / u / 1e3), matches=ok)
+                   for u, t, ok in timed[:6]])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", default="qwen3-30b-a3b,mixtral-8x7b")
+    ap.add_argument("--tokens", default="1,4,16,64")
+    ap.add_argument("--sweep-tokens", default="1")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    for name in args.shapes.split(","):
+        bench_shape(name, [int(t) for t in args.tokens.split(",")],
+                    {int(t) for t in args.sweep_tokens.split(",") if t}, args.out)
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
