@@ -230,3 +230,30 @@ def test_the_decision_is_made_once_until_something_changes():
     sched.abort(["r1"])
     sched.speculating()
     assert len(asked) == before + 3 and asked[-1] == 1
+
+
+def test_a_draft_models_probe_speculates_with_one_request_in_turn():
+    """A probe measures the draft's acceptance, which does not depend on the batch. On the H200
+    probes of all 64 requests of a batch cost ~10x a step each (each request's draft first
+    caught up on its tokens), and the run went at 0.72x of no speculation. Now one request
+    speculates in a probe step, each in turn, with the proposals one request may make."""
+    spec = SpecDecoder(SpeculativeConfig(speculative_model="draft", num_speculative_tokens=4), COSTS)
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=512, max_num_seqs=8), KVCacheManager(2000, 16),
+                      clock=lambda: 0.0, cost_model=COSTS, spec=spec)
+    for i in range(4):
+        sched.add_request(Request.from_core_request(EngineCoreRequest(
+            f"r{i}", PATTERN * 4, SamplingParams(temperature=0.0, max_tokens=400, ignore_eos=True), (0,), 0.0, 0,
+            "interactive"), 4096))
+    probes = []
+    for step in range(4 * PROBE_EVERY + 5):
+        plan = sched.schedule()
+        speculating = [(s.request_id, s.num_spec_tokens) for s in plan.seqs if s.num_spec_tokens]
+        if step:  # after the prompts' step: all four decode
+            assert len(plan.seqs) == 4
+        if speculating:
+            probes.append(speculating)
+        sched.update(plan, {s.request_id: [1] * (s.num_spec_tokens + 1) if s.num_spec_tokens else 1
+                            for s in plan.seqs if s.sample})
+    assert len(probes) == 4  # the prior (0.5) says no: a probe every PROBE_EVERY + 1 steps
+    assert all(len(p) == 1 and p[0][1] == 4 for p in probes)
+    assert sorted(p[0][0] for p in probes) == ["r0", "r1", "r2", "r3"]
