@@ -91,8 +91,9 @@ def main() -> None:
     emit(args.out, bench="throughput_steps", flags=dict(args.flag), num_prompts=args.num_prompts,
          seconds=elapsed, out_tok_per_s=args.num_prompts * args.output_len / elapsed, steps=len(steps), classes=classes)
     for kind, c in classes.items():
+        share = c["floor_s"] / c["seconds"] if c["seconds"] else float("nan")  # (a class of untimed steps: 0 s)
         print(f"  {kind:8s} {c['steps']:5d} steps {c['seconds']:7.3f} s (predicted {c['predicted_s']:.3f}, floor "
-              f"{c['floor_s']:.3f}: {c['floor_s'] / c['seconds']:.0%}); mean {c['tokens_mean']:.0f} tokens, "
+              f"{c['floor_s']:.3f}: {share:.0%}); mean {c['tokens_mean']:.0f} tokens, "
               f"{c['decodes_mean']:.0f} decodes, {1e3 * c['seconds'] / c['steps']:.2f} ms a step")
 
 
