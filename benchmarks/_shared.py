@@ -34,6 +34,18 @@ def parse_flag(text: str) -> tuple[str, object]:
     return key, value
 
 
+def launch_steps(eng, steps: int) -> list[int]:
+    """Step the engine until `steps` more steps are launched (a call may launch none:
+    `EngineCore.held`); the sequences of each launched step."""
+    core, seqs = eng.core, []
+    while len(seqs) < steps:
+        calls = core._calls
+        eng.step()
+        if core._calls > calls:
+            seqs.append(core.stats().batch_size)
+    return seqs
+
+
 def kernel_intervals(prof) -> list[tuple[float, float, str]]:
     """(start µs, end µs, name) of every GPU activity in a torch.profiler trace, in order
     (user annotations, which the profiler also puts on the GPU timeline, left out)."""

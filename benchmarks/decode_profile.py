@@ -21,7 +21,7 @@ import time
 from collections import defaultdict
 
 import torch
-from _shared import busy_us, emit, kernel_intervals
+from _shared import busy_us, emit, kernel_intervals, launch_steps
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from expresslane.bench.floors import H200_PEAK_BANDWIDTH as PEAK_BW
@@ -43,13 +43,6 @@ def kind_of(name: str) -> str:
     return "other (sampling, copies, embedding)"
 
 
-def launch(eng, steps: int) -> None:
-    """Run until `steps` more steps are launched (a call may launch none: `EngineCore.held`)."""
-    first = eng.core._calls
-    while eng.core._calls - first < steps:
-        eng.step()
-
-
 def decode_profile(llm, batch: int, context: int, out) -> None:
     from expresslane import SamplingParams
 
@@ -65,7 +58,7 @@ def decode_profile(llm, batch: int, context: int, out) -> None:
         eng.step()
     torch.cuda.synchronize()
     t0, steps = time.perf_counter(), 40
-    launch(eng, steps)
+    launch_steps(eng, steps)
     torch.cuda.synchronize()
     step_ms = (time.perf_counter() - t0) / steps * 1e3
 
@@ -85,7 +78,7 @@ def decode_profile(llm, batch: int, context: int, out) -> None:
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         torch.cuda.synchronize()
         w0 = time.perf_counter()
-        launch(eng, n)
+        launch_steps(eng, n)
         torch.cuda.synchronize()
         wall_us = (time.perf_counter() - w0) * 1e6
     ks = kernel_intervals(prof)

@@ -21,9 +21,17 @@ import itertools
 import torch
 import torch.nn.functional as F
 from _shared import emit
+from triton.runtime.errors import OutOfResources
 
 from expresslane.bench.floors import H200_PEAK_BANDWIDTH as PEAK_BW
-from expresslane.layers.fused_moe import Tiles, _tiles, align_by_expert, fused_experts, fused_route, grouped_gemm
+from expresslane.layers.fused_moe import (
+    Tiles,
+    _tiles,
+    align_by_expert,
+    fused_experts,
+    fused_route,
+    grouped_gemm,
+)
 
 SHAPES = {"qwen3-30b-a3b": (128, 8, 2048, 768), "mixtral-8x7b": (8, 2, 4096, 14336)}  # experts, top-k, H, I
 REPS = 16
@@ -52,55 +60,63 @@ def graph_us(fn, reps: int = REPS, replays: int = 10) -> float:
 
 
 def bench_shape(name: str, tokens_list: list[int], sweep_tokens: set[int], out) -> None:
-    experts, k, hidden, inter = SHAPES[name]
+    experts, _, hidden, inter = SHAPES[name]
     dev, dt = torch.device("cuda"), torch.bfloat16
     w13 = torch.empty(experts, 2 * inter, hidden, dtype=dt, device=dev).normal_(std=hidden ** -0.5)
     w2 = torch.empty(experts, hidden, inter, dtype=dt, device=dev).normal_(std=inter ** -0.5)
     gate = torch.empty(experts, hidden, dtype=dt, device=dev).normal_(std=hidden ** -0.5)
     for tokens in tokens_list:
-        x = torch.randn(tokens, hidden, dtype=dt, device=dev)
-        logits = [torch.randn(tokens, experts, dtype=dt, device=dev) * 2 for _ in range(REPS)]
-        counts = torch.zeros(experts, dtype=torch.int64, device=dev)
-        slots = torch.arange(tokens, device=dev)
-        routed = [fused_route(lg, k, True, counts, slots) for lg in logits]  # (weights, ids) per call
-        used = sum(len(ids.unique()) for _, ids in routed) / REPS  # experts a call reads
-        bytes1, bytes2 = used * 2 * inter * hidden * 2, used * hidden * inter * 2
-        n = tokens * k
-        tiles1, tiles2 = _tiles(n, experts, hidden), _tiles(n, experts, inter)
-        aligned = [align_by_expert(ids, experts, tiles1.block_m) for _, ids in routed]
-        act = torch.empty(n, inter, dtype=dt, device=dev)
-        rows_out = torch.empty(n, hidden, dtype=dt, device=dev)
+        bench_tokens(name, tokens, (w13, w2, gate), tokens in sweep_tokens, out)
 
-        def gemm1(r, t=tiles1):
-            grouped_gemm(x, w13, act, routed[r][0], aligned[r], k, True, t)
 
-        def gemm2(r, t=tiles2):
-            grouped_gemm(act, w2, rows_out, routed[r][0], aligned[r], k, False, t)
+def bench_tokens(name: str, tokens: int, weights: tuple, tiles_swept: bool, out) -> None:
+    """One layer's pieces for `tokens` tokens (and its GEMMs' tiles swept when `tiles_swept`)."""
+    experts, k, hidden, inter = SHAPES[name]
+    w13, w2, gate = weights
+    dev, dt = w13.device, w13.dtype
+    x = torch.randn(tokens, hidden, dtype=dt, device=dev)
+    logits = [torch.randn(tokens, experts, dtype=dt, device=dev) * 2 for _ in range(REPS)]
+    counts = torch.zeros(experts, dtype=torch.int64, device=dev)
+    slots = torch.arange(tokens, device=dev)
+    routed = [fused_route(lg, k, True, counts, slots) for lg in logits]  # (weights, ids) per call
+    used = sum(len(ids.unique()) for _, ids in routed) / REPS  # experts a call reads
+    bytes1, bytes2 = used * 2 * inter * hidden * 2, used * hidden * inter * 2
+    n = tokens * k
+    tiles1, tiles2 = _tiles(n, experts, hidden), _tiles(n, experts, inter)
+    aligned = [align_by_expert(ids, experts, tiles1.block_m) for _, ids in routed]
+    act = torch.empty(n, inter, dtype=dt, device=dev)
+    rows_out = torch.empty(n, hidden, dtype=dt, device=dev)
 
-        pieces = {
-            "router_matmul": lambda r: F.linear(x, gate),
-            **{f"route_warps{w}": (lambda r, w=w: fused_route(logits[r], k, True, counts, slots, warps=w))
-               for w in (1, 2, 4)},
-            "align": lambda r: align_by_expert(routed[r][1], experts, tiles1.block_m),
-            "gemm1": gemm1, "gemm2": gemm2,
-            "sum": lambda r: rows_out.view(tokens, k, hidden).sum(1),
-            "experts_whole": lambda r: fused_experts(x, w13, w2, routed[r][0], routed[r][1], all_routed=True),
-        }
-        us = {p: round(graph_us(fn), 2) for p, fn in pieces.items()}
-        row = dict(bench="moe_kernels", shape=name, tokens=tokens, experts_read=used, tiles=[list(tiles1), list(tiles2)], us=us,
-                   gemm1_gb_s=round(bytes1 / us["gemm1"] / 1e3), gemm2_gb_s=round(bytes2 / us["gemm2"] / 1e3),
-                   floor_us=round((bytes1 + bytes2) / PEAK_BW * 1e6, 2))
-        if tokens == 1:  # the library alternative: each routed expert as two cuBLAS linears
-            chosen = [ids[0].tolist() for _, ids in routed]  # read before the capture
+    def gemm1(r, t=tiles1):
+        grouped_gemm(x, w13, act, routed[r][0], aligned[r], k, True, t)
 
-            def cublas(r):
-                for e in chosen[r]:
-                    h = F.linear(x, w13[e])
-                    F.linear(h[:, :inter], w2[e])
-            row["cublas_linears_us"] = round(graph_us(cublas), 2)
-        emit(out, **row)
-        if tokens in sweep_tokens:
-            sweep(name, tokens, gemm1, gemm2, tiles1, tiles2, act, rows_out, bytes1, bytes2, out)
+    def gemm2(r, t=tiles2):
+        grouped_gemm(act, w2, rows_out, routed[r][0], aligned[r], k, False, t)
+
+    pieces = {
+        "router_matmul": lambda r: F.linear(x, gate),
+        **{f"route_warps{w}": (lambda r, w=w: fused_route(logits[r], k, True, counts, slots, warps=w))
+           for w in (1, 2, 4)},
+        "align": lambda r: align_by_expert(routed[r][1], experts, tiles1.block_m),
+        "gemm1": gemm1, "gemm2": gemm2,
+        "sum": lambda r: rows_out.view(tokens, k, hidden).sum(1),
+        "experts_whole": lambda r: fused_experts(x, w13, w2, routed[r][0], routed[r][1], all_routed=True),
+    }
+    us = {p: round(graph_us(fn), 2) for p, fn in pieces.items()}
+    row = {"bench": "moe_kernels", "shape": name, "tokens": tokens, "experts_read": used,
+           "tiles": [list(tiles1), list(tiles2)], "us": us, "gemm1_gb_s": round(bytes1 / us["gemm1"] / 1e3),
+           "gemm2_gb_s": round(bytes2 / us["gemm2"] / 1e3), "floor_us": round((bytes1 + bytes2) / PEAK_BW * 1e6, 2)}
+    if tokens == 1:  # the library alternative: each routed expert as two cuBLAS linears
+        chosen = [ids[0].tolist() for _, ids in routed]  # read before the capture
+
+        def cublas(r):
+            for e in chosen[r]:
+                h = F.linear(x, w13[e])
+                F.linear(h[:, :inter], w2[e])
+        row["cublas_linears_us"] = round(graph_us(cublas), 2)
+    emit(out, **row)
+    if tiles_swept:
+        sweep(name, tokens, gemm1, gemm2, tiles1, tiles2, act, rows_out, bytes1, bytes2, out)
 
 
 def sweep(name, tokens, gemm1, gemm2, tiles1, tiles2, act, rows_out, bytes1, bytes2, out) -> None:
@@ -117,8 +133,8 @@ def sweep(name, tokens, gemm1, gemm2, tiles1, tiles2, act, rows_out, bytes1, byt
                 result.zero_()
                 fn(0, t)
                 ok = torch.allclose(result.float(), reference.float(), atol=2e-2, rtol=2e-2)
-                timed.append((graph_us(lambda r: fn(r, t)), t, ok))
-            except Exception as e:  # out of shared memory for the tile: skip it
+                timed.append((graph_us(lambda r, fn=fn, t=t: fn(r, t)), t, ok))
+            except OutOfResources as e:  # out of shared memory for the tile: skip it
                 timed.append((float("inf"), t, repr(e)[:80]))
         timed.sort(key=lambda x: x[0])
         default_us = next(u for u, t, _ in timed if t == default)

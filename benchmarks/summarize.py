@@ -17,6 +17,8 @@ def fmt(r: dict) -> str:
         extra = f"  GPU busy {100 * busy:.0f}%" if busy else ""
         if "weight_floor_tokens_per_s" in r:
             extra += f"  (weight-read bound {r['weight_floor_tokens_per_s']:.0f} tok/s)"
+        if "fewest_seqs" in r:
+            extra += f"  fewest seqs a step {r['fewest_seqs']}"
         return f"decode batch {r['batch']:>3} @1k ctx {r['tokens_per_s']:8.0f} tok/s  {r['step_ms']:6.1f} ms/step{extra}"
     if b == "bf16_top1_agreement":
         return (f"bf16 top-1 agreement  {100 * r['agreement']:.2f}% of {r['positions']} positions "
