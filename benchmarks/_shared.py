@@ -34,6 +34,28 @@ def parse_flag(text: str) -> tuple[str, object]:
     return key, value
 
 
+def graph_us(calls, reps: int = 10) -> float:
+    """Microseconds per call: a CUDA graph of `calls` in order, replayed `reps` times."""
+    import torch
+
+    for c in calls:  # compile, settle the allocator
+        c()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for c in calls:
+            c()
+    g.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        g.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / reps / len(calls)
+
+
 def launch_steps(eng, steps: int) -> list[int]:
     """Step the engine until `steps` more steps are launched (a call may launch none:
     `EngineCore.held`); the sequences of each launched step."""

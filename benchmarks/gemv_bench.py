@@ -26,33 +26,13 @@ import math
 
 import torch
 import torch.nn.functional as F
-from _shared import emit
+from _shared import emit, graph_us
 
 from expresslane.bench.floors import H200_PEAK_BANDWIDTH as PEAK_BW
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}  # (N, K)
 LAYERS = 32
 GROUP = 128
-
-
-def graph_us(calls, reps: int = 10) -> float:
-    """Microseconds per call: a CUDA graph of `calls` in order, replayed `reps` times."""
-    for c in calls:  # compile, settle the allocator
-        c()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for c in calls:
-            c()
-    g.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        g.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / reps / len(calls)
 
 
 class Weights:

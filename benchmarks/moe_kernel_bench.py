@@ -20,7 +20,7 @@ import itertools
 
 import torch
 import torch.nn.functional as F
-from _shared import emit
+from _shared import emit, graph_us
 from triton.runtime.errors import OutOfResources
 
 from expresslane.bench.floors import H200_PEAK_BANDWIDTH as PEAK_BW
@@ -37,26 +37,9 @@ SHAPES = {"qwen3-30b-a3b": (128, 8, 2048, 768), "mixtral-8x7b": (8, 2, 4096, 143
 REPS = 16
 
 
-def graph_us(fn, reps: int = REPS, replays: int = 10) -> float:
-    """µs per call of fn(r), r = 0..reps-1, captured once in a CUDA graph and replayed."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # compile and warm up outside the capture
-        for r in range(reps):
-            fn(r)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for r in range(reps):
-            fn(r)
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / (replays * reps)
+def calls_us(fn) -> float:
+    """µs per call of fn(r), r = 0..REPS-1, captured once in a CUDA graph and replayed."""
+    return graph_us([lambda r=r: fn(r) for r in range(REPS)])
 
 
 def bench_shape(name: str, tokens_list: list[int], sweep_tokens: set[int], out) -> None:
@@ -102,7 +85,7 @@ def bench_tokens(name: str, tokens: int, weights: tuple, tiles_swept: bool, out)
         "sum": lambda r: rows_out.view(tokens, k, hidden).sum(1),
         "experts_whole": lambda r: fused_experts(x, w13, w2, routed[r][0], routed[r][1], all_routed=True),
     }
-    us = {p: round(graph_us(fn), 2) for p, fn in pieces.items()}
+    us = {p: round(calls_us(fn), 2) for p, fn in pieces.items()}
     row = {"bench": "moe_kernels", "shape": name, "tokens": tokens, "experts_read": used,
            "tiles": [list(tiles1), list(tiles2)], "us": us, "gemm1_gb_s": round(bytes1 / us["gemm1"] / 1e3),
            "gemm2_gb_s": round(bytes2 / us["gemm2"] / 1e3), "floor_us": round((bytes1 + bytes2) / PEAK_BW * 1e6, 2)}
@@ -113,7 +96,7 @@ def bench_tokens(name: str, tokens: int, weights: tuple, tiles_swept: bool, out)
             for e in chosen[r]:
                 h = F.linear(x, w13[e])
                 F.linear(h[:, :inter], w2[e])
-        row["cublas_linears_us"] = round(graph_us(cublas), 2)
+        row["cublas_linears_us"] = round(calls_us(cublas), 2)
     emit(out, **row)
     if tiles_swept:
         sweep(name, tokens, gemm1, gemm2, tiles1, tiles2, act, rows_out, bytes1, bytes2, out)
@@ -133,7 +116,7 @@ def sweep(name, tokens, gemm1, gemm2, tiles1, tiles2, act, rows_out, bytes1, byt
                 result.zero_()
                 fn(0, t)
                 ok = torch.allclose(result.float(), reference.float(), atol=2e-2, rtol=2e-2)
-                timed.append((graph_us(lambda r, fn=fn, t=t: fn(r, t)), t, ok))
+                timed.append((calls_us(lambda r, fn=fn, t=t: fn(r, t)), t, ok))
             except OutOfResources as e:  # out of shared memory for the tile: skip it
                 timed.append((float("inf"), t, repr(e)[:80]))
         timed.sort(key=lambda x: x[0])

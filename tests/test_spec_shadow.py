@@ -163,6 +163,19 @@ def test_a_draft_model_probes_while_its_acceptance_is_the_prior():
         spec.decided(decoding, False)
 
 
+def _scheduler(spec: SpecDecoder, num_requests: int, max_tokens: int, budget: int, max_seqs: int,
+               blocks: int) -> tuple[Scheduler, list[Request]]:
+    """A scheduler with `spec` and `num_requests` greedy requests r0.. of the repeating pattern."""
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=max_seqs),
+                      KVCacheManager(blocks, 16), clock=lambda: 0.0, cost_model=COSTS, spec=spec)
+    reqs = [Request.from_core_request(EngineCoreRequest(
+        f"r{i}", PATTERN * 4, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True), (0,), 0.0,
+        0, "interactive"), 4096) for i in range(num_requests)]
+    for req in reqs:
+        sched.add_request(req)
+    return sched, reqs
+
+
 def run_batch(num_requests: int, max_rows: int | None, steps: int = 40) -> list[list[int]]:
     """`num_requests` requests that speculate whenever allowed (`speculative_disable_by_batch_size`
     above their number), their verify steps' logits rows capped at `max_rows` (the mixed graphs'
@@ -170,13 +183,7 @@ def run_batch(num_requests: int, max_rows: int | None, steps: int = 40) -> list[
     spec = SpecDecoder(SpeculativeConfig(speculative_method="ngram", num_speculative_tokens=4,
                                          speculative_disable_by_batch_size=64), COSTS)
     spec.max_rows = max_rows
-    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=512, max_num_seqs=32), KVCacheManager(2000, 16),
-                      clock=lambda: 0.0, cost_model=COSTS, spec=spec)
-    reqs = [Request.from_core_request(EngineCoreRequest(
-        f"r{i}", PATTERN * 4, SamplingParams(temperature=0.0, max_tokens=400, ignore_eos=True), (0,), 0.0, 0,
-        "interactive"), 4096) for i in range(num_requests)]
-    for req in reqs:
-        sched.add_request(req)
+    sched, reqs = _scheduler(spec, num_requests, 400, budget=512, max_seqs=32, blocks=2000)
     by_id = {r.request_id: r for r in reqs}
     plans = []
     for _ in range(steps):
@@ -210,12 +217,7 @@ def test_the_decision_is_made_once_until_something_changes():
     engine asks it before planning and the plan again: one evaluation serves them all until a
     step lands (tokens change who decodes and the acceptance rate) or a request is aborted."""
     spec = SpecDecoder(SpeculativeConfig(speculative_method="ngram", num_speculative_tokens=4), COSTS)
-    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=256, max_num_seqs=8), KVCacheManager(1000, 16),
-                      clock=lambda: 0.0, cost_model=COSTS, spec=spec)
-    for i in range(2):
-        sched.add_request(Request.from_core_request(EngineCoreRequest(
-            f"r{i}", PATTERN * 4, SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True), (0,), 0.0, 0,
-            "interactive"), 4096))
+    sched, _ = _scheduler(spec, 2, 50, budget=256, max_seqs=8, blocks=1000)
     asked, real = [], spec.worth_it
     spec.worth_it = lambda decoding: asked.append(len(decoding)) or real(decoding)
     plan = sched.schedule()  # the prompts
@@ -238,12 +240,7 @@ def test_a_draft_models_probe_speculates_with_one_request_in_turn():
     caught up on its tokens), and the run went at 0.72x of no speculation. Now one request
     speculates in a probe step, each in turn, with the proposals one request may make."""
     spec = SpecDecoder(SpeculativeConfig(speculative_model="draft", num_speculative_tokens=4), COSTS)
-    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=512, max_num_seqs=8), KVCacheManager(2000, 16),
-                      clock=lambda: 0.0, cost_model=COSTS, spec=spec)
-    for i in range(4):
-        sched.add_request(Request.from_core_request(EngineCoreRequest(
-            f"r{i}", PATTERN * 4, SamplingParams(temperature=0.0, max_tokens=400, ignore_eos=True), (0,), 0.0, 0,
-            "interactive"), 4096))
+    sched, _ = _scheduler(spec, 4, 400, budget=512, max_seqs=8, blocks=2000)
     probes = []
     for step in range(4 * PROBE_EVERY + 5):
         plan = sched.schedule()
