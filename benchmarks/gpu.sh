@@ -35,7 +35,8 @@
 #            the qwen2.5-0.5b shape in bf16: the bench package on CUDA (result JSON beside)
 #   quant:   issue #16: FP8 (W8A8) and AWQ INT4 weights and an FP8 KV cache against bf16, 8B
 #            shape (decode vs floor, TTFT, 8k prefill TFLOP/s, 256 x 512/256 throughput, batch 64
-#            at 8k, KV capacity, accuracy vs bf16), GPU greedy vs the CPU reference per format
+#            at 8k, KV capacity, accuracy vs bf16), GPU greedy vs the CPU reference per format;
+#            QUANT_ARGS="--tput-output 128 --texts 2 --text-len 128": the shortened run (~5 min)
 #   gemv:    decode GEMVs and quantized linears per kernel and 8B shape (bf16 / FP8 / INT4, 1..16
 #            rows, INT4 prompt paths): TB/s vs the H200 and vs bf16 cuBLAS; GEMV_SWEEP=1 adds
 #            the tile-shape and split sweep (~1 min more); decode attention over a bf16 vs an FP8
@@ -198,7 +199,7 @@ for section in $SECTIONS; do
       python3 -m pytest -q tests/test_quant_kernels.py tests/test_kv_fp8.py -p no:cacheprovider 2>&1 \
         | tee -a "$OUT/gpu-tests.log" | tail -3 || status=1
       echo "== quantization: fp8, awq, fp8 KV cache vs bf16 (llama-3-8b)"
-      run python3 benchmarks/quant_bench.py --model "$MODELS/llama-3-8b" --awq "$MODELS/llama-3-8b-awq" ;;
+      run python3 benchmarks/quant_bench.py --model "$MODELS/llama-3-8b" --awq "$MODELS/llama-3-8b-awq" ${QUANT_ARGS:-} ;;
     gemv)
       echo "== decode GEMVs and quantized linears (8B shapes, random weights)"
       run python3 benchmarks/gemv_bench.py ${GEMV_SWEEP:+--sweep}

@@ -50,12 +50,12 @@ def engine_benchmarks(args, out) -> None:
     from expresslane import LLM, SamplingParams
 
     llm = LLM(args.model, max_num_seqs=256, max_num_batched_tokens=args.max_num_batched_tokens,
-              gpu_memory_utilization=0.85, load_format=args.load_format)
+              gpu_memory_utilization=0.85, load_format=args.load_format, scheduling_policy=args.scheduling_policy)
     core = llm.engine.core
     cfg, vocab = core.hf_config, core.hf_config.vocab_size
     wbytes = decode_weight_bytes(core.runner.model)
     floor_ms = wbytes / PEAK_BW * 1e3
-    common = dict(engine="expresslane", model=args.model.rstrip("/").split("/")[-1],
+    common = dict(engine="expresslane", model=args.model.rstrip("/").split("/")[-1], policy=args.scheduling_policy,
                   backend=type(core.runner.attn_backend).__name__, cuda_graphs=core.runner.decode_graphs is not None)
     greedy = lambda n: SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)  # noqa: E731
     llm.generate([{"prompt_token_ids": p} for p in prompts_of(4, 64, vocab)], greedy(8), use_tqdm=False)  # warm-up
@@ -177,6 +177,7 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--only", choices=("engine", "hf"), help="run one side (each wants the whole GPU)")
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    ap.add_argument("--scheduling-policy", default="deadline", help="the engine's (deadline: its default)")
     ap.add_argument("--ttft-lengths", type=lambda s: [int(x) for x in s.split(",")],
                     default=[16, 128, 512, 2048, 8192])
     ap.add_argument("--benches", type=lambda s: s.split(","), default=["decode", "ttft", "throughput"],

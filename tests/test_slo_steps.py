@@ -329,3 +329,25 @@ def test_a_short_prompt_past_its_first_chunk_goes_before_a_long_one_past_its_dea
     # its rest before the long prompt's chunks: the long one takes only what the short one's last leaves
     assert all("long" not in c for c in chunks[1:-1]) and len(chunks) <= 3, chunks
     assert sched.running["long"].num_computed_tokens < 8192
+
+
+def test_a_prompt_arriving_to_an_idle_engine_goes_whole_when_it_fits_a_quarter_of_the_ttft_target():
+    """Nothing running, nobody else waiting: a prompt whose whole prefill the model predicts
+    within TTFT / 4 (the bound of a lone prompt's later steps) takes one step: more would add
+    their fixed costs to its TTFT. Beside another waiting prompt, or longer than that, its first
+    step stays within a decode's slack."""
+    def first_chunks(*lengths: int) -> list[int]:
+        sched = scheduler([0.0])
+        for i, n in enumerate(lengths):
+            sched.add_request(request(f"p{i}", n, 4, 0.0))
+        return [len(s.token_ids) for s in sched.schedule().seqs]
+
+    def prefill(n: int) -> float:
+        return H200.predict(StepShape(0).plus_chunk(0, n))
+
+    fits, too_long = 2048, 8192
+    assert prefill(fits) <= TTFT / 4 < prefill(too_long)
+    slack_bound = (1 + SLACK) * H200.predict(StepShape(1))
+    assert first_chunks(fits) == [fits]
+    for chunks in (first_chunks(fits, fits), first_chunks(too_long)):
+        assert all(prefill(n) <= slack_bound for n in chunks)

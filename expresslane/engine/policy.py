@@ -150,7 +150,8 @@ class DeadlinePolicy(SchedulingPolicy):
         busy = {lane for lane, n in waiting_by_lane.items() if n} | {r.lane for r in running}
         if ("interactive" in busy and self.cost_model is not None
                 and self.config.long_prefill_token_threshold is None):
-            sized = self.slo_sized(head, running, now, spec_tokens)
+            idle = not running and sum(waiting_by_lane.values()) == 1
+            sized = self.slo_sized(head, running, now, spec_tokens, idle)
             budget.tokens, budget.prefill_cap, budget.running_prefill = sized
         if "interactive" in busy:
             share = int(self.lanes["batch"].share * budget.tokens)
@@ -160,7 +161,7 @@ class DeadlinePolicy(SchedulingPolicy):
         return budget
 
     def slo_sized(self, head: Request | None, running: Collection[Request], now: float,
-                  spec_tokens: int = 0) -> tuple[int, int, int]:
+                  spec_tokens: int = 0, idle: bool = False) -> tuple[int, int, int]:
         """(the step's tokens, the prefill cap, what the running prompts' chunks may take
         together) while interactive work is on, by the step-cost model. The cap (``room``) is
         the prefill that keeps the step within ``(1 + slack)``
@@ -186,7 +187,11 @@ class DeadlinePolicy(SchedulingPolicy):
           prompts shares one step), but none takes more than ``room``. With nobody waiting
           either, a lone prompt's chunk may double what it has computed, in steps of at most a
           quarter of the interactive TTFT target: a burst right behind it meets a short first
-          step, and a request arriving later waits one bounded step."""
+          step, and a request arriving later waits one bounded step. A prompt arriving to an
+          idle engine (``idle``: nothing running, nobody else waiting) whose whole prefill fits
+          that quarter goes in one step: split, it paid more steps' fixed costs to spare an
+          arrival a wait no longer than a later step's (qwen3-30b-a3b on the H200, 128 / 2,048
+          tokens: 13.6 / 53.2 ms in growing chunks, 9.4 / 32.1 in one step)."""
         slo = self.lanes["interactive"]
         decodes, start, pace = [], 0, False
         for r in running:
@@ -212,6 +217,8 @@ class DeadlinePolicy(SchedulingPolicy):
             if head is None:  # nor anyone waiting: a lone prompt's chunk may double what it has computed,
                 # in steps a request arriving meanwhile waits behind for at most a quarter of its TTFT target
                 room = max(room, min(start, self.cost_model.max_chunk(base, start, limit, slo.ttft / 4)))
+            elif idle and self.cost_model.predict(StepShape(0).plus_chunk(0, head.num_tokens)) <= slo.ttft / 4:
+                room = max(room, head.num_tokens)
             return top, room, top
         if head is None or head.lane != "interactive":
             return min(top, base.num_tokens + room), room, room
