@@ -12,7 +12,7 @@ run out (engine/policy.py).
 
 Spec (``--lane-slo``): ``interactive:ttft=200ms,tpot=25ms,slack=1.0;batch:ttft=30s,share=0.25,queue=64``
 (``queue``: the server refuses new requests of a lane with that many already waiting;
-``slack``: how much a prefill chunk may lengthen the interactive decodes' step, see
+``slack``: how much longer than a lone decode's step a prefill chunk may make a step, see
 engine/policy.py).
 The spec is parsed once, into ``Lanes``, when the config is built (``SchedulerConfig``);
 the scheduler and the server read the typed value.
@@ -31,8 +31,9 @@ class LaneSLO:
     tpot: float  # seconds
     share: float  # batch: its fraction of a step while interactive work is on (interactive: unused)
     queue: int = 0  # the server's cap on this lane's waiting requests (0 = none; over it: 503)
-    # interactive: how much longer than its decodes alone a step may be made by the prefill it
-    # carries (1.0: twice as long), by the step-cost model; the `tpot` target bounds it in any case
+    # interactive: how much longer than a lone decode's step a step may be made by the prefill it
+    # carries (1.0: twice as long; or its decodes' own step, if longer), by the step-cost model;
+    # the `tpot` target bounds it in any case
     slack: float = 0.0
 
 
