@@ -1,5 +1,6 @@
 """The fused MoE path at decode sizes, one layer of a real shape (issue #17): where a layer's
-time goes (router matmul, route, align, the two grouped GEMMs, the sum over slots), the grouped
+time goes (router matmul, route, align, the two grouped GEMMs, the sum over slots: on one rank the
+engine leaves it to the next fused RMSNorm, so it shows what that fold saves), the grouped
 GEMMs' tiles swept, and cuBLAS on the same experts one linear at a time, each against the
 routed weights' read floor.
 

@@ -128,6 +128,7 @@ def test_a_fused_block_on_int4_experts_equals_the_reference_block():
     x = torch.randn(9, hidden, generator=gen)
     slots = torch.arange(9)
     ref, out = (block(x, slots) for block in blocks)
+    out = out.sum(1)  # the fused block on one rank leaves each token's k expert rows to the next norm
     assert torch.allclose(out, ref, atol=1e-4, rtol=1e-4), (out - ref).abs().max()
     assert torch.equal(blocks[0].expert_tokens, blocks[1].expert_tokens) and int(blocks[1].expert_tokens.sum()) == 18
 

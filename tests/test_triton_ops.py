@@ -31,6 +31,24 @@ def test_rms_norm(dtype, hidden):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("parts", [2, 8])
+def test_rms_norm_sums_a_rows_parts_first(dtype, parts):
+    """The fused MoE hands the next norm each token's k expert rows: summed in the kernel (float32,
+    one rounding, as torch's sum), then as with one row."""
+    g = torch.Generator().manual_seed(parts)
+    hidden = 96
+    x = (torch.randn(5, parts, hidden, generator=g) / parts).to(dtype)
+    r = torch.randn(5, hidden, generator=g).to(dtype)
+    w = torch.randn(hidden, generator=g).to(dtype).to(DEVICE)
+    out, res = triton_ops.rms_norm(x.to(DEVICE), w, 1e-6, residual=r.to(DEVICE))
+    ref_out, ref_res = triton_ops.rms_norm(x.sum(1).to(DEVICE), w, 1e-6, residual=r.to(DEVICE))
+    assert out.shape == res.shape == r.shape
+    # one summation order against another: float32 sums may differ in their last bit
+    tol = 1e-6 if dtype == torch.float32 else 1e-2
+    assert torch.allclose(res.float(), ref_res.float(), atol=tol) and torch.allclose(out.float(), ref_out.float(), atol=tol)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_silu_and_mul(dtype):
     x = torch.randn(5, 2 * 300, generator=torch.Generator().manual_seed(0)).to(dtype)
     gate, up = x.float().chunk(2, dim=-1)

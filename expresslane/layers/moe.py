@@ -104,15 +104,18 @@ class SparseMoE(nn.Module):
         self.register_buffer("expert_tokens", torch.zeros(num_experts, dtype=torch.int64), persistent=False)
 
     def experts(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
-                all_routed: bool = False) -> torch.Tensor:
-        """This rank's experts on x; ids are local (-1: not here; `all_routed`: none is)."""
+                all_routed: bool = False, summed: bool = True) -> torch.Tensor:
+        """This rank's experts on x; ids are local (-1: not here; `all_routed`: none is). Fused and
+        not `summed`: each token's k weighted expert rows, [T, k, H] (fused_experts)."""
         if self.fused:
             from expresslane.layers.fused_moe import fused_experts
-            return fused_experts(x, self.w13, self.w2, weights, ids, all_routed)
+            return fused_experts(x, self.w13, self.w2, weights, ids, all_routed, summed)
         return torch_experts(x, self.w13, self.w2, weights, ids)
 
     def forward(self, x: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
-        """x [T, H]; tokens with slot -1 (CUDA-graph padding) are not counted."""
+        """x [T, H] -> [T, H], or on one rank with the fused kernels [T, k, H], the rows that sum
+        to it (the decoder's next RMSNorm, fused, takes them); tokens with slot -1 (CUDA-graph
+        padding) are not counted."""
         logits = self.gate(x)
         if self.fused:  # one kernel: softmax, top-k, renormalisation, counters
             from expresslane.layers.fused_moe import fused_route
@@ -123,6 +126,8 @@ class SparseMoE(nn.Module):
             self.expert_tokens.scatter_add_(0, ids.flatten(), real[:, None].expand(ids.shape).flatten())
         if self.tp.expert_parallel:
             return dispatch_combine(x, weights, ids, self.experts_per_rank, self.tp, self.experts)
+        if self.fused and self.tp.size == 1:  # [T, k, H]: the next layer's fused RMSNorm sums them
+            return self.experts(x, weights, ids, all_routed=True, summed=False)
         return self.tp.all_reduce(self.experts(x, weights, ids, all_routed=True))
 
     # -- weights -------------------------------------------------------------------------------

@@ -26,7 +26,8 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        """Without `residual`: norm(x). With it: (norm(x + residual), x + residual)."""
+        """Without `residual`: norm(x). With it: (norm(x + residual), x + residual); fused, x may
+        then come in parts [T, P, n] that sum to it (the fused MoE's per-expert rows)."""
         if self.fused:
             from expresslane.layers.triton_ops import rms_norm
             return rms_norm(x, self.weight, self.eps, residual, self.fp8_out)

@@ -34,11 +34,19 @@ def _store_fp8_row(y, q_ptr, scale_ptr, row, i, m):
 
 @triton.jit
 def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, q_ptr, scale_ptr, stride_x, stride_r, stride_o, n,
-                    eps, HAS_RES: tl.constexpr, FP8_OUT: tl.constexpr, BLOCK: tl.constexpr):
+                    eps, HAS_RES: tl.constexpr, FP8_OUT: tl.constexpr, BLOCK: tl.constexpr, PARTS: tl.constexpr):
+    """PARTS > 1: x's row holds that many rows of n to sum first (a token's experts), in float32
+    and rounded once, as torch's sum of them."""
     row = tl.program_id(0).to(tl.int64)
     i = tl.arange(0, BLOCK)
     m = i < n
-    x = tl.load(x_ptr + row * stride_x + i, mask=m, other=0.0)
+    if PARTS > 1:
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        for p in tl.static_range(PARTS):
+            acc += tl.load(x_ptr + row * stride_x + p * n + i, mask=m, other=0.0).to(tl.float32)
+        x = acc.to(x_ptr.dtype.element_ty)
+    else:
+        x = tl.load(x_ptr + row * stride_x + i, mask=m, other=0.0)
     if HAS_RES:
         x = x + tl.load(res_ptr + row * stride_r + i, mask=m, other=0.0)
         tl.store(res_out_ptr + row * n + i, x, mask=m)
@@ -60,18 +68,21 @@ def _fp8_buffers(rows: int, n: int, device: torch.device) -> tuple[torch.Tensor,
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
              fp8_out: bool = False):
     """Like RMSNorm.forward: norm(x), or (norm(x + residual), x + residual); with `fp8_out`
-    (x [T, n]) the norm comes as an Fp8Activation."""
+    (x [T, n]) the norm comes as an Fp8Activation. With a residual, x may be [T, P, n]: P parts
+    of each row (the fused MoE's rows of a token's experts), summed here first."""
     n = x.shape[-1]
-    x2 = x.reshape(-1, n)
-    out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    parts = x.shape[-2] if residual is not None and x.dim() == residual.dim() + 1 else 1
+    shape = residual.shape if parts > 1 else x.shape
+    x2 = x.reshape(-1, parts * n)
+    out = torch.empty(x2.shape[0], n, dtype=x.dtype, device=x.device)
     res_out = torch.empty_like(out) if residual is not None else out
     r2 = residual.reshape(-1, n) if residual is not None else x2
     q, scale = _fp8_buffers(x2.shape[0], n, x.device) if fp8_out else (out, out)
     _rmsnorm_kernel[(x2.shape[0],)](x2, r2, weight, out, res_out, q, scale, x2.stride(0), r2.stride(0), out.stride(0),
                                     n, eps, HAS_RES=residual is not None, FP8_OUT=fp8_out, BLOCK=_pow2(n),
-                                    num_warps=4 if n <= 4096 else 8)
-    normed = Fp8Activation(out, q, scale) if fp8_out else out.view(x.shape)
-    return normed if residual is None else (normed, res_out.view(x.shape))
+                                    PARTS=parts, num_warps=4 if n <= 4096 else 8)
+    normed = Fp8Activation(out, q, scale) if fp8_out else out.view(shape)
+    return normed if residual is None else (normed, res_out.view(shape))
 
 
 @triton.jit
