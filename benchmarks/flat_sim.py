@@ -12,6 +12,7 @@ import argparse
 import json
 import random
 import statistics
+from pathlib import Path
 
 import numpy as np
 
@@ -26,13 +27,12 @@ from expresslane.engine.request import Request
 from expresslane.engine.scheduler import Scheduler
 from expresslane.sampling_params import SamplingParams
 
-# The step-cost model the engine calibrated at start-up on one H200 (Llama-3-8B shape, bf16,
-# CUDA graphs; /load of `gpu.sh flat`, 2026-12-01). Prefill steps run outside the decode
-# graphs: a 256-token step costs 10.2 ms, twice its share of a 2048-token one (37.8 ms).
-H200 = StepCostModel([1, 16, 32, 64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048],
-                     [5.11e-3, 5.41e-3, 5.58e-3, 7.32e-3, 7.32e-3, 8.07e-3, 10.16e-3, 10.92e-3, 12.54e-3,
-                      18.68e-3, 22.17e-3, 32.85e-3, 37.81e-3],
-                     k_decode=3.53e-8, k_prefill=3.13e-9)
+# The step-cost model the engine calibrated at start-up on one H200 (Llama-3-8B shape, bf16, CUDA
+# graphs, main b1bae41), as session 13's replay published it (docs/performance.md, "Flat latency
+# through HTTP"): what the simulations since session 15 ran on. (Until then the default was the
+# model of 2026-12-01, before the mixed-step graphs and the attention padding fix.)
+with open(Path(__file__).with_name("flat_sim_h200.json")) as _f:
+    H200 = StepCostModel.from_dict(json.load(_f))
 
 # What the same steps would cost at the H200's floors (DESIGN §8), 8B shape: the linear layers
 # read 15.0 GB of weights (3.51 ms at 4.27 TB/s) or compute 2 x 7.5e9 FLOP a token at 805
