@@ -48,7 +48,8 @@ def _cases():
     fp8_out = dict(q_ptr="*fp8e4nv", scale_ptr="*fp32")
     for has_res in (True, False):
         for fp8 in (False, True):
-            yield "_rmsnorm_kernel", "bf16", dict(HAS_RES=has_res, FP8_OUT=fp8, BLOCK=4096), fp8_out
+            yield "_rmsnorm_kernel", "bf16", dict(HAS_RES=has_res, FP8_OUT=fp8, BLOCK=4096, PARTS=1), fp8_out
+    yield "_rmsnorm_kernel", "bf16", dict(HAS_RES=True, FP8_OUT=False, BLOCK=2048, PARTS=8), fp8_out  # MoE rows
     for fp8, block in ((False, 1024), (True, 16384)):
         yield "_silu_mul_kernel", "bf16", dict(FP8_OUT=fp8, BLOCK=block), fp8_out
     # quantized linear layers (quant/kernels.py): FP8 per-channel, INT4 by groups; every tile shape
