@@ -139,9 +139,13 @@ class DeadlinePolicy(SchedulingPolicy):
         if req.ttft_deadline is None:
             work = 0.0
             if self.cost_model is not None and req.num_prompt_tokens > 1:
-                work = self.cost_model.predict(StepShape(0).plus_chunk(0, req.num_prompt_tokens))
+                work = self.prefill_alone(req.num_prompt_tokens)
             req.ttft_deadline = req.arrival_time + self.lanes[req.lane].ttft + PREFILL_STRETCH * work
         return req.ttft_deadline
+
+    def prefill_alone(self, tokens: int) -> float:
+        """A prompt's whole prefill in one step with nothing beside it, by the cost model."""
+        return self.cost_model.predict(StepShape(0).plus_chunk(0, tokens))
 
     def step_budget(self, head: Request | None, running: Collection[Request],
                     waiting_by_lane: dict[str, int], now: float = 0.0, spec_tokens: int = 0) -> StepBudget:
@@ -204,8 +208,9 @@ class DeadlinePolicy(SchedulingPolicy):
             elif left > 1:
                 start = max(start, r.num_computed_tokens)  # the costliest place a chunk may go
         base = StepShape.of(decodes)
-        alone = self.cost_model.predict(base if decodes else StepShape(1))
-        target = min(slo.tpot, max((1.0 + slo.slack) * self.cost_model.predict(StepShape(1)), alone))
+        lone = self.cost_model.predict(StepShape(1))  # a lone decode's step: what the slack counts from
+        alone = self.cost_model.predict(base) if decodes else lone
+        target = min(slo.tpot, max((1.0 + slo.slack) * lone, alone))
         if head is not None:
             late, ttft = now - self.deadline(head), self.lanes[head.lane].ttft
             if late > ttft:
@@ -221,7 +226,7 @@ class DeadlinePolicy(SchedulingPolicy):
                 # prompts running together share that room (two taking it each made a step twice as long)
                 room = max(room, min(start, self.cost_model.max_chunk(base, start, limit, slo.ttft / 8)))
                 return top, room, room
-            if idle and self.cost_model.predict(StepShape(0).plus_chunk(0, head.num_tokens)) <= slo.ttft / 4:
+            if idle and self.prefill_alone(head.num_tokens) <= slo.ttft / 4:
                 room = max(room, head.num_tokens)
             return top, room, top
         if head is None or head.lane != "interactive":
