@@ -126,20 +126,21 @@ def _attend_keys(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, table_ptr, start, h
     kv_off = page.to(tl.int64) * stride_kb + (n % PAGE) * stride_ks + kv_head_off
     k = _load_kv(k_cache_ptr + kv_off[None, :] + d[:, None], n_ok[None, :] & d_ok[:, None], d_ok[:, None], CAUSAL,
                  MASK_D).to(q.dtype)  # (a no-op unless the cache is FP8)
-    s = tl.dot(q, k, input_precision=PRECISION) * qk_scale
+    s = tl.dot(q, k, input_precision=PRECISION)
     if CAUSAL:
-        s = tl.where(n_ok[None, :] & (n[None, :] <= q_pos[:, None]), s, float("-inf"))
+        s = tl.where(n_ok[None, :] & (n[None, :] <= q_pos[:, None]), s * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that sees no key yet
-    else:
-        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.math.exp2(s - m_safe[:, None])
+    else:  # every key visible: the scale rides in one multiply-add per score (qk_scale > 0)
+        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
         m_safe = m_new
-    p = tl.math.exp2(s - m_safe[:, None])
+        p = tl.math.exp2(s * qk_scale - m_safe[:, None])
     alpha = tl.math.exp2(m_i - m_safe)
     l_i = l_i * alpha + tl.sum(p, 1)
     v = _load_kv(v_cache_ptr + kv_off[:, None] + d[None, :], n_ok[:, None] & d_ok[None, :], d_ok[None, :], CAUSAL,
                  MASK_D).to(q.dtype)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
     return acc, m_new, l_i
 
 
