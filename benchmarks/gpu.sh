@@ -67,8 +67,8 @@
 #            before; KERNELS_QUICK=1: fewer tiles and cases
 #   split:   a short prefill chunk (16-256 tokens) after 8k / 32k keys, one layer of the 8B shape: prefill
 #            items whole vs cut over their keys, at the default and at 4 / 8 waves (us, KV TB/s); the split
-#            tests of the attention tiles first (the tables' tiles); SPLIT_TILES=1: the split items at 32k
-#            under 8 other tiles too (is a program's slow walk over its keys the tile's?)
+#            tests of the attention tiles first (the tables' tiles); SPLIT_TILES=1: chunks of 24-1024 tokens,
+#            the split items under 10 other tiles (the tile for chunks after long context)
 #   longctx: issue #18 through HTTP (llama-3-8b, `serve --max-model-len 33792`): TTFT of a 16k and a 32k
 #            prompt sent alone and the ITL of their decode, batch-1 ITL at 1k, next to vLLM's and the floors;
 #            then TTFT 16k / 32k again with `--prefill-attention cudnn`

@@ -169,7 +169,7 @@ def test_a_long_item_beside_a_full_wave_is_split_to_the_fair_share():
     It is cut to the fair share: its 8,192 keys plus the prompt's 8,448 and the short decode's
     100, over 2 waves of 132 programs, x 8 KV heads: 508 keys, so slices of 512. The short
     decode and the prompt's items stay whole; the slots fit `split_rows`, the rows the grid."""
-    backend = triton_backend.TritonAttentionBackend(32, 8, 128, DEVICE)
+    backend = triton_backend.TritonAttentionBackend(32, 8, 128, DEVICE, prefill_tiles=only(PrefillTile()))
     backend.sms = 132
     qsl, lens = [0, 1, 2, 514], [8192, 100, 512]
     work = backend.plan_prefill(qsl, lens, 0, PrefillTile())

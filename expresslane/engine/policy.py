@@ -104,6 +104,9 @@ MIN_CHUNK = 16  # prefill tokens a step may always carry, whatever the cost mode
 # before long ones that arrived up to this stretch of their work earlier, and no long prompt
 # waits forever. Tuned in simulated time on the H200's step costs (benchmarks/flat_sim.py).
 PREFILL_STRETCH = 16.0
+# With no decodes running and nobody waiting, the running prompts' steps together last at most the
+# interactive TTFT target over this: what a request arriving meanwhile waits before its own step.
+LONE_STEP_SHARE = 8
 
 
 class DeadlinePolicy(SchedulingPolicy):
@@ -224,7 +227,7 @@ class DeadlinePolicy(SchedulingPolicy):
             if head is None:  # nor anyone waiting: a lone prompt's chunk may double what it has computed,
                 # in steps a request arriving meanwhile waits behind for at most an eighth of its TTFT target;
                 # prompts running together share that room (two taking it each made a step twice as long)
-                room = max(room, min(start, self.cost_model.max_chunk(base, start, limit, slo.ttft / 8)))
+                room = max(room, min(start, self.cost_model.max_chunk(base, start, limit, slo.ttft / LONE_STEP_SHARE)))
                 return top, room, room
             if idle and self.prefill_alone(head.num_tokens) <= slo.ttft / 4:
                 room = max(room, head.num_tokens)
