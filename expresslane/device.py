@@ -10,6 +10,8 @@ attention) count their programs in on them to let the last one finish the sum.
 
 from __future__ import annotations
 
+import mmap
+
 import numpy as np
 import torch
 
@@ -58,11 +60,19 @@ def arrival_counters(device: torch.device) -> torch.Tensor:
 
 
 def kv_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A zeroed KV cache. On the host, zeroed by the allocator (calloc: fresh pages are the
-    kernel's zero pages, written on first touch) rather than by a pass over it: torch.zeros
-    wrote the whole 4 GiB default budget at every CPU engine start (3 s on the 2-core machine,
-    12 s beside other jobs) and committed it, whatever the requests would use."""
+    """A zeroed KV cache. On the host, a fresh anonymous mapping (the kernel's zero pages,
+    written on first touch) rather than a pass over it: torch.zeros wrote the whole 4 GiB
+    default budget at every CPU engine start (3 s on the 2-core machine, 12 s beside other
+    jobs) and committed it, whatever the requests would use. Not calloc (np.zeros): glibc
+    serves a large calloc from a free heap chunk when the process has one big enough (a heap
+    fragmented by earlier work: chunks under its dynamic 32 MiB mmap threshold, freed) and then
+    memsets it, committing the pages (tests/test_kv_alloc.py failed that way, +84 MiB of 128)."""
     if device.type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
     nbytes = int(np.prod(shape)) * dtype.itemsize
-    return torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(dtype).view(shape)
+    if nbytes == 0:
+        return torch.zeros(shape, dtype=dtype)
+    buf = mmap.mmap(-1, nbytes)  # private, anonymous; unmapped when the tensor (which holds it) is freed
+    if hasattr(mmap, "MADV_HUGEPAGE"):  # as numpy did for the calloc'd buffer: 2 MiB pages where the kernel allows
+        buf.madvise(mmap.MADV_HUGEPAGE)
+    return torch.frombuffer(buf, dtype=torch.uint8).view(dtype).view(shape)
