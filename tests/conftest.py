@@ -22,6 +22,20 @@ sys.path.insert(0, str(Path(__file__).parent))  # tests/models.py
 from models import ARCHS, build_model  # noqa: E402
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_cache(tmp_path_factory):
+    """Presets the tests build and the batch stores of servers started without `--batch-store`
+    go to a directory of this run (servers inherit it), not the user's ~/.cache/expresslane,
+    which two xdist workers and every past run shared. An explicit EXPRESSLANE_CACHE stays."""
+    if os.environ.get("EXPRESSLANE_CACHE"):
+        yield
+        return
+    mp = pytest.MonkeyPatch()
+    mp.setenv("EXPRESSLANE_CACHE", str(tmp_path_factory.mktemp("expresslane-cache")))
+    yield
+    mp.undo()
+
+
 @pytest.fixture(scope="session")
 def model_dirs(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("models")
