@@ -57,6 +57,7 @@ class DecodeTile:
 
 # {padded head dim: ((smallest key, tile), ...)} in increasing key order; the last entry whose
 # key is <= the step's wins. Prefill key: the step's prefill tokens; decode key: the batch size.
+# Entries that repeat a tile keep their key ranges: attention_bench.py suggests a tile per range.
 Table = dict[int, tuple[tuple[int, object], ...]]
 # Measured winners (H200, head dim 128, bf16; docs/performance.md): prefill r128-n128-w8 from 1024
 # tokens (2026-12-01, `gpu.sh kernels` and `longctx`: 350 vs 325 TFLOP/s for a 2048 chunk after 30k
@@ -70,7 +71,7 @@ Table = dict[int, tuple[tuple[int, object], ...]]
 _P, _D = PrefillTile(), DecodeTile()
 _P_LONG = PrefillTile(rows=128, block_n=128, num_warps=8)
 PREFILL_TILES: Table = {64: ((0, _P), (1024, _P), (4096, _P), (16384, _P)),
-                        128: ((0, _P_LONG),)}
+                        128: ((0, _P_LONG), (1024, _P_LONG), (4096, _P_LONG), (16384, _P_LONG))}
 DECODE_TILES: Table = {64: ((1, _D), (2, _D), (32, _D)),
                        128: ((1, DecodeTile(max_splits=64, waves=4)), (2, _D), (32, _D))}
 # An FP8 cache (H200, 2026-12-02, `gpu.sh gemv`: kv_attention_bench, batch 64 x 8k, head dim 128):
