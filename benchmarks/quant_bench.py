@@ -42,7 +42,8 @@ MEASURES = ("decode", "ttft", "throughput", "long", "accuracy")
 
 
 def prompts_of(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
-    rng = random.Random(seed)
+    """The seed is drawn with the length: prompts of different lengths share no prefix (gpu_bench)."""
+    rng = random.Random(f"{seed}-{length}")
     return [[rng.randrange(min(vocab, 30000)) for _ in range(length)] for _ in range(n)]
 
 
