@@ -81,14 +81,16 @@ def test_triton_backend_matches_transformers(model_dirs, references):
     assert llm.engine.core.scheduler.num_preemptions > 0 and max(o.num_cached_tokens for o in outs) > 0
 
 
-def test_library_prefill_matches_transformers(model_dirs, references, monkeypatch):
-    """prefill_attention="cudnn": long prefill seqs through the library path (torch's CPU flash
-    op stands in for cuDNN on CPU) in eager steps beside the Triton kernel's seqs and decodes,
-    with graphs built: chunks after cached tokens (split + merge) and whole prompts."""
+@pytest.mark.parametrize("library", ["cudnn", "auto"])
+def test_library_prefill_matches_transformers(model_dirs, references, monkeypatch, library):
+    """Long prefill seqs through the library path (torch's CPU flash op stands in for cuDNN on
+    CPU) in eager steps beside the Triton kernel's seqs and decodes, with graphs built. cudnn:
+    chunks after cached tokens (split + merge) and whole prompts; auto: whole prompts only."""
     pytest.importorskip("triton")
     from expresslane.attention import triton_backend
 
     monkeypatch.setattr(triton_backend.TritonAttentionBackend, "LIBRARY_MIN_TOKENS", 24)
+    monkeypatch.setattr(triton_backend.TritonAttentionBackend, "FRESH_MIN_TOKENS", 24)
     calls = []
     real = triton_backend.seq_attention
     monkeypatch.setattr(triton_backend, "seq_attention", lambda q, kv, meta, i, *a: (
@@ -96,13 +98,16 @@ def test_library_prefill_matches_transformers(model_dirs, references, monkeypatc
         real(q, kv, meta, i, *a))[1])
     arch = "qwen2"  # grouped heads (2 per KV head)
     picked = [0, 9, 14]  # 1, 128 and 300 tokens
-    llm = LLM(str(model_dirs[arch]), attention_backend="triton", prefill_attention="cudnn", max_num_batched_tokens=96,
+    llm = LLM(str(model_dirs[arch]), attention_backend="triton", prefill_attention=library, max_num_batched_tokens=96,
               max_model_len=384, num_kv_blocks=64, scheduling_policy="fcfs")
     llm.engine.core.runner.build_graphs(llm.config.model.max_model_len, capture=False)
     outs = llm.generate([{"prompt_token_ids": PROMPTS[i]} for i in picked], GREEDY, use_tqdm=False)
     mismatched = [i for i, o in zip(picked, outs) if o.outputs[0].token_ids != references[arch][i]]
     assert not mismatched, f"prompts {mismatched} differ from transformers"
-    assert 0 in calls and any(c > 0 for c in calls), calls  # whole prompts and chunks after cached keys
+    if library == "cudnn":
+        assert 0 in calls and any(c > 0 for c in calls), calls  # whole prompts and chunks after cached keys
+    else:
+        assert calls and set(calls) == {0}, calls  # prompts and first chunks (nothing cached) only
 
 
 @pytest.mark.parametrize("split", [False, True], ids=["whole", "split"])

@@ -79,7 +79,7 @@ def get_backend(name: str, num_heads: int, num_kv_heads: int, head_dim: int,
     if name == "auto":
         name = "triton" if device.type == "cuda" else "torch"
     if name == "torch":
-        if prefill_library != "triton":
+        if prefill_library == "cudnn":  # auto: the torch backend has one prefill path
             raise ValueError(f"prefill_attention {prefill_library!r} needs the triton attention backend (the torch "
                              "backend has one prefill path)")
         from expresslane.attention.torch_backend import TorchAttentionBackend

@@ -7,7 +7,8 @@ KV head), and for an item with more keys than the launch's fair share of a progr
 slice of its keys too (`plan_prefill`); `prepare` picks the step's prefill tile by its prefill tokens
 (triton_tiles.py) and builds the work list, the items with the most keys first. With `prefill_library`
 "cudnn", prefill seqs of at least `LIBRARY_MIN_TOKENS` query tokens run through cuDNN
-instead (library_prefill.py), in eager steps (`eager_step`).
+instead (library_prefill.py), in eager steps (`eager_step`); with "auto", only prompts of at
+least `FRESH_MIN_TOKENS` with nothing cached do.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ def _smem_bytes(device: torch.device) -> int | None:
 class TritonAttentionBackend:
     supports_cuda_graphs = True
     fused_ops = True
-    LIBRARY_MIN_TOKENS = 512  # query tokens of a prefill seq that the library runs (prefill_library set)
+    LIBRARY_MIN_TOKENS = 512  # query tokens of a prefill seq that the library runs (prefill_library "cudnn")
+    FRESH_MIN_TOKENS = 4096  # "auto": a prompt with nothing cached, past the mixed graphs' sizes
     SPLIT_MIN_KEYS = 512  # keys a slice of a split prefill item has at least
     MAX_PREFILL_SPLITS = 16  # slices of one item at most
     SPLIT_WAVES = 2  # split items fill about this many waves of programs
@@ -54,7 +56,11 @@ class TritonAttentionBackend:
         if prefill_library not in LIBRARIES:
             raise ValueError(f"prefill_attention must be one of {', '.join(LIBRARIES)}, got {prefill_library!r}")
         # the library reads the cache as it is: not an FP8 one (its scales are ours)
-        self.library = prefill_library != "triton" and kv_dtype.itemsize > 1
+        self.fresh_only = prefill_library == "auto"
+        # auto: where it was measured (Hopper) or on the interpreter, whose CPU stand-in the tests run
+        measured = device.type != "cuda" or (torch.backends.cudnn.is_available()
+                                             and torch.cuda.get_device_capability(device) >= (9, 0))
+        self.library = prefill_library != "triton" and kv_dtype.itemsize > 1 and (measured or not self.fresh_only)
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.group = num_heads // num_kv_heads
         self.g_pad = _pow2(self.group)
@@ -148,18 +154,21 @@ class TritonAttentionBackend:
                                          torch.empty(*shape, 2, dtype=torch.float32, device=device))
         return self._partial_bufs[shape]
 
-    def library_seqs(self, query_start_loc, num_decodes: int) -> tuple[int, ...]:
+    def library_seqs(self, query_start_loc, seq_lens, num_decodes: int) -> tuple[int, ...]:
         """The step's prefill seqs that the library runs (none without `prefill_library`)."""
         if not self.library:
             return ()
-        qsl = np.asarray(query_start_loc, dtype=np.int64)
-        return tuple(int(i) + num_decodes for i in
-                     np.flatnonzero(np.diff(qsl[num_decodes:]) >= self.LIBRARY_MIN_TOKENS))
+        tokens = np.diff(np.asarray(query_start_loc, dtype=np.int64)[num_decodes:])
+        if self.fresh_only:  # nothing cached (a prompt, or a long one's first chunk): its context is its tokens
+            take = (tokens >= self.FRESH_MIN_TOKENS) & (np.asarray(seq_lens)[num_decodes:] == tokens)
+        else:
+            take = tokens >= self.LIBRARY_MIN_TOKENS
+        return tuple(int(i) + num_decodes for i in np.flatnonzero(take))
 
-    def eager_step(self, query_start_loc, num_decodes: int) -> bool:
+    def eager_step(self, query_start_loc, seq_lens, num_decodes: int) -> bool:
         """A step the CUDA graphs must not take: the library runs one of its seqs (its shapes
         follow the seq's length)."""
-        return bool(self.library_seqs(query_start_loc, num_decodes))
+        return bool(self.library_seqs(query_start_loc, seq_lens, num_decodes))
 
     def prepare(self, meta: AttentionMetadata) -> None:
         """Per-step, host-side: the decode tile and split count (by batch size), the prefill
@@ -167,7 +176,7 @@ class TritonAttentionBackend:
         nd = meta.num_decodes
         meta.decode_tile, meta.num_splits = self.decode_tile(nd), self.num_splits(nd)
         qsl = meta.query_start_loc_cpu
-        meta.library_seqs = self.library_seqs(qsl, nd)
+        meta.library_seqs = self.library_seqs(qsl, meta.seq_lens_cpu, nd)
         meta.prefill_work = None
         if len(qsl) > nd + 1:
             meta.prefill_tile = self.prefill_tile(qsl[-1] - qsl[nd])
@@ -238,5 +247,5 @@ class TritonAttentionBackend:
                 num_warps=tile.num_warps, num_stages=tile.num_stages, **common)
         for i in meta.library_seqs:
             out[meta.query_start_loc_cpu[i]:meta.query_start_loc_cpu[i + 1]] = seq_attention(
-                q, kv_cache, meta, i, self.group, scale)
+                q, kv_cache, meta, i, scale)
         return out

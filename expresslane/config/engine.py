@@ -84,8 +84,10 @@ class DeviceConfig:
                                    ("auto", "torch", "triton"))
     enforce_eager: bool = _knob(False, "never capture CUDA graphs")
     prefill_attention: str = _knob(
-        "triton", "who runs prefill chunks of 512+ tokens with the triton backend: triton (our kernel) or cudnn "
-        "(torch's cuDNN attention, in eager steps; docs/performance.md, issue #18)", ("triton", "cudnn"))
+        "auto", "who runs prefill attention with the triton backend: triton (our kernel), cudnn (torch's cuDNN "
+        "attention for every prefill chunk of 512+ tokens, in eager steps) or auto (cuDNN for a prompt of 4096+ "
+        "tokens with nothing cached, on Hopper; our kernel for the rest; docs/performance.md, issue #18)",
+        ("triton", "cudnn", "auto"))
 
 
 @dataclass(frozen=True, slots=True)

@@ -263,7 +263,7 @@ class ModelRunner:
         """Logits at the step's tokens `rows`: a mixed-step graph when the step fits one, else eager."""
         graphs = self.mixed_graphs
         if (graphs is not None and graphs.fits_rows(inputs.num_tokens, len(inputs.seqs), len(rows))
-                and not self.attn_backend.eager_step(inputs.query_start_loc, inputs.num_decodes)):
+                and not self.attn_backend.eager_step(inputs.query_start_loc, inputs.seq_lens, inputs.num_decodes)):
             return graphs.run(inputs, patch, rows)
         input_ids, positions, meta = self._prepare(inputs, patch)
         hidden = self.model(input_ids, positions, meta)
@@ -295,7 +295,7 @@ class ModelRunner:
         if decode_graphs is not None and decode_graphs.fits(num_tokens, num_seqs):
             logits = decode_graphs.run(inputs, patch)
         elif (mixed_graphs is not None and mixed_graphs.fits(num_tokens, num_seqs)
-              and not backend.eager_step(inputs.query_start_loc, inputs.num_decodes)):
+              and not backend.eager_step(inputs.query_start_loc, inputs.seq_lens, inputs.num_decodes)):
             logits = mixed_graphs.run(inputs, patch)
         else:  # eager: the logits of those rows only
             input_ids, positions, meta = self._prepare(inputs, patch, backend)
