@@ -4,11 +4,12 @@ cuDNN has no causal mask aligned to the bottom right, which a chunk after cached
 So a chunk runs as two calls: its queries over the cached keys without a mask, and over its
 own keys under the causal mask (a square there, so top-left and bottom-right agree); the two
 outputs are merged by their log-sum-exps. A prompt with nothing cached is the second call
-alone. K/V are gathered from the seq's pages with their own heads: cuDNN reads grouped K/V
-since torch 2.11 (measured on the H200: equal to expanded K/V, 882 against 1,031 us a layer
-for 8k tokens with the expansion); before it, and on CPU (tests, Triton's interpreter, where
-torch's CPU flash op stands in for cuDNN), they are expanded to every query head first. The
-gather, the split and the merge are the same code everywhere.
+alone. K/V are gathered from the seq's pages and expanded to every query head first (the
+library's GQA support varies by version; torch 2.11's cuDNN op takes grouped K/V, and on the
+H200 its output equalled the expanded call's, 882 against 1,031 us a layer for 8k tokens with
+the expansion, but that path has not yet run through the engine on the GPU). On CPU (tests,
+Triton's interpreter) torch's CPU flash op stands in for cuDNN: the gather, the split and the
+merge are the same code.
 
 Eager only: the shapes follow each seq's length, so steps with such a seq run outside the
 CUDA graphs (`TritonAttentionBackend.eager_step`).
@@ -29,16 +30,9 @@ from expresslane.attention.torch_backend import gather_kv
 LIBRARIES = ("triton", "cudnn", "auto")
 
 
-_GROUPED_KV = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 11)
-
-
 def attend_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out [1, H, L, D], log-sum-exp [1, H, L, 1] float32) of q [1, H, L, D] over k/v [1, KV,
-    *, D], KV dividing H (each KV head serves H / KV query heads in a row)."""
-    group = q.shape[1] // k.shape[1]
-    if group > 1 and not (q.is_cuda and _GROUPED_KV):
-        k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    """(out [1, H, L, D], log-sum-exp [1, H, L, 1] float32) of [1, H, *, D] tensors."""
     if q.is_cuda:
         out, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, causal, False,
                                                                       scale=scale)[:2]
@@ -48,8 +42,8 @@ def attend_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, 
 
 
 def chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    """Causal attention of a chunk's queries q [L, H, D], the last L of the keys k/v [ctx, KV, D]:
-    [L, H, D]."""
+    """Causal attention of a chunk's queries q [L, H, D], the last L of the keys k/v [ctx, H, D]
+    (heads expanded): [L, H, D]."""
     cached = k.shape[0] - q.shape[0]
     qh, kh, vh = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))
     out, lse = attend_lse(qh, kh[:, :, cached:], vh[:, :, cached:], True, scale)
@@ -61,10 +55,11 @@ def chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: fl
     return out.squeeze(0).transpose(0, 1).to(q.dtype)
 
 
-def seq_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, seq: int,
+def seq_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, seq: int, group: int,
                   scale: float) -> torch.Tensor:
     """Prefill seq `seq` of the step (its rows of q [T, H, D]) over the paged cache [2, blocks,
     page, KV, D] of a 16-bit (or float32) dtype: [its tokens, H, D]."""
     lo, hi = meta.query_start_loc_cpu[seq], meta.query_start_loc_cpu[seq + 1]
-    k, v = gather_kv(kv_cache, meta.block_tables[seq:seq + 1], meta.seq_lens_cpu[seq])
-    return chunk_attention(q[lo:hi], k[0], v[0], scale)
+    k, v = (x[0].repeat_interleave(group, 1) if group > 1 else x[0]
+            for x in gather_kv(kv_cache, meta.block_tables[seq:seq + 1], meta.seq_lens_cpu[seq]))
+    return chunk_attention(q[lo:hi], k, v, scale)
