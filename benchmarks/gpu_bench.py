@@ -11,25 +11,16 @@ for transformers where it applies.
 from __future__ import annotations
 
 import argparse
-import random
 import statistics
 import time
 
 import torch
-from _shared import busy_us, emit, kernel_intervals, launch_steps
+from _shared import busy_us, emit, kernel_intervals, launch_steps, prompts_of
 
 from expresslane.bench.floors import H200_PEAK_BANDWIDTH as PEAK_BW
 from expresslane.bench.floors import H200_PEAK_FLOPS as PEAK_FLOPS
 from expresslane.bench.floors import decode_weight_bytes
-from expresslane.bench.inprocess import random_prompts
 from expresslane.config.engine import DeviceConfig
-
-
-def prompts_of(n: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
-    """n prompts of `length` tokens; the seed is drawn with the length, so prompts of different
-    lengths never share a prefix (with one seed for all, the 8k prompt began with the 2k one's
-    2,048 tokens, which the prefix cache served: sessions 1-16's 8k TTFT computed 6,142 tokens)."""
-    return random_prompts(random.Random(f"{seed}-{length}"), vocab, [length] * n)
 
 
 def forward_flops(cfg, tokens: int) -> float:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import gc
 import math
-import random
 import statistics
 import sys
 import tempfile
@@ -28,7 +27,7 @@ import time
 from pathlib import Path
 
 import torch
-from _shared import emit
+from _shared import emit, prompts_of
 
 from expresslane.bench.floors import H200_PEAK_BANDWIDTH as PEAK_BW
 from expresslane.bench.floors import H200_PEAK_FLOPS as PEAK_FLOPS
@@ -39,12 +38,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # mod
 
 ENGINES = ("bf16", "fp8", "awq", "bf16-weights-fp8-kv")
 MEASURES = ("decode", "ttft", "throughput", "long", "accuracy")
-
-
-def prompts_of(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
-    """The seed is drawn with the length: prompts of different lengths share no prefix (gpu_bench)."""
-    rng = random.Random(f"{seed}-{length}")
-    return [[rng.randrange(min(vocab, 30000)) for _ in range(length)] for _ in range(n)]
 
 
 def forward_flops(cfg, tokens: int) -> float:
