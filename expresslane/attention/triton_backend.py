@@ -55,12 +55,13 @@ class TritonAttentionBackend:
                  prefill_library: str = "triton"):
         if prefill_library not in LIBRARIES:
             raise ValueError(f"prefill_attention must be one of {', '.join(LIBRARIES)}, got {prefill_library!r}")
-        # the library reads the cache as it is: not an FP8 one (its scales are ours)
+        # auto only where it was measured (Hopper), or on the interpreter, whose CPU stand-in the tests
+        # run; the library reads the cache as it is: not an FP8 one (its scales are ours)
         self.fresh_only = prefill_library == "auto"
-        # auto: where it was measured (Hopper) or on the interpreter, whose CPU stand-in the tests run
-        measured = device.type != "cuda" or (torch.backends.cudnn.is_available()
-                                             and torch.cuda.get_device_capability(device) >= (9, 0))
-        self.library = prefill_library != "triton" and kv_dtype.itemsize > 1 and (measured or not self.fresh_only)
+        if self.fresh_only and device.type == "cuda":
+            hopper = torch.backends.cudnn.is_available() and torch.cuda.get_device_capability(device) >= (9, 0)
+            prefill_library = "auto" if hopper else "triton"
+        self.library = prefill_library != "triton" and kv_dtype.itemsize > 1
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.group = num_heads // num_kv_heads
         self.g_pad = _pow2(self.group)
