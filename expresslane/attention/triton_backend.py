@@ -247,6 +247,5 @@ class TritonAttentionBackend:
                 FUSED_REDUCE=False,
                 num_warps=tile.num_warps, num_stages=tile.num_stages, **common)
         for i in meta.library_seqs:
-            out[meta.query_start_loc_cpu[i]:meta.query_start_loc_cpu[i + 1]] = seq_attention(
-                q, kv_cache, meta, i, self.group, scale)
+            seq_attention(q, kv_cache, meta, i, self.group, scale, out)
         return out

@@ -295,3 +295,23 @@ def reduce_splits_kernel(part_acc_ptr, part_ml_ptr, out_ptr, num_splits, stride_
     den = tl.sum(l * w, 0)
     out = num / tl.where(den == 0.0, 1.0, den)
     tl.store(out_ptr + seq * stride_ot + head * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
+
+
+@triton.jit
+def merge_lse_kernel(a_ptr, b_ptr, lse_a_ptr, lse_b_ptr, out_ptr, n, stride_ah, stride_at, stride_bh, stride_bt,
+                     stride_lah, stride_lat, stride_lbh, stride_lbt, stride_ot, stride_oh, HEAD_DIM: tl.constexpr,
+                     D_PAD: tl.constexpr, BLOCK_T: tl.constexpr):
+    """out[t, h] = (a[h, t] e^lse_a + b[h, t] e^lse_b) / (e^lse_a + e^lse_b): two attentions of the
+    same queries over disjoint keys, each normalized over its own (every row saw a key in both)."""
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    h = tl.program_id(1)
+    t_ok = t < n
+    d = tl.arange(0, D_PAD)
+    ok = t_ok[:, None] & (d < HEAD_DIM)[None, :]
+    la = tl.load(lse_a_ptr + h * stride_lah + t * stride_lat, mask=t_ok, other=0.0)
+    lb = tl.load(lse_b_ptr + h * stride_lbh + t * stride_lbt, mask=t_ok, other=0.0)
+    wa = 1.0 / (1.0 + tl.math.exp2((lb - la) * 1.4426950408889634))  # e^la / (e^la + e^lb)
+    a = tl.load(a_ptr + h * stride_ah + t[:, None] * stride_at + d[None, :], mask=ok, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + h * stride_bh + t[:, None] * stride_bt + d[None, :], mask=ok, other=0.0).to(tl.float32)
+    o = b + (a - b) * wa[:, None]
+    tl.store(out_ptr + t[:, None] * stride_ot + h * stride_oh + d[None, :], o.to(out_ptr.dtype.element_ty), mask=ok)
