@@ -428,12 +428,20 @@ def suggest(prefill: list[dict], decode: list[dict], tiles: list, out) -> None:
     print("\n== suggested entries for attention/triton_tiles.py (head dim 128)\n" + "\n".join(picks), flush=True)
 
 
+def cases_arg(text: str) -> list[tuple[str, ...]]:
+    return [tuple(case.split(":")) for case in text.split(",") if case]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=None)
     ap.add_argument("--quick", action="store_true", help="fewer tiles and cases (default: off)")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes in float32, on CPU with TRITON_INTERPRET=1")
     ap.add_argument("--repeats", type=int, default=7, help="timings per figure, the median kept (default: 7)")
+    ap.add_argument("--prefill-cases", type=cases_arg, default=None,
+                    help="instead of the default prefill cases: 'prompt:N' or 'chunk:TOKENS:CONTEXT', comma-separated")
+    ap.add_argument("--decode-cases", type=cases_arg, default=None,
+                    help="instead of the default decode cases: 'BATCH:CONTEXT', comma-separated ('' for none)")
     args = ap.parse_args()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if dev.type != "cuda" and not args.smoke:
@@ -452,6 +460,9 @@ def main() -> None:
         # batch 64 at 1k as well: the split count is fixed per batch size, and more splits that win
         # at 8k cost the engine's 1k-context decode (session 6: 8 splits, +1.1 ms a step)
         d_cases = [(1, 32768), (64, 8192), (1, 8192), (64, 1024), (256, 1024)]
+    p_cases = p_cases if args.prefill_cases is None else [
+        (c[0], int(c[1]), int(c[-1])) for c in args.prefill_cases]  # a prompt's context is its tokens
+    d_cases = d_cases if args.decode_cases is None else [(int(b), int(c)) for b, c in args.decode_cases]
     sizes = [(96, 96), (40, 96)] if args.smoke else [(1000, 1000), (300, 1000)]
     lib_ok = check_tiles(p_tiles, d_tiles, sizes, dev, dtype, args.out)
     clock = Clock(dev, args.repeats)

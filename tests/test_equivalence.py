@@ -85,16 +85,18 @@ def test_triton_backend_matches_transformers(model_dirs, references):
 def test_library_prefill_matches_transformers(model_dirs, references, monkeypatch, library):
     """Long prefill seqs through the library path (torch's CPU flash op stands in for cuDNN on
     CPU) in eager steps beside the Triton kernel's seqs and decodes, with graphs built. cudnn:
-    chunks after cached tokens (split + merge) and whole prompts; auto: whole prompts only."""
+    chunks after cached tokens (split + merge) and whole prompts; auto: those of AUTO_MIN_TOKENS
+    or more over AUTO_MIN_CONTEXT keys or more."""
     pytest.importorskip("triton")
     from expresslane.attention import triton_backend
 
     monkeypatch.setattr(triton_backend.TritonAttentionBackend, "LIBRARY_MIN_TOKENS", 24)
-    monkeypatch.setattr(triton_backend.TritonAttentionBackend, "FRESH_MIN_TOKENS", 24)
-    calls = []
+    monkeypatch.setattr(triton_backend.TritonAttentionBackend, "AUTO_MIN_TOKENS", 24)
+    monkeypatch.setattr(triton_backend.TritonAttentionBackend, "AUTO_MIN_CONTEXT", 150)
+    calls = []  # (query tokens, keys) of each seq the library ran
     real = triton_backend.seq_attention
     monkeypatch.setattr(triton_backend, "seq_attention", lambda q, kv, meta, i, *a: (
-        calls.append(meta.seq_lens_cpu[i] - (meta.query_start_loc_cpu[i + 1] - meta.query_start_loc_cpu[i])),
+        calls.append((meta.query_start_loc_cpu[i + 1] - meta.query_start_loc_cpu[i], meta.seq_lens_cpu[i])),
         real(q, kv, meta, i, *a))[1])
     arch = "qwen2"  # grouped heads (2 per KV head)
     picked = [0, 9, 14]  # 1, 128 and 300 tokens
@@ -104,10 +106,11 @@ def test_library_prefill_matches_transformers(model_dirs, references, monkeypatc
     outs = llm.generate([{"prompt_token_ids": PROMPTS[i]} for i in picked], GREEDY, use_tqdm=False)
     mismatched = [i for i, o in zip(picked, outs) if o.outputs[0].token_ids != references[arch][i]]
     assert not mismatched, f"prompts {mismatched} differ from transformers"
+    cached = [keys - tokens for tokens, keys in calls]
     if library == "cudnn":
-        assert 0 in calls and any(c > 0 for c in calls), calls  # whole prompts and chunks after cached keys
-    else:
-        assert calls and set(calls) == {0}, calls  # prompts and first chunks (nothing cached) only
+        assert 0 in cached and any(c > 0 for c in cached), calls  # whole prompts and chunks after cached keys
+    else:  # only long chunks over long contexts: here, chunks of the 300-token prompt after cached keys
+        assert calls and all(tokens >= 24 and keys >= 150 for tokens, keys in calls) and min(cached) > 0, calls
 
 
 @pytest.mark.parametrize("split", [False, True], ids=["whole", "split"])

@@ -87,7 +87,12 @@ def test_library_prefill_matches_torch(monkeypatch):
     """prefill_attention="cudnn": the long prefill seqs (a whole prompt, chunks after cached keys)
     through cuDNN on CUDA in bf16 (torch's CPU flash op on CPU, float32), the short ones and the
     decodes through the Triton kernel, in one step."""
+    from expresslane.attention import library_prefill
+
     monkeypatch.setattr(triton_backend.TritonAttentionBackend, "LIBRARY_MIN_TOKENS", 16)
+    # small buckets: the chunks after 100 and 400 cached keys take both calls and the merge
+    monkeypatch.setattr(library_prefill, "Q_BUCKET", 16)
+    monkeypatch.setattr(library_prefill, "KEY_BUCKET", 64)
     dtype = torch.bfloat16 if DEVICE.type == "cuda" else torch.float32
     heads, kv_heads, dim, bs = 8, 2, 128, 16
     seqs = [(300, 1), (7, 1), (0, 40), (100, 30), (5, 3), (400, 17)]

@@ -7,8 +7,8 @@ KV head), and for an item with more keys than the launch's fair share of a progr
 slice of its keys too (`plan_prefill`); `prepare` picks the step's prefill tile by its prefill tokens
 (triton_tiles.py) and builds the work list, the items with the most keys first. With `prefill_library`
 "cudnn", prefill seqs of at least `LIBRARY_MIN_TOKENS` query tokens run through cuDNN
-instead (library_prefill.py), in eager steps (`eager_step`); with "auto", only prompts of at
-least `FRESH_MIN_TOKENS` with nothing cached do.
+instead (library_prefill.py), in eager steps (`eager_step`); with "auto", only seqs of at
+least `AUTO_MIN_TOKENS` query tokens and `AUTO_MIN_CONTEXT` keys do.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from expresslane.attention.backend import AttentionMetadata
-from expresslane.attention.library_prefill import LIBRARIES, seq_attention
+from expresslane.attention.library_prefill import LIBRARIES, seq_attention, warm_plans
 from expresslane.attention.triton_kernels import paged_attention_kernel, reduce_splits_kernel, rope_store_kernel
 from expresslane.attention.triton_tiles import DECODE_TILES, FP8_DECODE_TILES, PREFILL_TILES, DecodeTile, PrefillTile, Table, pick
 from expresslane.device import arrival_counters, to_device
@@ -44,7 +44,11 @@ class TritonAttentionBackend:
     supports_cuda_graphs = True
     fused_ops = True
     LIBRARY_MIN_TOKENS = 512  # query tokens of a prefill seq that the library runs (prefill_library "cudnn")
-    FRESH_MIN_TOKENS = 4096  # "auto": a prompt with nothing cached, past the mixed graphs' sizes
+    # "auto": where cuDNN measured faster than our kernel on the H200 (attention_bench, session 18):
+    # 1,024+ query tokens over 4,096+ keys (a chunk after cached keys or a whole prompt); shorter
+    # chunks or contexts stay on the kernel, and in the CUDA graphs
+    AUTO_MIN_TOKENS = 1024
+    AUTO_MIN_CONTEXT = 4096
     SPLIT_MIN_KEYS = 512  # keys a slice of a split prefill item has at least
     MAX_PREFILL_SPLITS = 16  # slices of one item at most
     SPLIT_WAVES = 2  # split items fill about this many waves of programs
@@ -57,8 +61,8 @@ class TritonAttentionBackend:
             raise ValueError(f"prefill_attention must be one of {', '.join(LIBRARIES)}, got {prefill_library!r}")
         # auto only where it was measured (Hopper), or on the interpreter, whose CPU stand-in the tests
         # run; the library reads the cache as it is: not an FP8 one (its scales are ours)
-        self.fresh_only = prefill_library == "auto"
-        if self.fresh_only and device.type == "cuda":
+        self.auto = prefill_library == "auto"
+        if self.auto and device.type == "cuda":
             hopper = torch.backends.cudnn.is_available() and torch.cuda.get_device_capability(device) >= (9, 0)
             prefill_library = "auto" if hopper else "triton"
         self.library = prefill_library != "triton" and kv_dtype.itemsize > 1
@@ -160,11 +164,19 @@ class TritonAttentionBackend:
         if not self.library:
             return ()
         tokens = np.diff(np.asarray(query_start_loc, dtype=np.int64)[num_decodes:])
-        if self.fresh_only:  # nothing cached (a prompt, or a long one's first chunk): its context is its tokens
-            take = (tokens >= self.FRESH_MIN_TOKENS) & (np.asarray(seq_lens)[num_decodes:] == tokens)
+        if self.auto:
+            take = (tokens >= self.AUTO_MIN_TOKENS) & (np.asarray(seq_lens)[num_decodes:] >= self.AUTO_MIN_CONTEXT)
         else:
             take = tokens >= self.LIBRARY_MIN_TOKENS
         return tuple(int(i) + num_decodes for i in np.flatnonzero(take))
+
+    def warm_library(self, dtype: torch.dtype, device: torch.device, max_model_len: int, budget: int) -> int:
+        """cuDNN's plans for the library's common shapes, built at start-up on a GPU (each costs
+        55-450 ms the first time it is met on the H200); the number built."""
+        if not self.library or device.type != "cuda" or max_model_len < self.AUTO_MIN_CONTEXT:
+            return 0
+        return warm_plans(self.num_heads, self.num_kv_heads, self.head_dim, dtype, device, max_model_len, budget,
+                          self.head_dim ** -0.5)
 
     def eager_step(self, query_start_loc, seq_lens, num_decodes: int) -> bool:
         """A step the CUDA graphs must not take: the library runs one of its seqs (its shapes

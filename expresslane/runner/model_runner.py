@@ -164,7 +164,13 @@ class ModelRunner:
 
     def build_graphs(self, max_model_len: int, capture: bool = True) -> None:
         """Decode and mixed-step graphs, when the backend allows them and not enforce_eager.
-        `capture=False` keeps the static-buffer path but runs it eagerly (tests on CPU)."""
+        `capture=False` keeps the static-buffer path but runs it eagerly (tests on CPU). First,
+        the library prefill's plans, where the backend has them (eager steps, graphs or not)."""
+        warm = getattr(self.attn_backend, "warm_library", None)
+        if warm is not None:
+            t0 = time.monotonic()
+            if n := warm(self.dtype, self.device, max_model_len, self.config.scheduler.max_num_batched_tokens):
+                log.info("built %d cuDNN attention plans in %.1fs", n, time.monotonic() - t0)
         if self.config.device.enforce_eager or not self.attn_backend.supports_cuda_graphs:
             return
         if capture and self.device.type != "cuda":
