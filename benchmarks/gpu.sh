@@ -69,9 +69,10 @@
 #            items whole vs cut over their keys, at the default and at 4 / 8 waves (us, KV TB/s); the split
 #            tests of the attention tiles first (the tables' tiles); SPLIT_TILES=1: chunks of 24-1024 tokens,
 #            the split items under 10 other tiles (the tile for chunks after long context)
-#   longctx: issue #18 through HTTP (llama-3-8b, `serve --max-model-len 33792`): TTFT of a 16k and a 32k
-#            prompt sent alone and the ITL of their decode, batch-1 ITL at 1k, next to vLLM's and the floors;
-#            then TTFT 16k / 32k again with `--prefill-attention cudnn`
+#   longctx: issue #18 through HTTP (llama-3-8b, `serve --max-model-len 33792 --scheduling-policy fcfs`): TTFT
+#            of a 16k and a 32k prompt sent alone and the ITL of their decode, batch-1 ITL at 1k, next to vLLM's
+#            and the floors; then TTFT 16k / 32k with `--prefill-attention triton` (the baseline) and with
+#            `--max-num-batched-tokens 8192`; then new prompt lengths one after another (new_lengths.py)
 #   quick = small;  full = small 8b 7b.  The GPU tests run once, first, whatever the sections
 #   (GPU_SKIP_TESTS=1 leaves them out).
 # Results: JSON lines in ${OUT:-out}/gpu-results.jsonl, logs beside them.
@@ -222,11 +223,15 @@ for section in $SECTIONS; do
       [ -d "$L" ] || { mkdir -p "$L" && ln -s "$MODELS/llama-3-8b"/* "$L"/ && rm "$L/config.json" && python3 -c \
         'import json, sys; c = json.load(open(sys.argv[1])); c["max_position_embeddings"] = 131072; json.dump(c, open(sys.argv[2], "w"))' \
         "$MODELS/llama-3-8b/config.json" "$L/config.json"; } || status=1
-      echo "== long context through HTTP (llama-3-8b, 33k context): TTFT 16k / 32k, ITL at 1k / 16k / 32k"
-      run python3 benchmarks/long_context.py --model "$L" --dtype bfloat16 --logs "$OUT"
-      echo "== the same, long prefill chunks through cuDNN (--prefill-attention cudnn): TTFT 16k / 32k"
-      run python3 benchmarks/long_context.py --model "$L" --dtype bfloat16 --logs "$OUT" --lens 16384,32000 \
-        --serve-flags "--prefill-attention cudnn" ;;
+      echo "== long context through HTTP (llama-3-8b, 33k context, fcfs): TTFT 16k / 32k, ITL at 1k / 16k / 32k"
+      LC=(python3 benchmarks/long_context.py --model "$L" --dtype bfloat16 --logs "$OUT")
+      run "${LC[@]}" --serve-flags "--scheduling-policy fcfs"
+      echo "== the same, our kernel for every prefill chunk (--prefill-attention triton): TTFT 16k / 32k"
+      run "${LC[@]}" --lens 16384,32000 --serve-flags "--scheduling-policy fcfs --prefill-attention triton"
+      echo "== the same, 8192-token steps (--max-num-batched-tokens 8192): TTFT 16k / 32k"
+      run "${LC[@]}" --lens 16384,32000 --serve-flags "--scheduling-policy fcfs --max-num-batched-tokens 8192"
+      echo "== prompts of new lengths one after another, in-engine: cuDNN's plan builds (auto), then our kernel"
+      for a in auto triton; do run python3 benchmarks/new_lengths.py --model "$L" --prefill-attention $a; done ;;
     tp)
       model llama-3-8b
       echo "== tensor parallel: all-reduce choice, TP=1 vs TP=2 (llama-3-8b)"
