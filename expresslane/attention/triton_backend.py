@@ -172,7 +172,7 @@ class TritonAttentionBackend:
 
     def warm_library(self, dtype: torch.dtype, device: torch.device, max_model_len: int, budget: int) -> int:
         """cuDNN's plans for the library's common shapes, built at start-up on a GPU (each costs
-        55-450 ms the first time it is met on the H200); the number built."""
+        45-550 ms the first time it is met on the H200); the number built."""
         if not self.library or device.type != "cuda" or max_model_len < self.AUTO_MIN_CONTEXT:
             return 0
         return warm_plans(self.num_heads, self.num_kv_heads, self.head_dim, dtype, device, max_model_len, budget,
