@@ -61,7 +61,9 @@ def test_greedy_equal_with_preemption_and_sampling_neighbours(method, reference)
     not speculate: their tokens stay the same alone or in any batch)."""
     ref_llm, ref = reference
     prompts = _prompts()
-    small = dict(ENGINE, max_model_len=512, num_kv_blocks=34, max_num_seqs=8)
+    # fcfs: full-budget steps, so the preemptions do not hang on the step-cost model's timing of this
+    # machine's steps (under deadline a loaded CI machine sized smaller steps and preempted nothing)
+    small = dict(ENGINE, max_model_len=512, num_kv_blocks=34, max_num_seqs=8, scheduling_policy="fcfs")
     sampled = SamplingParams(temperature=1.0, max_tokens=24, seed=7, ignore_eos=True)
     unseeded = SamplingParams(temperature=0.8, top_p=0.9, max_tokens=24, ignore_eos=True)
     llm = LLM(**small, **METHODS[method], num_speculative_tokens=3, speculative_disable_by_batch_size=64)

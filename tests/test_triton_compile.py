@@ -15,7 +15,8 @@ import pytest
 # pointers by argument name; every other pointer is an activation (the case's dtype)
 _POINTERS = {"pos_ptr": "*i64", "slot_ptr": "*i64", "block_tables_ptr": "*i32", "seq_lens_ptr": "*i32",
              "query_start_loc_ptr": "*i32", "work_ptr": "*i32", "cos_sin_ptr": "*fp32", "part_acc_ptr": "*fp32",
-             "part_ml_ptr": "*fp32", "part_ptr": "*fp32", "count_ptr": "*i32"}
+             "part_ml_ptr": "*fp32", "part_ptr": "*fp32", "count_ptr": "*i32", "lse_a_ptr": "*fp32",
+             "lse_b_ptr": "*fp32"}
 _FLOATS = {"scale", "eps", "k_scale", "v_scale", "norm_eps"}
 
 
@@ -44,6 +45,7 @@ def _cases():
                     D_PAD=max(16, pow2(dim)), PAGE=16, DECODE=decode, MASK_ALL=mask_all, FUSED_REDUCE=fused,
                     PRECISION=precision), cache
         yield "reduce_splits_kernel", "bf16", dict(HEAD_DIM=dim, D_PAD=max(16, pow2(dim)), MAX_SPLITS=16)
+        yield "merge_lse_kernel", "bf16", dict(HEAD_DIM=dim, D_PAD=max(16, pow2(dim)), BLOCK_T=16)  # library prefill
     # fused norm and SiLU-and-mul (layers/triton_ops.py), also quantizing their output for an FP8 linear
     fp8_out = dict(q_ptr="*fp8e4nv", scale_ptr="*fp32")
     for has_res in (True, False):
@@ -146,7 +148,7 @@ def test_every_triton_kernel_compiles():
     pytest.importorskip("triton.backends.nvidia.compiler")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0 and "compiled 13 kernels" in proc.stdout, proc.stderr[-3000:]
+    assert proc.returncode == 0 and "compiled 14 kernels" in proc.stdout, proc.stderr[-3000:]
 
 
 if __name__ == "__main__":
