@@ -265,17 +265,16 @@ def split_by_lse(q, kv, table, ctx: int):
     """A chunk after cached keys through cuDNN, which has no bottom-right causal mask: the
     engine's `library_prefill` path (two calls merged by their log-sum-exps; on CPU torch's
     flash op stands in), timed as the engine runs it: K/V gathered from the pages inside each
-    call, grouped (expanded to every query head on CPU). (fn, how, None), or (None, None, why not)."""
-    group = HEADS // KV_HEADS if q.device.type == "cpu" else 1
+    call, grouped. (fn, how, None), or (None, None, why not)."""
     out = torch.empty_like(q)
 
     def fn():
-        k, v = (x[0].repeat_interleave(group, 1) for x in gather_kv(kv, table[None], ctx))
+        k, v = (x[0] for x in gather_kv(kv, table[None], ctx))
         chunk_attention(q, k, v, DIM ** -0.5, out)
         return out.transpose(0, 1).unsqueeze(0)  # as SDPA's [1, H, L, D]
     try:
         fn()
-        return fn, "split, gathered K/V" + (", expanded" if group > 1 else ""), None
+        return fn, "split, gathered K/V", None
     except (RuntimeError, ValueError, NotImplementedError) as e:
         return None, None, f"split: {str(e).splitlines()[0][:160]}"
 

@@ -9,8 +9,8 @@ A prompt with nothing cached is the second call alone. K/V are gathered from the
 and passed grouped (torch 2.11's cuDNN op takes fewer K/V heads than query heads; on the H200
 that was 882 against 1,031 us a layer for 8k tokens with K/V expanded to every query head,
 with equal output). On CPU (tests, Triton's interpreter) torch's CPU flash op stands in for
-cuDNN, on K/V expanded to every head (it takes no groups): the gather, the split and the
-merge are the same code.
+cuDNN, on K/V expanded to every head inside `attend_lse` (it takes no groups): the gather,
+the split and the merge are the same code.
 
 Eager only: the shapes follow each seq's length, so steps with such a seq run outside the
 CUDA graphs (`TritonAttentionBackend.eager_step`).
@@ -35,11 +35,12 @@ KEY_BUCKET = 2048  # keys of an unmasked call: a multiple of this (a budget's ch
 
 def attend_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out [1, H, L, D], log-sum-exp [1, H, L, 1] float32) of [1, H, *, D] tensors."""
-    if q.is_cuda:
+    """(out [1, H, L, D], log-sum-exp [1, H, L, 1] float32) of q [1, H, L, D] over k/v [1, Hk, S, D]."""
+    if q.is_cuda:  # grouped K/V as they are
         out, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, causal, False,
                                                                       scale=scale)[:2]
-    else:
+    else:  # the CPU stand-in takes no groups: K/V expanded to every query head
+        k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], 1) for x in (k, v))
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=scale)[:2]
     return out, lse.reshape(*out.shape[:3], 1).float()
 
@@ -57,7 +58,7 @@ def _padded(x: torch.Tensor, rows: int, first: int = 0) -> torch.Tensor:
 
 def chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, out: torch.Tensor) -> None:
     """Causal attention of a chunk's queries q [L, H, D], the last L of the keys k/v [ctx, Hk, D]
-    (contiguous rows; Hk = H on CPU), into out [L, H, D].
+    (contiguous rows), into out [L, H, D].
 
     cuDNN builds an execution plan the first time it sees a shape or stride (45-550 ms each on the
     H200, session 18), so every call here has bucketed shapes and fixed strides: the unmasked call
@@ -91,13 +92,12 @@ def merge_by_lse(a: torch.Tensor, lse_a: torch.Tensor, b: torch.Tensor, lse_b: t
         HEAD_DIM=d, D_PAD=max(16, 1 << (d - 1).bit_length()), BLOCK_T=block)
 
 
-def seq_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, seq: int, group: int,
-                  scale: float, out: torch.Tensor) -> None:
+def seq_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, seq: int, scale: float,
+                  out: torch.Tensor) -> None:
     """Prefill seq `seq` of the step (its rows of q [T, H, D]) over the paged cache [2, blocks,
     page, KV, D] of a 16-bit (or float32) dtype, into its rows of out [T, H, D]."""
     lo, hi = meta.query_start_loc_cpu[seq], meta.query_start_loc_cpu[seq + 1]
-    k, v = (x[0].repeat_interleave(group, 1) if group > 1 and not q.is_cuda else x[0]
-            for x in gather_kv(kv_cache, meta.block_tables[seq:seq + 1], meta.seq_lens_cpu[seq]))
+    k, v = (x[0] for x in gather_kv(kv_cache, meta.block_tables[seq:seq + 1], meta.seq_lens_cpu[seq]))
     chunk_attention(q[lo:hi], k, v, scale, out[lo:hi])
 
 

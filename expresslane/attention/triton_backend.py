@@ -259,5 +259,5 @@ class TritonAttentionBackend:
                 FUSED_REDUCE=False,
                 num_warps=tile.num_warps, num_stages=tile.num_stages, **common)
         for i in meta.library_seqs:
-            seq_attention(q, kv_cache, meta, i, self.group, scale, out)
+            seq_attention(q, kv_cache, meta, i, scale, out)
         return out

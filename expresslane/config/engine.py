@@ -85,8 +85,8 @@ class DeviceConfig:
     enforce_eager: bool = _knob(False, "never capture CUDA graphs")
     prefill_attention: str = _knob(
         "auto", "who runs prefill attention with the triton backend: triton (our kernel), cudnn (torch's cuDNN "
-        "attention for every prefill chunk of 512+ tokens, in eager steps) or auto (cuDNN for a prompt of 4096+ "
-        "tokens with nothing cached, on Hopper; our kernel for the rest; docs/performance.md, issue #18)",
+        "attention for every prefill chunk of 512+ tokens, in eager steps) or auto (cuDNN for a chunk of 1024+ "
+        "tokens over 4096+ keys, on Hopper; our kernel for the rest; docs/architecture.md, \"Library prefill\")",
         ("triton", "cudnn", "auto"))
 
 
