@@ -47,6 +47,7 @@ TIERS = [
     ("expresslane.device", 0, "leaf"),
     ("expresslane.tokenizer", 0, "leaf"),
     ("expresslane.backoff", 0, "leaf"),
+    ("expresslane.child_process", 0, "leaf"),  # how the engine and workers live and die with their parent
     ("expresslane.triton_setup", 0, "leaf"),  # Triton for the kernel modules (the interpreter fixed)
 ]
 

@@ -25,9 +25,9 @@ def run_worker_node(config: EngineConfig) -> int:
     log.warning("node %d/%d: ranks %d..%d of %d, meeting node 0 at %s", p.node_rank, p.nnodes, first,
                 first + per_node - 1, p.tensor_parallel_size, p.dist_init_addr)
 
-    def stop(signum, frame):
+    def stop(signum, frame):  # workers ignore SIGTERM (child_process.py): only rank 0 stops them gracefully
         for proc in procs:
-            proc.terminate()
+            proc.kill()
 
     signal.signal(signal.SIGTERM, stop)
     codes = [proc.wait() for proc in procs]

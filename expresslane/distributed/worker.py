@@ -11,13 +11,12 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import threading
-import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from expresslane.child_process import exit_with_parent, ignore_stop_signals
 from expresslane.distributed.executor import ReceivingSampler, init_group, rank_config, run_command
 from expresslane.distributed.group import TPGroup
 from expresslane.models.model_dir import load_hf_config
@@ -26,22 +25,11 @@ from expresslane.runner.model_runner import ModelRunner
 log = logging.getLogger(__name__)
 
 
-def _exit_with_parent() -> None:
-    """A worker started by the engine process ends when that process does (even SIGKILLed)."""
-    parent = os.getppid()
-
-    def watch():
-        while os.getppid() == parent:
-            time.sleep(1.0)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="expresslane-parent-watch", daemon=True).start()
-
-
 @torch.inference_mode()
 def run_worker(rank: int, local_rank: int, local_world_size: int, world_size: int, init_addr: str,
                dev_type: str) -> None:
-    _exit_with_parent()
+    ignore_stop_signals()  # the engine process stops its workers (child_process.py)
+    exit_with_parent()
     if dev_type == "cpu":  # the node's ranks share its cores
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world_size))
     control = init_group(rank, world_size, init_addr, dev_type)

@@ -20,6 +20,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
+from expresslane.child_process import stop_signals_blocked
 from expresslane.server.engine_proc import run_engine
 from expresslane.server.wire import Failed, FromEngine, Ready, Shutdown, ToEngine
 
@@ -70,7 +71,8 @@ class EngineLink:
         proc = multiprocessing.get_context("spawn").Process(
             target=run_engine, args=(self._kwargs, in_addr, out_addr, self._log_level, self._profile_dir),
             name="expresslane-engine", daemon=True)
-        proc.start()
+        with stop_signals_blocked():  # the engine never sees the group's SIGTERM (child_process.py)
+            proc.start()
         self._proc = proc
         self.exited = loop.create_future()
         loop.add_reader(self._proc.sentinel, self._on_exit)

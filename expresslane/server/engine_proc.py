@@ -1,6 +1,8 @@
 """The engine process: EngineCore's step loop behind two ZeroMQ sockets.
 
-The loop blocks (on the input socket and the parent's sentinel) only when the engine
+It ignores SIGTERM and SIGINT, which a supervisor may send the whole process group: the API
+process drains, then sends ``Shutdown``; if the API process dies, this one exits within half a
+second (``child_process.py``). The loop blocks on the input socket only when the engine
 has nothing to run; otherwise it drains whatever messages arrived, steps once and
 sends that step's outputs. Tokenization, detokenization and stop strings live in the
 API process: only token ids cross the socket.
@@ -10,15 +12,14 @@ from __future__ import annotations
 
 import gc
 import logging
-import multiprocessing
 import os
-import signal
 import time
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 import zmq
 
+from expresslane.child_process import exit_with_parent, ignore_stop_signals
 from expresslane.config import EngineConfig
 from expresslane.server.profiler import EngineProfiler, ProfileError
 from expresslane.server.wire import Abort, Add, Failed, Outputs, Profile, Profiled, Ready, Shutdown, ToEngine
@@ -42,6 +43,8 @@ def engine_threads(environ: dict[str, str], cores: int) -> int | None:
 def run_engine(engine_kwargs: dict[str, Any], in_addr: str, out_addr: str, log_level: str,
                profile_dir: str | None = None) -> None:
     """Process entry point (multiprocessing spawn target)."""
+    ignore_stop_signals()
+    exit_with_parent()
     import torch
 
     from expresslane.engine.core import EngineCore
@@ -53,7 +56,6 @@ def run_engine(engine_kwargs: dict[str, Any], in_addr: str, out_addr: str, log_l
         torch.set_num_threads(threads)
     log.info("torch CPU threads: %d (%s)", torch.get_num_threads(),
              "OMP_NUM_THREADS" if threads is None else "the cores this process may use, one left to the API process")
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the API process decides
     ctx = zmq.Context()
     inp = ctx.socket(zmq.PULL)
     inp.bind(in_addr)  # the API process connects: its messages queue until this bind
@@ -101,17 +103,10 @@ def _profile(profiler: EngineProfiler | None, start: bool) -> Profiled:
 
 def _loop(core: EngineCore, inp: zmq.Socket, out: zmq.Socket, encode, profiler: EngineProfiler | None) -> None:
     decode = msgspec.msgpack.Decoder(ToEngine).decode
-    parent = multiprocessing.parent_process()
-    poller = zmq.Poller()
-    poller.register(inp, zmq.POLLIN)
-    if parent is not None:
-        poller.register(parent.sentinel, zmq.POLLIN)  # readable once the API process is gone
     while True:
         busy = core.has_unfinished()
-        events = dict(poller.poll(0 if busy else None))
-        if parent is not None and parent.sentinel in events:
-            log.warning("API process is gone; engine exits")
-            return
+        if not busy:
+            inp.poll()  # idle: wait for a message
         outputs, received, rejected, handled = [], {}, {}, False
         while inp.poll(0):
             msg = decode(inp.recv())
