@@ -7,7 +7,8 @@ streams, the hostile request's own status and time, and the API process's RSS be
 at its peak and 2 s after. Kinds: `prompt10mb` (a 10 MB prompt), `stops300k` (300,000
 stop strings), `n128lp20` (n=128 with logprobs=20), `ids256x2047` (the largest valid
 token-id batch, 256 prompts of 2,047 ids, 3 MB of JSON, naming another model: a 404 right
-after the body is decoded and validated, so the window is the parse alone). `--repeat N` sends it N times
+after the body is decoded and validated, so the window is the parse alone), `ids256x2047run` (the same
+batch, served: 524k prompt tokens through admission, the scheduler and the engine). `--repeat N` sends it N times
 and reports the RSS 2 s after each.
 
     python benchmarks/hostile_requests.py                       # every kind, default limits
@@ -38,6 +39,8 @@ KINDS = {
     "n128lp20": {"prompt": "a short prompt", "max_tokens": 64, "ignore_eos": True, "n": 128, "logprobs": 20},
     "ids256x2047": {"prompt": [[(i * 7919 + j) % 2000 + 10 for i in range(2047)] for j in range(256)],
                     "max_tokens": 1, "model": "not-this-one"},
+    "ids256x2047run": {"prompt": [[(i * 7919 + j) % 2000 + 10 for i in range(2047)] for j in range(256)],
+                       "max_tokens": 1},
 }
 
 

@@ -32,6 +32,9 @@ class EngineCoreRequest:
     arrival_time: float
     priority: int = 0
     lane: str = "interactive"  # resolved by the frontend (lanes.py)
+    # prompt tokens of the whole frontend request it is part of (its sibling prompts too: one
+    # HTTP request may carry 256 prompts); 0: its own. The deadline policy ranks by this work.
+    request_prompt_tokens: int = 0
 
 
 @dataclass(slots=True)

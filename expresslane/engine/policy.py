@@ -126,7 +126,8 @@ class DeadlinePolicy(SchedulingPolicy):
       interactive prompt, a running interactive prompt with more than the cap left skips
       the step, never past its own TTFT deadline (no starvation). The batch lane does not
       step aside: its share is its guarantee.
-    - A waiting interactive request may preempt the lowest-ranked running batch request.
+    - A waiting interactive request may preempt the lowest-ranked running batch request, or an
+      interactive prompt still in its prefill that ranks after it.
     """
 
     def __init__(self, config: SchedulerConfig, cost_model: StepCostModel | None = None):
@@ -137,12 +138,15 @@ class DeadlinePolicy(SchedulingPolicy):
         return (self.deadline(req), req.seq)
 
     def deadline(self, req: Request) -> float:
-        """Arrival + the lane's TTFT target + `PREFILL_STRETCH` times the prompt's prefill time
-        alone (by the cost model): latency in proportion to work. Computed once per request."""
+        """Arrival + the lane's TTFT target + `PREFILL_STRETCH` times the prefill time alone (by the
+        cost model) of the frontend request the prompt is part of: latency in proportion to work.
+        One HTTP request of 256 long prompts ranks after a short request that arrives while they
+        run, as one long prompt does. Computed once per request."""
         if req.ttft_deadline is None:
             work = 0.0
             if self.cost_model is not None and req.num_prompt_tokens > 1:
-                work = self.prefill_alone(req.num_prompt_tokens)
+                siblings = max(1.0, req.request_prompt_tokens / req.num_prompt_tokens)
+                work = self.prefill_alone(req.num_prompt_tokens) * siblings
             req.ttft_deadline = req.arrival_time + self.lanes[req.lane].ttft + PREFILL_STRETCH * work
         return req.ttft_deadline
 
@@ -191,7 +195,8 @@ class DeadlinePolicy(SchedulingPolicy):
           step aside (past their deadlines, under load, they never do: on the CPU a short
           prompt then waited 25 steps).
         - None: no decode pace to keep. Any number of prompts may start (a burst of short
-          prompts shares one step), but none takes more than ``room``. With nobody waiting
+          prompts shares one step) within an eighth of the interactive TTFT target, none taking
+          more than ``room``, and the prompts already running share one ``room``. With nobody waiting
           either, a lone prompt's chunk may double what it has computed, in steps of at most an
           eighth of the interactive TTFT target, which the running prompts share: a burst right
           behind it meets a short first step, and a request arriving later waits one bounded
@@ -231,7 +236,11 @@ class DeadlinePolicy(SchedulingPolicy):
                 return top, room, room
             if idle and self.prefill_alone(head.num_tokens) <= slo.ttft / 4:
                 room = max(room, head.num_tokens)
-            return top, room, top
+                return top, room, top
+            # a request arriving meanwhile waits at most an eighth of its TTFT target here too
+            # (one request's 256 long prompts starting together made it 2048 tokens)
+            step = max(room, self.cost_model.max_chunk(base, 0, limit, slo.ttft / LONE_STEP_SHARE))
+            return step, room, room
         if head is None or head.lane != "interactive":
             return min(top, base.num_tokens + room), room, room
         # the head's first chunk counts in the step's time; what is left goes to running prompts
@@ -264,10 +273,18 @@ class DeadlinePolicy(SchedulingPolicy):
         return now < self.deadline(req)
 
     def victim(self, req: Request, running: Collection[Request]) -> Request | None:
+        """For an interactive request: the lowest-ranked running batch request, else the
+        lowest-ranked prompt still in its prefill that ranks after it (one request's 256 prompts
+        may hold every seat; a preempted prompt's full blocks stay in the prefix cache). A
+        decoding interactive request is never preempted for another: its stream would stall."""
         if req.lane != "interactive":
             return None
         batch = [r for r in running if r.lane == "batch"]
-        return max(batch, key=self.key) if batch else None
+        if batch:
+            return max(batch, key=self.key)
+        key = self.key(req)
+        later = [r for r in running if r.num_output_tokens == 0 and not r.num_pending and self.key(r) > key]
+        return max(later, key=self.key) if later else None
 
 
 POLICIES: dict[str, type[SchedulingPolicy]] = {

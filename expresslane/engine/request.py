@@ -52,6 +52,7 @@ class Request:
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     ttft_deadline: float | None = None  # the deadline policy's rank, computed once (engine/policy.py)
+    request_prompt_tokens: int = 0  # of the frontend request it is part of (EngineCoreRequest); 0: its own
     seq: int = field(default_factory=lambda: next(_arrival_counter))  # tie-break: arrival order
 
     @classmethod
@@ -70,6 +71,7 @@ class Request:
             max_model_len=max_model_len,
             lane=req.lane,
             all_token_ids=list(req.prompt_token_ids),
+            request_prompt_tokens=req.request_prompt_tokens,
         )
 
     @property

@@ -141,6 +141,7 @@ class RequestTracker:
         batch = []
         keys = [f"{request_id}-{i}" for i in range(len(prompts))]
         engine_params = dataclasses.replace(params, stop=[])  # stop strings are matched here, not in the engine
+        work = sum(len(ids) for _, ids in prompts)  # the n children of a prompt share its prefill
         for key, (text, ids) in zip(keys, prompts):
             seq_ids = self.outputs.add_request(key, text, ids, params, arrival)
             p = _Prompt(key, group.queue, keys, lane, len(ids), seq_ids, set(seq_ids))
@@ -148,7 +149,7 @@ class RequestTracker:
             for j, sid in enumerate(seq_ids):
                 self._seqs[sid] = p
                 sp = engine_params if params.n == 1 else child_params(engine_params, j)
-                batch.append(EngineCoreRequest(sid, ids, sp, eos, arrival, priority, lane))
+                batch.append(EngineCoreRequest(sid, ids, sp, eos, arrival, priority, lane, work))
             self.admission.add(lane, len(seq_ids), len(seq_ids) * len(ids))
         return group, batch
 

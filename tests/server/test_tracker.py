@@ -66,9 +66,10 @@ def test_an_abort_stops_waiting_and_returns_every_engine_sequence(llm):
     async def main():
         admission = AdmissionPolicy(AdmissionLimits())
         tracker = RequestTracker(llm.tokenizer, admission, Metrics("tiny"))
-        group, _ = tracker.add("x", [("a", [1, 2]), ("b", [3])], SamplingParams(n=3), lane="batch", priority=1,
-                               eos=(0,), timeout=None)
+        group, batch = tracker.add("x", [("a", [1, 2]), ("b", [3])], SamplingParams(n=3), lane="batch", priority=1,
+                                   eos=(0,), timeout=None)
         assert (admission.waiting_seqs, admission.waiting_tokens) == (6, 9)
+        assert {r.request_prompt_tokens for r in batch} == {3}  # each sequence carries its request's prompt work
         assert tracker.abort("x-0") == ["x-0#0", "x-0#1", "x-0#2"]
         assert tracker.abort("x-0") == []  # idempotent
         assert (admission.waiting_seqs, admission.waiting_tokens) == (3, 3)
