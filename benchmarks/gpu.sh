@@ -73,6 +73,10 @@
 #            of a 16k and a 32k prompt sent alone and the ITL of their decode, batch-1 ITL at 1k, next to vLLM's
 #            and the floors; then TTFT 16k / 32k with `--prefill-attention triton` (the baseline) and with
 #            `--max-num-batched-tokens 8192`; then new prompt lengths one after another (new_lengths.py)
+#   pdmux:   issue #45: can a prefill (6 GEMMs of 8192 x 4096 x 14336) and a decode (32 GEMVs) run at the same
+#            time? plain streams, stream priorities, split GEMMs, CUDA graphs, torch green contexts and a
+#            disjoint driver SM split (16 / 32 / 48 SMs for the decode), alone vs together; decode batch 1
+#            then 32 (benchmarks/pdmux_overlap.py); ~1 min
 #   quick = small;  full = small 8b 7b.  The GPU tests run once, first, whatever the sections
 #   (GPU_SKIP_TESTS=1 leaves them out).
 # Results: JSON lines in ${OUT:-out}/gpu-results.jsonl, logs beside them.
@@ -259,6 +263,12 @@ for section in $SECTIONS; do
       run python3 benchmarks/decode_profile.py --model "$MODELS/qwen3-30b-a3b-bare" --load-format dummy --no-ttft
       echo "== qwen3-30b-a3b: transformers (at most 150 s; what it measured by then stays)"
       timeout 150 "${Q[@]}" --only hf --ttft-lengths 128,8192 --out "$RES" || echo "transformers stopped (rc $?)" ;;
+    pdmux)
+      for b in 1 32; do
+        echo "== prefill beside decode (decode batch $b)"
+        python3 benchmarks/pdmux_overlap.py --decode-batch "$b" --out "$OUT/pdmux-b$b.json" 2>&1 \
+          | tee "$OUT/pdmux-b$b.log" | tail -30 || status=1
+      done ;;
     hostile)
       echo "== hostile requests beside two streams (built-in model)"
       run python3 benchmarks/hostile_requests.py
