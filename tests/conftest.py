@@ -7,6 +7,10 @@ from pathlib import Path
 # spin while another process holds the other core made torch-heavy tests up to 13x slower (a
 # quantized one-batch test: 66 s, 5 s with one thread; a 512^3 matmul 7.9 ms vs 1.7 ms).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Every engine the tests start, servers included (they inherit it), sizes its steps with the fixed
+# nominal step-cost model: the deadline policy's decisions do not depend on this machine's speed.
+# A test of the calibrated model passes step_cost_model="calibrate".
+os.environ.setdefault("EXPRESSLANE_STEP_COST_MODEL", "nominal")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -203,7 +203,7 @@ def test_calibration_steps_fit_the_engine_limits():
 def test_engine_calibrates_at_start_and_times_the_steps_it_runs(llama_dir):
     from expresslane import LLM, SamplingParams
 
-    llm = LLM(str(llama_dir), max_model_len=256, max_num_seqs=8)
+    llm = LLM(str(llama_dir), max_model_len=256, max_num_seqs=8, step_cost_model="calibrate")
     core = llm.engine.core
     assert core.cost_model.predict(StepShape(64)) > 0
     llm.generate(["a b c"] * 4, SamplingParams(max_tokens=12, ignore_eos=True), use_tqdm=False)
@@ -218,3 +218,40 @@ def test_engine_starts_with_a_tiny_kv_cache(llama_dir):
 
     llm = LLM(str(llama_dir), num_kv_blocks=2, max_model_len=16, max_num_batched_tokens=8)
     assert llm.engine.core.cost_model.predict(StepShape(1)) >= 0
+
+
+def test_a_fixed_model_is_nominal_or_read_from_a_file_and_never_refits(tmp_path):
+    from expresslane.engine.core import step_cost_model
+
+    def calibrate():
+        raise AssertionError("a fixed model times nothing")
+
+    nominal = step_cost_model("nominal", 2048, calibrate)
+    assert nominal.to_dict() == StepCostModel.nominal(2048).to_dict()
+    fitted = StepCostModel([1, 64, 512], [4e-3, 5e-3, 9e-3], k_decode=2e-9, k_prefill=1e-12)
+    path = tmp_path / "h200.json"
+    path.write_text(__import__("json").dumps(fitted.to_dict()))
+    loaded = step_cost_model(str(path), 2048, calibrate)
+    assert loaded.to_dict() == fitted.to_dict()
+    for model in (nominal, loaded):
+        before = model.to_dict()
+        for _ in range(1000):  # steps four times slower than predicted
+            model.observe(StepShape(64), 4 * model.predict(StepShape(64)))
+        assert model.to_dict() == before and model.refits == 0
+
+
+def test_a_step_cost_model_that_cannot_be_read_is_a_clear_error(tmp_path):
+    from expresslane.engine.core import step_cost_model
+
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"knots": [1]}')
+    for choice in (str(tmp_path / "missing.json"), str(bad)):
+        with pytest.raises(ValueError, match="--step-cost-model"):
+            step_cost_model(choice, 2048, lambda: None)
+
+
+def test_the_engine_takes_the_configured_model_and_calibrates_only_when_asked(llama_dir):
+    from expresslane import LLM
+
+    llm = LLM(str(llama_dir), max_model_len=64, step_cost_model="nominal")
+    assert llm.engine.core.cost_model.to_dict() == StepCostModel.nominal(2048).to_dict()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -71,6 +72,14 @@ class SchedulerConfig:
                           ("continuous", "static", "dynamic"))
     max_batch_size: int = _knob(8, "batch size of the static and dynamic batching modes")
     batch_timeout_ms: float = _knob(50.0, "dynamic batching: longest wait for a full batch")
+    # The default comes from the environment so that a test suite can fix it for every engine it
+    # starts, servers included (tests/conftest.py); a flag or keyword wins.
+    step_cost_model: str = _knob(
+        os.environ.get("EXPRESSLANE_STEP_COST_MODEL", "calibrate"),
+        "the step-cost model the deadline policy sizes steps with: calibrate (time steps at start-up, then "
+        "refine from the steps run); nominal (fixed, by a step's shape alone: the same decisions on any "
+        "machine, for tests); or a JSON file of a fitted model, fixed (StepCostModel.to_dict, as GET /load "
+        "publishes it); default: $EXPRESSLANE_STEP_COST_MODEL, else calibrate")
 
     def __post_init__(self) -> None:
         if isinstance(self.lane_slo, str):

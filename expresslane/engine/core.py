@@ -6,6 +6,7 @@ tokenization, detokenization and transport around it.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import dataclass
@@ -55,6 +56,23 @@ def resolve_model_dir(model: str | None) -> Path:
     return check_model_dir(model)
 
 
+def step_cost_model(choice: str, max_tokens: int, calibrate) -> StepCostModel:
+    """The engine's step-cost model: `calibrate()`'s fit (refined as steps run), the nominal model,
+    or one read from a JSON file (`StepCostModel.to_dict`); the last two stay fixed."""
+    if choice == "calibrate":
+        return calibrate()
+    if choice == "nominal":
+        model = StepCostModel.nominal(max_tokens)
+    else:
+        try:
+            model = StepCostModel.from_dict(json.loads(Path(choice).read_text()))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"--step-cost-model {choice!r}: not calibrate, nominal or a readable JSON file of a "
+                             f"step-cost model ({type(e).__name__}: {e})") from None
+    model.refit_every = 0
+    return model
+
+
 def resolve_max_model_len(requested: int | None, hf_config) -> int:
     limit = getattr(hf_config, "max_position_embeddings", None) or 2048
     window = getattr(hf_config, "sliding_window", None)
@@ -85,13 +103,16 @@ class EngineCore:
         self.runner.build_graphs(config.model.max_model_len)
         s = config.scheduler
         cuda = self.runner.device.type == "cuda"
-        if getattr(getattr(self.runner, "attn_backend", None), "interpreted", False):
-            self.cost_model = StepCostModel.nominal(s.max_num_batched_tokens)  # no device to time
-        else:
+
+        def calibrate() -> StepCostModel:
             steps = calibration_steps(s.max_num_batched_tokens, s.max_num_seqs, num_blocks, bs,
                                       config.model.max_model_len, light=not cuda)
-            self.cost_model = StepCostModel.fit(time_steps(self.runner, steps, repeats=3 if cuda else 1),
-                                                s.max_num_batched_tokens, self.runner.padded_step_sizes)
+            return StepCostModel.fit(time_steps(self.runner, steps, repeats=3 if cuda else 1),
+                                     s.max_num_batched_tokens, self.runner.padded_step_sizes)
+
+        interpreted = getattr(getattr(self.runner, "attn_backend", None), "interpreted", False)
+        choice = "nominal" if interpreted else s.step_cost_model  # no device to time under the interpreter
+        self.cost_model = step_cost_model(choice, s.max_num_batched_tokens, calibrate)
         log.info("step cost model (%s): %s", self.runner.device, self.cost_model.describe())
         self.runner.reset_expert_tokens()  # the start-up steps above routed dummy tokens
         self._expert_copy = None  # a copy of the counters on its way to the host

@@ -134,7 +134,7 @@ class StepCostModel:
         self._calibration: list[tuple[StepShape, float]] = []
         self._recent: deque[tuple[StepShape, float]] = deque(maxlen=512)
         self._since_fit = 0
-        self.refit_every = 256
+        self.refit_every = 256  # 0: never (a fixed model)
         self.refits = 0  # refits kept
 
     # -- fitting -----------------------------------------------------------------------
@@ -222,7 +222,7 @@ class StepCostModel:
             return
         self._recent.append((shape, seconds))
         self._since_fit += 1
-        if self._since_fit >= self.refit_every:
+        if self.refit_every and self._since_fit >= self.refit_every:
             self._refit()
 
     # -- use -----------------------------------------------------------------------------

@@ -253,6 +253,10 @@ def build_router_app(router: Router) -> FastAPI:
     async def models(request: Request) -> Response:
         return await router.forward_get("/v1/models", request)
 
+    @app.get("/v1/models/{model:path}")
+    async def model(request: Request, model: str) -> Response:
+        return await router.forward_get(request.url.path, request)
+
     @app.get("/health")
     async def health() -> Response:
         up = [r.url for r in router.replicas if r.available]

@@ -163,11 +163,18 @@ def build_app(client: EngineClient, settings: ServerConfig, metrics: Metrics,
     async def prometheus() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
+    def model_card() -> dict:
+        return {"id": model_name, "object": "model", "created": 0, "owned_by": "expresslane",
+                "root": str(client.model_dir) if client.model_dir else None, "max_model_len": client.max_model_len}
+
     @app.get("/v1/models", dependencies=auth)
     async def models() -> dict:
-        card = {"id": model_name, "object": "model", "created": 0, "owned_by": "expresslane",
-                "root": str(client.model_dir) if client.model_dir else None, "max_model_len": client.max_model_len}
-        return {"object": "list", "data": [card]}
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model:path}", dependencies=auth)  # a served name may hold slashes (org/name)
+    async def model(model: str) -> dict:
+        check_model(model)
+        return model_card()
 
     async def body(request: Request) -> tuple[object, int]:
         """The decoded body and its size in bytes. A large one is checked against the limits before

@@ -127,12 +127,24 @@ def test_generate_json_and_stream(server, llm):
     assert sum((e["token_ids"] for e in events), []) == ref.token_ids
 
 
+def test_the_sdk_lists_and_retrieves_the_model(openai_client):
+    import openai
+
+    assert [m.id for m in openai_client.models.list()] == ["tiny"]
+    assert openai_client.models.retrieve("tiny").id == "tiny"
+    with pytest.raises(openai.NotFoundError):
+        openai_client.models.retrieve("gpt-4o")
+
+
 def test_info_endpoints(server, llm):
     h = server.headers
     assert httpx.get(server.url + "/health").json() == {"status": "ok"}
     assert httpx.get(server.url + "/version").json()["version"]
     models = httpx.get(server.url + "/v1/models", headers=h).json()
     assert models["data"][0]["id"] == "tiny" and models["data"][0]["max_model_len"] == 256
+    assert httpx.get(server.url + "/v1/models/tiny", headers=h).json() == models["data"][0]
+    missing = httpx.get(server.url + "/v1/models/org/other", headers=h)
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found", missing.text
     tok = httpx.post(server.url + "/tokenize", json={"prompt": PROMPT}, headers=h).json()
     assert tok["tokens"] == llm.tokenizer.encode(PROMPT) and tok["count"] == len(tok["tokens"])
     tok = httpx.post(server.url + "/tokenize", json={"messages": MESSAGES}, headers=h).json()
