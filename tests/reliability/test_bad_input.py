@@ -22,7 +22,7 @@ pytestmark = pytest.mark.reliability
 
 C, CHAT, GEN, TOK, DETOK = "/v1/completions", "/v1/chat/completions", "/generate", "/tokenize", "/detokenize"
 POSTS = (C, CHAT, GEN, TOK, DETOK)
-GETS = ("/health", "/version", "/metrics", "/load", "/v1/models", "/openapi.json")
+GETS = ("/health", "/version", "/metrics", "/load", "/v1/models", "/v1/models/tiny", "/openapi.json")
 MSG = [{"role": "user", "content": "hi"}]
 OK = {C: {"prompt": "x", "max_tokens": 2}, CHAT: {"messages": MSG, "max_tokens": 2},
       GEN: {"prompt": "x", "max_tokens": 2}, TOK: {"prompt": "x"}, DETOK: {"tokens": [1, 2]}}
@@ -200,7 +200,7 @@ for p in POSTS:
         case(f"{method} {p}", method, p, None, None, 405)
 for p in GETS:
     case(f"POST {p}", "POST", p, b"{}", None, 405)
-for p in ["/", "/v1", "/v1/completion", "/v2/completions", "/v1/models/tiny", "/v1/embeddings", "/v1/../etc/passwd",
+for p in ["/", "/v1", "/v1/completion", "/v2/completions", "/v1/engines/tiny", "/v1/embeddings", "/v1/../etc/passwd",
           "/%00", "/" + "a" * 8000, "/v1/chat/completions/x"]:
     case(f"unknown path {p[:20]}", "POST", p, OK[C], None, 404)
 

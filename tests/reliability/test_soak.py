@@ -189,7 +189,7 @@ def _trend(lines: list[dict]) -> str:
 
 
 def test_soak_mixed_traffic_no_errors_no_memory_growth():
-    s = Server().wait_ready()
+    s = Server("--step-cost-model", "calibrate").wait_ready()  # as deployed (the suite's default is nominal)
     try:
         counts: Counter = Counter()
         errors: list[str] = []
