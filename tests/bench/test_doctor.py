@@ -177,7 +177,8 @@ def test_doctor_end_to_end_on_expresslane_fcfs_then_with_its_flags(tmp_path):
     common = ["--num-short", "8", "--repeats", "3", "--duration", "3", "--rate", "4", "--output-len", "16"]
 
     def doctor(*serve_args: str) -> dict:
-        srv = Server("--max-model-len", "1024", *serve_args, api_key=None).wait_ready()
+        # the doctor measures this machine's latency: the engine sizes steps by its calibrated model
+        srv = Server("--max-model-len", "1024", "--step-cost-model", "calibrate", *serve_args, api_key=None).wait_ready()
         try:
             out = tmp_path / "doctor.json"
             assert bench("doctor", "--base-url", srv.url, *common, "--output", str(out)) == 0
