@@ -238,7 +238,6 @@ class DeadlinePolicy(SchedulingPolicy):
                 room = max(room, head.num_tokens)
                 return top, room, top
             # a request arriving meanwhile waits at most an eighth of its TTFT target here too
-            # (one request's 256 long prompts starting together made it 2048 tokens)
             step = max(room, self.cost_model.max_chunk(base, 0, limit, slo.ttft / LONE_STEP_SHARE))
             return step, room, room
         if head is None or head.lane != "interactive":
