@@ -52,6 +52,14 @@ from expresslane.server.serving import (
 log = logging.getLogger(__name__)
 
 _INLINE_BYTES = 64 * 1024  # a body larger than this is tokenized in a worker thread
+_PAUSE_S = 0.001  # between the long parts of a large body's handling (see _let_others_run)
+
+
+async def _let_others_run() -> None:
+    """A pause between two long parts of one large request's work. A bare ``sleep(0)`` lets
+    the loop run once, but an engine output reaches its stream only after three turns (socket,
+    tracker, the stream's writer): a timed pause lets them all run."""
+    await asyncio.sleep(_PAUSE_S)
 
 
 class SSEResponse(StreamingResponse):
@@ -185,14 +193,16 @@ def build_app(client: EngineClient, settings: ServerConfig, metrics: Metrics,
             if client.state == "ready":
                 precheck(obj, settings.limits, settings.limits.max_prompt_chars or client.max_prompt_chars,
                          client.max_model_len, client.inputs.vocab_size)
-            await asyncio.sleep(0)
+            await _let_others_run()
         return obj, len(raw)
 
     async def run(request: Request, req: SamplingRequest, prepare, endpoint, prefix: str, size: int) -> Response:
         check_model(req.model)
         client.check_accepting()
         if size > _INLINE_BYTES:  # tokenization and chat templates of a large input: off the event loop
+            await _let_others_run()  # after its validation
             prompts, params = await asyncio.to_thread(prepare, client, req, settings.limits)
+            await _let_others_run()
         else:
             prompts, params = prepare(client, req, settings.limits)
         if getattr(request.state, "api_key", None) is not None:  # 429 + Retry-After over the key's tokens/min

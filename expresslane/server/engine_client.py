@@ -34,7 +34,7 @@ from expresslane.server.engine_link import EngineLink, EngineStartError
 from expresslane.server.limits import longest_token_chars
 from expresslane.server.metrics import Metrics
 from expresslane.server.tracker import RequestGroup, RequestTracker
-from expresslane.server.wire import Abort, Add, OutputsIn, Profile, Profiled
+from expresslane.server.wire import Abort, OutputsIn, Profile, Profiled, add_messages
 from expresslane.tokenizer import eos_token_ids, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -65,6 +65,11 @@ class EngineClient:
     @property
     def num_inflight(self) -> int:
         return 0 if self.tracker is None else len(self.tracker)
+
+    @property
+    def num_admitted(self) -> int:
+        """Requests admitted since start (a restart's tracker keeps counting)."""
+        return 0 if self.tracker is None else self.tracker.num_added
 
     @property
     def engine_pid(self) -> int | None:
@@ -257,7 +262,7 @@ class EngineClient:
                                         eos=self.inputs.eos, timeout=timeout)
         group.abort = self.abort
         try:
-            self._link.send(Add(batch))
+            self._link.send(*add_messages(batch))
         except Exception:  # not sent (say, a value the wire format cannot carry): leave no trace
             for key in group.tracked:
                 self.tracker.abort(key)

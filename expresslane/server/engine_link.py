@@ -99,8 +99,11 @@ class EngineLink:
         task = asyncio.ensure_future(asyncio.to_thread(proc.join))
         task.add_done_callback(lambda _: self.exited.done() or self.exited.set_result(proc.exitcode))
 
-    def send(self, msg: ToEngine) -> None:
-        self._in.send(self._encode(msg))
+    def send(self, *msgs: ToEngine) -> None:
+        """Send messages in order; all are encoded before any is sent (a value the wire format
+        cannot carry raises with nothing sent)."""
+        for frame in [self._encode(m) for m in msgs]:
+            self._in.send(frame)
 
     async def recv(self):
         """The next message from the engine, decoded (raises msgspec errors on a corrupt one)."""

@@ -3,8 +3,8 @@
 It ignores SIGTERM and SIGINT, which a supervisor may send the whole process group: the API
 process drains, then sends ``Shutdown``; if the API process dies, this one exits within half a
 second (``child_process.py``). The loop blocks on the input socket only when the engine
-has nothing to run; otherwise it drains whatever messages arrived, steps once and
-sends that step's outputs. Tokenization, detokenization and stop strings live in the
+has nothing to run; otherwise it takes whatever messages arrived (a large request's
+Adds a few per step: ``inbox.py``), steps once and sends that step's outputs. Tokenization, detokenization and stop strings live in the
 API process: only token ids cross the socket.
 """
 
@@ -21,6 +21,7 @@ import zmq
 
 from expresslane.child_process import exit_with_parent, ignore_stop_signals
 from expresslane.config import EngineConfig
+from expresslane.server.inbox import Inbox
 from expresslane.server.profiler import EngineProfiler, ProfileError
 from expresslane.server.wire import Abort, Add, Failed, Outputs, Profile, Profiled, Ready, Shutdown, ToEngine
 
@@ -102,17 +103,20 @@ def _profile(profiler: EngineProfiler | None, start: bool) -> Profiled:
 
 
 def _loop(core: EngineCore, inp: zmq.Socket, out: zmq.Socket, encode, profiler: EngineProfiler | None) -> None:
-    decode = msgspec.msgpack.Decoder(ToEngine).decode
+    inbox = Inbox(msgspec.msgpack.Decoder(ToEngine).decode)
     while True:
-        busy = core.has_unfinished()
+        busy = core.has_unfinished() or inbox.has_bulk
         if not busy:
             inp.poll()  # idle: wait for a message
-        outputs, received, rejected, handled = [], {}, {}, False
         while inp.poll(0):
-            msg = decode(inp.recv())
+            inbox.put(inp.recv())
+        outputs, received, rejected, handled = [], {}, {}, False
+        for msg in inbox.messages():
             handled = True
             if isinstance(msg, Add):
                 for req in msg.requests:
+                    if inbox.dropped(req.request_id):
+                        continue
                     try:
                         core.add_request(req)
                         received[req.request_id] = time.monotonic()
@@ -120,6 +124,7 @@ def _loop(core: EngineCore, inp: zmq.Socket, out: zmq.Socket, encode, profiler: 
                         rejected[req.request_id] = str(e)
             elif isinstance(msg, Abort):
                 outputs += core.abort(msg.request_ids)
+                inbox.aborted(msg.request_ids)
             elif isinstance(msg, Profile):
                 out.send(encode(_profile(profiler, msg.start)))
             elif isinstance(msg, Shutdown):

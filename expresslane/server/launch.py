@@ -25,6 +25,7 @@ from expresslane.server.api import build_app
 from expresslane.server.batch_routes import BatchService, batch_service
 from expresslane.server.engine_client import EngineClient
 from expresslane.server.gpu_metrics import GpuSampler
+from expresslane.server.memory import IdleTrim, tune_allocator
 from expresslane.server.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,7 @@ _FLUSH_S = 0.5  # past the shutdown timeout: how long the ended requests' respon
 # so a 64 kB header got a 401 or a 400 by how TCP happened to split it; past this limit the answer
 # is always 400, and the client may see a reset for the bytes it was still sending.
 MAX_HEADER_BYTES = 4 * 1024 * 1024
+IDLE_TRIM_TICKS = 10  # uvicorn ticks (0.1 s each) between checks for an idle server to trim
 
 
 class DrainingServer(uvicorn.Server):
@@ -46,6 +48,7 @@ class DrainingServer(uvicorn.Server):
         self._drain_deadline: float | None = None
         self._drain_logged = False
         self._ended_at: float | None = None  # when the requests left at the deadline were failed
+        self._idle_trim = IdleTrim(lambda: client.num_inflight, lambda: client.num_admitted)
 
     def handle_exit(self, sig: int, frame) -> None:
         # A signal handler: only set flags here; on_tick (every 0.1 s) does the work. Not
@@ -58,6 +61,8 @@ class DrainingServer(uvicorn.Server):
             self.should_exit = True
 
     async def on_tick(self, counter: int) -> bool:
+        if counter % IDLE_TRIM_TICKS == 0:
+            self._idle_trim.check()
         if self._drain_deadline is not None:
             if not self._drain_logged:
                 log.warning("shutting down: waiting up to %gs for %d in-flight requests", self.shutdown_timeout,
@@ -81,6 +86,7 @@ class DrainingServer(uvicorn.Server):
 def serve(settings: ServerConfig, engine_kwargs: dict, log_level: str) -> int:
     """Run ``expresslane serve`` with these settings (validated) and engine flags (the model included)."""
     settings = replace(settings, served_model_name=settings.model_name(engine_kwargs.get("model")))
+    tune_allocator()  # before any thread starts
     lanes = EngineConfig.from_kwargs(**engine_kwargs).scheduler.lane_slo
     log_level = log_level.upper()
     metrics = Metrics(settings.served_model_name, lanes)

@@ -126,6 +126,7 @@ class RequestTracker:
         self.outputs = OutputProcessor(tokenizer)
         self._prompts: dict[str, _Prompt] = {}  # unfinished prompts by key
         self._seqs: dict[str, _Prompt] = {}  # engine id -> its prompt
+        self.num_added = 0  # requests registered since start
         self._decode_output = msgspec.msgpack.Decoder(EngineCoreOutput).decode
         self._decode_id = msgspec.msgpack.Decoder(OutputId).decode
 
@@ -137,6 +138,7 @@ class RequestTracker:
             ) -> tuple[RequestGroup, list[EngineCoreRequest]]:
         """Register an admitted request; returns its group and the engine requests to send."""
         arrival = time.monotonic()
+        self.num_added += 1
         group = RequestGroup({}, asyncio.Queue(), None if timeout is None else arrival + timeout, timeout)
         batch = []
         keys = [f"{request_id}-{i}" for i in range(len(prompts))]

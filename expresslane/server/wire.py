@@ -7,8 +7,25 @@ import msgspec
 from expresslane.engine.contract import EngineCoreOutput, EngineCoreRequest, StepStats
 
 
+ADD_PIECE_TOKENS = 32_768  # prompt tokens per Add message at most (unless one prompt is longer)
+
+
 class Add(msgspec.Struct, tag=True):
     requests: list[EngineCoreRequest]  # a parent's n children (or several prompts) at once
+
+
+def add_messages(requests: list[EngineCoreRequest]) -> list[Add]:
+    """One HTTP request's engine requests as Add messages of at most ADD_PIECE_TOKENS prompt
+    tokens each: the engine admits a large request a piece per step (``server/inbox.py``)."""
+    pieces: list[Add] = []
+    tokens = 0
+    for req in requests:
+        if not pieces or tokens + len(req.prompt_token_ids) > ADD_PIECE_TOKENS:
+            pieces.append(Add([]))
+            tokens = 0
+        pieces[-1].requests.append(req)
+        tokens += len(req.prompt_token_ids)
+    return pieces
 
 
 class Abort(msgspec.Struct, tag=True):

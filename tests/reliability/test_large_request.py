@@ -11,14 +11,16 @@ client leaves (the engine aborts it; it would take minutes here). Pass: once the
 one step at the interactive budget (the lane's tpot target), every short request's first token comes
 within the interactive TTFT target (one request's 256 prompts held every seat: a new request
 waited seconds), and /health answers within 100 ms.
-The gap around the admission itself is printed, not asserted: decoding and validating the 2.1 MB
-body holds the API process's GIL for about 25 ms, and it misses that bound here (docs/reliability.md).
+The gap around the admission itself is held to the same bound: the API process pauses between
+decoding, validating, tokenizing and sending the body, and the engine admits the request's
+pieces a few per step (server/inbox.py).
 The deterministic part (the policy's decisions) is tests/test_large_request.py.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import statistics
 import time
 
@@ -83,11 +85,13 @@ async def _beside_the_large_request(s: Server) -> tuple[list[float], list[float]
                 health.append(time.monotonic() - t0)
                 await asyncio.sleep(0.02)
 
+        body = json.dumps(LARGE).encode()  # before the stream starts: encoding it holds this client's loop ~50 ms
         stream = asyncio.create_task(_stream_gaps(http, 2000, done))
         await asyncio.sleep(1.0)  # the stream is decoding
         prober = asyncio.create_task(probe())
         sent = time.monotonic()
-        large = asyncio.create_task(http.post("/v1/completions", json=LARGE))
+        large = asyncio.create_task(http.post("/v1/completions", content=body,
+                                              headers={"content-type": "application/json"}))
         newcomers = asyncio.create_task(_first_tokens(http, done))
         await asyncio.sleep(WINDOW)
         assert not large.done(), large.result().text[:300]  # still in flight at the end of the window
@@ -115,6 +119,6 @@ def test_a_256_prompt_request_does_not_freeze_other_streams():
               f"{admission * 1e3:.1f} ms; {len(ttfts)} short requests meanwhile: TTFT median "
               f"{statistics.median(ttfts) * 1e3:.1f} ms, max {max(ttfts) * 1e3:.1f} ms; /health max "
               f"{max(health) * 1e3:.1f} ms over {len(health)} probes")
-        assert max(beside) <= bound and max(ttfts) <= TTFT and max(health) < 0.1
+        assert max(beside) <= bound and admission <= bound and max(ttfts) <= TTFT and max(health) < 0.1
     finally:
         s.stop()

@@ -171,10 +171,14 @@ class Minutes:
         self._thread.join()
 
 
+IDLE_TRIM_SETTLE_S = 2.5  # two of the server's idle checks (launch.IDLE_TRIM_TICKS) and the trim
+
+
 def _idle(s: Server, errors: list) -> tuple[float, float, int, int]:
     """(API RSS MB, engine RSS MB, API fds, engine fds) once the server is idle with an empty KV cache."""
     assert errors == [], errors[:10]
     wait_idle(s, 30)  # no request left and no KV block in use: none leaked
+    time.sleep(IDLE_TRIM_SETTLE_S)  # an idle server gives its free heap pages back within a second
     return rss_mb(s.proc.pid), rss_mb(s.engine_pid()), fds(s.proc.pid), fds(s.engine_pid())
 
 

@@ -34,3 +34,26 @@ def test_trims_run_off_the_loop_one_at_a_time_and_coalesce(monkeypatch):
 
 def test_glibc_malloc_trim_is_found_here():
     assert memory._trim is not None  # this machine and the GPU machine run glibc
+
+
+def test_idle_trim_once_after_each_busy_period(monkeypatch):
+    trims: list[int] = []
+    monkeypatch.setattr(memory, "trim_soon", lambda: trims.append(state["admitted"]))
+    state = {"in_flight": 0, "admitted": 0}
+    idle = memory.IdleTrim(lambda: state["in_flight"], lambda: state["admitted"])
+    idle.check()
+    assert trims == []  # nothing served yet: nothing to give back
+    state.update(in_flight=2, admitted=2)
+    idle.check()
+    assert trims == []  # busy
+    state["in_flight"] = 0
+    idle.check()
+    idle.check()
+    assert trims == [2]  # once, when it went idle
+    state["admitted"] = 3  # a request came and went between two checks
+    idle.check()
+    assert trims == [2, 3]
+
+
+def test_tune_allocator_sets_glibcs_thresholds():
+    assert memory.tune_allocator() is True  # mallopt returns 1 for each accepted setting
