@@ -62,7 +62,7 @@ def main() -> None:
             plan = StepPlan(0, [ScheduledSeq("agree", ids, 0, blocks, False)], len(ids),
                             [NewRequest("agree", SamplingParams())])
             input_ids, positions, meta = runner._prepare(runner.batch.apply(plan))
-            runner.batch.apply(StepPlan(1, [], 0, finished_request_ids=["agree"]))
+            runner.release(["agree"])
             ours = runner.model.compute_logits(runner.model(input_ids, positions, meta))
             same = ours.argmax(-1) == ref.argmax(-1)
             hf_vs_32 += int((ref.argmax(-1) == top1_32).sum())

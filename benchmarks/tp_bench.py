@@ -80,7 +80,7 @@ def _allreduce_rank(rank: int, world: int, port: int, hidden: int, queue) -> Non
 
 
 def allreduce_bench(world: int, hidden: int) -> list[dict]:
-    from expresslane.distributed.executor import free_port
+    from expresslane.runner.tensor_parallel import free_port
 
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()

@@ -30,8 +30,6 @@ TIERS = [
     ("expresslane.engine.request", 4, "scheduler/kv"),
     ("expresslane.engine.spec_decode", 4, "scheduler/kv"),
     ("expresslane.runner", 3, "runner"),
-    ("expresslane.distributed.executor", 3, "runner"),  # tensor parallelism: runners on every rank
-    ("expresslane.distributed.worker", 3, "runner"),
     ("expresslane.models", 2, "model"),
     ("expresslane.attention", 1, "attention/layers"),
     ("expresslane.layers", 1, "attention/layers"),

@@ -76,7 +76,7 @@ def test_steps_that_sample_nothing_are_waited_for(llama_dir, monkeypatch):
     """A step of prefill chunks alone samples no token, yet landing it waits for its end: the
     host keeps at most one step queued behind the running one (unbounded, a request arriving
     next waited behind a whole long prompt's chunks: 237 ms on the H200)."""
-    from expresslane.runner.model_runner import StepResult
+    from expresslane.runner.step_result import StepResult
     landed = []
     get = StepResult.get
 

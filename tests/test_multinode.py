@@ -8,7 +8,7 @@ import sys
 from test_equivalence import GREEDY, LENGTHS, PROMPTS
 
 from expresslane import LLM
-from expresslane.distributed.executor import free_port
+from expresslane.runner.tensor_parallel import free_port
 
 PICKED = [0, 4, 8, 12] + list(range(len(LENGTHS), len(PROMPTS)))
 CASE = dict(max_num_batched_tokens=64, max_model_len=512, num_kv_blocks=32, enable_prefix_caching=True)

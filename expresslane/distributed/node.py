@@ -11,7 +11,7 @@ import logging
 import signal
 
 from expresslane.config import EngineConfig
-from expresslane.distributed.executor import device_type, spawn_workers
+from expresslane.runner.tensor_parallel import device_type, spawn_workers
 
 log = logging.getLogger(__name__)
 

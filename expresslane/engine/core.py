@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from expresslane.config import EngineConfig
-from expresslane.distributed.executor import make_runner
 from expresslane.engine.batching import make_scheduler
 from expresslane.engine.contract import EngineCoreOutput, EngineCoreRequest, StepPlan, StepStats
 from expresslane.engine.cost_model import StepCostModel, StepShape
@@ -21,7 +20,8 @@ from expresslane.engine.kv_cache import KVCacheManager
 from expresslane.engine.request import Request, check_prompt_length
 from expresslane.engine.spec_decode import SpecDecoder
 from expresslane.models.model_dir import check_model_dir, load_hf_config
-from expresslane.runner.model_runner import StepResult
+from expresslane.runner.registry import make_runner
+from expresslane.runner.step_result import StepResult
 from expresslane.runner.step_timing import calibration_steps, time_steps
 
 log = logging.getLogger(__name__)
@@ -110,8 +110,7 @@ class EngineCore:
             return StepCostModel.fit(time_steps(self.runner, steps, repeats=3 if cuda else 1),
                                      s.max_num_batched_tokens, self.runner.padded_step_sizes)
 
-        interpreted = getattr(getattr(self.runner, "attn_backend", None), "interpreted", False)
-        choice = "nominal" if interpreted else s.step_cost_model  # no device to time under the interpreter
+        choice = "nominal" if self.runner.interpreted else s.step_cost_model  # no device to time under the interpreter
         self.cost_model = step_cost_model(choice, s.max_num_batched_tokens, calibrate)
         log.info("step cost model (%s): %s", self.runner.device, self.cost_model.describe())
         self.runner.reset_expert_tokens()  # the start-up steps above routed dummy tokens

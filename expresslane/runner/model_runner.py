@@ -25,11 +25,13 @@ from expresslane.models.model_dir import read_config
 from expresslane.models.presets import dummy_weights
 from expresslane.models.registry import model_class
 from expresslane.quant import resolve_quantization
+from expresslane.runner.base import Runner
 from expresslane.runner.cuda_graphs import DecodeGraphs, MixedGraphs, Patch
 from expresslane.runner.expert_load import ExpertTokensCopy, copy_expert_tokens, reset_expert_tokens
 from expresslane.runner.input_batch import InputBatch, StepInputs
 from expresslane.runner.sampler import Sampler, SamplingBatch
 from expresslane.runner.spec_verify import Verified, verify
+from expresslane.runner.step_result import StepResult
 from expresslane.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -61,7 +63,7 @@ def resolve_dtype(name: str, hf_config, device: torch.device) -> torch.dtype:
     return model_dtype if model_dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
 
 
-class ModelRunner:
+class ModelRunner(Runner):
     def __init__(self, config: EngineConfig, hf_config, model_dir: Path, tp: TPGroup | None = None):
         """`tp`: with tensor parallelism, this rank's group; the runner then holds and runs its
         slice of the model (the collectives happen inside the model's layers)."""
@@ -151,7 +153,7 @@ class ModelRunner:
         seqs = [ScheduledSeq(rid, [0] * per_seq, 0, list(range(i * nblocks, (i + 1) * nblocks)), True)
                 for i, rid in enumerate(ids)]
         self.execute(StepPlan(-1, seqs, per_seq * num_seqs, [NewRequest(rid, _GREEDY) for rid in ids])).get()
-        self.batch.apply(StepPlan(-1, [], 0, finished_request_ids=ids))
+        self.release(ids)
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
         attn = self.model.layers[0].self_attn
@@ -194,8 +196,11 @@ class ModelRunner:
 
     @property
     def padded_step_sizes(self) -> tuple[int, ...]:
-        """Token counts a step with prefill is padded to: the mixed graphs' buckets (none eager)."""
         return () if self.mixed_graphs is None else tuple(self.mixed_graphs.sizes)
+
+    @property
+    def interpreted(self) -> bool:
+        return getattr(self.attn_backend, "interpreted", False)
 
     # -- mixture-of-experts load (rank 0's counters are complete: every rank routes every token) ---
     def copy_expert_tokens(self) -> ExpertTokensCopy | None:
@@ -206,8 +211,7 @@ class ModelRunner:
 
     # -- one step ------------------------------------------------------------------------------
     @torch.inference_mode()
-    def execute(self, plan: StepPlan) -> "StepResult":
-        """Launch a step; its sampled ids stay on the device until `StepResult.get()`."""
+    def execute(self, plan: StepPlan) -> StepResult:
         for rid in plan.finished_request_ids:
             self._generators.pop(rid, None)
         inputs = self.batch.apply(plan)
@@ -224,7 +228,12 @@ class ModelRunner:
         self._prev_tokens, self._prev_rows = tokens, {rid: i for i, rid in enumerate(ids)}
         return StepResult(self.device, ids, tokens, logprobs)
 
-    def _execute_spec(self, inputs: StepInputs) -> "StepResult":
+    def release(self, request_ids: list[str]) -> None:
+        for rid in request_ids:
+            self._generators.pop(rid, None)
+        self.batch.apply(StepPlan(-1, [], 0, finished_request_ids=request_ids))
+
+    def _execute_spec(self, inputs: StepInputs) -> StepResult:
         """A step that verifies proposals: logits at each speculating seq's last token
         and proposals, at the other sampling seqs' last token; the core lands it before the
         next plan, so no later step takes an input token from it on the device."""
@@ -276,12 +285,11 @@ class ModelRunner:
         return self.model.compute_logits(hidden[to_device(rows, torch.int64, self.device)])
 
     def verify_rows(self) -> int | None:
-        """The most logits rows a verify step may have and still replay a mixed-step CUDA graph
-        (`MixedGraphs.fits_rows`); None without graphs (every step runs eagerly)."""
+        """(`MixedGraphs.fits_rows`)"""
         return self.mixed_graphs.max_seqs if self.mixed_graphs is not None else None
 
     def draft_cost_ratio(self) -> float:
-        """A draft step's cost relative to a target step, by parameter count (0 without a draft model)."""
+        """By parameter count."""
         if self.draft is None:
             return 0.0
         return self.draft.num_params / sum(p.numel() for p in self.model.parameters())
@@ -354,43 +362,3 @@ class ModelRunner:
 
 
 _GREEDY = SamplingParams(temperature=0.0, max_tokens=1)
-
-
-class StepResult:
-    """Sampled ids of a launched step, copied to the host without blocking the launch. With
-    `spec` (request ids, Verified): speculating requests' verified tokens. On CUDA `get()`
-    waits for the step's end even when it sampled nothing (prefill chunks only): otherwise the
-    host would launch such steps back to back without bound, and a request arriving next
-    would queue behind all of them."""
-
-    def __init__(self, device: torch.device, request_ids: list[str], tokens: torch.Tensor | None,
-                 logprobs: list[dict[int, float]] | None, spec: tuple[list[str], Verified] | None = None):
-        self.request_ids, self.logprobs = request_ids, logprobs
-        self.spec_ids, self._verified = spec if spec else ([], None)
-        on_device = ([tokens] if tokens is not None else []) + (self._verified.tensors if spec else [])
-        self._event = None
-        self._host = on_device
-        if device.type == "cuda":
-            self._host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in on_device]
-            for h, t in zip(self._host, on_device):
-                h.copy_(t, non_blocking=True)
-            self._event = torch.cuda.Event()
-            self._event.record()
-
-    def ready(self) -> bool:
-        """Whether the step has ended (`get` would not wait)."""
-        return self._event is None or self._event.query()
-
-    def get(self) -> tuple[dict[str, int | list[int]], dict[str, dict[int, float]] | None]:
-        """Each sampling request's token; a speculating request's tokens as a list."""
-        if self._event is not None:
-            self._event.synchronize()
-        if not self._host:
-            return {}, None
-        host = list(self._host)
-        sampled: dict[str, int | list[int]] = {}
-        if self.request_ids:
-            sampled.update(zip(self.request_ids, host.pop(0).tolist()))
-        if self.spec_ids:
-            sampled.update(zip(self.spec_ids, self._verified.tokens([t.numpy() for t in host])))
-        return sampled, (dict(zip(self.request_ids, self.logprobs)) if self.logprobs is not None else None)

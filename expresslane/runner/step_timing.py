@@ -56,7 +56,7 @@ def _run(runner, step: list[tuple[int, int]], block_size: int) -> None:
         next_block += nblocks
     ids = [s.request_id for s in seqs]
     runner.execute(StepPlan(-1, seqs, sum(n for _, n in step), [NewRequest(rid, _GREEDY) for rid in ids])).get()
-    runner.batch.apply(StepPlan(-1, [], 0, finished_request_ids=ids))
+    runner.release(ids)
 
 
 @torch.inference_mode()

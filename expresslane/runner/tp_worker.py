@@ -2,7 +2,7 @@
 engine config from rank 0, loads its slice of the model, then runs rank 0's commands
 (each step's plan) until told to stop or until rank 0 is gone.
 
-    python -m expresslane.distributed.worker --rank R --local-rank L --local-world-size M --world-size N \\
+    python -m expresslane.runner.tp_worker --rank R --local-rank L --local-world-size M --world-size N \\
         --init-addr HOST:PORT --device-type cpu|cuda
 """
 
@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from expresslane.child_process import exit_with_parent, ignore_stop_signals
-from expresslane.distributed.executor import ReceivingSampler, init_group, rank_config, run_command
+from expresslane.runner.tensor_parallel import ReceivingSampler, init_group, rank_config, run_command
 from expresslane.distributed.group import TPGroup
 from expresslane.models.model_dir import load_hf_config
 from expresslane.runner.model_runner import ModelRunner

@@ -12,7 +12,7 @@ workers as a command, then run by every rank alike::
 
 Ranks: ``tensor_parallel_size / nnodes`` on each node, global rank = node_rank x that +
 local rank; local rank r uses cuda:r on GPU. Workers are separate processes (``python -m
-expresslane.distributed.worker``): the engine process may itself be a daemon, which
+expresslane.runner.tp_worker``): the engine process may itself be a daemon, which
 multiprocessing forbids to have children.
 """
 
@@ -33,23 +33,12 @@ from expresslane.config import EngineConfig
 from expresslane.distributed.group import TPGroup
 from expresslane.distributed.layers import even_split, head_split
 from expresslane.layers.moe import check_expert_split, num_experts_of
+from expresslane.runner.base import Runner
 from expresslane.runner.model_runner import ModelRunner, resolve_device
 
 log = logging.getLogger(__name__)
 
 INIT_TIMEOUT = timedelta(minutes=10)  # ranks on other nodes may start later than rank 0
-
-
-def make_runner(config: EngineConfig, hf_config, model_dir: Path):
-    """The engine core's runner: a plain ModelRunner, or rank 0 of a tensor-parallel group."""
-    p = config.parallel
-    if p.tensor_parallel_size == 1:
-        return ModelRunner(config, hf_config, model_dir)
-    if p.node_rank != 0:
-        raise ValueError(f"node_rank {p.node_rank} runs workers only: start it with "
-                         "`expresslane serve --node-rank N ...`; node 0 runs the engine")
-    check_splits(config, hf_config)
-    return TPExecutor(config, hf_config, model_dir)
 
 
 def check_splits(config: EngineConfig, hf_config) -> None:
@@ -99,7 +88,7 @@ def init_group(rank: int, world_size: int, addr: str, dev_type: str) -> object:
 def spawn_workers(ranks: list[tuple[int, int]], per_node: int, world_size: int, addr: str,
                   dev_type: str) -> list[subprocess.Popen]:
     """One worker process per (global rank, local rank)."""
-    return [subprocess.Popen([sys.executable, "-m", "expresslane.distributed.worker", "--rank", str(rank),
+    return [subprocess.Popen([sys.executable, "-m", "expresslane.runner.tp_worker", "--rank", str(rank),
                               "--local-rank", str(local), "--local-world-size", str(per_node), "--world-size",
                               str(world_size), "--init-addr", addr, "--device-type", dev_type])
             for rank, local in ranks]
@@ -111,8 +100,6 @@ def run_command(runner: ModelRunner, control, method: str, args: tuple):
         n = torch.tensor([runner.profile_num_blocks(*args)], dtype=torch.int64)
         dist.all_reduce(n, op=dist.ReduceOp.MIN, group=control)
         return int(n)
-    if method == "batch_apply":
-        return runner.batch.apply(*args)
     if method == "weight_numel":  # per rank: elements of the parameters it holds
         numel = {name: p.numel() for name, p in runner.model.named_parameters()}
         out: list = [None] * dist.get_world_size()
@@ -143,19 +130,9 @@ class ReceivingSampler:
         return self.tp.broadcast(torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device), src=0), None
 
 
-class _Batch:
-    """`runner.batch.apply` for callers outside the runner (start-up calibration): on every rank."""
-
-    def __init__(self, executor: "TPExecutor"):
-        self._executor = executor
-
-    def apply(self, plan):
-        return self._executor._call("batch_apply", plan)
-
-
-class TPExecutor:
-    """Rank 0's ModelRunner, with every model-touching call broadcast to the workers first.
-    Other attributes (device, dtype, model, ...) are rank 0's runner's."""
+class TPExecutor(Runner):
+    """Rank 0's ModelRunner, with every model-touching call broadcast to the workers first;
+    the facts (device, dtype, the model, graphs' sizes) are rank 0's."""
 
     def __init__(self, config: EngineConfig, hf_config, model_dir: Path):
         p = config.parallel
@@ -175,12 +152,9 @@ class TPExecutor:
             raise
         atexit.register(self.shutdown)
         self.runner.sampler = BroadcastingSampler(self.runner.sampler, self.tp)
-        self.batch = _Batch(self)
-
-    def __getattr__(self, name):
-        if name == "runner":  # not built (yet)
-            raise AttributeError(name)
-        return getattr(self.runner, name)
+        r = self.runner
+        self.device, self.dtype, self.kv_dtype, self.block_size, self.model = (
+            r.device, r.dtype, r.kv_dtype, r.block_size, r.model)
 
     def _call(self, method: str, *args):
         dist.broadcast_object_list([(method, args)], src=0, group=self._control)
@@ -195,8 +169,34 @@ class TPExecutor:
     def build_graphs(self, max_model_len: int, capture: bool = True) -> None:
         self._call("build_graphs", max_model_len, capture)
 
+    def kv_block_bytes(self) -> int:
+        return self.runner.kv_block_bytes()  # every rank holds the same share of the heads
+
+    @property
+    def padded_step_sizes(self) -> tuple[int, ...]:
+        return self.runner.padded_step_sizes
+
+    @property
+    def interpreted(self) -> bool:
+        return self.runner.interpreted
+
     def execute(self, plan):
         return self._call("execute", plan)
+
+    def release(self, request_ids: list[str]) -> None:
+        self._call("release", request_ids)
+
+    def verify_rows(self) -> int | None:
+        return self.runner.verify_rows()
+
+    def draft_cost_ratio(self) -> float:
+        return self.runner.draft_cost_ratio()
+
+    def copy_expert_tokens(self):
+        return self.runner.copy_expert_tokens()  # rank 0's counters are complete: every rank routes every token
+
+    def reset_expert_tokens(self) -> None:
+        self.runner.reset_expert_tokens()
 
     def weight_numel(self) -> list[dict[str, int]]:
         """Per rank, the number of elements of each parameter it holds (measured, not derived)."""

@@ -1,0 +1,84 @@
+"""Runner: what the engine may call on the part that holds the model.
+
+One process's ``ModelRunner`` and rank 0 of a tensor-parallel group (``TPExecutor``) are the
+two runners; ``runner/registry.py`` picks one. The engine calls nothing else on a runner:
+start-up (KV memory, graphs), one step (``execute`` a plan), and the facts the scheduler and
+the cost model need.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from expresslane.engine.contract import StepPlan
+    from expresslane.runner.expert_load import ExpertTokensCopy
+    from expresslane.runner.step_result import StepResult
+
+
+class Runner(ABC):
+    device: torch.device
+    dtype: torch.dtype  # the model's
+    kv_dtype: torch.dtype  # the KV cache's (fp8 with --kv-cache-dtype fp8)
+    block_size: int  # tokens per KV block
+    model: nn.Module  # this process's model (its slice, with tensor parallelism)
+
+    # -- start-up, in this order -----------------------------------------------------------------
+    @abstractmethod
+    def profile_num_blocks(self, max_blocks: int) -> int:
+        """How many KV blocks fit (every rank: the smallest count), at most ``max_blocks``."""
+
+    @abstractmethod
+    def allocate_kv_cache(self, num_blocks: int) -> None: ...
+
+    @abstractmethod
+    def build_graphs(self, max_model_len: int, capture: bool = True) -> None:
+        """CUDA graphs where the backend allows them; ``capture=False`` runs the same static
+        buffers eagerly (tests on CPU)."""
+
+    @abstractmethod
+    def kv_block_bytes(self) -> int:
+        """Bytes one KV block takes in this process (the draft model's included)."""
+
+    @property
+    @abstractmethod
+    def padded_step_sizes(self) -> tuple[int, ...]:
+        """Token counts a step with prefill is padded to (the graphs' buckets; none when eager)."""
+
+    @property
+    @abstractmethod
+    def interpreted(self) -> bool:
+        """Whether kernels run under Triton's interpreter: step times then say nothing of a device."""
+
+    # -- steps ---------------------------------------------------------------------------------
+    @abstractmethod
+    def execute(self, plan: StepPlan) -> StepResult:
+        """Launch one step; its sampled ids stay on the device until ``StepResult.get()``."""
+
+    @abstractmethod
+    def release(self, request_ids: list[str]) -> None:
+        """Forget these requests' rows without a step (after steps run outside the scheduler)."""
+
+    # -- speculative decoding ------------------------------------------------------------------
+    @abstractmethod
+    def verify_rows(self) -> int | None:
+        """The most logits rows a verify step may have and still replay a graph (None: eager)."""
+
+    @abstractmethod
+    def draft_cost_ratio(self) -> float:
+        """A draft step's cost relative to a target step (0 without a draft model)."""
+
+    # -- mixture-of-experts load ---------------------------------------------------------------
+    @abstractmethod
+    def copy_expert_tokens(self) -> ExpertTokensCopy | None:
+        """Start copying the per-expert token counters to the host (None: not a MoE model)."""
+
+    @abstractmethod
+    def reset_expert_tokens(self) -> None: ...
+
+    def shutdown(self) -> None:
+        """Release other processes (tensor parallelism's workers); idempotent."""

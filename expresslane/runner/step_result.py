@@ -1,0 +1,50 @@
+"""StepResult: a launched step's sampled ids, on their way to the host."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from expresslane.runner.spec_verify import Verified
+
+
+class StepResult:
+    """Sampled ids of a launched step, copied to the host without blocking the launch. With
+    `spec` (request ids, Verified): speculating requests' verified tokens. On CUDA `get()`
+    waits for the step's end even when it sampled nothing (prefill chunks only): otherwise the
+    host would launch such steps back to back without bound, and a request arriving next
+    would queue behind all of them."""
+
+    def __init__(self, device: torch.device, request_ids: list[str], tokens: torch.Tensor | None,
+                 logprobs: list[dict[int, float]] | None, spec: tuple[list[str], Verified] | None = None):
+        self.request_ids, self.logprobs = request_ids, logprobs
+        self.spec_ids, self._verified = spec if spec else ([], None)
+        on_device = ([tokens] if tokens is not None else []) + (self._verified.tensors if spec else [])
+        self._event = None
+        self._host = on_device
+        if device.type == "cuda":
+            self._host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in on_device]
+            for h, t in zip(self._host, on_device):
+                h.copy_(t, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
+
+    def ready(self) -> bool:
+        """Whether the step has ended (`get` would not wait)."""
+        return self._event is None or self._event.query()
+
+    def get(self) -> tuple[dict[str, int | list[int]], dict[str, dict[int, float]] | None]:
+        """Each sampling request's token; a speculating request's tokens as a list."""
+        if self._event is not None:
+            self._event.synchronize()
+        if not self._host:
+            return {}, None
+        host = list(self._host)
+        sampled: dict[str, int | list[int]] = {}
+        if self.request_ids:
+            sampled.update(zip(self.request_ids, host.pop(0).tolist()))
+        if self.spec_ids:
+            sampled.update(zip(self.spec_ids, self._verified.tokens([t.numpy() for t in host])))
+        return sampled, (dict(zip(self.request_ids, self.logprobs)) if self.logprobs is not None else None)
