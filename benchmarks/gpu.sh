@@ -77,6 +77,9 @@
 #            time? plain streams, stream priorities, split GEMMs, CUDA graphs, torch green contexts and a
 #            disjoint driver SM split (16 / 32 / 48 SMs for the decode), alone vs together; decode batch 1
 #            then 32 (benchmarks/pdmux_overlap.py); ~1 min
+#   structured: issue #39: a json_schema-constrained decode's TPOT against unconstrained at batch 1 and 64,
+#            and a 10-field schema's compile time, cold and cached (8B shape; needs xgrammar, apache-tvm-ffi,
+#            pydantic, pydantic-core, annotated-types and typing-inspection wheels in .whl/)
 #   quick = small;  full = small 8b 7b.  The GPU tests run once, first, whatever the sections
 #   (GPU_SKIP_TESTS=1 leaves them out).
 # Results: JSON lines in ${OUT:-out}/gpu-results.jsonl, logs beside them.
@@ -130,6 +133,9 @@ for section in $SECTIONS; do
       echo "== engine benchmarks (qwen2.5-0.5b shape)"
       run python3 benchmarks/gpu_bench.py --model "$MODELS/qwen2.5-0.5b" --only engine ;;
     8b) shape llama-3-8b ;;
+    structured)
+      model llama-3-8b; echo "== structured outputs (llama-3-8b)"
+      run python3 benchmarks/structured_bench.py --model "$MODELS/llama-3-8b" ;;
     8b-engine)  # expresslane alone on the 8B shape (batch-1 decode, TTFT by length, throughput)
       model llama-3-8b; echo "== llama-3-8b: expresslane"
       run python3 benchmarks/gpu_bench.py --model "$MODELS/llama-3-8b" --only engine ;;

@@ -14,6 +14,33 @@ class SamplingParamError(ValueError):
 
 
 @dataclass(slots=True)
+class StructuredOutputs:
+    """Constrain the output to a grammar: exactly one of these (vLLM's ``StructuredOutputsParams``).
+    ``json`` is a JSON schema as JSON text; ``json_object``: any JSON object; ``regex``; ``choice``:
+    one of these strings; ``grammar``: an EBNF (GBNF) grammar whose start rule is ``root``."""
+
+    json: str | None = None
+    json_object: bool = False
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+
+    def __post_init__(self) -> None:
+        given = [name for name in ("json", "json_object", "regex", "choice", "grammar") if getattr(self, name)]
+        if len(given) != 1:
+            raise SamplingParamError("structured_outputs", "structured_outputs must set exactly one of json, "
+                                     f"json_object, regex, choice and grammar, got {given or 'none'}")
+        if self.choice is not None and (not self.choice or any(not isinstance(c, str) or not c for c in self.choice)):
+            raise SamplingParamError("structured_outputs", "structured_outputs.choice must be a non-empty list of "
+                                     "non-empty strings")
+
+    @property
+    def key(self) -> tuple:
+        """What identifies the compiled grammar (its cache key)."""
+        return (self.json, self.json_object, self.regex, tuple(self.choice or ()), self.grammar)
+
+
+@dataclass(slots=True)
 class SamplingParams:
     n: int = 1
     max_tokens: int | None = 16  # None: up to the context limit
@@ -29,6 +56,7 @@ class SamplingParams:
     logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    structured_outputs: StructuredOutputs | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

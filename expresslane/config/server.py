@@ -91,6 +91,10 @@ class ServerConfig:
     data_parallel_size: int = _knob(
         1, "run N replicas of the server and engine (on GPU: each on its own tensor-parallel-size GPUs) behind the "
         "lane-aware router on --host/--port")
+    tool_call_parser: str = _knob(
+        "auto", "how tool calls are read out of a chat completion's text when tool_choice is auto: hermes "
+        "(<tool_call> JSON, also Qwen2.5/Qwen3), llama3_json, mistral ([TOOL_CALLS]); auto: from the chat template",
+        choices=("auto", "hermes", "llama3_json", "mistral"))
     limits: RequestLimits = field(default_factory=RequestLimits)
     batch: BatchApiConfig = field(default_factory=BatchApiConfig)
 

@@ -111,6 +111,8 @@ class ScheduledSeq:
     # a draft model's catch-up: the tokens before token_ids[0] its cache lacks (it computes only
     # when a request speculates), from position start_pos - len(draft_token_ids)
     draft_token_ids: list[int] = field(default_factory=list)
+    # structured outputs: this seq's row of StepPlan.token_bitmask (-1: unconstrained)
+    bitmask_row: int = -1
 
 
 @dataclass(slots=True)
@@ -125,6 +127,9 @@ class StepPlan:
     new_requests: list[NewRequest] = field(default_factory=list)
     finished_request_ids: list[str] = field(default_factory=list)  # since the last plan
     preempted_request_ids: list[str] = field(default_factory=list)  # since the last plan
+    # structured outputs: int32 [rows, ceil(vocab / 32)], bit j of word w allows token 32w + j
+    # (a numpy array; None when no seq of the step is constrained)
+    token_bitmask: object = None
 
     @property
     def is_empty(self) -> bool:

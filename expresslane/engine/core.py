@@ -19,6 +19,7 @@ from expresslane.engine.cost_model import StepCostModel, StepShape
 from expresslane.engine.kv_cache import KVCacheManager
 from expresslane.engine.request import Request, check_prompt_length
 from expresslane.engine.spec_decode import SpecDecoder
+from expresslane.engine.structured_output import Grammars, tokenizer_loader
 from expresslane.models.model_dir import check_model_dir, load_hf_config
 from expresslane.runner.registry import make_runner
 from expresslane.runner.step_result import StepResult
@@ -124,6 +125,9 @@ class EngineCore:
             self.spec.draft_cost_ratio = self.runner.draft_cost_ratio()
             self.spec.max_rows = self.runner.verify_rows()
         self.scheduler = make_scheduler(config.scheduler, self.kv, cost_model=self.cost_model, spec=self.spec)
+        self.grammars = Grammars(tokenizer_loader(Path(config.model.tokenizer or self.model_dir), self.model_dir,
+                                                  self.hf_config), self.hf_config.vocab_size)
+        self._rejected: dict[str, str] = {}  # requests refused after add_request returned (a grammar failed)
         self._last: StepStats | None = StepStats(0, 0, 0.0)  # None: a held call's, built when asked
         self._in_flight: _InFlight | None = None  # the step the GPU may still be running
         self._sync_launch = not cuda  # execute() returns when the step is done
@@ -140,13 +144,29 @@ class EngineCore:
 
     def add_request(self, req: EngineCoreRequest) -> None:
         check_prompt_length(len(req.prompt_token_ids), self.max_model_len)
-        self.scheduler.add_request(Request.from_core_request(req, self.max_model_len))
+        request = Request.from_core_request(req, self.max_model_len)
+        if req.sampling_params.structured_outputs is None:
+            self.scheduler.add_request(request)
+        elif self.spec is not None:
+            raise ValueError("structured_outputs: not supported with speculative decoding (--speculative-method)")
+        else:
+            self.grammars.wait(request)  # the scheduler gets it once its grammar is compiled
 
     def abort(self, request_ids: list[str]) -> list[EngineCoreOutput]:
+        self.grammars.forget(request_ids)
         return self.scheduler.abort(request_ids)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or self.grammars.num_waiting > 0
+
+    def _tokens_left(self, request_id: str) -> tuple[int, int]:
+        req = self.scheduler.requests[request_id]
+        return req.max_tokens - req.num_output_tokens, req.max_tokens
+
+    def take_rejected(self) -> dict[str, str]:
+        """Requests refused since the last call, with why (a grammar that did not compile)."""
+        rejected, self._rejected = self._rejected, {}
+        return rejected
 
     def step(self) -> list[EngineCoreOutput]:
         """Launch the next step, then apply the previous one's results: the host plans and
@@ -162,16 +182,22 @@ class EngineCore:
             self._last = None  # (held calls come at up to 1 kHz: their stats are built only if read)
             return []
         self._calls += 1
+        ready, refused = self.grammars.ready(t0)
+        for request in ready:
+            self.scheduler.add_request(request)
+        self._rejected.update(refused)
         outputs: list[EngineCoreOutput] = []
         measured = predicted = 0.0
-        if prev is not None and (prev.speculative or self.scheduler.speculating()):
-            # a speculative step's outcome (how many tokens) shapes the next plan: no pipelining
+        if prev is not None and (prev.speculative or self.scheduler.speculating() or self.grammars.matchers):
+            # a speculative step's outcome (how many tokens) shapes the next plan, and a grammar's
+            # next mask needs the token just sampled: no pipelining
             outputs, measured, predicted = self._land(prev)
             self._in_flight = prev = None
         planned = time.monotonic()
         plan = self.scheduler.schedule()
         launched = None
         if not plan.is_empty:
+            self.grammars.fill(plan, self._tokens_left)
             shape = StepShape.of((s.start_pos, len(s.token_ids)) for s in plan.seqs)
             launched = _InFlight(plan, self.runner.execute(plan), shape, self._calls,
                                  speculative=any(s.num_spec_tokens for s in plan.seqs))
@@ -215,6 +241,11 @@ class EngineCore:
     def _land(self, step: _InFlight) -> tuple[list[EngineCoreOutput], float, float]:
         """Apply a launched step's sampled tokens (waits for them); its time and prediction."""
         outputs = self.scheduler.update(step.plan, *step.result.get())
+        if self.grammars.matchers:
+            for out in outputs:
+                self.grammars.accept(out.request_id, out.new_token_ids)
+                if out.finish_reason is not None:
+                    self.grammars.forget([out.request_id])
         if not self._sync_launch:
             step.done = time.monotonic()
         return (outputs, *self._time_step(step))

@@ -46,4 +46,10 @@ class LLMEngine:
         results, to_abort = self.outputs.process(self.core.step())
         if to_abort:
             self.core.abort(to_abort)
+        rejected = self.core.take_rejected()
+        if rejected:  # after add_request returned (a grammar that does not compile): its request is dropped
+            request_id, why = next(iter(rejected.items()))
+            for rid in {self.outputs.parent_of(cid) for cid in rejected} - {None}:
+                self.abort(rid)
+            raise ValueError(f"request {request_id}: {why}")
         return results

@@ -78,6 +78,10 @@ class OutputProcessor:
         self._parents[request_id] = parent
         return ids
 
+    def parent_of(self, child_id: str) -> str | None:
+        child = self._children.get(child_id)
+        return None if child is None else child.parent_id
+
     def child_ids(self, request_id: str) -> list[str]:
         parent = self._parents.get(request_id)
         return [] if parent is None else child_request_ids(request_id, len(parent.children))

@@ -29,7 +29,7 @@ from expresslane.runner.base import Runner
 from expresslane.runner.cuda_graphs import DecodeGraphs, MixedGraphs, Patch
 from expresslane.runner.expert_load import ExpertTokensCopy, copy_expert_tokens, reset_expert_tokens
 from expresslane.runner.input_batch import InputBatch, StepInputs
-from expresslane.runner.sampler import Sampler, SamplingBatch
+from expresslane.runner.sampler import Sampler, SamplingBatch, bitmask_rows
 from expresslane.runner.spec_verify import Verified, verify
 from expresslane.runner.step_result import StepResult
 from expresslane.sampling_params import SamplingParams
@@ -223,7 +223,8 @@ class ModelRunner(Runner):
             return StepResult(self.device, [], None, None)
         ids = [inputs.seqs[i].request_id for i in inputs.sampling]
         params, banned = self.batch.sampling_rows(inputs)
-        batch = SamplingBatch(params, banned, [self._generator(rid, p) for rid, p in zip(ids, params)])
+        bitmask = bitmask_rows(plan.token_bitmask, [inputs.seqs[i].bitmask_row for i in inputs.sampling])
+        batch = SamplingBatch(params, banned, [self._generator(rid, p) for rid, p in zip(ids, params)], bitmask)
         tokens, logprobs = self.sampler(logits, batch)
         self._prev_tokens, self._prev_rows = tokens, {rid: i for i, rid in enumerate(ids)}
         return StepResult(self.device, ids, tokens, logprobs)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from expresslane.device import to_device
@@ -20,6 +21,8 @@ class SamplingBatch:
     params: list[SamplingParams]
     banned: list[tuple[int, ...]]  # per row: token ids it may not sample now
     generators: list[torch.Generator | None]  # per row; None = the engine's shared generator
+    # structured outputs: int32 [rows, ceil(vocab / 32)] of allowed tokens (-1: all); None: no row constrained
+    bitmask: np.ndarray | None = None
 
 
 class Sampler:
@@ -36,6 +39,8 @@ class Sampler:
         only device->host transfer is the caller reading the sampled ids (and logprobs,
         when asked for)."""
         dev = logits.device
+        if batch.bitmask is not None:
+            apply_token_bitmask(logits, to_device(batch.bitmask, torch.int32, dev))
         banned = [(i, t) for i, toks in enumerate(batch.banned) for t in toks]
         if banned:
             rows, cols = zip(*banned)
@@ -81,6 +86,30 @@ class Sampler:
             else:
                 out.append(dict(zip(ids[i][:k], values[i][:k])))
         return out
+
+
+_BITS = {}  # device -> arange(32), the bit positions of a bitmask word
+
+
+def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
+    """Set to -inf, in place, every logit whose bit is 0 (bit j of word w is token 32w + j)."""
+    bits = _BITS.get(logits.device)
+    if bits is None:
+        bits = _BITS[logits.device] = torch.arange(32, dtype=torch.int32, device=logits.device)
+    allowed = ((bitmask.unsqueeze(-1) >> bits) & 1).view(bitmask.shape[0], -1)[:, :logits.shape[-1]]
+    logits.masked_fill_(allowed == 0, float("-inf"))
+
+
+def bitmask_rows(token_bitmask: np.ndarray | None, rows: list[int]) -> np.ndarray | None:
+    """The sampling rows' bitmask (``rows``: each one's row of the plan's, -1 for none); None
+    when no row is constrained, so a step without grammars pays nothing."""
+    if token_bitmask is None or all(r < 0 for r in rows):
+        return None
+    out = np.full((len(rows), token_bitmask.shape[1]), -1, dtype=np.int32)
+    for k, r in enumerate(rows):
+        if r >= 0:
+            out[k] = token_bitmask[r]
+    return out
 
 
 def filter_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:

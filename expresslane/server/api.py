@@ -9,6 +9,7 @@ is queued, in prefill or in decode.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from typing import AsyncIterator, Awaitable, Callable
 
@@ -48,6 +49,7 @@ from expresslane.server.serving import (
     prepare_completion,
     prepare_generate,
 )
+from expresslane.server.tools import tool_mode
 
 log = logging.getLogger(__name__)
 
@@ -212,6 +214,8 @@ def build_app(client: EngineClient, settings: ServerConfig, metrics: Metrics,
                                           timeout=settings.request_timeout)
         ep = endpoint(client, model_name, rid, group, params, req.include_usage, req.return_metrics,
                       req.continuous_usage)
+        if req.stream and params.structured_outputs is not None:  # a grammar that fails is a 400, not an event
+            await group.started()
         if req.stream:
             return SSEResponse(ep.stream(), group.close, rid)
         return await _unless_client_gone(request, ep.collect(), group.close)
@@ -224,7 +228,12 @@ def build_app(client: EngineClient, settings: ServerConfig, metrics: Metrics,
     @app.post("/v1/chat/completions", dependencies=auth)
     async def chat_completions(request: Request) -> Response:
         obj, size = await body(request)
-        return await run(request, parse(ChatCompletionRequest, obj), prepare_chat, Chat, "chatcmpl", size)
+        req = parse(ChatCompletionRequest, obj)
+        check_model(req.model)
+        client.check_accepting()
+        tools = tool_mode(req, settings.tool_call_parser, client.tokenizer.chat_template)
+        return await run(request, req, functools.partial(prepare_chat, tools=tools), functools.partial(Chat, tools=tools),
+                         "chatcmpl", size)
 
     @app.post("/generate", dependencies=auth)
     async def generate(request: Request) -> Response:

@@ -132,6 +132,7 @@ def _loop(core: EngineCore, inp: zmq.Socket, out: zmq.Socket, encode, profiler: 
         if not (busy or handled):
             continue
         outputs += core.step()  # with nothing to run, an empty step just refreshes the stats
+        rejected.update(core.take_rejected())
         if core.held and not (outputs or received or rejected):
             continue  # nothing launched (the step on the GPU is far from its end): nothing to tell
         out.send(encode(Outputs(outputs, core.stats(), time.monotonic(), received, rejected)))

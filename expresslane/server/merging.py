@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry, Counter
 from expresslane.outputs import RequestOutput
 from expresslane.sampling_params import SamplingParams
 from expresslane.server import errors
-from expresslane.server.tracker import queued_outputs
+from expresslane.server.tracker import next_output, queued_outputs
 
 
 def mergeable(params: SamplingParams) -> bool:
@@ -44,9 +44,14 @@ class _Subscriber:
         self.queue: asyncio.Queue = asyncio.Queue()
         self.timeout = timeout
         self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.head: list[RequestOutput] = []
 
     def outputs(self) -> AsyncIterator[RequestOutput]:
-        return queued_outputs(self.queue, self.tracked, self.deadline, self.timeout, self.close)
+        head, self.head = self.head, []
+        return queued_outputs(self.queue, self.tracked, self.deadline, self.timeout, self.close, head)
+
+    async def started(self) -> None:
+        self.head.append(await next_output(self.queue, self.deadline, self.timeout, self.close))
 
     def close(self) -> None:
         self.shared.leave(self)

@@ -23,7 +23,7 @@ from typing import Annotated, Iterator, Literal, TypeVar
 import msgspec
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from expresslane.sampling_params import SamplingParamError, SamplingParams
+from expresslane.sampling_params import SamplingParamError, SamplingParams, StructuredOutputs
 from expresslane.server.errors import APIError, bad_request
 
 MAX_N = 128  # OpenAI's limit
@@ -37,15 +37,14 @@ _BODY = ConfigDict(strict=True, extra="allow", allow_inf_nan=False, json_schema_
 # field. A field neither declared nor listed here is a 400 too. docs/api.md lists them all.
 NOOP_FIELDS: dict[str, tuple] = {
     **{name: (None,) for name in (
-        "prompt_logprobs", "truncate_prompt_tokens", "guided_json", "guided_regex", "guided_choice",
-        "guided_grammar", "guided_decoding_backend", "guided_whitespace_pattern", "structured_outputs",
+        "prompt_logprobs", "truncate_prompt_tokens", "guided_decoding_backend", "guided_whitespace_pattern",
         "logits_processors", "chat_template", "documents", "add_special_tokens", "request_id", "cache_salt",
-        "kv_transfer_params", "vllm_xargs", "mm_processor_kwargs", "parallel_tool_calls", "service_tier",
+        "kv_transfer_params", "vllm_xargs", "mm_processor_kwargs", "service_tier",
         "reasoning_effort", "modalities", "audio", "prediction", "web_search_options", "functions",
         "function_call", "metadata", "store")},
     "allowed_token_ids": (None, []), "bad_words": (None, []), "chat_template_kwargs": (None, {}),
     "use_beam_search": (False,), "length_penalty": (1.0,), "spaces_between_special_tokens": (True,),
-    "return_tokens_as_token_ids": (False,), "continue_final_message": (False,), "tool_choice": (None, "none"),
+    "return_tokens_as_token_ids": (False,), "continue_final_message": (False,),
 }
 
 NonEmptyStr = Annotated[str, Field(min_length=1)]
@@ -57,6 +56,45 @@ class StreamOptions(BaseModel):
     model_config = _STRICT
     include_usage: bool = False
     continuous_usage_stats: bool = False  # vLLM's: with include_usage, every chunk carries the usage so far
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = _STRICT
+    name: NonEmptyStr
+    schema_: dict | None = Field(None, alias="schema")
+    description: str | None = None
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's ``response_format``: text, any JSON object, or JSON that follows a schema."""
+
+    model_config = _STRICT
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputsField(BaseModel):
+    """vLLM's ``structured_outputs``: exactly one of these."""
+
+    model_config = _STRICT
+    json_: dict | str | None = Field(None, alias="json")
+    json_object: bool | None = None
+    regex: NonEmptyStr | None = None
+    choice: List[NonEmptyStr] | None = Field(None, min_length=1)
+    grammar: NonEmptyStr | None = None
+
+
+def _schema_text(schema: dict | str, field: str) -> str:
+    """A JSON schema as JSON text; a string must hold a JSON object."""
+    if isinstance(schema, str):
+        try:
+            schema = msgspec.json.decode(schema)
+        except msgspec.DecodeError as e:
+            raise bad_request(f"'{field}' is not valid JSON: {e}", field) from None
+        if not isinstance(schema, dict):
+            raise bad_request(f"'{field}' must be a JSON schema (an object)", field)
+    return msgspec.json.encode(schema).decode()
 
 
 class SamplingRequest(BaseModel):
@@ -87,6 +125,12 @@ class SamplingRequest(BaseModel):
     priority: int = Field(0, ge=-INT32, le=INT32)  # lower runs first under --scheduling-policy priority
     lane: Literal["interactive", "batch"] | None = None  # None: picked by priority
     return_metrics: bool = False
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsField | None = None
+    guided_json: dict | str | None = None  # vLLM's older names for structured_outputs' fields
+    guided_regex: NonEmptyStr | None = None
+    guided_choice: List[NonEmptyStr] | None = Field(None, min_length=1)
+    guided_grammar: NonEmptyStr | None = None
 
     @field_validator("presence_penalty", "frequency_penalty")
     @classmethod
@@ -117,6 +161,38 @@ class SamplingRequest(BaseModel):
     def continuous_usage(self) -> bool:
         return self.include_usage and self.stream_options.continuous_usage_stats
 
+    def structured(self) -> StructuredOutputs | None:
+        """The grammar the output must follow, from whichever field gives one (at most one may)."""
+        given = []
+        rf = self.response_format
+        if rf is not None and rf.type == "json_object":
+            given.append(("response_format", StructuredOutputs(json_object=True)))
+        elif rf is not None and rf.type == "json_schema":
+            if rf.json_schema is None or rf.json_schema.schema_ is None:
+                raise bad_request("response_format of type json_schema needs json_schema.schema", "response_format")
+            given.append(("response_format", StructuredOutputs(
+                json=_schema_text(rf.json_schema.schema_, "response_format.json_schema.schema"))))
+        so = self.structured_outputs
+        if so is not None:
+            fields = {k: v for k, v in (("json", so.json_), ("json_object", so.json_object), ("regex", so.regex),
+                                        ("choice", so.choice), ("grammar", so.grammar)) if v is not None and v is not False}
+            if len(fields) != 1:
+                raise bad_request("structured_outputs must set exactly one of json, json_object, regex, choice and "
+                                  f"grammar, got {sorted(fields) or 'none'}", "structured_outputs")
+            (name, value), = fields.items()
+            if name == "json":
+                value = _schema_text(value, "structured_outputs.json")
+            given.append(("structured_outputs", StructuredOutputs(**{name: value})))
+        for name, kind in (("guided_json", "json"), ("guided_regex", "regex"), ("guided_choice", "choice"),
+                           ("guided_grammar", "grammar")):
+            value = getattr(self, name)
+            if value is not None:
+                value = _schema_text(value, name) if kind == "json" else value
+                given.append((name, StructuredOutputs(**{kind: value})))
+        if len(given) > 1:
+            raise bad_request(f"give one way to constrain the output, not {[n for n, _ in given]}", given[1][0])
+        return given[0][1] if given else None
+
     def sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
         try:
             return SamplingParams(
@@ -124,7 +200,7 @@ class SamplingRequest(BaseModel):
                 min_p=self.min_p, seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids or [],
                 ignore_eos=self.ignore_eos, min_tokens=self.min_tokens, logprobs=logprobs,
                 skip_special_tokens=self.skip_special_tokens,
-                include_stop_str_in_output=self.include_stop_str_in_output)
+                include_stop_str_in_output=self.include_stop_str_in_output, structured_outputs=self.structured())
         except SamplingParamError as e:
             raise bad_request(str(e), e.param) from None
 
@@ -181,16 +257,84 @@ class TextPart(BaseModel):
     text: str
 
 
+class FunctionCall(BaseModel):
+    model_config = _STRICT
+    name: NonEmptyStr
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(BaseModel):
+    model_config = _STRICT
+    id: NonEmptyStr
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
+    """OpenAI's message schema. An assistant message may carry ``tool_calls`` (its ``content``
+    then often null), a ``tool`` message answers one by ``tool_call_id``. The fields a client
+    echoes back from a response (``refusal``, ``annotations``, ``audio``, ``function_call``) are
+    accepted at null (``annotations`` empty too); a ``refusal`` text stands for missing content."""
+
     model_config = _STRICT
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | List[TextPart] | None = None
     name: str | None = None
+    tool_calls: List[ToolCall] | None = None
+    tool_call_id: str | None = None
+    refusal: str | None = None
+    annotations: Annotated[list, Field(max_length=0)] | None = None
+    audio: None = None
+    function_call: None = None
 
     def text(self) -> str:
         if isinstance(self.content, list):
             return "".join(part.text for part in self.content)
-        return self.content or ""
+        return self.content if self.content is not None else (self.refusal or "")
+
+    def for_template(self) -> dict:
+        """The message as chat templates take it (tool-call arguments as objects, as HF's templates expect)."""
+        out: dict = {"role": self.role, "content": self.text()}
+        if self.name:
+            out["name"] = self.name
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.tool_calls:
+            out["tool_calls"] = [{"id": c.id, "type": "function", "function": {
+                "name": c.function.name, "arguments": _arguments(c.function.arguments)}} for c in self.tool_calls]
+        return out
+
+
+def _arguments(text: str) -> object:
+    try:
+        return msgspec.json.decode(text)
+    except msgspec.DecodeError:
+        return text  # not JSON: the template gets the text as it came
+
+
+class FunctionDef(BaseModel):
+    model_config = _STRICT
+    name: Annotated[str, Field(pattern=r"^[a-zA-Z0-9_.-]{1,64}$")]
+    description: str | None = None
+    parameters: dict | None = None
+    strict: bool | None = None
+
+
+class Tool(BaseModel):
+    model_config = _STRICT
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class ToolChoiceFunction(BaseModel):
+    model_config = _STRICT
+    name: NonEmptyStr
+
+
+class NamedToolChoice(BaseModel):
+    model_config = _STRICT
+    type: Literal["function"]
+    function: ToolChoiceFunction
 
 
 class ChatCompletionRequest(SamplingRequest):
@@ -199,22 +343,9 @@ class ChatCompletionRequest(SamplingRequest):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=INT32)  # the server's --max-logprobs is checked after parsing
     add_generation_prompt: bool = True
-    tools: list | None = None
-    response_format: dict | None = None
-
-    @field_validator("tools")
-    @classmethod
-    def _no_tools(cls, v: list | None) -> list | None:
-        if v:
-            raise ValueError("tool calling is not supported by this server")
-        return v
-
-    @field_validator("response_format")
-    @classmethod
-    def _text_only(cls, v: dict | None) -> dict | None:
-        if v and v.get("type") != "text":
-            raise ValueError("only {'type': 'text'} is supported by this server")
-        return v
+    tools: List[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
 
     @property
     def num_logprobs(self) -> int | None:

@@ -10,6 +10,7 @@ response body or a stream of SSE chunks. A failure after the header is an SSE
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import uuid
@@ -25,6 +26,7 @@ from expresslane.server import errors
 from expresslane.server.engine_client import EngineClient
 from expresslane.server.limits import RequestLimits, check_chars, check_counts
 from expresslane.server.memory import LARGE_ITEMS, trim_soon
+from expresslane.server.tools import CallStream, ToolMode, call_id
 from expresslane.server.tracker import RequestGroup, TopLogprobs
 from expresslane.server.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, GenerateRequest
 
@@ -93,26 +95,30 @@ def prepare_completion(client: EngineClient, req: CompletionRequest,
     return prompts, params
 
 
-def chat_prompt(tokenizer, messages: list[ChatMessage], add_generation_prompt: bool) -> Prompt:
+def chat_prompt(tokenizer, messages: list[ChatMessage], add_generation_prompt: bool,
+                tools: list[dict] | None = None) -> Prompt:
     """The model's chat template (ChatML when it has none) -> text and its token ids."""
-    msgs = [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})} for m in messages]
+    msgs = [m.for_template() for m in messages]
     try:
         text = tokenizer.apply_chat_template(msgs, chat_template=tokenizer.chat_template or DEFAULT_CHAT_TEMPLATE,
-                                             tokenize=False, add_generation_prompt=add_generation_prompt)
+                                             tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt)
     except Exception as e:  # jinja's TemplateError, or a template's own raise_exception()
         raise errors.bad_request(f"the chat template rejected the messages: {e}", "messages") from None
     # The template writes the special tokens (BOS) itself; do not add them twice.
     return text, tokenizer.encode(text, add_special_tokens=False)
 
 
-def prepare_chat(client: EngineClient, req: ChatCompletionRequest,
-                 limits: RequestLimits) -> tuple[list[Prompt], SamplingParams]:
+def prepare_chat(client: EngineClient, req: ChatCompletionRequest, limits: RequestLimits,
+                 tools: ToolMode | None = None) -> tuple[list[Prompt], SamplingParams]:
     check_counts(limits, stop=req.stop, n=req.n, num_prompts=1, logprobs=req.top_logprobs,
                  logprobs_param="top_logprobs")
     check_chars([sum(len(m.text()) for m in req.messages)], _max_chars(client, limits), client.max_model_len,
                 "messages")
     params = req.sampling_params(req.max_completion_tokens or req.max_tokens, req.num_logprobs)
-    text, ids = chat_prompt(client.tokenizer, req.messages, req.add_generation_prompt)
+    if tools is not None and (constraint := tools.constraint()) is not None:
+        params = dataclasses.replace(params, structured_outputs=constraint)
+    text, ids = chat_prompt(client.tokenizer, req.messages, req.add_generation_prompt,
+                            [t for t in tools.tools] if tools is not None else None)
     check_prompt(client, ids, params, "messages")
     return [(text, ids)], params
 
@@ -340,23 +346,53 @@ class Completions(_Endpoint):
 class Chat(_Endpoint):
     chunk_object = "chat.completion.chunk"
 
+    def __init__(self, *args, tools: ToolMode | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.tools = tools  # tool calling (server/tools.py); None: the text is the answer
+        self._call_streams: dict[int, CallStream] = {}  # per choice index, while streaming
+
+    def call_stream(self, index: int) -> CallStream:
+        if index not in self._call_streams:
+            self._call_streams[index] = CallStream(self.tools)
+        return self._call_streams[index]
+
     def opening_chunks(self) -> list[dict]:
         n = len(self.group.tracked) * self.params.n
         return [self.envelope(self.chunk_object, [{"index": i, "delta": {"role": "assistant", "content": ""},
                                                    "logprobs": None, "finish_reason": None}]) for i in range(n)]
 
     def chunk(self, d: Delta) -> dict:
+        delta, finish = ({"content": d.text} if d.text else {}), d.finish_reason
+        if self.tools is not None:
+            calls = self.call_stream(d.index)
+            content, tool_calls = calls.feed(d.text, d.finish_reason is not None)
+            delta = {**({"content": content} if content else {}), **({"tool_calls": tool_calls} if tool_calls else {})}
+            if finish == "stop" and calls.num_calls:
+                finish = "tool_calls"
         return self.envelope(self.chunk_object, [{
-            "index": d.index, "delta": {"content": d.text} if d.text else {},
-            "logprobs": self.logprobs(d.token_ids, d.logprobs), "finish_reason": d.finish_reason,
-            "stop_reason": d.stop_reason}])
+            "index": d.index, "delta": delta, "logprobs": self.logprobs(d.token_ids, d.logprobs),
+            "finish_reason": finish, "stop_reason": d.stop_reason}])
+
+    def message(self, c: CompletionOutput) -> tuple[dict, str | None]:
+        """The assistant message of a finished completion, and its finish reason."""
+        if self.tools is None or c.finish_reason == "length":  # a call cut short is not a call
+            return {"role": "assistant", "content": c.text}, c.finish_reason
+        content, calls = self.tools.calls(c.text)
+        if not calls:
+            return {"role": "assistant", "content": c.text}, c.finish_reason
+        return {"role": "assistant", "content": content, "tool_calls": [
+            {"id": call_id(), "type": "function", "function": {"name": t.name, "arguments": t.arguments}}
+            for t in calls]}, "tool_calls"
 
     def response(self, finals: list[RequestOutput]) -> dict:
-        return self.envelope("chat.completion", [
-            _encoded({"index": self.choice_index(i, c), "message": {"role": "assistant", "content": c.text},
-                      "logprobs": self.logprobs(c.token_ids, c.logprobs), "finish_reason": c.finish_reason,
-                      "stop_reason": c.stop_reason})
-            for i, o in enumerate(finals) for c in o.outputs])
+        choices = []
+        for i, o in enumerate(finals):
+            for c in o.outputs:
+                message, finish = self.message(c)
+                choices.append(_encoded({"index": self.choice_index(i, c), "message": message,
+                                         "logprobs": self.logprobs(c.token_ids, c.logprobs), "finish_reason": finish,
+                                         "stop_reason": c.stop_reason}))
+        return self.envelope("chat.completion", choices)
 
     def logprobs(self, token_ids: list[int], lps: list[TopLogprobs] | None) -> dict | None:
         if lps is None:

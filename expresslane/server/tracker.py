@@ -16,7 +16,7 @@ import dataclasses
 from array import array
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable
 
 import msgspec
@@ -72,24 +72,33 @@ class TopLogprobs:
         return zip(self.ids, self.values)
 
 
-async def queued_outputs(queue: asyncio.Queue, keys, deadline: float | None, timeout: float | None,
-                         close: Callable[[], None]) -> AsyncIterator[RequestOutput]:
-    """Outputs from `queue` until every prompt in `keys` has finished (a request's own queue,
-    or a merged subscriber's): past `deadline` a 504, an APIError put in the queue raised;
+async def next_output(queue: asyncio.Queue, deadline: float | None, timeout: float | None,
+                close: Callable[[], None]) -> RequestOutput:
+    """The next output from `queue`: past `deadline` a 504, an APIError put in the queue raised;
     `close` runs before either is raised."""
+    try:
+        if not queue.empty() or deadline is None:  # the common case: no timer task
+            item = await queue.get()
+        else:
+            item = await asyncio.wait_for(queue.get(), deadline - time.monotonic())
+    except TimeoutError:
+        close()
+        raise errors.request_timeout(timeout) from None
+    if isinstance(item, errors.APIError):
+        close()
+        raise item
+    return item
+
+
+async def queued_outputs(queue: asyncio.Queue, keys, deadline: float | None, timeout: float | None,
+                         close: Callable[[], None], head: list[RequestOutput] | None = None
+                         ) -> AsyncIterator[RequestOutput]:
+    """Outputs (`head` first, then from `queue`) until every prompt in `keys` has finished (a
+    request's own queue, or a merged subscriber's)."""
     pending = set(keys)
+    head = list(head or ())
     while pending:
-        try:
-            if not queue.empty() or deadline is None:  # the common case: no timer task
-                item = await queue.get()
-            else:
-                item = await asyncio.wait_for(queue.get(), deadline - time.monotonic())
-        except TimeoutError:
-            close()
-            raise errors.request_timeout(timeout) from None
-        if isinstance(item, errors.APIError):
-            close()
-            raise item
+        item = head.pop(0) if head else await next_output(queue, deadline, timeout, close)
         if item.finished:
             pending.discard(item.request_id)
         yield item
@@ -104,10 +113,17 @@ class RequestGroup:
     deadline: float | None
     timeout: float | None
     abort: Callable[[str], None] = lambda key: None
+    head: list[RequestOutput] = field(default_factory=list)  # taken by `started`, given first by `outputs`
 
     def outputs(self) -> AsyncIterator[RequestOutput]:
         """Cumulative outputs until every prompt is finished; raises APIError on failure."""
-        return queued_outputs(self.queue, self.tracked, self.deadline, self.timeout, self.close)
+        head, self.head = self.head, []
+        return queued_outputs(self.queue, self.tracked, self.deadline, self.timeout, self.close, head)
+
+    async def started(self) -> None:
+        """Wait for the first output, or raise the request's error (a stream's status can then
+        still say 400: a grammar the engine could not compile)."""
+        self.head.append(await next_output(self.queue, self.deadline, self.timeout, self.close))
 
     def close(self) -> None:
         """Abort whatever has not finished (client gone, timeout, error); idempotent."""

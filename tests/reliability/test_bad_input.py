@@ -112,15 +112,16 @@ case("completions unknown field", "POST", C, {**OK[C], "frobnicate": 1})
 case("completions unknown object field", "POST", C, {**OK[C], "__proto__": {"admin": True}})
 case("chat unknown field in a message", "POST", CHAT, {"messages": [{"role": "user", "content": "hi", "x": 1}],
                                                         "max_tokens": 2})
-case("generate vLLM field not implemented", "POST", GEN, {**OK[GEN], "guided_json": {}})
-case("generate vLLM field at its no-op value", "POST", GEN, {**OK[GEN], "guided_json": None}, status=200)
+case("generate vLLM field not implemented", "POST", GEN, {**OK[GEN], "logits_processors": ["x"]})
+case("generate vLLM field at its no-op value", "POST", GEN, {**OK[GEN], "logits_processors": None}, status=200)
+case("generate guided_json not a schema", "POST", GEN, {**OK[GEN], "guided_json": [1]})
 case("tokenize unknown field", "POST", TOK, {**OK[TOK], "extra": [1]})
 
 # Bad enums.
 case("chat role wizard", "POST", CHAT, {"messages": [{"role": "wizard", "content": "x"}]})
 case("chat content part image", "POST", CHAT, {"messages": [{"role": "user", "content": [
     {"type": "image_url", "image_url": {"url": "http://x"}}]}]})
-case("chat response_format json", "POST", CHAT, {"messages": MSG, "response_format": {"type": "json_object"}})
+case("chat response_format xml", "POST", CHAT, {"messages": MSG, "response_format": {"type": "xml"}})
 case("completions lane fast", "POST", C, {**OK[C], "lane": "fast"})
 case("generate lane number", "POST", GEN, {**OK[GEN], "lane": 1})
 

@@ -1,0 +1,187 @@
+"""Structured outputs: grammars compiled off the step loop, a matcher per sequence, and each
+step's allowed tokens as a bitmask (xgrammar, imported on first use).
+
+    add_request --compile (worker thread, cached)--> waiting here until compiled --> scheduler
+    each step: the plan's constrained seqs that sample -> one bitmask row each (StepPlan.token_bitmask)
+    each landed step: every new token advances its sequence's matcher
+
+Near the end of its token budget (the last ``CLOSE_SHARE`` of it, at least ``CLOSE_TOKENS``),
+a sequence that must be JSON takes the first of these its grammar allows: the end (EOS), then each
+of ``CLOSERS`` in order (end a string, an object, an array; a value of 0); only where none is
+allowed does the model choose. So even a weak model's JSON completes before ``max_tokens``
+wherever the grammar allows it (what the grammar forces, such as a required key, still comes).
+
+A request whose grammar fails to compile, or takes longer than ``COMPILE_TIMEOUT_S``, is
+rejected with the compiler's message. Each of a request's ``n`` sequences has its own matcher
+over the one compiled grammar.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from expresslane.engine.contract import StepPlan
+from expresslane.sampling_params import StructuredOutputs
+
+log = logging.getLogger(__name__)
+
+COMPILE_TIMEOUT_S = 10.0  # a grammar not compiled by then rejects its request (the thread runs on)
+COMPILE_THREADS = 2
+CACHE_ENTRIES = 512  # compiled grammars kept (least recently used first out)
+_JSON_OBJECT = '{"type": "object"}'
+CLOSERS = ('"', "}", "]", "0")  # JSON's shortest way out, in order of preference
+CLOSE_SHARE = 4  # the last quarter of a sequence's budget
+CLOSE_TOKENS = 32
+
+
+def _choice_grammar(choices: list[str]) -> str:
+    return "root ::= " + " | ".join(json.dumps(c) for c in choices)
+
+
+class Grammars:
+    """The engine's structured-output state: compilation, one matcher per constrained sequence."""
+
+    def __init__(self, load_tokenizer: Callable[[], tuple[object, tuple[int, ...]]], vocab_size: int):
+        """``load_tokenizer() -> (HF tokenizer, EOS ids)``: called once, in a worker thread, on first use."""
+        self._load_tokenizer = load_tokenizer
+        self.vocab_size = vocab_size
+        self._pool: ThreadPoolExecutor | None = None
+        self._compiler: Future | None = None
+        self._cache: collections.OrderedDict[tuple, Future] = collections.OrderedDict()
+        self._waiting: dict[str, tuple[object, Future, float]] = {}  # request id -> (request, compiled, since)
+        self.matchers: dict[str, object] = {}  # request id -> xgrammar.GrammarMatcher
+        self._json: set[str] = set()  # request ids whose output must be JSON: closed near their budget's end
+
+    # -- compiling -------------------------------------------------------------------------------
+    def _make_compiler(self):
+        import xgrammar
+
+        tokenizer, eos = self._load_tokenizer()
+        info = xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=self.vocab_size, stop_token_ids=list(eos))
+        texts = {c: [] for c in CLOSERS}
+        for i in range(min(len(tokenizer), self.vocab_size)):
+            text = tokenizer.decode([i])
+            if text in texts:
+                texts[text].append(i)
+        self._closers = [list(eos)] + [ids for ids in texts.values() if ids]
+        return xgrammar.GrammarCompiler(info, max_threads=1)
+
+    def _compile(self, spec: StructuredOutputs):
+        compiler = self._compiler.result()
+        if spec.json is not None or spec.json_object:
+            return compiler.compile_json_schema(spec.json or _JSON_OBJECT, any_whitespace=False)
+        if spec.regex is not None:
+            return compiler.compile_regex(spec.regex)
+        if spec.choice is not None:
+            return compiler.compile_grammar(_choice_grammar(spec.choice))
+        return compiler.compile_grammar(spec.grammar)
+
+    def compiled(self, spec: StructuredOutputs) -> Future:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="grammar")
+            self._compiler = self._pool.submit(self._make_compiler)
+        key = spec.key
+        fut = self._cache.get(key)
+        if fut is None or (fut.done() and fut.exception() is not None):
+            fut = self._cache[key] = self._pool.submit(self._compile, spec)
+            while len(self._cache) > CACHE_ENTRIES:
+                self._cache.popitem(last=False)
+        self._cache.move_to_end(key)
+        return fut
+
+    def wait(self, req) -> None:
+        """Hold ``req`` (an engine Request with structured outputs) until its grammar is compiled."""
+        self._waiting[req.request_id] = (req, self.compiled(req.sampling_params.structured_outputs), time.monotonic())
+
+    def ready(self, now: float) -> tuple[list, dict[str, str]]:
+        """(requests whose grammar is ready, each with its matcher made; {request id: why} of those refused)."""
+        if not self._waiting:
+            return [], {}
+        import xgrammar
+
+        ready, refused = [], {}
+        for rid, (req, fut, since) in list(self._waiting.items()):
+            if fut.done():
+                del self._waiting[rid]
+                if fut.exception() is not None:
+                    refused[rid] = f"structured_outputs: the grammar does not compile: {fut.exception()}"
+                    continue
+                self.matchers[rid] = xgrammar.GrammarMatcher(fut.result())
+                spec = req.sampling_params.structured_outputs
+                if spec.json is not None or spec.json_object:
+                    self._json.add(rid)
+                ready.append(req)
+            elif now - since > COMPILE_TIMEOUT_S:
+                del self._waiting[rid]
+                refused[rid] = f"structured_outputs: the grammar did not compile within {COMPILE_TIMEOUT_S:g} s"
+        return ready, refused
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    def forget(self, request_ids) -> None:
+        for rid in request_ids:
+            self._waiting.pop(rid, None)
+            self.matchers.pop(rid, None)
+            self._json.discard(rid)
+
+    # -- each step -----------------------------------------------------------------------------
+    def fill(self, plan: StepPlan, tokens_left: Callable[[str], tuple[int, int]]) -> None:
+        """Give each constrained seq that samples this step its row of allowed tokens.
+        ``tokens_left(request id) -> (tokens it may still sample, its budget)``."""
+        if not self.matchers:
+            return
+        import torch
+        import xgrammar
+
+        seqs = [s for s in plan.seqs if s.sample and s.request_id in self.matchers]
+        if not seqs:
+            return
+        bitmask = xgrammar.allocate_token_bitmask(len(seqs), self.vocab_size)
+        for row, s in enumerate(seqs):
+            self.matchers[s.request_id].fill_next_token_bitmask(bitmask, row)
+            s.bitmask_row = row
+        rows = bitmask.numpy() if isinstance(bitmask, torch.Tensor) else np.asarray(bitmask)
+        for row, s in enumerate(seqs):
+            if s.request_id not in self._json:
+                continue
+            left, budget = tokens_left(s.request_id)
+            if left <= max(CLOSE_TOKENS, budget // CLOSE_SHARE):
+                self._close(rows[row])
+        plan.token_bitmask = rows
+
+    def _close(self, row: np.ndarray) -> None:
+        """Keep only the first class of closing tokens the row allows (none allowed: keep the row)."""
+        for ids in self._closers:
+            allowed = [t for t in ids if (int(row[t >> 5]) >> (t & 31)) & 1]
+            if allowed:
+                row[:] = 0
+                for t in allowed:
+                    row[t >> 5] |= np.int32(np.uint32(1 << (t & 31)).view(np.int32))
+                return
+
+    def accept(self, request_id: str, token_ids: list[int]) -> None:
+        matcher = self.matchers.get(request_id)
+        if matcher is None:
+            return
+        for t in token_ids:
+            if not matcher.accept_token(t):  # only a token outside the mask (say, one min_tokens forced)
+                log.warning("request %s: token %d is outside its grammar", request_id, t)
+
+
+def tokenizer_loader(tokenizer_dir: Path, model_dir: Path, hf_config) -> Callable[[], tuple[object, tuple[int, ...]]]:
+    def load():
+        from expresslane.tokenizer import eos_token_ids, load_tokenizer
+
+        tokenizer = load_tokenizer(tokenizer_dir)
+        return tokenizer, eos_token_ids(model_dir, hf_config, tokenizer)
+    return load

@@ -1,0 +1,94 @@
+"""Structured outputs in the engine (offline LLM): xgrammar's masks hold every output to its
+grammar, even the built-in 9M model's, and end it before max_tokens (engine/structured_output.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from expresslane import LLM
+from expresslane.engine.structured_output import CLOSE_TOKENS
+from expresslane.runner.sampler import apply_token_bitmask
+from expresslane.sampling_params import SamplingParams, StructuredOutputs
+
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                                           "ok": {"type": "boolean"}, "tags": {"type": "array", "items": {"type": "string"}}},
+          "required": ["name", "age", "ok", "tags"], "additionalProperties": False}
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return LLM()
+
+
+def _greedy(**kw) -> SamplingParams:
+    return SamplingParams(temperature=0.0, **kw)
+
+
+def test_json_schema_output_parses_and_follows_the_schema(llm):
+    outs = llm.generate(["The answer in JSON:", "Name, age:"], _greedy(max_tokens=120, structured_outputs=StructuredOutputs(
+        json=json.dumps(SCHEMA))))
+    for o in outs:
+        c = o.outputs[0]
+        value = json.loads(c.text)
+        assert set(value) == set(SCHEMA["properties"]) and isinstance(value["age"], int)
+        assert isinstance(value["ok"], bool) and all(isinstance(t, str) for t in value["tags"])
+        assert c.finish_reason == "stop"
+
+
+@pytest.mark.parametrize("max_tokens", [CLOSE_TOKENS + 8, 200])
+def test_any_json_object_closes_before_max_tokens(llm, max_tokens):
+    """The 9M model left alone opens a key and never closes it; near the budget's end the output closes."""
+    outs = llm.generate(["The answer in JSON:", "Tell me a story"], SamplingParams(
+        temperature=1.0, seed=3, n=3, max_tokens=max_tokens, structured_outputs=StructuredOutputs(json_object=True)))
+    for o in outs:
+        for c in o.outputs:
+            assert isinstance(json.loads(c.text), dict), c.text
+            assert c.finish_reason == "stop" and len(c.token_ids) <= max_tokens
+
+
+def test_regex_choice_and_grammar(llm):
+    regex, choice, grammar = (StructuredOutputs(regex=r"[0-9]{3}-[a-z]{2}"), StructuredOutputs(choice=["yes", "no", "a \"quoted\" one"]),
+                              StructuredOutputs(grammar='root ::= "A" | "B" "C"+'))
+    outs = llm.generate(["x", "y", "z"], [_greedy(max_tokens=20, structured_outputs=s) for s in (regex, choice, grammar)])
+    assert re.fullmatch(r"[0-9]{3}-[a-z]{2}", outs[0].outputs[0].text)
+    assert outs[1].outputs[0].text in choice.choice
+    assert re.fullmatch(r"A|BC+", outs[2].outputs[0].text)
+
+
+def test_a_grammar_that_allows_everything_changes_nothing(llm):
+    prompts = ["The capital of France", "def fib(n):", "Once upon a time"]
+    plain = llm.generate(prompts, _greedy(max_tokens=40))
+    free = llm.generate(prompts, _greedy(max_tokens=40, structured_outputs=StructuredOutputs(regex=r"[\s\S]*")))
+    assert [o.outputs[0].token_ids for o in free] == [o.outputs[0].token_ids for o in plain]
+
+
+def test_a_grammar_that_does_not_compile_is_refused_naming_the_field(llm):
+    with pytest.raises(ValueError, match="structured_outputs: the grammar does not compile"):
+        llm.generate("x", _greedy(structured_outputs=StructuredOutputs(regex="a(b")))
+    assert llm.generate("x", _greedy(max_tokens=3))[0].outputs[0].token_ids  # the engine goes on
+
+
+def test_exactly_one_constraint():
+    with pytest.raises(ValueError, match="exactly one"):
+        StructuredOutputs(regex="a", choice=["b"])
+    with pytest.raises(ValueError, match="exactly one"):
+        StructuredOutputs()
+
+
+def test_apply_token_bitmask_keeps_exactly_the_allowed_tokens():
+    vocab = 70
+    allowed = [0, 5, 31, 32, 63, 64, 69]
+    bits = np.zeros(96, dtype=bool)
+    bits[allowed] = True
+    mask = torch.from_numpy(np.packbits(bits, bitorder="little").view("<i4").copy())[None].repeat(2, 1)
+    mask[1] = -1  # a row without a constraint
+    logits = torch.randn(2, vocab)
+    before = logits.clone()
+    apply_token_bitmask(logits, mask)
+    assert torch.isfinite(logits[0]).nonzero().flatten().tolist() == allowed
+    assert torch.equal(logits[0, allowed], before[0, allowed]) and torch.equal(logits[1], before[1])
