@@ -91,6 +91,11 @@ class ServerConfig:
     data_parallel_size: int = _knob(
         1, "run N replicas of the server and engine (on GPU: each on its own tensor-parallel-size GPUs) behind the "
         "lane-aware router on --host/--port")
+    chat_template: str | None = _knob(
+        None, "the chat template for /v1/chat/completions instead of the model's: a file, or the Jinja text itself")
+    allowed_origins: tuple[str, ...] = _knob(
+        (), "CORS: an origin browsers may call the server from ('*': any; repeatable); none: no CORS headers",
+        metavar="ORIGIN", repeat=True)
     tool_call_parser: str = _knob(
         "auto", "how tool calls are read out of a chat completion's text when tool_choice is auto: hermes "
         "(<tool_call> JSON, also Qwen2.5/Qwen3), llama3_json, mistral ([TOOL_CALLS]); auto: from the chat template",

@@ -11,12 +11,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from pathlib import Path
 from typing import AsyncIterator, Awaitable, Callable
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect
 
 from expresslane import __version__
@@ -25,6 +27,7 @@ from expresslane.server import errors
 from expresslane.server.api_keys import KeyRing, token_cost
 from expresslane.server.batch_routes import BatchService
 from expresslane.server.engine_client import EngineClient
+from expresslane.server.http_middleware import HeadAndRequestId
 from expresslane.server.limits import check_chars, check_tokens, precheck, read_body
 from expresslane.server.load import load_snapshot
 from expresslane.server.merging import RequestMerger
@@ -111,10 +114,26 @@ async def _unless_client_gone(request: Request, work: Awaitable[bytes], on_gone:
     return Response(task.result(), media_type="application/json")
 
 
+def read_chat_template(value: str | None) -> str | None:
+    """--chat-template: a file's text, or the value itself when it names no file."""
+    if value is None:
+        return None
+    path = Path(value)
+    try:
+        return path.read_text() if path.is_file() else value
+    except OSError as e:
+        raise ValueError(f"--chat-template {value!r}: cannot read it ({e.strerror})") from None
+
+
 def build_app(client: EngineClient, settings: ServerConfig, metrics: Metrics,
               batches: BatchService | None = None) -> FastAPI:
     app = FastAPI(title="expresslane", version=__version__)
     model_name = settings.served_model_name
+    server_template = read_chat_template(settings.chat_template)
+    if settings.allowed_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(settings.allowed_origins), allow_methods=["*"],
+                           allow_headers=["*"], expose_headers=["x-request-id"])
+    app.add_middleware(HeadAndRequestId)
 
     def error_response(e: errors.APIError) -> JSONResponse:
         return JSONResponse(metrics.error_body(e), status_code=e.status, headers=e.headers)
@@ -164,6 +183,15 @@ def build_app(client: EngineClient, settings: ServerConfig, metrics: Metrics,
     @app.get("/load")
     async def load() -> dict:
         return load_snapshot(client, metrics)
+
+    @app.get("/tokenizer_info", dependencies=auth)
+    async def tokenizer_info() -> dict:
+        """vLLM's: the tokenizer's special tokens and chat template (lm-eval's remote tokenizer reads it)."""
+        client.check_accepting()
+        tok = client.tokenizer
+        return {"tokenizer_class": type(tok).__name__, "model_max_length": client.max_model_len,
+                "chat_template": server_template or tok.chat_template, **{name: getattr(tok, name, None) for name in (
+                    "bos_token", "eos_token", "pad_token", "unk_token")}}
 
     @app.get("/version")
     async def version() -> dict:
@@ -231,9 +259,10 @@ def build_app(client: EngineClient, settings: ServerConfig, metrics: Metrics,
         req = parse(ChatCompletionRequest, obj)
         check_model(req.model)
         client.check_accepting()
-        tools = tool_mode(req, settings.tool_call_parser, client.tokenizer.chat_template)
-        return await run(request, req, functools.partial(prepare_chat, tools=tools), functools.partial(Chat, tools=tools),
-                         "chatcmpl", size)
+        template = req.chat_template or server_template or client.tokenizer.chat_template
+        tools = tool_mode(req, settings.tool_call_parser, template)
+        return await run(request, req, functools.partial(prepare_chat, tools=tools, template=server_template),
+                         functools.partial(Chat, tools=tools), "chatcmpl", size)
 
     @app.post("/generate", dependencies=auth)
     async def generate(request: Request) -> Response:
@@ -263,7 +292,8 @@ def build_app(client: EngineClient, settings: ServerConfig, metrics: Metrics,
 
         def encode() -> list[int]:
             if req.messages is not None:
-                return chat_prompt(client.tokenizer, req.messages, req.add_generation_prompt)[1]
+                return chat_prompt(client.tokenizer, req.messages, req.add_generation_prompt,
+                                   template=server_template)[1]
             return client.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
 
         ids = await asyncio.to_thread(encode) if size > _INLINE_BYTES else encode()

@@ -38,16 +38,21 @@ _BODY = ConfigDict(strict=True, extra="allow", allow_inf_nan=False, json_schema_
 NOOP_FIELDS: dict[str, tuple] = {
     **{name: (None,) for name in (
         "prompt_logprobs", "truncate_prompt_tokens", "guided_decoding_backend", "guided_whitespace_pattern",
-        "logits_processors", "chat_template", "documents", "add_special_tokens", "request_id", "cache_salt",
+        "logits_processors", "documents", "request_id", "cache_salt",
         "kv_transfer_params", "vllm_xargs", "mm_processor_kwargs", "service_tier",
         "reasoning_effort", "modalities", "audio", "prediction", "web_search_options", "functions",
-        "function_call", "metadata", "store")},
-    "allowed_token_ids": (None, []), "bad_words": (None, []), "chat_template_kwargs": (None, {}),
+        "function_call")},
+    # OpenAI's own defaults, as its SDK's users send them
+    "store": (None, False), "metadata": (None, {}), "service_tier": (None, "auto", "default"),
+    "allowed_token_ids": (None, []), "bad_words": (None, []),
     "use_beam_search": (False,), "length_penalty": (1.0,), "spaces_between_special_tokens": (True,),
-    "return_tokens_as_token_ids": (False,), "continue_final_message": (False,),
+    "return_tokens_as_token_ids": (False,),
 }
 
 NonEmptyStr = Annotated[str, Field(min_length=1)]
+# what a chat template gets from the request itself: chat_template_kwargs may not set these
+RESERVED_TEMPLATE_NAMES = frozenset({"messages", "tools", "documents", "add_generation_prompt", "continue_final_message",
+                                     "chat_template", "tokenize", "return_dict", "conversation"})
 T = TypeVar("T")
 List = Annotated[list[T], Field(fail_fast=True)]  # every list: the first bad item is the error (pydantic collects all by default)
 
@@ -153,6 +158,13 @@ class SamplingRequest(BaseModel):
             raise ValueError("is not supported by this server")
         return v
 
+    @field_validator("stream_options")
+    @classmethod
+    def _only_streaming(cls, v: StreamOptions | None, info: ValidationInfo) -> StreamOptions | None:
+        if v is not None and not info.data.get("stream"):
+            raise ValueError("is only for streams (stream: true)")
+        return v
+
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
@@ -212,6 +224,7 @@ class CompletionRequest(SamplingRequest):
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
+    add_special_tokens: Literal[True] | None = None  # vLLM's default for completions (BOS added); False: not built
 
     @field_validator("prompt")
     @classmethod
@@ -346,6 +359,32 @@ class ChatCompletionRequest(SamplingRequest):
     tools: List[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
+    add_special_tokens: Literal[False] | None = None  # vLLM's default for chat (the template writes BOS)
+    chat_template: NonEmptyStr | None = None  # this request's Jinja chat template instead of the model's
+    chat_template_kwargs: dict | None = None  # more variables for the template (Qwen3's enable_thinking)
+    continue_final_message: bool = False  # the last (assistant) message is continued, not closed
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _no_reserved_names(cls, v: dict | None) -> dict | None:
+        taken = sorted(set(v or ()) & RESERVED_TEMPLATE_NAMES)
+        if taken:
+            raise ValueError(f"may not set {taken}: the request's own fields give them")
+        return v
+
+    @field_validator("continue_final_message")
+    @classmethod
+    def _not_with_generation_prompt(cls, v: bool, info: ValidationInfo) -> bool:
+        if v and info.data.get("add_generation_prompt", True):
+            raise ValueError("needs add_generation_prompt: false")
+        return v
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _needs_logprobs(cls, v: int | None, info: ValidationInfo) -> int | None:
+        if v is not None and not info.data.get("logprobs"):
+            raise ValueError("needs logprobs: true")
+        return v
 
     @property
     def num_logprobs(self) -> int | None:

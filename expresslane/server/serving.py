@@ -96,12 +96,15 @@ def prepare_completion(client: EngineClient, req: CompletionRequest,
 
 
 def chat_prompt(tokenizer, messages: list[ChatMessage], add_generation_prompt: bool,
-                tools: list[dict] | None = None) -> Prompt:
-    """The model's chat template (ChatML when it has none) -> text and its token ids."""
+                tools: list[dict] | None = None, template: str | None = None, template_kwargs: dict | None = None,
+                continue_final_message: bool = False) -> Prompt:
+    """The chat template (``template``, else the model's, else ChatML) -> text and its token ids."""
     msgs = [m.for_template() for m in messages]
     try:
-        text = tokenizer.apply_chat_template(msgs, chat_template=tokenizer.chat_template or DEFAULT_CHAT_TEMPLATE,
-                                             tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt)
+        text = tokenizer.apply_chat_template(
+            msgs, chat_template=template or tokenizer.chat_template or DEFAULT_CHAT_TEMPLATE, tools=tools,
+            tokenize=False, add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message, **(template_kwargs or {}))
     except Exception as e:  # jinja's TemplateError, or a template's own raise_exception()
         raise errors.bad_request(f"the chat template rejected the messages: {e}", "messages") from None
     # The template writes the special tokens (BOS) itself; do not add them twice.
@@ -109,7 +112,8 @@ def chat_prompt(tokenizer, messages: list[ChatMessage], add_generation_prompt: b
 
 
 def prepare_chat(client: EngineClient, req: ChatCompletionRequest, limits: RequestLimits,
-                 tools: ToolMode | None = None) -> tuple[list[Prompt], SamplingParams]:
+                 tools: ToolMode | None = None, template: str | None = None) -> tuple[list[Prompt], SamplingParams]:
+    """``template``: the server's --chat-template (a request's own ``chat_template`` comes first)."""
     check_counts(limits, stop=req.stop, n=req.n, num_prompts=1, logprobs=req.top_logprobs,
                  logprobs_param="top_logprobs")
     check_chars([sum(len(m.text()) for m in req.messages)], _max_chars(client, limits), client.max_model_len,
@@ -118,7 +122,8 @@ def prepare_chat(client: EngineClient, req: ChatCompletionRequest, limits: Reque
     if tools is not None and (constraint := tools.constraint()) is not None:
         params = dataclasses.replace(params, structured_outputs=constraint)
     text, ids = chat_prompt(client.tokenizer, req.messages, req.add_generation_prompt,
-                            [t for t in tools.tools] if tools is not None else None)
+                            tools.tools if tools is not None else None, req.chat_template or template,
+                            req.chat_template_kwargs, req.continue_final_message)
     check_prompt(client, ids, params, "messages")
     return [(text, ids)], params
 
