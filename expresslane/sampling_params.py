@@ -57,6 +57,8 @@ class SamplingParams:
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     structured_outputs: StructuredOutputs | None = None
+    logit_bias: dict[int, float] | None = None  # added to those tokens' logits (OpenAI's range: -100 to 100)
+    allowed_token_ids: list[int] | None = None  # only these may be sampled
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -96,6 +98,12 @@ class SamplingParams:
             raise bad("stop", "must be non-empty strings")
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
             raise bad("stop_token_ids", "must be non-negative integers")
+        if self.logit_bias and any(not isinstance(t, int) or t < 0 or not -100 <= b <= 100
+                                   for t, b in self.logit_bias.items()):
+            raise bad("logit_bias", "must map non-negative token ids to biases in [-100, 100]")
+        if self.allowed_token_ids is not None and (not self.allowed_token_ids or any(
+                not isinstance(t, int) or t < 0 for t in self.allowed_token_ids)):
+            raise bad("allowed_token_ids", "must be a non-empty list of non-negative token ids")
 
     @property
     def greedy(self) -> bool:

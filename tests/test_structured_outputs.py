@@ -92,3 +92,19 @@ def test_apply_token_bitmask_keeps_exactly_the_allowed_tokens():
     apply_token_bitmask(logits, mask)
     assert torch.isfinite(logits[0]).nonzero().flatten().tolist() == allowed
     assert torch.equal(logits[0, allowed], before[0, allowed]) and torch.equal(logits[1], before[1])
+
+
+def test_logit_bias_and_allowed_token_ids(llm):
+    plain = llm.generate("Once upon a time", _greedy(max_tokens=6))[0].outputs[0].token_ids
+    forced = llm.generate("Once upon a time", _greedy(max_tokens=6, logit_bias={42: 100.0}))[0].outputs[0].token_ids
+    assert forced == [42] * 6
+    banned = llm.generate("Once upon a time", _greedy(max_tokens=6, logit_bias={plain[0]: -100.0}))[0].outputs[0]
+    assert banned.token_ids[0] != plain[0]
+    allowed = [7, 11, 13]
+    outs = llm.generate("Once upon a time", SamplingParams(temperature=1.0, seed=1, n=4, max_tokens=8,
+                                                           allowed_token_ids=allowed))[0].outputs
+    assert all(set(c.token_ids) <= set(allowed) for c in outs)
+    # a batch mixing rows with and without controls: the plain row is as alone
+    mixed = llm.generate(["Once upon a time", "Once upon a time"],
+                         [_greedy(max_tokens=6), _greedy(max_tokens=6, logit_bias={42: 100.0})])
+    assert mixed[0].outputs[0].token_ids == plain and mixed[1].outputs[0].token_ids == [42] * 6

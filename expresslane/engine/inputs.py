@@ -56,3 +56,8 @@ class InputProcessor:
                              f"({self.vocab_size})", "stop_token_ids")
         if any(not 0 <= t < self.vocab_size for t in params.stop_token_ids):
             raise InputError(f"stop_token_ids must be in [0, {self.vocab_size})", "stop_token_ids")
+        for name in ("logit_bias", "allowed_token_ids"):
+            ids = getattr(params, name) or ()
+            if len(ids) > self.vocab_size or any(not 0 <= t < self.vocab_size for t in ids):
+                raise InputError(f"{name}: token ids must be in [0, {self.vocab_size}), at most {self.vocab_size} "
+                                 "of them", name)

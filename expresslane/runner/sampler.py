@@ -39,6 +39,7 @@ class Sampler:
         only device->host transfer is the caller reading the sampled ids (and logprobs,
         when asked for)."""
         dev = logits.device
+        apply_token_controls(logits, batch.params)
         if batch.bitmask is not None:
             apply_token_bitmask(logits, to_device(batch.bitmask, torch.int32, dev))
         banned = [(i, t) for i, toks in enumerate(batch.banned) for t in toks]
@@ -86,6 +87,31 @@ class Sampler:
             else:
                 out.append(dict(zip(ids[i][:k], values[i][:k])))
         return out
+
+
+def apply_token_controls(logits: torch.Tensor, params: list[SamplingParams]) -> None:
+    """``allowed_token_ids`` (every other token -inf) and ``logit_bias`` (added), in place; rows
+    without them untouched, and a batch without them costs nothing."""
+    rows, cols, values = [], [], []
+    allowed_rows, allowed_cols = [], []
+    for i, p in enumerate(params):
+        if p.logit_bias:
+            rows += [i] * len(p.logit_bias)
+            cols += p.logit_bias.keys()
+            values += p.logit_bias.values()
+        if p.allowed_token_ids is not None:
+            allowed_rows += [i] * len(p.allowed_token_ids)
+            allowed_cols += p.allowed_token_ids
+    dev = logits.device
+    if allowed_rows:
+        keep = torch.zeros_like(logits, dtype=torch.bool)
+        keep[to_device(allowed_rows, torch.int64, dev), to_device(allowed_cols, torch.int64, dev)] = True
+        restricted = to_device(sorted({i for i in allowed_rows}), torch.int64, dev)
+        keep[torch.ones(len(params), dtype=torch.bool, device=dev).index_fill_(0, restricted, False)] = True
+        logits.masked_fill_(~keep, float("-inf"))
+    if rows:
+        logits.index_put_((to_device(rows, torch.int64, dev), to_device(cols, torch.int64, dev)),
+                          to_device(values, torch.float32, dev), accumulate=True)
 
 
 _BITS = {}  # device -> arange(32), the bit positions of a bitmask word

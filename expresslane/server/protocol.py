@@ -44,7 +44,7 @@ NOOP_FIELDS: dict[str, tuple] = {
         "function_call")},
     # OpenAI's own defaults, as its SDK's users send them
     "store": (None, False), "metadata": (None, {}), "service_tier": (None, "auto", "default"),
-    "allowed_token_ids": (None, []), "bad_words": (None, []),
+    "bad_words": (None, []),
     "use_beam_search": (False,), "length_penalty": (1.0,), "spaces_between_special_tokens": (True,),
     "return_tokens_as_token_ids": (False,),
 }
@@ -123,7 +123,8 @@ class SamplingRequest(BaseModel):
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, float] | None = None  # token id (as OpenAI sends it, a string) -> bias
+    allowed_token_ids: List[Annotated[int, Field(ge=0, le=INT32)]] | None = Field(None, min_length=1)
     user: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -153,9 +154,12 @@ class SamplingRequest(BaseModel):
 
     @field_validator("logit_bias")
     @classmethod
-    def _no_logit_bias(cls, v: dict | None) -> dict | None:
-        if v:
-            raise ValueError("is not supported by this server")
+    def _token_id_keys(cls, v: dict | None) -> dict | None:
+        for key, bias in (v or {}).items():
+            if not key.isdigit() or int(key) > INT32:
+                raise ValueError(f"keys must be token ids, got {key!r}")
+            if not -100 <= bias <= 100:
+                raise ValueError(f"biases must be in [-100, 100], got {bias!r} for {key}")
         return v
 
     @field_validator("stream_options")
@@ -212,7 +216,9 @@ class SamplingRequest(BaseModel):
                 min_p=self.min_p, seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids or [],
                 ignore_eos=self.ignore_eos, min_tokens=self.min_tokens, logprobs=logprobs,
                 skip_special_tokens=self.skip_special_tokens,
-                include_stop_str_in_output=self.include_stop_str_in_output, structured_outputs=self.structured())
+                include_stop_str_in_output=self.include_stop_str_in_output, structured_outputs=self.structured(),
+                logit_bias={int(k): v for k, v in self.logit_bias.items()} if self.logit_bias else None,
+                allowed_token_ids=self.allowed_token_ids)
         except SamplingParamError as e:
             raise bad_request(str(e), e.param) from None
 

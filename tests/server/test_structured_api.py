@@ -89,3 +89,22 @@ def test_the_sdk_sees_a_bad_schema_as_bad_request(openai_client):
         openai_client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=5,
                                               response_format={"type": "json_schema", "json_schema": {
                                                   "name": "x", "schema": {"type": "objectx"}}})
+
+
+def test_logit_bias_changes_the_output_through_the_sdk(openai_client):
+    plain = openai_client.completions.create(model="tiny", prompt="Once upon a time", max_tokens=5, temperature=0)
+    forced = openai_client.completions.create(model="tiny", prompt="Once upon a time", max_tokens=5, temperature=0,
+                                              logit_bias={"42": 100})
+    ids = openai_client.completions.create(model="tiny", prompt="Once upon a time", max_tokens=5, temperature=0,
+                                           logit_bias={"42": 100}, extra_body={"allowed_token_ids": [42, 43]})
+    assert forced.choices[0].text == ids.choices[0].text != plain.choices[0].text
+
+
+@pytest.mark.parametrize("body, param", [({"logit_bias": {"abc": 1}}, "logit_bias"),
+                                         ({"logit_bias": {"1": 101}}, "logit_bias"),
+                                         ({"logit_bias": {"99999999": 1}}, "logit_bias"),
+                                         ({"allowed_token_ids": []}, "allowed_token_ids")])
+def test_bad_token_controls_are_400s(server, body, param):
+    r = httpx.post(server.url + "/v1/completions", headers=server.headers, timeout=30,
+                   json={"prompt": "x", "max_tokens": 2, **body})
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
