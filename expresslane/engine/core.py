@@ -188,18 +188,31 @@ class EngineCore:
         self._rejected.update(refused)
         outputs: list[EngineCoreOutput] = []
         measured = predicted = 0.0
-        if prev is not None and (prev.speculative or self.scheduler.speculating() or self.grammars.matchers):
-            # a speculative step's outcome (how many tokens) shapes the next plan, and a grammar's
-            # next mask needs the token just sampled: no pipelining
+        prev_done: float | None = None  # when the step before this one ended (landed here)
+        speculative = prev is not None and (prev.speculative or self.scheduler.speculating())
+        # a grammar's next mask needs the token just sampled: the step's forward goes first, then
+        # the previous step lands and the masks are filled while the forward runs, then its sampling
+        late = prev is not None and not speculative and bool(self.grammars.matchers)
+        if speculative or (late and not self.runner.samples_late):
+            # a speculative step's outcome (how many tokens) shapes the next plan: no pipelining
             outputs, measured, predicted = self._land(prev)
             self._in_flight = prev = None
+            late = False
         planned = time.monotonic()
         plan = self.scheduler.schedule()
         launched = None
         if not plan.is_empty:
-            self.grammars.fill(plan, self._tokens_left)
             shape = StepShape.of((s.start_pos, len(s.token_ids)) for s in plan.seqs)
-            launched = _InFlight(plan, self.runner.execute(plan), shape, self._calls,
+            if late:
+                forward = self.runner.forward(plan)
+                outputs, measured, predicted = self._land(prev)
+                prev_done, prev = prev.done, None
+                self.grammars.fill(plan, self._tokens_left)
+                result = self.runner.sample(forward)
+            else:
+                self.grammars.fill(plan, self._tokens_left)
+                result = self.runner.execute(plan)
+            launched = _InFlight(plan, result, shape, self._calls,
                                  speculative=any(s.num_spec_tokens for s in plan.seqs))
             now = time.monotonic()
             self._host_s += 0.1 * (now - planned - self._host_s)
@@ -207,8 +220,9 @@ class EngineCore:
                 launched.done = now
         if prev is not None:
             outputs, measured, predicted = self._land(prev)
+            prev_done = prev.done
         if launched is not None and not self._sync_launch:  # the GPU runs it once the one before is done
-            launched.ends = max(time.monotonic() if prev is None else prev.done, t0) + self.cost_model.predict(
+            launched.ends = max(time.monotonic() if prev_done is None else prev_done, t0) + self.cost_model.predict(
                 launched.shape)
         self._in_flight = launched
         self._last = self._stats(plan.num_batched_tokens, len(plan.seqs), time.monotonic() - t0, measured, predicted)

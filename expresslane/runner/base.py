@@ -9,7 +9,8 @@ the cost model need.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -18,6 +19,15 @@ if TYPE_CHECKING:
     from expresslane.engine.contract import StepPlan
     from expresslane.runner.expert_load import ExpertTokensCopy
     from expresslane.runner.step_result import StepResult
+
+
+@dataclass(slots=True)
+class Forward:
+    """A step whose forward is launched and whose sampling is not (``Runner.forward``)."""
+
+    plan: StepPlan
+    inputs: Any  # the runner's own: what its sampling needs
+    logits: Any  # on the device; None when no seq samples
 
 
 class Runner(ABC):
@@ -58,6 +68,20 @@ class Runner(ABC):
     @abstractmethod
     def execute(self, plan: StepPlan) -> StepResult:
         """Launch one step; its sampled ids stay on the device until ``StepResult.get()``."""
+
+    @property
+    def samples_late(self) -> bool:
+        """Whether ``forward`` and ``sample`` may be called apart (else only ``execute``)."""
+        return False
+
+    def forward(self, plan: StepPlan) -> Forward:
+        """Launch a step's forward only; the plan's ``token_bitmask`` may still be filled in
+        before ``sample``: the host prepares grammar masks while the device runs the forward."""
+        raise NotImplementedError(f"{type(self).__name__} samples with its forward (samples_late is False)")
+
+    def sample(self, step: Forward) -> StepResult:
+        """Launch the sampling of a step ``forward`` launched."""
+        raise NotImplementedError(f"{type(self).__name__} samples with its forward (samples_late is False)")
 
     @abstractmethod
     def release(self, request_ids: list[str]) -> None:

@@ -25,7 +25,7 @@ from expresslane.models.model_dir import read_config
 from expresslane.models.presets import dummy_weights
 from expresslane.models.registry import model_class
 from expresslane.quant import resolve_quantization
-from expresslane.runner.base import Runner
+from expresslane.runner.base import Forward, Runner
 from expresslane.runner.cuda_graphs import DecodeGraphs, MixedGraphs, Patch
 from expresslane.runner.expert_load import ExpertTokensCopy, copy_expert_tokens, reset_expert_tokens
 from expresslane.runner.input_batch import InputBatch, StepInputs
@@ -202,6 +202,10 @@ class ModelRunner(Runner):
     def interpreted(self) -> bool:
         return getattr(self.attn_backend, "interpreted", False)
 
+    @property
+    def samples_late(self) -> bool:
+        return True
+
     # -- mixture-of-experts load (rank 0's counters are complete: every rank routes every token) ---
     def copy_expert_tokens(self) -> ExpertTokensCopy | None:
         return copy_expert_tokens(self.model)
@@ -212,18 +216,33 @@ class ModelRunner(Runner):
     # -- one step ------------------------------------------------------------------------------
     @torch.inference_mode()
     def execute(self, plan: StepPlan) -> StepResult:
-        for rid in plan.finished_request_ids:
-            self._generators.pop(rid, None)
-        inputs = self.batch.apply(plan)
+        inputs = self._apply(plan)
         if inputs.num_spec.any():
             return self._execute_spec(inputs)
-        logits = self._logits(inputs)
+        return self._sample(inputs, self._logits(inputs), plan)
+
+    @torch.inference_mode()
+    def forward(self, plan: StepPlan) -> Forward:
+        inputs = self._apply(plan)
+        return Forward(plan, inputs, self._logits(inputs))
+
+    @torch.inference_mode()
+    def sample(self, step: Forward) -> StepResult:
+        return self._sample(step.inputs, step.logits, step.plan)
+
+    def _apply(self, plan: StepPlan) -> StepInputs:
+        for rid in plan.finished_request_ids:
+            self._generators.pop(rid, None)
+        return self.batch.apply(plan)
+
+    def _sample(self, inputs: StepInputs, logits: torch.Tensor | None, plan: StepPlan) -> StepResult:
         if logits is None:
             self._prev_rows = {}  # nothing sampled: no next-step input comes from this step
             return StepResult(self.device, [], None, None)
         ids = [inputs.seqs[i].request_id for i in inputs.sampling]
         params, banned = self.batch.sampling_rows(inputs)
-        bitmask = bitmask_rows(plan.token_bitmask, [inputs.seqs[i].bitmask_row for i in inputs.sampling])
+        rows = {s.request_id: s.bitmask_row for s in plan.seqs} if plan.token_bitmask is not None else {}
+        bitmask = bitmask_rows(plan.token_bitmask, [rows.get(rid, -1) for rid in ids])
         batch = SamplingBatch(params, banned, [self._generator(rid, p) for rid, p in zip(ids, params)], bitmask)
         tokens, logprobs = self.sampler(logits, batch)
         self._prev_tokens, self._prev_rows = tokens, {rid: i for i, rid in enumerate(ids)}
