@@ -96,6 +96,10 @@ class ServerConfig:
     allowed_origins: tuple[str, ...] = _knob(
         (), "CORS: an origin browsers may call the server from ('*': any; repeatable); none: no CORS headers",
         metavar="ORIGIN", repeat=True)
+    reasoning_parser: str | None = _knob(
+        None, "split a reasoning model's thinking into reasoning_content (messages and stream deltas): qwen3 "
+        "(<think>...</think> when the model opens it), deepseek_r1 (thinking until </think>)",
+        choices=("qwen3", "deepseek_r1"))
     tool_call_parser: str = _knob(
         "auto", "how tool calls are read out of a chat completion's text when tool_choice is auto: hermes "
         "(<tool_call> JSON, also Qwen2.5/Qwen3), llama3_json, mistral ([TOOL_CALLS]); auto: from the chat template",

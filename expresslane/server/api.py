@@ -262,7 +262,7 @@ def build_app(client: EngineClient, settings: ServerConfig, metrics: Metrics,
         template = req.chat_template or server_template or client.tokenizer.chat_template
         tools = tool_mode(req, settings.tool_call_parser, template)
         return await run(request, req, functools.partial(prepare_chat, tools=tools, template=server_template),
-                         functools.partial(Chat, tools=tools), "chatcmpl", size)
+                         functools.partial(Chat, tools=tools, reasoning=settings.reasoning_parser), "chatcmpl", size)
 
     @app.post("/generate", dependencies=auth)
     async def generate(request: Request) -> Response:

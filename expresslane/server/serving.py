@@ -26,6 +26,8 @@ from expresslane.server import errors
 from expresslane.server.engine_client import EngineClient
 from expresslane.server.limits import RequestLimits, check_chars, check_counts
 from expresslane.server.memory import LARGE_ITEMS, trim_soon
+from expresslane.server.reasoning import ReasoningStream
+from expresslane.server.reasoning import split as split_reasoning
 from expresslane.server.tools import CallStream, ToolMode, call_id
 from expresslane.server.tracker import RequestGroup, TopLogprobs
 from expresslane.server.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, GenerateRequest
@@ -351,10 +353,12 @@ class Completions(_Endpoint):
 class Chat(_Endpoint):
     chunk_object = "chat.completion.chunk"
 
-    def __init__(self, *args, tools: ToolMode | None = None, **kwargs):
+    def __init__(self, *args, tools: ToolMode | None = None, reasoning: str | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.tools = tools  # tool calling (server/tools.py); None: the text is the answer
+        self.reasoning = reasoning  # --reasoning-parser (server/reasoning.py); None: no thinking to split off
         self._call_streams: dict[int, CallStream] = {}  # per choice index, while streaming
+        self._reasoning_streams: dict[int, ReasoningStream] = {}
 
     def call_stream(self, index: int) -> CallStream:
         if index not in self._call_streams:
@@ -367,11 +371,16 @@ class Chat(_Endpoint):
                                                    "logprobs": None, "finish_reason": None}]) for i in range(n)]
 
     def chunk(self, d: Delta) -> dict:
-        delta, finish = ({"content": d.text} if d.text else {}), d.finish_reason
+        text, thought, finish = d.text, "", d.finish_reason
+        if self.reasoning is not None:
+            stream = self._reasoning_streams.setdefault(d.index, ReasoningStream(self.reasoning))
+            thought, text = stream.feed(text, finish is not None)
+        delta = {**({"reasoning_content": thought} if thought else {}), **({"content": text} if text else {})}
         if self.tools is not None:
             calls = self.call_stream(d.index)
-            content, tool_calls = calls.feed(d.text, d.finish_reason is not None)
-            delta = {**({"content": content} if content else {}), **({"tool_calls": tool_calls} if tool_calls else {})}
+            content, tool_calls = calls.feed(text, finish is not None)
+            delta = {**({"reasoning_content": thought} if thought else {}), **({"content": content} if content else {}),
+                     **({"tool_calls": tool_calls} if tool_calls else {})}
             if finish == "stop" and calls.num_calls:
                 finish = "tool_calls"
         return self.envelope(self.chunk_object, [{
@@ -380,12 +389,16 @@ class Chat(_Endpoint):
 
     def message(self, c: CompletionOutput) -> tuple[dict, str | None]:
         """The assistant message of a finished completion, and its finish reason."""
+        text, thought = c.text, {}
+        if self.reasoning is not None:
+            reasoning, text = split_reasoning(self.reasoning, text)
+            thought = {"reasoning_content": reasoning}
         if self.tools is None or c.finish_reason == "length":  # a call cut short is not a call
-            return {"role": "assistant", "content": c.text}, c.finish_reason
-        content, calls = self.tools.calls(c.text)
+            return {"role": "assistant", **thought, "content": text}, c.finish_reason
+        content, calls = self.tools.calls(text)
         if not calls:
-            return {"role": "assistant", "content": c.text}, c.finish_reason
-        return {"role": "assistant", "content": content, "tool_calls": [
+            return {"role": "assistant", **thought, "content": text}, c.finish_reason
+        return {"role": "assistant", **thought, "content": content, "tool_calls": [
             {"id": call_id(), "type": "function", "function": {"name": t.name, "arguments": t.arguments}}
             for t in calls]}, "tool_calls"
 
