@@ -57,6 +57,9 @@ class SamplingParams:
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     structured_outputs: StructuredOutputs | None = None
+    presence_penalty: float = 0.0  # subtracted from the logit of every token the output holds
+    frequency_penalty: float = 0.0  # subtracted once per time the output holds the token
+    repetition_penalty: float = 1.0  # divides (positive) or multiplies (negative) the logits of prompt and output tokens
     logit_bias: dict[int, float] | None = None  # added to those tokens' logits (OpenAI's range: -100 to 100)
     allowed_token_ids: list[int] | None = None  # only these may be sampled
 
@@ -98,12 +101,21 @@ class SamplingParams:
             raise bad("stop", "must be non-empty strings")
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
             raise bad("stop_token_ids", "must be non-negative integers")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise bad(name, "must be in [-2, 2]")
+        if not 0.0 < self.repetition_penalty <= 2.0:
+            raise bad("repetition_penalty", "must be in (0, 2]")
         if self.logit_bias and any(not isinstance(t, int) or t < 0 or not -100 <= b <= 100
                                    for t, b in self.logit_bias.items()):
             raise bad("logit_bias", "must map non-negative token ids to biases in [-100, 100]")
         if self.allowed_token_ids is not None and (not self.allowed_token_ids or any(
                 not isinstance(t, int) or t < 0 for t in self.allowed_token_ids)):
             raise bad("allowed_token_ids", "must be a non-empty list of non-negative token ids")
+
+    @property
+    def penalized(self) -> bool:
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0)
 
     @property
     def greedy(self) -> bool:

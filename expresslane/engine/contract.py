@@ -90,6 +90,10 @@ class NewRequest:
     # (`min_tokens` not reached yet); the runner counts the samples down itself
     banned_token_ids: tuple[int, ...] = ()
     num_banned_samples: int = 0
+    # penalties: its prompt's length, and every token it holds so far (a preempted request comes
+    # back with its outputs; a prefix-cache hit skips computing the prompt); empty without penalties
+    num_prompt_tokens: int = 0
+    token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)

@@ -145,6 +145,9 @@ class EngineCore:
     def add_request(self, req: EngineCoreRequest) -> None:
         check_prompt_length(len(req.prompt_token_ids), self.max_model_len)
         request = Request.from_core_request(req, self.max_model_len)
+        if self.spec is not None and req.sampling_params.penalized:
+            raise ValueError("presence_penalty, frequency_penalty and repetition_penalty: not supported with "
+                             "speculative decoding (--speculative-method)")
         if req.sampling_params.structured_outputs is None:
             self.scheduler.add_request(request)
         elif self.spec is not None:

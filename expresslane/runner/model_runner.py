@@ -29,6 +29,7 @@ from expresslane.runner.base import Forward, Runner
 from expresslane.runner.cuda_graphs import DecodeGraphs, MixedGraphs, Patch
 from expresslane.runner.expert_load import ExpertTokensCopy, copy_expert_tokens, reset_expert_tokens
 from expresslane.runner.input_batch import InputBatch, StepInputs
+from expresslane.runner.penalties import Penalties
 from expresslane.runner.sampler import Sampler, SamplingBatch, bitmask_rows
 from expresslane.runner.spec_verify import Verified, verify
 from expresslane.runner.step_result import StepResult
@@ -103,6 +104,7 @@ class ModelRunner(Runner):
         log.info("loaded %s in %.1fs on %s (%s%s)", model_dir, time.monotonic() - t0, self.device, self.dtype,
                  f", {self.quant.name} weights" if self.quant else "")
         self.sampler = Sampler(self.device, config.model.seed)
+        self.penalties = Penalties(config.scheduler.max_num_seqs, hf_config.vocab_size, self.device)
         self._generators: dict[str, torch.Generator] = {}
         s = config.scheduler
         longest = max(config.model.max_model_len or 0, s.max_num_batched_tokens)  # (the profiling step's)
@@ -233,7 +235,12 @@ class ModelRunner(Runner):
     def _apply(self, plan: StepPlan) -> StepInputs:
         for rid in plan.finished_request_ids:
             self._generators.pop(rid, None)
-        return self.batch.apply(plan)
+        for rid in (*plan.finished_request_ids, *plan.preempted_request_ids):
+            self.penalties.remove(self.batch.rows.get(rid))
+        inputs = self.batch.apply(plan)
+        for new in plan.new_requests:
+            self.penalties.add(self.batch.rows[new.request_id], new)
+        return inputs
 
     def _sample(self, inputs: StepInputs, logits: torch.Tensor | None, plan: StepPlan) -> StepResult:
         if logits is None:
@@ -243,8 +250,11 @@ class ModelRunner(Runner):
         params, banned = self.batch.sampling_rows(inputs)
         rows = {s.request_id: s.bitmask_row for s in plan.seqs} if plan.token_bitmask is not None else {}
         bitmask = bitmask_rows(plan.token_bitmask, [rows.get(rid, -1) for rid in ids])
-        batch = SamplingBatch(params, banned, [self._generator(rid, p) for rid, p in zip(ids, params)], bitmask)
+        rows = [int(inputs.rows[i]) for i in inputs.sampling]
+        batch = SamplingBatch(params, banned, [self._generator(rid, p) for rid, p in zip(ids, params)], bitmask,
+                              penalize=(lambda lg: self.penalties.apply(lg, rows)) if self.penalties.params else None)
         tokens, logprobs = self.sampler(logits, batch)
+        self.penalties.sampled(rows, tokens)
         self._prev_tokens, self._prev_rows = tokens, {rid: i for i, rid in enumerate(ids)}
         return StepResult(self.device, ids, tokens, logprobs)
 

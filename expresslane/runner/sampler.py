@@ -8,6 +8,7 @@ token it samples, so its tokens do not depend on what else is in the batch.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
@@ -23,6 +24,8 @@ class SamplingBatch:
     generators: list[torch.Generator | None]  # per row; None = the engine's shared generator
     # structured outputs: int32 [rows, ceil(vocab / 32)] of allowed tokens (-1: all); None: no row constrained
     bitmask: np.ndarray | None = None
+    # presence/frequency/repetition penalties, in place on the logits (runner/penalties.py); None: none
+    penalize: Callable[[torch.Tensor], None] | None = None
 
 
 class Sampler:
@@ -40,6 +43,8 @@ class Sampler:
         when asked for)."""
         dev = logits.device
         apply_token_controls(logits, batch.params)
+        if batch.penalize is not None:
+            batch.penalize(logits)
         if batch.bitmask is not None:
             apply_token_bitmask(logits, to_device(batch.bitmask, torch.int32, dev))
         banned = [(i, t) for i, toks in enumerate(batch.banned) for t in toks]

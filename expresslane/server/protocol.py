@@ -120,9 +120,9 @@ class SamplingRequest(BaseModel):
     min_tokens: int = Field(0, ge=0, le=INT32)
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = Field(1.0, gt=0.0, le=2.0)
     logit_bias: dict[str, float] | None = None  # token id (as OpenAI sends it, a string) -> bias
     allowed_token_ids: List[Annotated[int, Field(ge=0, le=INT32)]] | None = Field(None, min_length=1)
     user: str | None = None
@@ -137,20 +137,6 @@ class SamplingRequest(BaseModel):
     guided_regex: NonEmptyStr | None = None
     guided_choice: List[NonEmptyStr] | None = Field(None, min_length=1)
     guided_grammar: NonEmptyStr | None = None
-
-    @field_validator("presence_penalty", "frequency_penalty")
-    @classmethod
-    def _no_penalty(cls, v: float) -> float:
-        if v != 0.0:
-            raise ValueError("is not supported by this server (only 0)")
-        return v
-
-    @field_validator("repetition_penalty")
-    @classmethod
-    def _no_repetition_penalty(cls, v: float) -> float:
-        if v != 1.0:
-            raise ValueError("is not supported by this server (only 1)")
-        return v
 
     @field_validator("logit_bias")
     @classmethod
@@ -217,6 +203,8 @@ class SamplingRequest(BaseModel):
                 ignore_eos=self.ignore_eos, min_tokens=self.min_tokens, logprobs=logprobs,
                 skip_special_tokens=self.skip_special_tokens,
                 include_stop_str_in_output=self.include_stop_str_in_output, structured_outputs=self.structured(),
+                presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+                repetition_penalty=self.repetition_penalty,
                 logit_bias={int(k): v for k, v in self.logit_bias.items()} if self.logit_bias else None,
                 allowed_token_ids=self.allowed_token_ids)
         except SamplingParamError as e:

@@ -108,3 +108,11 @@ def test_bad_token_controls_are_400s(server, body, param):
     r = httpx.post(server.url + "/v1/completions", headers=server.headers, timeout=30,
                    json={"prompt": "x", "max_tokens": 2, **body})
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+def test_penalties_change_the_output_through_the_sdk(openai_client):
+    kwargs = dict(model="tiny", prompt="The the the the", max_tokens=24, temperature=0)
+    plain = openai_client.completions.create(**kwargs).choices[0].text
+    for extra in ({"frequency_penalty": 2.0}, {"presence_penalty": 2.0}):
+        assert openai_client.completions.create(**kwargs, **extra).choices[0].text != plain
+    assert openai_client.completions.create(**kwargs, extra_body={"repetition_penalty": 1.8}).choices[0].text != plain

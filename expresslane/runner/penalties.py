@@ -1,0 +1,78 @@
+"""Presence, frequency and repetition penalties (vLLM's meanings) over per-row token counts
+kept on the device.
+
+For each row whose request asks for a penalty: ``counts[row, t]``, how many times its output
+holds token t, and ``seen[row, t]``, whether its prompt or output does. The tokens a request
+holds when it is admitted (``NewRequest.token_ids``: its prompt, and a preempted request's
+outputs so far) are counted then, whatever the prefix cache spares computing; each token sampled
+after is counted on the device as it is sampled (no host sync). Nothing is allocated or run
+until a request asks for a penalty.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from expresslane.device import to_device
+from expresslane.engine.contract import NewRequest
+from expresslane.sampling_params import SamplingParams
+
+
+class Penalties:
+    def __init__(self, max_rows: int, vocab_size: int, device: torch.device):
+        self.max_rows, self.vocab_size, self.device = max_rows, vocab_size, device
+        self.counts: torch.Tensor | None = None  # [rows, vocab] int32, allocated at first use
+        self.seen: torch.Tensor | None = None  # [rows, vocab] bool
+        self.params: dict[int, SamplingParams] = {}  # penalized rows
+
+    def add(self, row: int, new: NewRequest) -> None:
+        self.remove(row)
+        if not new.sampling_params.penalized:
+            return
+        if self.counts is None:
+            self.counts = torch.zeros(self.max_rows, self.vocab_size, dtype=torch.int32, device=self.device)
+            self.seen = torch.zeros(self.max_rows, self.vocab_size, dtype=torch.bool, device=self.device)
+        self.counts[row].zero_()
+        self.seen[row].zero_()
+        self.params[row] = new.sampling_params
+        if new.token_ids:
+            self.seen[row, to_device(new.token_ids, torch.int64, self.device)] = True
+        outputs = new.token_ids[new.num_prompt_tokens:]
+        if outputs:
+            self.counts[row].index_put_((to_device(outputs, torch.int64, self.device),),
+                                        torch.ones(len(outputs), dtype=torch.int32, device=self.device), accumulate=True)
+
+    def remove(self, row: int | None) -> None:
+        if row is not None:
+            self.params.pop(row, None)
+
+    def sampled(self, rows: list[int], tokens: torch.Tensor) -> None:
+        """Count the tokens just sampled (on the device) for the penalized rows among ``rows``."""
+        if not self.params:
+            return
+        pick = [i for i, row in enumerate(rows) if row in self.params]
+        if not pick:
+            return
+        r = to_device([rows[i] for i in pick], torch.int64, self.device)
+        t = tokens[to_device(pick, torch.int64, self.device)]
+        self.counts.index_put_((r, t), torch.ones(len(pick), dtype=torch.int32, device=self.device), accumulate=True)
+        self.seen[r, t] = True
+
+    def apply(self, logits: torch.Tensor, rows: list[int]) -> None:
+        """Penalize the logits (in place) of the penalized rows among ``rows`` (logits' rows, in order)."""
+        if not self.params:
+            return
+        pick = [i for i, row in enumerate(rows) if row in self.params]
+        if not pick:
+            return
+        dev = self.device
+        idx = to_device(pick, torch.int64, dev)
+        r = to_device([rows[i] for i in pick], torch.int64, dev)
+        params = [self.params[rows[i]] for i in pick]
+        rep = to_device([p.repetition_penalty for p in params], torch.float32, dev)[:, None]
+        freq = to_device([p.frequency_penalty for p in params], torch.float32, dev)[:, None]
+        pres = to_device([p.presence_penalty for p in params], torch.float32, dev)[:, None]
+        sub, counts, seen = logits[idx], self.counts[r].to(torch.float32), self.seen[r]
+        sub = torch.where(seen, torch.where(sub > 0, sub / rep, sub * rep), sub)
+        sub = sub - freq * counts - pres * (counts > 0).to(torch.float32)
+        logits[idx] = sub
