@@ -77,9 +77,10 @@
 #            time? plain streams, stream priorities, split GEMMs, CUDA graphs, torch green contexts and a
 #            disjoint driver SM split (16 / 32 / 48 SMs for the decode), alone vs together; decode batch 1
 #            then 32 (benchmarks/pdmux_overlap.py); ~1 min
-#   structured: issue #39: a json_schema-constrained decode's TPOT against unconstrained at batch 1 and 64,
-#            and a 10-field schema's compile time, cold and cached (8B shape; needs xgrammar, apache-tvm-ffi,
-#            pydantic, pydantic-core, annotated-types and typing-inspection wheels in .whl/)
+#   structured: issue #39: a json_schema-constrained and a penalized decode's TPOT against plain at batch 1
+#            and 64, and a 10-field schema's compile time, cold and cached (8B shape; needs xgrammar,
+#            apache-tvm-ffi, pydantic, pydantic-core, annotated-types and typing-inspection wheels in .whl/);
+#            BASELINE_TREE=DIR (an older checkout) times the plain decode there too, first
 #   quick = small;  full = small 8b 7b.  The GPU tests run once, first, whatever the sections
 #   (GPU_SKIP_TESTS=1 leaves them out).
 # Results: JSON lines in ${OUT:-out}/gpu-results.jsonl, logs beside them.
@@ -135,6 +136,10 @@ for section in $SECTIONS; do
     8b) shape llama-3-8b ;;
     structured)
       model llama-3-8b; echo "== structured outputs (llama-3-8b)"
+      if [ -n "${BASELINE_TREE:-}" ]; then  # the plain decode on an older tree (a checkout), in the same call
+        PYTHONPATH="$BASELINE_TREE" run python3 benchmarks/structured_bench.py --model "$MODELS/llama-3-8b" --only plain \
+          --label baseline
+      fi
       run python3 benchmarks/structured_bench.py --model "$MODELS/llama-3-8b" ;;
     8b-engine)  # expresslane alone on the 8B shape (batch-1 decode, TTFT by length, throughput)
       model llama-3-8b; echo "== llama-3-8b: expresslane"

@@ -1,8 +1,11 @@
-"""Issue #39's structured-output figures, in the engine (no HTTP): a json_schema-constrained
-decode's time per output token against the same decode unconstrained, at batch 1 and 64, and
-grammar compilation (a 10-field schema, cold and cached).
+"""Issue #39's sampling-control figures, in the engine (no HTTP): a json_schema-constrained
+decode's and a penalized decode's time per output token against the same decode plain, at batch
+1 and 64, and grammar compilation (a 10-field schema, cold and cached).
 
-    python benchmarks/structured_bench.py --model DIR [--out results.jsonl]
+    python benchmarks/structured_bench.py --model DIR [--only plain] [--out results.jsonl]
+
+``--only plain`` runs the plain decode alone, with nothing newer than SamplingParams: point
+PYTHONPATH at an older tree to time the same decode before these controls existed.
 
 Both runs generate the same number of tokens: the constrained one's schema is one long string
 field, so the model writes until the output is closed near its budget's end; TPOT is each
@@ -35,15 +38,28 @@ def main() -> None:
     ap.add_argument("--model", required=True)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--only", choices=("plain",), default=None)
+    ap.add_argument("--label", default="")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
     from expresslane import LLM, SamplingParams
-    from expresslane.sampling_params import StructuredOutputs
 
     llm = LLM(args.model, max_num_seqs=128, gpu_memory_utilization=0.85, load_format="dummy")
     core = llm.engine.core
     vocab = core.hf_config.vocab_size
+    llm.generate([{"prompt_token_ids": p} for p in prompts_of(2, 32, vocab)], SamplingParams(temperature=0, max_tokens=8),
+                 use_tqdm=False)
+    if args.only == "plain":
+        for batch in (1, 64):
+            prompts = [{"prompt_token_ids": p} for p in prompts_of(batch, 32, vocab, seed=batch)]
+            params = SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True)
+            best = min(tpot_ms(llm.generate(prompts, params, use_tqdm=False)) for _ in range(args.repeats))
+            emit(args.out, bench="plain_tpot", label=args.label, batch=batch, tpot_ms=round(best, 3))
+        return
+
+    from expresslane.sampling_params import StructuredOutputs
+
     constrained = StructuredOutputs(json=json.dumps(TEXT_SCHEMA))
     llm.generate([{"prompt_token_ids": p} for p in prompts_of(2, 32, vocab)],
                  SamplingParams(temperature=0, max_tokens=8, structured_outputs=constrained), use_tqdm=False)
@@ -62,6 +78,11 @@ def main() -> None:
         emit(args.out, bench="structured_tpot", batch=batch, plain_tpot_ms=round(rows["plain"][0], 3),
              json_schema_tpot_ms=round(rows["json_schema"][0], 3), json_schema_tokens=rows["json_schema"][1],
              ratio=round(ratio, 4), target="<= 1.05")
+        penalized = SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True, presence_penalty=0.5,
+                                   frequency_penalty=0.5, repetition_penalty=1.1)
+        best = min(tpot_ms(llm.generate(prompts, penalized, use_tqdm=False)) for _ in range(args.repeats))
+        emit(args.out, bench="penalties_tpot", batch=batch, plain_tpot_ms=round(rows["plain"][0], 3),
+             penalized_tpot_ms=round(best, 3), ratio=round(best / rows["plain"][0], 4), target="<= 1.03")
 
     grammars = core.grammars
     t0 = time.perf_counter()

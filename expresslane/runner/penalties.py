@@ -66,13 +66,17 @@ class Penalties:
         if not pick:
             return
         dev = self.device
-        idx = to_device(pick, torch.int64, dev)
+        every = len(pick) == len(rows)  # every row penalized: in place, no gather and scatter
+        idx = None if every else to_device(pick, torch.int64, dev)
         r = to_device([rows[i] for i in pick], torch.int64, dev)
         params = [self.params[rows[i]] for i in pick]
         rep = to_device([p.repetition_penalty for p in params], torch.float32, dev)[:, None]
         freq = to_device([p.frequency_penalty for p in params], torch.float32, dev)[:, None]
         pres = to_device([p.presence_penalty for p in params], torch.float32, dev)[:, None]
-        sub, counts, seen = logits[idx], self.counts[r].to(torch.float32), self.seen[r]
+        sub, counts, seen = (logits if every else logits[idx]), self.counts[r], self.seen[r]
         sub = torch.where(seen, torch.where(sub > 0, sub / rep, sub * rep), sub)
-        sub = sub - freq * counts - pres * (counts > 0).to(torch.float32)
-        logits[idx] = sub
+        sub = sub - freq * counts - pres * (counts > 0)
+        if every:
+            logits.copy_(sub)
+        else:
+            logits[idx] = sub
