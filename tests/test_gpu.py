@@ -91,3 +91,23 @@ def test_steps_that_sample_nothing_are_waited_for(llama_dir, monkeypatch):
                  use_tqdm=False)
     empty = [done for nothing, done in landed if nothing]
     assert len(empty) >= 4 and all(done for _, done in landed)
+
+
+@pytest.mark.gpu
+def test_penalty_kernel_equals_the_torch_ops_on_cuda():
+    from expresslane.engine.contract import NewRequest
+    from expresslane.runner.penalties import Penalties
+
+    gen = torch.Generator().manual_seed(0)
+    cpu, cuda = Penalties(8, 128256, torch.device("cpu")), Penalties(8, 128256, torch.device("cuda"))
+    rows = [5, 1, 6]
+    for row, (p, f, r) in zip(rows, [(0.5, 0.3, 1.2), (-1.0, 0.0, 0.8), (0.0, 2.0, 1.0)]):
+        new = NewRequest(f"r{row}", SamplingParams(presence_penalty=p, frequency_penalty=f, repetition_penalty=r),
+                         num_prompt_tokens=500, token_ids=torch.randint(0, 128256, (2000,), generator=gen).tolist())
+        cpu.add(row, new)
+        cuda.add(row, new)
+    logits = torch.randn(4, 128256, generator=gen)
+    want, got = logits.clone(), logits.cuda()
+    cpu.apply(want, rows + [2])
+    cuda.apply(got, rows + [2])  # the Triton kernel
+    assert torch.equal(got.cpu(), want)

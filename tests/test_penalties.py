@@ -74,3 +74,27 @@ def test_penalties_survive_preemption(llama_dir):
     assert small.engine.core.scheduler.num_preemptions > 0
     for x, o in zip(prompts, outs):
         assert o.outputs[0].token_ids == reference(llama_dir, x, 60, 0.7, 0.3, 1.1)
+
+
+def test_the_penalty_kernel_equals_the_torch_ops():
+    """runner/penalty_kernel.py (the CUDA path) under Triton's interpreter (conftest), against the torch ops."""
+    from expresslane.engine.contract import NewRequest
+    from expresslane.runner.penalties import Penalties
+    from expresslane.runner.penalty_kernel import penalize
+
+    gen = torch.Generator().manual_seed(0)
+    pen = Penalties(6, 1500, torch.device("cpu"))
+    rows = [4, 0, 2]
+    for row, (p, f, r) in zip(rows, [(0.5, 0.3, 1.2), (-1.0, 0.0, 0.8), (0.0, 2.0, 1.0)]):
+        tokens = torch.randint(0, 1500, (300,), generator=gen).tolist()
+        pen.add(row, NewRequest(f"r{row}", SamplingParams(presence_penalty=p, frequency_penalty=f, repetition_penalty=r),
+                                num_prompt_tokens=120, token_ids=tokens))
+    logits = torch.randn(4, 1500, generator=gen)  # logits row 3 is not penalized
+    want = logits.clone()
+    pen.apply(want, rows + [5])  # the torch ops (CPU)
+    got = logits.clone()
+    params = [pen.params[r] for r in rows]
+    penalize(got, pen.counts, pen.seen, torch.tensor([0, 1, 2]), torch.tensor(rows),
+             torch.tensor([p.repetition_penalty for p in params]), torch.tensor([p.frequency_penalty for p in params]),
+             torch.tensor([p.presence_penalty for p in params]))
+    assert torch.equal(got, want) and torch.equal(got[3], logits[3])

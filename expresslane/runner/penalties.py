@@ -22,7 +22,7 @@ class Penalties:
     def __init__(self, max_rows: int, vocab_size: int, device: torch.device):
         self.max_rows, self.vocab_size, self.device = max_rows, vocab_size, device
         self.counts: torch.Tensor | None = None  # [rows, vocab] int32, allocated at first use
-        self.seen: torch.Tensor | None = None  # [rows, vocab] bool
+        self.seen: torch.Tensor | None = None  # [rows, vocab] uint8 (0 or 1)
         self.params: dict[int, SamplingParams] = {}  # penalized rows
 
     def add(self, row: int, new: NewRequest) -> None:
@@ -31,12 +31,12 @@ class Penalties:
             return
         if self.counts is None:
             self.counts = torch.zeros(self.max_rows, self.vocab_size, dtype=torch.int32, device=self.device)
-            self.seen = torch.zeros(self.max_rows, self.vocab_size, dtype=torch.bool, device=self.device)
+            self.seen = torch.zeros(self.max_rows, self.vocab_size, dtype=torch.uint8, device=self.device)
         self.counts[row].zero_()
         self.seen[row].zero_()
         self.params[row] = new.sampling_params
         if new.token_ids:
-            self.seen[row, to_device(new.token_ids, torch.int64, self.device)] = True
+            self.seen[row, to_device(new.token_ids, torch.int64, self.device)] = 1
         outputs = new.token_ids[new.num_prompt_tokens:]
         if outputs:
             self.counts[row].index_put_((to_device(outputs, torch.int64, self.device),),
@@ -55,8 +55,9 @@ class Penalties:
             return
         r = to_device([rows[i] for i in pick], torch.int64, self.device)
         t = tokens[to_device(pick, torch.int64, self.device)]
-        self.counts.index_put_((r, t), torch.ones(len(pick), dtype=torch.int32, device=self.device), accumulate=True)
-        self.seen[r, t] = True
+        flat = r * self.vocab_size + t  # scatter_add_, not index_put_(accumulate=True): no host sync on CUDA
+        self.counts.view(-1).scatter_add_(0, flat, torch.ones(len(pick), dtype=torch.int32, device=self.device))
+        self.seen.view(-1).scatter_(0, flat, 1)
 
     def apply(self, logits: torch.Tensor, rows: list[int]) -> None:
         """Penalize the logits (in place) of the penalized rows among ``rows`` (logits' rows, in order)."""
@@ -66,17 +67,17 @@ class Penalties:
         if not pick:
             return
         dev = self.device
-        every = len(pick) == len(rows)  # every row penalized: in place, no gather and scatter
-        idx = None if every else to_device(pick, torch.int64, dev)
+        idx = to_device(pick, torch.int64, dev)
         r = to_device([rows[i] for i in pick], torch.int64, dev)
         params = [self.params[rows[i]] for i in pick]
-        rep = to_device([p.repetition_penalty for p in params], torch.float32, dev)[:, None]
-        freq = to_device([p.frequency_penalty for p in params], torch.float32, dev)[:, None]
-        pres = to_device([p.presence_penalty for p in params], torch.float32, dev)[:, None]
-        sub, counts, seen = (logits if every else logits[idx]), self.counts[r], self.seen[r]
+        rep, freq, pres = (to_device([getattr(p, name) for p in params], torch.float32, dev)
+                           for name in ("repetition_penalty", "frequency_penalty", "presence_penalty"))
+        if logits.is_cuda and logits.dtype == torch.float32:
+            from expresslane.runner.penalty_kernel import penalize  # Triton: imported where it runs
+
+            penalize(logits, self.counts, self.seen, idx, r, rep, freq, pres)
+            return
+        rep, freq, pres = rep[:, None], freq[:, None], pres[:, None]
+        sub, counts, seen = logits[idx], self.counts[r], self.seen[r] != 0
         sub = torch.where(seen, torch.where(sub > 0, sub / rep, sub * rep), sub)
-        sub = sub - freq * counts - pres * (counts > 0)
-        if every:
-            logits.copy_(sub)
-        else:
-            logits[idx] = sub
+        logits[idx] = sub - freq * counts - pres * (counts > 0)
