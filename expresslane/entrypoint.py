@@ -1,4 +1,4 @@
-"""`LLM`: the offline, in-process API (DESIGN §5)."""
+"""`LLM`: the offline, in-process API."""
 
 from __future__ import annotations
 

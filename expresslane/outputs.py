@@ -1,4 +1,4 @@
-"""What `LLM.generate` returns (DESIGN §5)."""
+"""What `LLM.generate` returns."""
 
 from __future__ import annotations
 

@@ -31,9 +31,8 @@ EXPERT_LOAD_EVERY = 64  # steps between copies of the MoE per-expert counters to
 # Planning waits until the step on the GPU is predicted to end within this margin (at least; more
 # when planning and launching take longer: HOLD_HOST times their recent time), in slices of at most
 # HOLD_SLICE_S that return to the caller (the server takes in new requests between them). A request
-# arriving during a long step then starts in the next one: planned at the start of the step on the
-# GPU, the next step was committed already, and on the H200 a short prompt arriving during a
-# 2048-token prefill step waited behind two of them (110 ms).
+# arriving during a long step then starts in the next one; planned at the start of the step on the
+# GPU, the next step was committed already and it waited behind two.
 HOLD_MARGIN_S = 0.002
 HOLD_HOST = 3.0
 HOLD_SLICE_S = 0.001

@@ -9,18 +9,14 @@ A step's time, fitted on the engine's own hardware:
   where the bend lies is the hardware's, so it is measured, not assumed. It has two
   curves: a step with a prefill chunk runs another path (mixed graphs, every sequence on the
   prefill path) than a pure-decode step (decode graphs), so each has its own (``token_times``
-  and ``decode_times``). With one curve and a constant for the mixed path, the refits under a
-  mixed load (many steps of 8-16 decodes beside a chunk, in buckets of 64 tokens and up) bent
-  the curve up where pure decode steps read it too: 64 tokens 6.3 -> 8.1 ms, and steps of
-  8-9 decodes sized by that prediction (twice the decodes alone) ran 14-20 ms (H200).
+  and ``decode_times``): with one curve, refits under a mixed load bent it where pure decode
+  steps read it too.
 - ``decode_context``: KV tokens read by the step's decodes (memory-bound attention).
 - ``prefill_pairs``: query-key pairs of its prefill chunks (compute-bound attention);
   a chunk of ``n`` tokens after ``s`` cached ones has ``n * (s + (n + 1) / 2)``.
 - ``padded``: the token counts that path computes (its graphs' buckets). A step with prefill
-  costs what its bucket costs: on the H200 one decode beside a 136- or a 200-token chunk took
-  the same 8.7 ms (bucket 256), where interpolating 137 tokens between knots said 7.6 ms. So
-  ``num_tokens`` is read as its bucket in fitting and predicting alike, and the largest chunk
-  within a target fills its bucket (``max_chunk``).
+  costs what its bucket costs, so ``num_tokens`` is read as its bucket in fitting and
+  predicting alike, and the largest chunk within a target fills its bucket (``max_chunk``).
 
 Calibration samples come from synthetic steps timed at start-up (``runner/step_timing``);
 ``observe`` adds the steps the engine actually ran and refits every ``refit_every``
@@ -28,8 +24,7 @@ observations, so the model follows what the machine does under load (host overhe
 included: that cadence is what a request's inter-token latency is made of). A refit is
 kept only if it predicts the samples (calibration and recent) better than the model in
 use: recent steps cluster on a few shapes, and a least-squares fit on them can bend the
-knots they do not reach (on the H200, one such fit predicted 41 ms for 12 ms steps and
-the scheduler then cut every prompt into 16-token chunks).
+knots they do not reach. (docs/architecture.md, "Step-cost model", has the measurements.)
 """
 
 from __future__ import annotations

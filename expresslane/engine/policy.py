@@ -102,7 +102,7 @@ MIN_CHUNK = 16  # prefill tokens a step may always carry, whatever the cost mode
 # A prompt's TTFT deadline is its lane's target plus this many times its own prefill time alone.
 # At light load nothing waits anyway; under overload short prompts (cheap, and most requests) go
 # before long ones that arrived up to this stretch of their work earlier, and no long prompt
-# waits forever. Tuned in simulated time on the H200's step costs (benchmarks/flat_sim.py).
+# waits forever. Tuned in simulated time (benchmarks/flat_sim.py).
 PREFILL_STRETCH = 16.0
 # With no decodes running and nobody waiting, the running prompts' steps together last at most the
 # interactive TTFT target over this: what a request arriving meanwhile waits before its own step.
@@ -174,38 +174,27 @@ class DeadlinePolicy(SchedulingPolicy):
     def slo_sized(self, head: Request | None, running: Collection[Request], now: float,
                   spec_tokens: int = 0, idle: bool = False) -> tuple[int, int, int]:
         """(the step's tokens, the prefill cap, what the running prompts' chunks may take
-        together) while interactive work is on, by the step-cost model. The cap (``room``) is
-        the prefill that keeps the step within ``(1 + slack)`` times a lone decode's step
-        (issue #20 bounds the inter-token p99 by the batch-1 one), or its decodes' own step
-        alone where that is longer, and within the lane's ``tpot`` target; when the queue's head
-        is within half its lane's TTFT target of its deadline, up to the ``tpot`` target
-        (deadlines at risk come before decode smoothness), and once it is more than that
-        target past its deadline, up to the whole budget (a backlog the SLO has missed anyway,
-        e.g. a burst of 256 prompts: in simulation on the H200's model 9,113 -> 9,862 output
-        tok/s, fcfs 10,030, the mixed loads unchanged); at least `MIN_CHUNK`, so prompts
-        always progress.
+        together) while interactive work is on, by the step-cost model.
 
-        - Interactive decodes running: the step is its decodes (with the ``spec_tokens``
-          proposals each may verify: a prefill ranked before them takes ``room``, not their
-          proposals' share) plus ``room`` prefill tokens, which the running prompts share (two
-          long prompts each taking ``room`` made the step twice as long, and ate the tokens of
-          the decodes ranked after them);
-          a waiting interactive prompt's first chunk is counted in first and held back from
-          the running prompts, so it starts this step even beside long prompts that do not
-          step aside (past their deadlines, under load, they never do: on the CPU a short
-          prompt then waited 25 steps).
-        - None: no decode pace to keep. Any number of prompts may start (a burst of short
-          prompts shares one step) within an eighth of the interactive TTFT target, none taking
-          more than ``room``, and the prompts already running share one ``room``. With nobody waiting
-          either, a lone prompt's chunk may double what it has computed, in steps of at most an
-          eighth of the interactive TTFT target, which the running prompts share: a burst right
-          behind it meets a short first step, and a request arriving later waits one bounded
-          step (simulated on the H200's model, 8 req/s with 15% 8k prompts: short TTFT p99
-          55 -> 20 ms against a quarter, each prompt taking it; a lone 8k prompt 240 -> 254 ms).
-          A prompt arriving to an idle engine (``idle``: nothing running, nobody else waiting)
-          whose whole prefill fits a quarter of that target goes in one step: split, it paid
-          more steps' fixed costs to spare an arrival a wait of one step (qwen3-30b-a3b on the
-          H200, 128 / 2,048 tokens: 13.6 / 53.2 ms in growing chunks, 9.4 / 32.1 in one step)."""
+        - The cap (``room``): the prefill that keeps the step within ``(1 + slack)`` times a
+          lone decode's step (or its decodes' own step, where longer) and within the lane's
+          ``tpot`` target; up to the ``tpot`` target when the queue's head is within half its TTFT
+          target of its deadline; the whole budget once it is more than that target past it (a
+          backlog the SLO has missed anyway clears fastest in full steps); at least `MIN_CHUNK`,
+          so prompts always progress.
+        - Interactive decodes running: the step is its decodes (with the ``spec_tokens`` proposals
+          each may verify) plus ``room`` prefill tokens, which the running prompts share; a waiting
+          interactive prompt's first chunk is counted in first and held back from the running
+          prompts, so it starts this step even beside long prompts that do not step aside.
+        - None: no decode pace to keep. Any number of prompts may start within an eighth of the
+          interactive TTFT target (`LONE_STEP_SHARE`), none taking more than ``room``, and the
+          running prompts share one ``room``. With nobody waiting either, a lone prompt's chunk
+          may double what it has computed, in steps of at most that eighth, so a request arriving
+          meanwhile waits one bounded step. A prompt arriving to an idle engine (``idle``) whose
+          whole prefill fits a quarter of that target goes in one step: split, it pays more
+          steps' fixed costs to spare nobody a wait.
+
+        docs/architecture.md ("Budget") has the simulations and measurements behind each rule."""
         slo = self.lanes["interactive"]
         decodes, start, pace = [], 0, False
         for r in running:
@@ -251,12 +240,10 @@ class DeadlinePolicy(SchedulingPolicy):
     def order_running(self, running: Collection[Request]) -> list[Request]:
         """Decodes by deadline, then prompts by the tokens they have left, fewest first (ties by
         deadline). The running prompts share one prefill room (``slo_sized``): a short prompt
-        past its first chunk finishes in the next steps, before a long one takes the room again.
-        By deadline alone a long prompt past its deadline took the whole room every step while
-        a short one admitted beside it waited for all of the long one's prefill (3.4 s on the
-        H200). Among long prompts too the one nearest its first token goes first (simulated on
-        the H200's model: long TTFT p50 at 16-32 req/s 1.6-12.5 s -> 0.9-10.3 s, goodput equal
-        or higher); none waits for a longer one."""
+        past its first chunk finishes in the next steps, before a long one takes the room again
+        (by deadline alone, a long prompt past its deadline took the whole room every step while a
+        short one beside it waited for all of its prefill). Among long prompts too the one nearest
+        its first token goes first; none waits for a longer one."""
         def rank(r: Request) -> tuple:
             left = r.num_tokens_with_pending - r.num_computed_tokens
             return (left > 1, left if left > 1 else 0, self.key(r))

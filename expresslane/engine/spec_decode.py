@@ -11,14 +11,12 @@ step: by ``speculative_disable_by_batch_size`` when given, else by the step-cost
 (speculate when the expected time per generated token is lower). A verify step runs another
 path than the steps the model was fitted on (not pipelined; eager where its logits rows do not
 fit a graph), so the prediction for it is scaled by what such steps measured against their
-prediction so far, per batch size (by powers of two: on the H200 a verify step of the 9M model
-measured ~1.2x its prediction at batch 1 and ~20x at batch 64, where it ran eagerly; now the
-proposals per request shrink so that a verify's logits rows fit the mixed graphs, `proposals`). The
-prediction is at least that of the plain step it extends: the model's mixed-step constant is
-fitted on prefill chunks, and for a few-token step it made the prediction 0.
+prediction so far, per batch size (by powers of two); the proposals per request shrink so that a
+verify's logits rows fit the mixed graphs (`proposals`). The prediction is at least that of the
+plain step it extends (the mixed-step constant is fitted on prefill chunks).
 
 The acceptance rate that decision needs is measured by verify steps, but a model that never
-speculates would never measure it (on the H200 the built-in pair stayed on the prior). So
+speculates would never measure it. So
 while prompt lookup is off, one decoding request at a time is shadowed: its proposal is
 taken as if it would speculate, and compared with the tokens it then decodes plainly. The
 leading matches are what a verify would have accepted (greedy: equal to the argmax; sampling:
@@ -27,9 +25,8 @@ Shadow counts feed ``acceptance()`` only, not the /metrics counters. A draft mod
 shadow (its proposals cost a forward): while its rate is the prior, every PROBE_EVERY-th
 planned step speculates to measure it, and after that every PROBE_EVERY_MEASURED-th where
 speculating could pay at full acceptance. A probe speculates with one decoding request (in
-turn), whatever the batch: acceptance does not depend on it, and on the H200 probes of every
-request at batch 64 cost 10x a step each (every request's draft caught up on its tokens
-first), taking that run to 0.72x of no speculation.
+turn), whatever the batch: acceptance does not depend on it, and probing every request makes
+each one's draft catch up on its tokens first.
 """
 
 from __future__ import annotations
@@ -50,14 +47,11 @@ PRIOR_UNTIL = 64  # proposed tokens (verified or shadowed) before the measured r
 # (else a prior that says no would hold for good, whatever the draft is worth).
 PROBE_EVERY = 8
 # Past the prior, probes go on at a lower rate where speculating could pay at all (at full
-# acceptance): a rate measured on a few early verifies is not final. (On the H200 the draft's
-# probes measured 0.27 over 15 verifies, where forced runs accept 0.63; the decision then held
-# "off" for good.)
+# acceptance): a rate measured on a few early verifies is not final.
 PROBE_EVERY_MEASURED = 64
 GAIN_MARGIN = 0.9  # speculate only when the model predicts at least 10% less time per token
-# The first verify steps of a batch size pay first-use costs (the verify shapes' first kernels): on
-# the H200 one measured ~245x its prediction, and a moving average then kept speculation off for
-# good (no verify step ran to correct it). Those are not observed, and the scale is a median.
+# The first verify steps of a batch size pay first-use costs (the verify shapes' first kernels),
+# which would keep speculation off for good: they are not observed, and the scale is a median.
 WARMUP_VERIFIES = 4
 VERIFY_WINDOW = 16
 
@@ -65,8 +59,8 @@ VERIFY_WINDOW = 16
 def ngram_propose(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
     """Up to ``k`` tokens that followed the latest earlier occurrence of the last n tokens
     (the longest n in max_n..min_n that occurs); [] when none does. One pass over the tokens
-    for the earlier places of the last token, then each place's match length backwards
-    (~150 us a call over sliding windows per n, on the H200's host, for a 500-token request)."""
+    for the earlier places of the last token, then each place's match length backwards (one
+    scan, not a sliding window per n)."""
     if k <= 0 or len(tokens) < min_n + 1:
         return []
     arr = np.asarray(tokens, dtype=np.int64)
@@ -105,9 +99,7 @@ class SpecDecoder:
         self.counters = SpecCounters()
         self.draft_cost_ratio = 0.0  # a draft step's time over a target step's (the engine sets it)
         # logits rows a verify step may have and still replay a mixed-step CUDA graph (the engine
-        # sets it; None: no graphs). Past it a verify runs eagerly: ~20x its prediction on the H200
-        # at batch 64 with the built-in pair (a run with ~5 such steps, the ones that measured
-        # it, went at 0.85x of no speculation, 0.91x with none)
+        # sets it; None: no graphs). Past it a verify runs eagerly, many times its prediction
         self.max_rows: int | None = None
         self.k = config.num_speculative_tokens  # proposals a request may make in this step (`decided`)
         # per batch bucket (`_bucket`): verify steps' measured time over predicted, the last ones,

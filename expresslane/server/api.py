@@ -1,4 +1,4 @@
-"""FastAPI routes (DESIGN §5): OpenAI completions and chat, /generate, /tokenize, health and metrics.
+"""FastAPI routes (docs/api.md): OpenAI completions and chat, /generate, /tokenize, health and metrics.
 
 Every check that can fail (API key, JSON body, model name, server state, prompt
 length, admission) runs before the response starts, so a bad request gets a real

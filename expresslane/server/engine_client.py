@@ -103,8 +103,8 @@ class EngineClient:
         self.token_texts = token_texts
         self.tracker = RequestTracker(tokenizer, self.admission, self.metrics)
         # The start-up heap (tokenizer, token texts, the app) out of the collector's reach: a full
-        # collection in the middle of an n=128 logprobs request scanned it all, holding the event
-        # loop (and /health) for 45 ms on the 2-core machine and ~150 ms on the H200's host.
+        # collection in the middle of a large logprobs request scanned it all, holding the event
+        # loop (and /health) for tens of milliseconds.
         gc.collect()
         gc.freeze()
         self.state = "ready"

@@ -1,4 +1,4 @@
-"""API errors: ``{"error": {"message", "type", "param", "code"}}`` with the status of DESIGN §5."""
+"""API errors: ``{"error": {"message", "type", "param", "code"}}``, with the HTTP status OpenAI uses (docs/api.md)."""
 
 from __future__ import annotations
 

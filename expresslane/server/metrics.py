@@ -1,4 +1,4 @@
-"""Prometheus metrics with vLLM's names under the ``expresslane:`` prefix (DESIGN §5; docs/metrics.md).
+"""Prometheus metrics with vLLM's names under the ``expresslane:`` prefix (docs/metrics.md).
 
 Engine-wide gauges and counters come from the engine's per-step ``StepStats``;
 request histograms are observed in the API process from the engine's monotonic
