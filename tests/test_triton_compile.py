@@ -86,6 +86,9 @@ def _cases():
                     yield "moe_gemm_kernel", dtype, dict(TOP_K=top_k, GATED=gated, WEIGHTED=not gated, BLOCK_M=bm,
                                                          BLOCK_N=bn, BLOCK_K=bk, PRECISION=precision, W4=w4,
                                                          GROUP=group), {**moe, **(int4 if w4 else {})}
+    # the sampler's penalties (runner/penalty_kernel.py): float32 logits, per-row counts and seen flags
+    yield "_penalize", "fp32", dict(BLOCK=1024), dict(counts_ptr="*i32", seen_ptr="*u8", logit_rows_ptr="*i64",
+                                                     state_rows_ptr="*i64")
     # routing (Mixtral 8 x top-2 renormalised, Qwen3-MoE 128 x top-8) and the alignment of rows by expert
     for experts, k, renorm in ((8, 2, True), (128, 8, True), (7, 1, False)):
         pow2e, pow2k = pow2(experts), pow2(k)
@@ -148,7 +151,7 @@ def test_every_triton_kernel_compiles():
     pytest.importorskip("triton.backends.nvidia.compiler")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0 and "compiled 14 kernels" in proc.stdout, proc.stderr[-3000:]
+    assert proc.returncode == 0 and "compiled 15 kernels" in proc.stdout, proc.stderr[-3000:]
 
 
 if __name__ == "__main__":
