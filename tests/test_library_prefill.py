@@ -4,7 +4,8 @@ the Triton kernel's work list; the engine path itself is in test_equivalence.py.
 import pytest
 import torch
 
-from expresslane.attention.backend import AttentionMetadata, get_backend
+from expresslane.attention.backend import AttentionMetadata
+from expresslane.attention.registry import get_backend
 from expresslane.attention.triton_backend import TritonAttentionBackend
 
 QSL = [0, 1, 2, 600, 610, 1300]  # two decodes, then prefill seqs of 598, 10 and 690 tokens

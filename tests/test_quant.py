@@ -260,7 +260,7 @@ def test_fp8_fold_keeps_the_greedy_tokens(llama_dir):
 @pytest.mark.parametrize("backend, quantization", [("torch", "fp8"), ("triton", None), ("triton", "awq")])
 def test_fp8_fold_only_for_fp8_on_the_fused_path(llama_dir, backend, quantization):
     """Unquantized, INT4 and torch-backend models keep plain activations."""
-    from expresslane.attention.backend import get_backend
+    from expresslane.attention.registry import get_backend
     from expresslane.models.model_dir import load_hf_config
     from expresslane.models.registry import model_class
     from expresslane.quant import QuantConfig

@@ -46,3 +46,15 @@ def test_every_runner_implements_the_interface():
         assert issubclass(cls, Runner)
         assert not getattr(cls, "__abstractmethods__", None), (cls, cls.__abstractmethods__)
         assert "__getattr__" not in vars(cls)  # no proxy: what it offers, it declares
+
+
+def test_every_attention_backend_implements_the_interface():
+    from expresslane.attention.backend import AttentionBackend
+    from expresslane.attention.torch_backend import TorchAttentionBackend
+    from expresslane.attention.triton_backend import TritonAttentionBackend
+
+    for cls in (TorchAttentionBackend, TritonAttentionBackend):
+        assert issubclass(cls, AttentionBackend) and not cls.__abstractmethods__
+        if cls.supports_cuda_graphs:  # the graphs' hooks are its own, not the base's refusals
+            for hook in ("prefill_tile", "max_prefill_work", "plan_prefill"):
+                assert getattr(cls, hook) is not getattr(AttentionBackend, hook), (cls, hook)

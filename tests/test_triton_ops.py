@@ -61,7 +61,7 @@ def test_silu_and_mul(dtype):
 def test_model_shares_one_rope_table_and_fuses_by_backend(llama_dir, backend_name):
     """One cos/sin table per model; the fused RMSNorm/SiLU follow the attention backend,
     not the device (`--attention-backend torch` on a GPU runs torch ops)."""
-    from expresslane.attention.backend import get_backend
+    from expresslane.attention.registry import get_backend
     from expresslane.layers.norm import RMSNorm
     from expresslane.models.model_dir import load_hf_config
     from expresslane.models.registry import model_class

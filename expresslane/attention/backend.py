@@ -23,9 +23,8 @@ blocks that another seq computes in this very step.
 
 from __future__ import annotations
 
-import os
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 
@@ -49,46 +48,48 @@ class AttentionMetadata:
     library_seqs: tuple[int, ...] = ()  # prefill seqs a library kernel runs (eager steps only), not the work list
 
 
-class AttentionBackend(Protocol):
-    supports_cuda_graphs: bool
-    fused_ops: bool  # the model's RMSNorm and SiLU-and-mul use the fused Triton kernels too
+class AttentionBackend(ABC):
+    """What the model, the runner and the CUDA graphs call on an attention backend
+    (``attention/registry.py`` picks one)."""
 
+    supports_cuda_graphs: bool = False  # then the graph hooks below are implemented
+    fused_ops: bool = False  # the model's RMSNorm and SiLU-and-mul use the fused Triton kernels too
+    interpreted: bool = False  # kernels run under Triton's interpreter: step times say nothing of a device
+
+    @abstractmethod
     def prepare(self, meta: AttentionMetadata) -> None:
         """Once per step, before the model runs: derive backend-specific metadata."""
-        ...
 
+    @abstractmethod
     def store(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rotary,
               kv_cache: torch.Tensor, meta: AttentionMetadata,
               kv_scales: tuple[float, float] = (1.0, 1.0), qk_norm=None) -> torch.Tensor:
         """q [T, Hq, D], k/v [T, Hk, D]: normalise each q and k head by `qk_norm` (q_norm, k_norm:
         RMSNorm over the head dim, Qwen3) when given, rotate q and k by `rotary` (a
         RotaryEmbedding) at `positions`, write k/v into the cache; returns the rotated q."""
-        ...
 
+    @abstractmethod
     def attend(self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
                kv_scales: tuple[float, float] = (1.0, 1.0)) -> torch.Tensor:
         """Attention of the step's (rotated) queries over the cache: [T, Hq, D]."""
-        ...
 
+    def warm_library(self, dtype: torch.dtype, device: torch.device, max_model_len: int, budget: int) -> int:
+        """Build a library kernel's plans before serving (eager steps); returns how many (0: none)."""
+        return 0
 
-def get_backend(name: str, num_heads: int, num_kv_heads: int, head_dim: int,
-                device: torch.device, kv_dtype: torch.dtype = torch.bfloat16,
-                prefill_library: str = "triton") -> AttentionBackend:
-    """`kv_dtype`: the KV cache's element type (the Triton tiles' shared memory depends on it);
-    `prefill_library`: who runs long prefill chunks in the triton backend (library_prefill.py)."""
-    if name == "auto":
-        name = "triton" if device.type == "cuda" else "torch"
-    if name == "torch":
-        if prefill_library == "cudnn":  # auto: the torch backend has one prefill path
-            raise ValueError(f"prefill_attention {prefill_library!r} needs the triton attention backend (the torch "
-                             "backend has one prefill path)")
-        from expresslane.attention.torch_backend import TorchAttentionBackend
-        return TorchAttentionBackend()
-    if name == "triton":
-        if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-            raise ValueError("attention_backend 'triton' needs a CUDA device (on CPU only through Triton's "
-                             "interpreter, TRITON_INTERPRET=1, for tests); use 'torch' or 'auto'")
-        from expresslane.attention.triton_backend import TritonAttentionBackend
-        return TritonAttentionBackend(num_heads, num_kv_heads, head_dim, device, kv_dtype=kv_dtype,
-                                      prefill_library=prefill_library)
-    raise ValueError(f"unknown attention backend {name!r} (available: torch, triton)")
+    def eager_step(self, query_start_loc, seq_lens, num_decodes: int) -> bool:
+        """Whether a step must run eagerly although a graph fits it (a library kernel runs it)."""
+        return False
+
+    # -- CUDA-graph hooks (supports_cuda_graphs) ---------------------------------------------------
+    def prefill_tile(self, num_tokens: int):
+        """The prefill tile shape a step of ``num_tokens`` uses (fixed per captured graph)."""
+        raise NotImplementedError(f"{type(self).__name__} does not run in CUDA graphs")
+
+    def max_prefill_work(self, num_tokens: int, num_seqs: int) -> int:
+        """Rows of the prefill work list a graph of that size must hold."""
+        raise NotImplementedError(f"{type(self).__name__} does not run in CUDA graphs")
+
+    def plan_prefill(self, query_start_loc, seq_lens, first_seq: int, tile):
+        """A step's prefill work list (copied into a graph's static buffer before replay)."""
+        raise NotImplementedError(f"{type(self).__name__} does not run in CUDA graphs")

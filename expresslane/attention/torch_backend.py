@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from expresslane.attention.backend import AttentionMetadata
+from expresslane.attention.backend import AttentionBackend, AttentionMetadata
 
 
 def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor,
@@ -37,7 +37,7 @@ def gather_kv(kv_cache: torch.Tensor, block_tables: torch.Tensor, max_len: int):
     return kv[0], kv[1]
 
 
-class TorchAttentionBackend:
+class TorchAttentionBackend(AttentionBackend):
     supports_cuda_graphs = False  # loops over host-side lengths
     fused_ops = False
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from expresslane.attention.backend import AttentionMetadata
+from expresslane.attention.backend import AttentionBackend, AttentionMetadata
 from expresslane.attention.library_prefill import LIBRARIES, seq_attention, warm_plans
 from expresslane.attention.triton_kernels import paged_attention_kernel, reduce_splits_kernel, rope_store_kernel
 from expresslane.attention.triton_tiles import DECODE_TILES, FP8_DECODE_TILES, PREFILL_TILES, DecodeTile, PrefillTile, Table, pick
@@ -40,7 +40,7 @@ def _smem_bytes(device: torch.device) -> int | None:
     return None
 
 
-class TritonAttentionBackend:
+class TritonAttentionBackend(AttentionBackend):
     supports_cuda_graphs = True
     fused_ops = True
     LIBRARY_MIN_TOKENS = 512  # query tokens of a prefill seq that the library runs (prefill_library "cudnn")

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from expresslane.attention.backend import get_backend
+from expresslane.attention.registry import get_backend
 from expresslane.device import kv_zeros, to_device
 from expresslane.distributed.group import TPGroup
 from expresslane.engine.contract import ScheduledSeq

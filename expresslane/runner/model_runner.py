@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from expresslane.attention.backend import AttentionMetadata, get_backend
+from expresslane.attention.backend import AttentionMetadata
+from expresslane.attention.registry import get_backend
 from expresslane.config import EngineConfig
 from expresslane.device import kv_zeros, stage, to_device
 from expresslane.distributed.group import TPGroup
@@ -170,11 +171,10 @@ class ModelRunner(Runner):
         """Decode and mixed-step graphs, when the backend allows them and not enforce_eager.
         `capture=False` keeps the static-buffer path but runs it eagerly (tests on CPU). First,
         the library prefill's plans, where the backend has them (eager steps, graphs or not)."""
-        warm = getattr(self.attn_backend, "warm_library", None)
-        if warm is not None:
-            t0 = time.monotonic()
-            if n := warm(self.dtype, self.device, max_model_len, self.config.scheduler.max_num_batched_tokens):
-                log.info("built %d cuDNN attention plans in %.1fs", n, time.monotonic() - t0)
+        t0 = time.monotonic()
+        if n := self.attn_backend.warm_library(self.dtype, self.device, max_model_len,
+                                               self.config.scheduler.max_num_batched_tokens):
+            log.info("built %d cuDNN attention plans in %.1fs", n, time.monotonic() - t0)
         if self.config.device.enforce_eager or not self.attn_backend.supports_cuda_graphs:
             return
         if capture and self.device.type != "cuda":
@@ -202,7 +202,7 @@ class ModelRunner(Runner):
 
     @property
     def interpreted(self) -> bool:
-        return getattr(self.attn_backend, "interpreted", False)
+        return self.attn_backend.interpreted
 
     @property
     def samples_late(self) -> bool:
