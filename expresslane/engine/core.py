@@ -143,14 +143,14 @@ class EngineCore:
 
     def add_request(self, req: EngineCoreRequest) -> None:
         check_prompt_length(len(req.prompt_token_ids), self.max_model_len)
+        sp = req.sampling_params
+        if self.spec is not None and (sp.penalized or sp.structured_outputs is not None):
+            which = "structured_outputs" if sp.structured_outputs is not None else \
+                "presence_penalty, frequency_penalty and repetition_penalty"
+            raise ValueError(f"{which}: not supported with speculative decoding (--speculative-method)")
         request = Request.from_core_request(req, self.max_model_len)
-        if self.spec is not None and req.sampling_params.penalized:
-            raise ValueError("presence_penalty, frequency_penalty and repetition_penalty: not supported with "
-                             "speculative decoding (--speculative-method)")
-        if req.sampling_params.structured_outputs is None:
+        if sp.structured_outputs is None:
             self.scheduler.add_request(request)
-        elif self.spec is not None:
-            raise ValueError("structured_outputs: not supported with speculative decoding (--speculative-method)")
         else:
             self.grammars.wait(request)  # the scheduler gets it once its grammar is compiled
 
@@ -257,11 +257,7 @@ class EngineCore:
     def _land(self, step: _InFlight) -> tuple[list[EngineCoreOutput], float, float]:
         """Apply a launched step's sampled tokens (waits for them); its time and prediction."""
         outputs = self.scheduler.update(step.plan, *step.result.get())
-        if self.grammars.matchers:
-            for out in outputs:
-                self.grammars.accept(out.request_id, out.new_token_ids)
-                if out.finish_reason is not None:
-                    self.grammars.forget([out.request_id])
+        self.grammars.landed(outputs)
         if not self._sync_launch:
             step.done = time.monotonic()
         return (outputs, *self._time_step(step))

@@ -169,13 +169,19 @@ class Grammars:
                     row[t >> 5] |= np.int32(np.uint32(1 << (t & 31)).view(np.int32))
                 return
 
-    def accept(self, request_id: str, token_ids: list[int]) -> None:
-        matcher = self.matchers.get(request_id)
-        if matcher is None:
+    def landed(self, outputs) -> None:
+        """A landed step's outputs: each new token advances its matcher; a finished request's goes."""
+        if not self.matchers:
             return
-        for t in token_ids:
-            if not matcher.accept_token(t):  # only a token outside the mask (say, one min_tokens forced)
-                log.warning("request %s: token %d is outside its grammar", request_id, t)
+        for out in outputs:
+            matcher = self.matchers.get(out.request_id)
+            if matcher is None:
+                continue
+            for t in out.new_token_ids:
+                if not matcher.accept_token(t):  # only a token outside the mask (say, one min_tokens forced)
+                    log.warning("request %s: token %d is outside its grammar", out.request_id, t)
+            if out.finish_reason is not None:
+                self.forget([out.request_id])
 
 
 def tokenizer_loader(tokenizer_dir: Path, model_dir: Path, hf_config) -> Callable[[], tuple[object, tuple[int, ...]]]:

@@ -248,13 +248,14 @@ class ModelRunner(Runner):
             return StepResult(self.device, [], None, None)
         ids = [inputs.seqs[i].request_id for i in inputs.sampling]
         params, banned = self.batch.sampling_rows(inputs)
-        rows = {s.request_id: s.bitmask_row for s in plan.seqs} if plan.token_bitmask is not None else {}
-        bitmask = bitmask_rows(plan.token_bitmask, [rows.get(rid, -1) for rid in ids])
-        rows = [int(inputs.rows[i]) for i in inputs.sampling]
+        bitmask = None if plan.token_bitmask is None else bitmask_rows(
+            plan.token_bitmask, [inputs.seqs[i].bitmask_row for i in inputs.sampling])
+        rows = [int(inputs.rows[i]) for i in inputs.sampling] if self.penalties.params else None
         batch = SamplingBatch(params, banned, [self._generator(rid, p) for rid, p in zip(ids, params)], bitmask,
-                              penalize=(lambda lg: self.penalties.apply(lg, rows)) if self.penalties.params else None)
+                              penalize=None if rows is None else (lambda lg: self.penalties.apply(lg, rows)))
         tokens, logprobs = self.sampler(logits, batch)
-        self.penalties.sampled(rows, tokens)
+        if rows is not None:
+            self.penalties.sampled(rows, tokens)
         self._prev_tokens, self._prev_rows = tokens, {rid: i for i, rid in enumerate(ids)}
         return StepResult(self.device, ids, tokens, logprobs)
 

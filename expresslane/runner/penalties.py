@@ -39,8 +39,8 @@ class Penalties:
             self.seen[row, to_device(new.token_ids, torch.int64, self.device)] = 1
         outputs = new.token_ids[new.num_prompt_tokens:]
         if outputs:
-            self.counts[row].index_put_((to_device(outputs, torch.int64, self.device),),
-                                        torch.ones(len(outputs), dtype=torch.int32, device=self.device), accumulate=True)
+            self.counts[row].scatter_add_(0, to_device(outputs, torch.int64, self.device),
+                                          torch.ones(len(outputs), dtype=torch.int32, device=self.device))
 
     def remove(self, row: int | None) -> None:
         if row is not None:

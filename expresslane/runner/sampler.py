@@ -109,11 +109,11 @@ def apply_token_controls(logits: torch.Tensor, params: list[SamplingParams]) -> 
             allowed_cols += p.allowed_token_ids
     dev = logits.device
     if allowed_rows:
-        keep = torch.zeros_like(logits, dtype=torch.bool)
-        keep[to_device(allowed_rows, torch.int64, dev), to_device(allowed_cols, torch.int64, dev)] = True
-        restricted = to_device(sorted({i for i in allowed_rows}), torch.int64, dev)
-        keep[torch.ones(len(params), dtype=torch.bool, device=dev).index_fill_(0, restricted, False)] = True
-        logits.masked_fill_(~keep, float("-inf"))
+        restricted = sorted(set(allowed_rows))
+        local = {row: k for k, row in enumerate(restricted)}
+        block = torch.full((len(restricted), logits.shape[1]), float("-inf"), device=dev)
+        block[to_device([local[r] for r in allowed_rows], torch.int64, dev), to_device(allowed_cols, torch.int64, dev)] = 0
+        logits[to_device(restricted, torch.int64, dev)] += block
     if rows:
         logits.index_put_((to_device(rows, torch.int64, dev), to_device(cols, torch.int64, dev)),
                           to_device(values, torch.float32, dev), accumulate=True)
@@ -131,10 +131,10 @@ def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
     logits.masked_fill_(allowed == 0, float("-inf"))
 
 
-def bitmask_rows(token_bitmask: np.ndarray | None, rows: list[int]) -> np.ndarray | None:
+def bitmask_rows(token_bitmask: np.ndarray, rows: list[int]) -> np.ndarray | None:
     """The sampling rows' bitmask (``rows``: each one's row of the plan's, -1 for none); None
-    when no row is constrained, so a step without grammars pays nothing."""
-    if token_bitmask is None or all(r < 0 for r in rows):
+    when no row is constrained."""
+    if all(r < 0 for r in rows):
         return None
     out = np.full((len(rows), token_bitmask.shape[1]), -1, dtype=np.int32)
     for k, r in enumerate(rows):

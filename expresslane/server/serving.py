@@ -375,14 +375,14 @@ class Chat(_Endpoint):
         if self.reasoning is not None:
             stream = self._reasoning_streams.setdefault(d.index, ReasoningStream(self.reasoning))
             thought, text = stream.feed(text, finish is not None)
-        delta = {**({"reasoning_content": thought} if thought else {}), **({"content": text} if text else {})}
+        tool_calls: list[dict] = []
         if self.tools is not None:
             calls = self.call_stream(d.index)
-            content, tool_calls = calls.feed(text, finish is not None)
-            delta = {**({"reasoning_content": thought} if thought else {}), **({"content": content} if content else {}),
-                     **({"tool_calls": tool_calls} if tool_calls else {})}
+            text, tool_calls = calls.feed(text, finish is not None)
             if finish == "stop" and calls.num_calls:
                 finish = "tool_calls"
+        delta = {**({"reasoning_content": thought} if thought else {}), **({"content": text} if text else {}),
+                 **({"tool_calls": tool_calls} if tool_calls else {})}
         return self.envelope(self.chunk_object, [{
             "index": d.index, "delta": delta, "logprobs": self.logprobs(d.token_ids, d.logprobs),
             "finish_reason": finish, "stop_reason": d.stop_reason}])

@@ -243,7 +243,7 @@ class CallStream:
             return content, []
         content = self.text[self._content_sent:start]
         self._content_sent = max(self._content_sent, start)
-        rest, calls = PARSERS[self.mode.parser](self.text)
+        _, calls = PARSERS[self.mode.parser](self.text)
         complete = calls if finished else calls[:self._closed_calls()]
         out = [self._header(c.name, c.arguments) for c in complete[self.num_calls:]]
         return content if self.mode.parser != "llama3_json" else "", out
