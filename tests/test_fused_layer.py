@@ -100,3 +100,99 @@ def test_rejects_what_it_cannot_run():
         fused_gemv(x, torch.zeros(8, 64, device=DEVICE, dtype=DTYPE))
     with pytest.raises(ValueError, match="does not fit"):
         fused_gemv(x[:2], torch.zeros(8, 64, device=DEVICE, dtype=DTYPE), silu=True)
+
+
+# --- the whole layer: a tiny model's decode step, switch on against switch off ---
+
+def _tiny_model(model_dir, seed: int):
+    """The model of `model_dir` on the triton backend, its norm weights random (the fold must
+    move them), and the backend."""
+    from expresslane.attention.registry import get_backend
+    from expresslane.models.loader import iter_weights
+    from expresslane.models.model_dir import load_hf_config
+    from expresslane.models.registry import model_class
+
+    cfg = load_hf_config(model_dir)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    backend = get_backend("triton", cfg.num_attention_heads, cfg.num_key_value_heads, head_dim,
+                          torch.device(DEVICE), DTYPE)
+    with torch.device(DEVICE):
+        model = model_class(cfg)(cfg, backend).to(DTYPE)
+    model.load_weights(iter_weights(model_dir, torch.device(DEVICE)))
+    g = torch.Generator().manual_seed(seed)
+    for layer in model.layers:
+        for norm in (layer.input_layernorm, layer.post_attention_layernorm):
+            norm.weight.data.copy_(torch.rand(norm.weight.shape, generator=g) + 0.5)
+    return model.eval(), backend, head_dim
+
+
+def _decode_step(model, backend, head_dim: int, lens: list[int], seed: int):
+    """One decode step of len(lens) seqs over random cached context (the cache's other
+    slots): the final-normed hidden states and the caches the step wrote into."""
+    from expresslane.attention.backend import AttentionMetadata
+
+    g = torch.Generator().manual_seed(seed)
+    block, width = 16, max(-(-n // 16) for n in lens)
+    hk = model.config.num_key_value_heads
+    caches = [(torch.randn(2, len(lens) * width, block, hk, head_dim, generator=g)).to(DEVICE, DTYPE)
+              for _ in model.layers]
+    for layer, cache in zip(model.layers, caches):
+        layer.self_attn.kv_cache = cache
+    tables = [[i * width + j for j in range(width)] for i in range(len(lens))]
+    slots = [tables[i][(n - 1) // block] * block + (n - 1) % block for i, n in enumerate(lens)]
+    ids = torch.randint(0, model.config.vocab_size, (len(lens),), generator=g)
+    starts = list(range(len(lens) + 1))
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor(slots, device=DEVICE), block_tables=torch.tensor(tables, dtype=torch.int32,
+                                                                                   device=DEVICE),
+        seq_lens=torch.tensor(lens, dtype=torch.int32, device=DEVICE),
+        query_start_loc=torch.tensor(starts, dtype=torch.int32, device=DEVICE), num_decodes=len(lens),
+        seq_lens_cpu=lens, query_start_loc_cpu=starts, max_decode_seq_len=max(lens))
+    backend.prepare(meta)
+    positions = torch.tensor([n - 1 for n in lens], device=DEVICE)
+    with torch.inference_mode():
+        x, res = model.run_layers(positions, model.embed_tokens(ids.to(DEVICE)), None, meta, 0, len(model.layers))
+        return model.final_norm(x, res).float().cpu(), [c.float().cpu() for c in caches]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])  # qwen3: per-head q/k norms in the RoPE kernel after QKV
+@pytest.mark.parametrize("lens", [[7], [3, 20, 16], [1, 5, 9, 17, 33, 2, 16, 30]], ids=["1", "3", "8"])
+def test_fused_decode_layer_matches_the_unfused_one(model_dirs, monkeypatch, arch, lens):
+    """Switch off vs on (norms folded into the weights, six launches a layer): the same final
+    hidden states and KV writes within float32 rounding. Small tiles so that every GEMV of
+    the tiny model runs split over K (2 to 4 programs a tile)."""
+    from expresslane.layers import fused_gemv as fg
+
+    monkeypatch.setattr(fg, "gemv_config", lambda n, fp8: dict(block_n=32, block_k=32, stages=1, programs=264))
+    plain, backend, head_dim = _tiny_model(model_dirs[arch], seed=1)
+    fused, fused_backend, _ = _tiny_model(model_dirs[arch], seed=1)
+    fused.fold_norms()
+    assert all(layer.fused_rows == 16 for layer in fused.layers)
+    assert all(bool((layer.input_layernorm.weight == 1).all()) for layer in fused.layers)
+    calls = []
+    real = fg.fused_gemv
+    monkeypatch.setattr(fg, "fused_gemv", lambda *a, **kw: (calls.append(kw), real(*a, **kw))[1])
+    want, want_caches = _decode_step(plain, backend, head_dim, lens, seed=2)
+    assert not calls  # switch off: today's path
+    got, got_caches = _decode_step(fused, fused_backend, head_dim, lens, seed=2)
+    assert len(calls) == 4 * len(fused.layers)
+    assert torch.allclose(got, want, rtol=1e-4, atol=1e-4), float((got - want).abs().max())
+    for a, b in zip(got_caches, want_caches):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-4), float((a - b).abs().max())
+    _counters_clear()
+
+
+def test_refuses_quantized_and_sparse_models(model_dirs):
+    """The switch applies to dense, unquantized layers only: a mixture of experts is refused
+    with the reason, its weights untouched."""
+    from expresslane.attention.registry import get_backend
+    from expresslane.models.model_dir import load_hf_config
+    from expresslane.models.registry import model_class
+
+    cfg = load_hf_config(model_dirs["mixtral"])
+    backend = get_backend("triton", cfg.num_attention_heads, cfg.num_key_value_heads, 16, torch.device(DEVICE))
+    model = model_class(cfg)(cfg, backend)
+    assert "mixture-of-experts" in model.fused_decode_refusal()
+    with pytest.raises(ValueError, match="mixture-of-experts"):
+        model.fold_norms()
+    assert all(layer.fused_rows == 0 for layer in model.layers)
