@@ -91,6 +91,17 @@ def fmt(r: dict) -> str:
         return (f"GPU metrics idle -> {r['clients']} clients: utilisation {100 * r['idle_gpu_utilization_perc']:.0f}% -> "
                 f"{100 * r['load_gpu_utilization_perc']:.0f}%, memory {r['idle_gpu_memory_used_bytes'] / 2**30:.1f} -> "
                 f"{r['load_gpu_memory_used_bytes'] / 2**30:.1f} GiB{power}")
+    if b == "fused_layer" and "on_us" in r:
+        return (f"fused layer b={r['batch']}: off {r['off_us']:.1f} us ({r['off_launches']} launches, "
+                f"{r['off_pct_of_floor']:.0f}% of floor) -> on {r['on_us']:.1f} us ({r['on_launches']} launches, "
+                f"{r['on_pct_of_floor']:.0f}%), {r['speedup']:.2f}x; on vs off max rel diff "
+                f"{r['max_rel_diff_on_vs_off']:.1e}")
+    if b == "fused_layer_model":
+        return (f"fused layer {'on ' if r['fused'] else 'off'} (applied {r['applied']}) batch-1 "
+                f"{r['tokens_per_s']:7.1f} tok/s ({r['pct_of_floor']:.0f}% of floor), "
+                f"{r['kernels_per_step']:.0f} kernels/step")
+    if b == "fused_layer_model_compare":
+        return f"fused layer greedy tokens on vs off: first divergence {r['first_divergence']} of {r['tokens']}"
     quant = fmt_quant(r) or fmt_gemv(r) or fmt_attention(r)
     return quant if quant is not None else json.dumps(r)
 

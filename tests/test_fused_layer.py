@@ -116,8 +116,13 @@ def _tiny_model(model_dir, seed: int):
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     backend = get_backend("triton", cfg.num_attention_heads, cfg.num_key_value_heads, head_dim,
                           torch.device(DEVICE), DTYPE)
-    with torch.device(DEVICE):
-        model = model_class(cfg)(cfg, backend).to(DTYPE)
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(DTYPE)  # as the runner builds it (the rotary table stays float32)
+    try:
+        with torch.device(DEVICE):
+            model = model_class(cfg)(cfg, backend)
+    finally:
+        torch.set_default_dtype(prev)
     model.load_weights(iter_weights(model_dir, torch.device(DEVICE)))
     g = torch.Generator().manual_seed(seed)
     for layer in model.layers:
@@ -176,9 +181,10 @@ def test_fused_decode_layer_matches_the_unfused_one(model_dirs, monkeypatch, arc
     assert not calls  # switch off: today's path
     got, got_caches = _decode_step(fused, fused_backend, head_dim, lens, seed=2)
     assert len(calls) == 4 * len(fused.layers)
-    assert torch.allclose(got, want, rtol=1e-4, atol=1e-4), float((got - want).abs().max())
+    tol = 3e-2 if DTYPE == torch.bfloat16 else 1e-4  # bf16: a few roundings apart (the fold, the fused epilogues)
+    assert torch.allclose(got, want, rtol=tol, atol=tol), float((got - want).abs().max())
     for a, b in zip(got_caches, want_caches):
-        assert torch.allclose(a, b, rtol=1e-4, atol=1e-4), float((a - b).abs().max())
+        assert torch.allclose(a, b, rtol=tol, atol=tol), float((a - b).abs().max())
     _counters_clear()
 
 
