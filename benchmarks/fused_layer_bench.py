@@ -4,11 +4,13 @@
     python benchmarks/fused_layer_bench.py --smoke   (CPU: Triton's interpreter, a tiny layer)
 
 1. One dense layer of the Llama-3-8B shape (hidden 4096, intermediate 14336, 32 q / 8 kv heads
-   of 128; random weights, each seq decoding at --context tokens), batch 1 and 8:
+   of 128; random weights), batch 1 and 8, each seq decoding at 1k and 32k tokens of context:
    ``fused_layer``: us per layer (a CUDA graph of 32 calls of the layer, replayed, divided by
-   the calls), its weight-read floor at the copy bandwidth measured here, kernel launches per
-   layer (torch.profiler over one eager call, names listed), and the on-vs-off difference of
-   the layer's output (the residual stream after it), relative to its largest value.
+   the calls) off, on, and on with today's decode attention (``on_split_reduce``: its splits
+   combined by a second kernel, as the tables choose, where ``on`` combines them in the
+   attention kernel); the weight-read floor at the copy bandwidth measured here, kernel
+   launches per layer (torch.profiler over one eager call, names listed), and the on-vs-off
+   difference of the layer's output (the residual stream after it), relative to its largest.
 2. With ``--model``: the whole engine, batch-1 decode, off then on (two engines one after the
    other): ``fused_layer_model`` tok/s over 256 tokens, the floor, kernels per decode step
    (torch.profiler over 10 steady steps) and whether the switch applied;
@@ -123,41 +125,47 @@ def layer_bench(args, out) -> None:
     device, dtype = torch.device("cpu" if smoke else "cuda"), torch.float32 if smoke else torch.bfloat16
     shape = SHAPE_SMOKE if smoke else SHAPE_8B
     bw = None if smoke else copy_bandwidth()
-    for batch in args.batches:
-        model, backend = one_layer(shape, device, dtype)  # a fresh layer each time: off first, then folded
-        layer = model.layers[0]
-        positions, x, residual, meta = decode_inputs(model, backend, batch, args.context, device, dtype)
-        h_in = x + residual  # the fused layer's input: the residual stream itself
-        off = lambda: layer(positions, x, residual, meta)  # noqa: E731  (today's layer: hidden, residual)
-        on = lambda: layer(positions, h_in, None, meta)  # noqa: E731
-        timings = {}
-        with torch.inference_mode():
-            y, r = off()
-            want = (y + r).float()
+    measure = lambda call: (graph_us([call] * CALLS, reps=20), kernels_of(call))  # noqa: E731
+    for context in args.contexts:
+        for batch in args.batches:
+            model, backend = one_layer(shape, device, dtype)  # a fresh layer each time: off first, then folded
+            layer = model.layers[0]
+            positions, x, residual, meta = decode_inputs(model, backend, batch, context, device, dtype)
+            h_in = x + residual  # the fused layer's input: the residual stream itself
+            off = lambda: layer(positions, x, residual, meta)  # noqa: E731  (today's layer: hidden, residual)
+            on = lambda: layer(positions, h_in, None, meta)  # noqa: E731
+            timings = {}
+            with torch.inference_mode():
+                y, r = off()
+                want = (y + r).float()
+                if not smoke:
+                    timings["off"] = measure(off)
+                model.enable_fused_decode()  # the norms' weights move into the QKV and gate|up weights
+                backend.prepare(meta)  # the decode tile whose splits combine themselves
+                got, none = on()
+                if none is not None:
+                    raise RuntimeError("the fused decode path did not run")
+                got = got.float()
+                if not smoke:
+                    timings["on"] = measure(on)
+                    backend.fused_reduce_rows = 0  # the fused GEMVs beside today's attention (+ a reduce kernel)
+                    backend.prepare(meta)
+                    timings["on_split_reduce"] = measure(on)
+            err = float((got - want).abs().max() / want.abs().max())
+            row = dict(bench="fused_layer", shape="smoke" if smoke else "llama-3-8b", batch=batch, context=context,
+                       max_rel_diff_on_vs_off=err)
             if not smoke:
-                timings["off"] = (graph_us([off] * CALLS, reps=20), kernels_of(off))
-            model.fold_norms()  # on from here: the norms' weights move into the QKV and gate|up weights
-            got, none = on()
-            if none is not None:
-                raise RuntimeError("the fused decode path did not run")
-            got = got.float()
-            if not smoke:
-                timings["on"] = (graph_us([on] * CALLS, reps=20), kernels_of(on))
-        err = float((got - want).abs().max() / want.abs().max())
-        row = dict(bench="fused_layer", shape="smoke" if smoke else "llama-3-8b", batch=batch, context=args.context,
-                   max_rel_diff_on_vs_off=err)
-        if not smoke:
-            floor_us = layer_bytes(layer) / bw * 1e6
-            for mode, (us, names) in timings.items():
-                row[f"{mode}_us"] = round(us, 2)
-                row[f"{mode}_launches"] = len(names)
-                row[f"{mode}_kernels"] = [n[:50] for n in names]
-            row.update(floor_us=round(floor_us, 2), copy_tb_per_s=round(bw / 1e12, 3),
-                       off_pct_of_floor=round(100 * floor_us / row["off_us"], 1),
-                       on_pct_of_floor=round(100 * floor_us / row["on_us"], 1),
-                       speedup=round(row["off_us"] / row["on_us"], 3))
-        emit(out, **row)
-        del model, backend, layer, meta
+                floor_us = layer_bytes(layer) / bw * 1e6
+                row.update(floor_us=round(floor_us, 2), copy_tb_per_s=round(bw / 1e12, 3))
+                for mode, (us, names) in timings.items():
+                    row[f"{mode}_us"] = round(us, 2)
+                    row[f"{mode}_pct_of_floor"] = round(100 * floor_us / us, 1)
+                    row[f"{mode}_launches"] = len(names)
+                    row[f"{mode}_kernels"] = [n[:50] for n in names]
+                row.update(speedup=round(row["off_us"] / row["on_us"], 3),
+                           speedup_split_reduce=round(row["off_us"] / row["on_split_reduce_us"], 3))
+            emit(out, **row)
+            del model, backend, layer, meta
 
 
 def engine_run(args, fused: bool, bw: float, out) -> list[int]:
@@ -220,12 +228,13 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="a model directory: also the whole engine off vs on")
     ap.add_argument("--load-format", choices=("auto", "dummy"), default="auto")
     ap.add_argument("--batches", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8])
-    ap.add_argument("--context", type=int, default=1024, help="tokens of context each decoding seq has")
+    ap.add_argument("--contexts", type=lambda s: [int(x) for x in s.split(",")], default=[1024, 32768],
+                    help="tokens of context each decoding seq of the one-layer part has")
     ap.add_argument("--smoke", action="store_true", help="CPU (Triton's interpreter), a tiny layer: on vs off only")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if args.smoke:
-        args.context = min(args.context, 40)
+        args.contexts = [min(c, 40) for c in args.contexts]
     layer_bench(args, args.out)
     if args.model and not args.smoke:
         model_bench(args, args.out)

@@ -171,16 +171,23 @@ def test_fused_decode_layer_matches_the_unfused_one(model_dirs, monkeypatch, arc
     monkeypatch.setattr(fg, "gemv_config", lambda n, fp8: dict(block_n=32, block_k=32, stages=1, programs=264))
     plain, backend, head_dim = _tiny_model(model_dirs[arch], seed=1)
     fused, fused_backend, _ = _tiny_model(model_dirs[arch], seed=1)
-    fused.fold_norms()
+    fused.enable_fused_decode()
+    assert fused_backend.fused_reduce_rows == 16 and backend.fused_reduce_rows == 0
     assert all(layer.fused_rows == 16 for layer in fused.layers)
     assert all(bool((layer.input_layernorm.weight == 1).all()) for layer in fused.layers)
-    calls = []
-    real = fg.fused_gemv
-    monkeypatch.setattr(fg, "fused_gemv", lambda *a, **kw: (calls.append(kw), real(*a, **kw))[1])
+    from triton.runtime.jit import KernelInterface
+
+    launches = []
+    real_getitem = KernelInterface.__getitem__
+    monkeypatch.setattr(KernelInterface, "__getitem__",
+                        lambda self, grid: (launches.append(self.fn.__name__), real_getitem(self, grid))[1])
     want, want_caches = _decode_step(plain, backend, head_dim, lens, seed=2)
-    assert not calls  # switch off: today's path
+    assert "fused_gemv_kernel" not in launches  # switch off: today's path
+    launches.clear()
     got, got_caches = _decode_step(fused, fused_backend, head_dim, lens, seed=2)
-    assert len(calls) == 4 * len(fused.layers)
+    # six launches a layer, the final norm after them
+    per_layer = ["fused_gemv_kernel", "rope_store_kernel", "paged_attention_kernel"] + ["fused_gemv_kernel"] * 3
+    assert launches == per_layer * len(fused.layers) + ["_rmsnorm_kernel"], launches
     tol = 3e-2 if DTYPE == torch.bfloat16 else 1e-4  # bf16: a few roundings apart (the fold, the fused epilogues)
     assert torch.allclose(got, want, rtol=tol, atol=tol), float((got - want).abs().max())
     for a, b in zip(got_caches, want_caches):
@@ -200,5 +207,21 @@ def test_refuses_quantized_and_sparse_models(model_dirs):
     model = model_class(cfg)(cfg, backend)
     assert "mixture-of-experts" in model.fused_decode_refusal()
     with pytest.raises(ValueError, match="mixture-of-experts"):
-        model.fold_norms()
+        model.enable_fused_decode()
     assert all(layer.fused_rows == 0 for layer in model.layers)
+
+
+@pytest.mark.parametrize("engine", [dict(attention_backend="torch"), dict(attention_backend="triton",
+                                                                            quantization="fp8")],
+                         ids=["torch-backend", "fp8-weights"])
+def test_the_engine_keeps_todays_path_where_the_switch_does_not_apply(llama_dir, caplog, engine):
+    """fused_decode_layer on the torch backend, or with quantized weights: logged, and nothing
+    folded (the norm weights stay the checkpoint's)."""
+    from expresslane import LLM
+
+    with caplog.at_level("WARNING", logger="expresslane.runner.model_runner"):
+        llm = LLM(str(llama_dir), max_model_len=64, num_kv_blocks=8, fused_decode_layer=True, **engine)
+    model = llm.engine.core.runner.model
+    assert "fused_decode_layer is off" in caplog.text
+    assert all(layer.fused_rows == 0 for layer in model.layers)
+    assert llm.engine.core.runner.attn_backend.fused_reduce_rows == 0

@@ -100,8 +100,8 @@ class DeviceConfig:
     fused_decode_layer: bool = _knob(
         False, "decode steps of at most 16 tokens run each dense layer in 6 launches: RMSNorm folded into the QKV "
         "and gate|up GEMVs (the norm weights multiplied into those weights at load), SiLU-and-mul into down's, the "
-        "residual adds into o_proj's and down's; only for the triton backend on CUDA with bf16/fp16, "
-        "unquantized, dense, tensor_parallel_size 1 (otherwise logged and off)")
+        "residual adds into o_proj's and down's, decode attention's splits combined by its own kernel; only for "
+        "the triton backend on CUDA with bf16/fp16, unquantized, dense, tensor_parallel_size 1 (else logged, off)")
 
 
 @dataclass(frozen=True, slots=True)

@@ -130,7 +130,7 @@ class ModelRunner(Runner):
         if why:
             log.warning("fused_decode_layer is off: %s", why)
             return
-        self.model.fold_norms()
+        self.model.enable_fused_decode()
         log.info("fused decode layer: the norms folded into %d layers' QKV and gate|up weights", len(self.model.layers))
 
     # -- KV cache memory ---------------------------------------------------------------------
