@@ -168,8 +168,9 @@ def layer_bench(args, out) -> None:
             del model, backend, layer, meta
 
 
-def engine_run(args, fused: bool, bw: float, out) -> list[int]:
-    """Batch-1 decode of the model, the switch as given: one row; returns the greedy tokens."""
+def engine_run(args, fused: bool, bw: float, out) -> tuple[list[int], dict]:
+    """Batch-1 decode of the model, the switch as given: its row (emitted and returned) and the
+    greedy tokens."""
     from torch.profiler import ProfilerActivity, profile
 
     from expresslane import LLM, SamplingParams
@@ -198,29 +199,31 @@ def engine_run(args, fused: bool, bw: float, out) -> list[int]:
         eng.step()
     layers = runner.model.layers
     floor_ms = decode_weight_bytes(runner.model, 1) / bw * 1e3
-    emit(out, bench="fused_layer_model", model=args.model, fused=fused, applied=all(x.fused_rows for x in layers),
-         tokens_per_s=1 / per_tok, ms_per_token=per_tok * 1e3, floor_ms=floor_ms,
-         pct_of_floor=100 * floor_ms / (per_tok * 1e3), kernels_per_step=len(kernel_intervals(prof)) / steps,
-         layers=len(layers))
+    row = dict(bench="fused_layer_model", model=args.model, fused=fused, applied=all(x.fused_rows for x in layers),
+               tokens_per_s=1 / per_tok, ms_per_token=per_tok * 1e3, floor_ms=floor_ms,
+               pct_of_floor=100 * floor_ms / (per_tok * 1e3), kernels_per_step=len(kernel_intervals(prof)) / steps,
+               layers=len(layers))
+    emit(out, **row)
     tokens = list(o.outputs[0].token_ids)
     del llm, eng, core, runner, layers
     gc.collect()
     torch.cuda.empty_cache()
-    return tokens
+    return tokens, row
 
 
 def model_bench(args, out) -> None:
     bw = copy_bandwidth()
-    rows = {}
+    runs = {}
     for fused in (False, True):
         t0 = time.perf_counter()
-        tokens = engine_run(args, fused, bw, out)
-        rows[fused] = tokens
+        runs[fused] = engine_run(args, fused, bw, out)
         print(f"engine fused={fused}: {time.perf_counter() - t0:.0f} s", flush=True)
-    off, on = rows[False], rows[True]
+    (off, off_row), (on, on_row) = runs[False], runs[True]
     first = next((i for i, (a, b) in enumerate(zip(off, on)) if a != b), None)
     emit(out, bench="fused_layer_model_compare", model=args.model, tokens=len(off), first_divergence=first,
-         tokens_equal_before_divergence=len(off) if first is None else first)
+         speedup=on_row["tokens_per_s"] / off_row["tokens_per_s"], kernels_per_step_off=off_row["kernels_per_step"],
+         kernels_per_step_on=on_row["kernels_per_step"],
+         kernels_saved_per_layer=(off_row["kernels_per_step"] - on_row["kernels_per_step"]) / on_row["layers"])
 
 
 def main() -> None:

@@ -102,7 +102,9 @@ def fmt(r: dict) -> str:
                 f"{r['tokens_per_s']:7.1f} tok/s ({r['pct_of_floor']:.0f}% of floor), "
                 f"{r['kernels_per_step']:.0f} kernels/step")
     if b == "fused_layer_model_compare":
-        return f"fused layer greedy tokens on vs off: first divergence {r['first_divergence']} of {r['tokens']}"
+        return (f"fused layer on vs off batch-1 {r['speedup']:.3f}x, kernels/step {r['kernels_per_step_off']:.0f} -> "
+                f"{r['kernels_per_step_on']:.0f} ({r['kernels_saved_per_layer']:.1f} fewer a layer); greedy tokens' "
+                f"first divergence {r['first_divergence']} of {r['tokens']}")
     quant = fmt_quant(r) or fmt_gemv(r) or fmt_attention(r)
     return quant if quant is not None else json.dumps(r)
 
