@@ -195,7 +195,7 @@ def test_fused_decode_layer_matches_the_unfused_one(model_dirs, monkeypatch, arc
     _counters_clear()
 
 
-def test_refuses_quantized_and_sparse_models(model_dirs):
+def test_refuses_a_mixture_of_experts(model_dirs):
     """The switch applies to dense, unquantized layers only: a mixture of experts is refused
     with the reason, its weights untouched."""
     from expresslane.attention.registry import get_backend
