@@ -41,11 +41,11 @@ from _shared import emit
 from expresslane.bench.prompts import word_text
 from expresslane.config import EngineConfig
 from expresslane.engine.contract import EngineCoreRequest, NewRequest
-from expresslane.engine.kv_cache import KVCacheManager
+from expresslane.scheduler.kv_cache import KVCacheManager
 from expresslane.engine.llm_engine import InputProcessor
 from expresslane.engine.output_processor import OutputProcessor
-from expresslane.engine.request import Request, check_prompt_length
-from expresslane.engine.scheduler import Scheduler
+from expresslane.scheduler.request import Request, check_prompt_length
+from expresslane.scheduler.scheduler import Scheduler
 from expresslane.models.presets import default_model_dir
 from expresslane.runner.input_batch import InputBatch
 from expresslane.sampling_params import SamplingParams

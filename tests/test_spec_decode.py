@@ -8,7 +8,7 @@ import torch
 
 from expresslane import LLM, SamplingParams
 from expresslane.bench.code_corpus import stdlib_files
-from expresslane.engine.spec_decode import ngram_propose
+from expresslane.scheduler.spec_decode import ngram_propose
 from expresslane.models.model_dir import DEFAULT_DRAFT_MODEL
 from expresslane.runner.spec_verify import verify
 
