@@ -19,9 +19,9 @@ import numpy as np
 from expresslane.bench.arrivals import MIXED_SALT, load_arrivals
 from expresslane.config import SchedulerConfig
 from expresslane.scheduler import policy
-from expresslane.engine.contract import EngineCoreRequest
+from expresslane.contract import EngineCoreRequest
 from expresslane.engine.core import HOLD_MARGIN_S
-from expresslane.engine.cost_model import StepCostModel, StepShape
+from expresslane.cost_model import StepCostModel, StepShape
 from expresslane.scheduler.kv_cache import KVCacheManager
 from expresslane.scheduler.request import Request
 from expresslane.scheduler.scheduler import Scheduler

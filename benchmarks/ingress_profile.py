@@ -40,7 +40,7 @@ from _shared import emit
 
 from expresslane.bench.prompts import word_text
 from expresslane.config import EngineConfig
-from expresslane.engine.contract import EngineCoreRequest, NewRequest
+from expresslane.contract import EngineCoreRequest, NewRequest
 from expresslane.scheduler.kv_cache import KVCacheManager
 from expresslane.engine.llm_engine import InputProcessor
 from expresslane.engine.output_processor import OutputProcessor

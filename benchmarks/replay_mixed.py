@@ -36,7 +36,7 @@ import flat_sim
 from expresslane import LLM, SamplingParams
 from expresslane.bench.arrivals import load_arrivals
 from expresslane.scheduler.request import RequestStatus
-from expresslane.engine.cost_model import StepCostModel
+from expresslane.cost_model import StepCostModel
 from expresslane.models.model_dir import DEFAULT_MODEL
 
 

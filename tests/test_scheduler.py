@@ -8,7 +8,7 @@ import pytest
 
 from expresslane.config import SchedulerConfig
 from expresslane.scheduler.batching import make_scheduler
-from expresslane.engine.contract import EngineCoreRequest, StepPlan
+from expresslane.contract import EngineCoreRequest, StepPlan
 from expresslane.scheduler.kv_cache import KVCacheManager
 from expresslane.scheduler.request import Request
 from expresslane.scheduler.scheduler import Scheduler
@@ -180,7 +180,7 @@ def test_double_free_is_detected():
 
 def test_scheduler_kv_cache_and_step_contract_import_no_torch():
     """What the scheduler and the API process import of the engine stays torch-free."""
-    modules = ", ".join(f"expresslane.{m}" for m in ("scheduler.batching", "scheduler.kv_cache", "engine.contract", "config"))
+    modules = ", ".join(f"expresslane.{m}" for m in ("scheduler.batching", "scheduler.kv_cache", "contract", "config"))
     code = f"import sys, {modules}; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr[-2000:] or out.stdout

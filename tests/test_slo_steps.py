@@ -7,8 +7,8 @@ import random
 import pytest
 
 from expresslane.config import SchedulerConfig
-from expresslane.engine.contract import EngineCoreRequest
-from expresslane.engine.cost_model import StepCostModel, StepShape
+from expresslane.contract import EngineCoreRequest
+from expresslane.cost_model import StepCostModel, StepShape
 from expresslane.scheduler.kv_cache import KVCacheManager
 from expresslane.scheduler.policy import MIN_CHUNK, PREFILL_STRETCH
 from expresslane.scheduler.request import Request

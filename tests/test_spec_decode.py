@@ -252,7 +252,7 @@ def test_the_draft_chain_writes_only_the_slots_of_the_proposals_a_seq_makes(tmp_
     pytest.importorskip("triton")
     from models import build_model
 
-    from expresslane.engine.contract import ScheduledSeq
+    from expresslane.contract import ScheduledSeq
     from expresslane.runner.cuda_graphs import DraftChainGraphs, Patch
     from expresslane.runner.draft_model import DraftModel
     from expresslane.runner.input_batch import StepInputs

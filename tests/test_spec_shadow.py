@@ -7,8 +7,8 @@ import random
 import pytest
 
 from expresslane.config import SchedulerConfig, SpeculativeConfig
-from expresslane.engine.contract import EngineCoreRequest
-from expresslane.engine.cost_model import StepCostModel
+from expresslane.contract import EngineCoreRequest
+from expresslane.cost_model import StepCostModel
 from expresslane.scheduler.kv_cache import KVCacheManager
 from expresslane.scheduler.request import Request
 from expresslane.scheduler.scheduler import Scheduler

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from expresslane.config import EngineConfig
 from expresslane.scheduler.batching import make_scheduler
-from expresslane.engine.contract import EngineCoreOutput, EngineCoreRequest, StepPlan, StepStats
-from expresslane.engine.cost_model import StepCostModel, StepShape
+from expresslane.contract import EngineCoreOutput, EngineCoreRequest, StepPlan, StepStats
+from expresslane.cost_model import StepCostModel, StepShape
 from expresslane.scheduler.kv_cache import KVCacheManager
 from expresslane.scheduler.request import Request, check_prompt_length
 from expresslane.scheduler.spec_decode import SpecDecoder

@@ -26,7 +26,7 @@ import torch
 from expresslane.attention.registry import get_backend
 from expresslane.device import kv_zeros, to_device
 from expresslane.distributed.group import TPGroup
-from expresslane.engine.contract import ScheduledSeq
+from expresslane.contract import ScheduledSeq
 from expresslane.models.loader import iter_weights
 from expresslane.models.model_dir import load_hf_config
 from expresslane.models.registry import model_class

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from expresslane.engine.contract import NewRequest, ScheduledSeq, StepPlan
+from expresslane.contract import NewRequest, ScheduledSeq, StepPlan
 from expresslane.sampling_params import SamplingParams
 
 

@@ -20,7 +20,7 @@ from expresslane.config import EngineConfig
 from expresslane.device import kv_zeros, stage, to_device
 from expresslane.distributed.group import TPGroup
 from expresslane.distributed.layers import head_split
-from expresslane.engine.contract import NewRequest, ScheduledSeq, StepPlan
+from expresslane.contract import NewRequest, ScheduledSeq, StepPlan
 from expresslane.models.loader import iter_weights
 from expresslane.models.model_dir import read_config
 from expresslane.models.presets import dummy_weights

@@ -6,7 +6,7 @@ import enum
 import itertools
 from dataclasses import dataclass, field
 
-from expresslane.engine.contract import EngineCoreRequest, NewRequest
+from expresslane.contract import EngineCoreRequest, NewRequest
 from expresslane.sampling_params import SamplingParams
 
 

@@ -17,8 +17,8 @@ import itertools
 import time
 
 from expresslane.config import SchedulerConfig
-from expresslane.engine.contract import EngineCoreOutput, ScheduledSeq, StepPlan
-from expresslane.engine.cost_model import StepCostModel
+from expresslane.contract import EngineCoreOutput, ScheduledSeq, StepPlan
+from expresslane.cost_model import StepCostModel
 from expresslane.scheduler.kv_cache import KVCacheManager
 from expresslane.scheduler.policy import POLICIES, StepBudget
 from expresslane.scheduler.request import Request, RequestStatus

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from expresslane.config import SpeculativeConfig
-from expresslane.engine.cost_model import StepCostModel, StepShape
+from expresslane.cost_model import StepCostModel, StepShape
 from expresslane.scheduler.request import Request
 
 PRIOR_ACCEPTANCE = 0.5  # per proposed token, until the engine has measured its own
