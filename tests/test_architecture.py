@@ -18,7 +18,6 @@ TIERS = [
     ("expresslane.bench", 7, "server"),
     ("expresslane.client", 7, "server"),
     ("expresslane.router", 7, "server"),  # in front of several servers (data parallelism)
-    ("expresslane.quant.accuracy", 7, "tools"),  # measures an LLM: a tool on top, like bench
     ("expresslane", 6, "offline entry point"),  # the package itself (LLM); exact match only
     ("expresslane.entrypoint", 6, "offline entry point"),
     ("expresslane.engine", 5, "engine"),

@@ -2,7 +2,7 @@
 the same token sequences, teacher-forced (every position predicts the next token of a fixed
 text, so one divergence does not derail the rest).
 
-    from expresslane.quant.accuracy import quantization_accuracy
+    from expresslane.bench.accuracy import quantization_accuracy
     report = quantization_accuracy("MODEL_DIR", quantization="fp8", trials=5)
 
 Per trial: ``num_texts`` texts of ``text_len`` tokens (trial t uses seed t); per text and
