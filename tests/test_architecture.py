@@ -20,7 +20,7 @@ TIERS = {
     "expresslane.cli": (8, "command line"),
     "expresslane.server": (7, "server and tools"),
     "expresslane.router": (7, "server and tools"),  # in front of several servers (data parallelism)
-    "expresslane.batch": (7, "server and tools"),
+    "expresslane.batch_api": (7, "server and tools"),
     "expresslane.bench": (7, "server and tools"),
     "expresslane.client": (7, "server and tools"),
     "expresslane": (6, "offline entry point"),  # the package's __init__ (LLM)

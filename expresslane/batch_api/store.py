@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from expresslane.batch.records import (
+from expresslane.batch_api.records import (
     COMPLETION_WINDOWS,
     ENDPOINTS,
     MAX_FILE_BYTES,

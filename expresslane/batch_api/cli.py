@@ -1,4 +1,4 @@
-"""Flags of the batch tier (light: no server imports until a command runs).
+"""Flags of `expresslane batch`, the Batch API offline (light: no server imports until a command runs).
 
 ``expresslane batch INPUT.jsonl -o OUTPUT.jsonl [MODEL] [engine flags]`` runs a Batch API
 input file offline through the server's own code (``server/batch_offline.py``), the

@@ -6,7 +6,7 @@ import os
 import re
 from pathlib import Path
 
-from expresslane.batch.store import BatchStore
+from expresslane.batch_api.store import BatchStore
 
 
 def default_store_url(model_name: str) -> str:
@@ -18,7 +18,7 @@ def default_store_url(model_name: str) -> str:
 def open_store(url: str) -> BatchStore:
     """``sqlite:PATH`` (or a plain path) or ``redis://HOST:PORT/DB[?prefix=NAME]``."""
     if url.startswith(("redis://", "rediss://", "unix://")):
-        from expresslane.batch.redis_store import RedisStore
+        from expresslane.batch_api.redis_store import RedisStore
         return RedisStore(url)
-    from expresslane.batch.sqlite_store import SQLiteStore
+    from expresslane.batch_api.sqlite_store import SQLiteStore
     return SQLiteStore(url.removeprefix("sqlite:"))

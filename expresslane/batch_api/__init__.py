@@ -1,4 +1,4 @@
-"""The batch tier: OpenAI's Batch API on a durable queue (torch-free, server-free).
+"""OpenAI's Batch API on a durable queue (torch-free, server-free).
 
 ``records`` holds the objects (files, batches, work items, results) and the JSONL
 formats; ``store`` the one queue interface, with ``sqlite_store`` (embedded, the
