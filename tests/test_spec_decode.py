@@ -255,7 +255,7 @@ def test_the_draft_chain_writes_only_the_slots_of_the_proposals_a_seq_makes(tmp_
     from expresslane.contract import ScheduledSeq
     from expresslane.runner.cuda_graphs import DraftChainGraphs, Patch
     from expresslane.runner.draft_model import DraftModel
-    from expresslane.runner.input_batch import StepInputs
+    from expresslane.runner.request_rows import StepInputs
 
     model_dir = build_model("llama", tmp_path / "m")
     cpu = torch.device("cpu")

@@ -39,7 +39,7 @@ class StepInputs:
         return len(self.token_ids)
 
 
-class InputBatch:
+class RequestRows:
     def __init__(self, max_rows: int, max_blocks: int, block_size: int):
         self.block_size = block_size
         self.block_table = np.zeros((max_rows, max_blocks), dtype=np.int32)
