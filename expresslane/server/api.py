@@ -278,7 +278,7 @@ def build_app(client: EngineClient, settings: ServerConfig, metrics: Metrics,
         try:
             return await chat(request, to_chat(req, settings.reasoning_parser), Responses, "resp", size, source=req)
         except errors.APIError as e:
-            raise in_responses_terms(e) from None
+            raise in_responses_terms(e, req) from None
 
     @app.api_route("/v1/responses/{response_id}", methods=["GET", "DELETE"], dependencies=auth)
     async def stored_response(response_id: str) -> Response:

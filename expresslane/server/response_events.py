@@ -91,10 +91,10 @@ class Responses(Chat):
                         "content": [{"type": "reasoning_text", "text": reasoning}]})
         calls = message.get("tool_calls") or []
         lps = self.logprobs(c.token_ids, c.logprobs)
-        if message["content"] is not None and (message["content"] or not calls):
+        if message["content"] or not (out or calls):  # as streamed: an empty message only for no output at all
             out.append({"id": _item_id("msg"), "type": "message", "role": "assistant",
                         "status": "incomplete" if finish == "length" else "completed",
-                        "content": [_text_part(message["content"], None if lps is None else lps["content"])]})
+                        "content": [_text_part(message["content"] or "", None if lps is None else lps["content"])]})
         out += [{"id": _item_id("fc"), "type": "function_call", "call_id": t["id"], "name": t["function"]["name"],
                  "arguments": t["function"]["arguments"], "status": "completed"} for t in calls]
         return out, finish, reasoning

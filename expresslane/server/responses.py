@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Discriminator, Field, Tag, field_validator
 
 from expresslane.server import errors
 from expresslane.server.protocol import (
@@ -53,8 +53,13 @@ class ContentPart(BaseModel):
         return (self.refusal if self.type == "refusal" else self.text) or ""
 
 
-def _text(content: str | list[ContentPart]) -> str:
-    return content if isinstance(content, str) else "".join(p.value() for p in content)
+def _parts(v):
+    """A string content as one text part: then no union of str and parts blurs a part's error."""
+    return [{"type": "input_text", "text": v}] if isinstance(v, str) else v
+
+
+def _text(content: list[ContentPart]) -> str:
+    return "".join(p.value() for p in content)
 
 
 Status = Literal["in_progress", "completed", "incomplete"]
@@ -64,10 +69,12 @@ class MessageItem(BaseModel):
     model_config = _STRICT
     type: Literal["message"] = "message"
     role: Literal["user", "system", "developer", "assistant"]
-    content: str | List[ContentPart]
+    content: List[ContentPart]
     id: str | None = None
     status: Status | None = None
     phase: Literal["commentary", "final_answer"] | None = None
+
+    _content = field_validator("content", mode="before")(_parts)
 
 
 class FunctionCallItem(BaseModel):
@@ -86,12 +93,14 @@ class FunctionCallOutputItem(BaseModel):
     model_config = _STRICT
     type: Literal["function_call_output"]
     call_id: NonEmptyStr
-    output: str | List[ContentPart]
+    output: List[ContentPart]
     id: str | None = None
     status: Status | None = None
     name: str | None = None
     namespace: None = None
     caller: None = None
+
+    _output = field_validator("output", mode="before")(_parts)
 
 
 class ReasoningItem(BaseModel):
@@ -106,8 +115,12 @@ class ReasoningItem(BaseModel):
     status: Status | None = None
 
 
-Item = Annotated[MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem, Field(discriminator="type")]
 _ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning")
+# Tags with a '-': the error's field path leaves them out (protocol._param), so it reads input[0].content.
+Item = Annotated[Annotated[MessageItem, Tag("item-message")] | Annotated[FunctionCallItem, Tag("item-function_call")]
+                 | Annotated[FunctionCallOutputItem, Tag("item-function_call_output")]
+                 | Annotated[ReasoningItem, Tag("item-reasoning")],
+                 Discriminator(lambda item: "item-" + (item.get("type") if isinstance(item, dict) else item.type))]
 
 
 class FunctionTool(BaseModel):
@@ -156,7 +169,7 @@ class ResponsesStreamOptions(BaseModel):
 class ResponsesRequest(BaseModel):
     model_config = _BODY
     model: str | None = None
-    input: str | List[Item]
+    input: List[Item]  # a string is one user message
     instructions: str | None = None
     max_output_tokens: int | None = Field(None, ge=1, le=INT32)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
@@ -170,8 +183,8 @@ class ResponsesRequest(BaseModel):
     user: str | None = None  # accepted and not used, as on chat (OpenAI's end-user label)
     safety_identifier: str | None = None  # the same, under OpenAI's newer name
     metadata: Annotated[dict[str, str], Field(max_length=16)] | None = None  # echoed in the response
-    top_logprobs: int | None = Field(None, ge=0, le=20)
     include: List[str] | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)  # after include: its check reads it
     truncation: Literal["disabled"] | None = None
     reasoning: ReasoningConfig | None = None
     store: bool | None = None
@@ -182,8 +195,10 @@ class ResponsesRequest(BaseModel):
     @field_validator("input", mode="before")
     @classmethod
     def _item_types(cls, v):
+        if isinstance(v, str):
+            return [{"type": "message", "role": "user", "content": v}]
         if not isinstance(v, list):
-            return v
+            raise ValueError("must be a string or a list of items")
         if not v:
             raise ValueError("must not be empty")
         for i, item in enumerate(v):
@@ -255,8 +270,7 @@ def parse_responses(body: object) -> ResponsesRequest:
 def _messages(req: ResponsesRequest) -> list[dict]:
     """``instructions`` and ``input`` as chat messages (OpenAI's message schema)."""
     msgs: list[dict] = [{"role": "system", "content": req.instructions}] if req.instructions else []
-    items = [MessageItem(role="user", content=req.input)] if isinstance(req.input, str) else req.input
-    for item in items:
+    for item in req.input:
         if isinstance(item, MessageItem):
             msgs.append({"role": item.role, "content": _text(item.content)})
         elif isinstance(item, FunctionCallItem):
@@ -319,8 +333,12 @@ _FROM_CHAT = (("response_format.json_schema", "text.format"), ("response_format"
               ("max_tokens", "max_output_tokens"), ("messages", "input"))
 
 
-def in_responses_terms(e: errors.APIError) -> errors.APIError:
+def in_responses_terms(e: errors.APIError, req: ResponsesRequest) -> errors.APIError:
     """A 400 of the chat path, naming the Responses field the client sent instead of the chat one."""
+    if e.message.startswith("structured_outputs"):  # the engine's grammar error: the format's schema or a tool's
+        e.param = "text.format" if req.format().type != "text" else "tools"
+        e.message = e.param + e.message.removeprefix("structured_outputs")
+        return e
     for chat, ours in _FROM_CHAT:
         if e.param is not None and (e.param == chat or e.param.startswith((chat + ".", chat + "["))):
             e.message = e.message.replace(chat, ours)
