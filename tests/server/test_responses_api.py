@@ -17,7 +17,7 @@ from pydantic import BaseModel, TypeAdapter
 
 from expresslane.server.response_events import _EventWriter
 
-from .conftest import API_KEY, Server
+from .conftest import API_KEY, MAX_MODEL_LEN, Server
 
 EVENT = TypeAdapter(ResponseStreamEvent)
 WEATHER_PARAMS = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
@@ -208,6 +208,16 @@ def test_bad_requests_are_400s_naming_the_field(server, body, field):
                    json={"model": "tiny", "input": "Hi", "max_output_tokens": 4, **body})
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == field, r.json()
+
+
+def test_a_large_input_is_refused_before_its_validation(server):
+    """More items than the context has tokens, in a body large enough to be prechecked (over 64 KiB)."""
+    items = [{"role": "user", "content": "x" * 300}] * (MAX_MODEL_LEN + 1)
+    r = httpx.post(server.url + "/v1/responses", headers=server.headers, timeout=30,
+                   json={"model": "tiny", "input": items, "max_output_tokens": 4})
+    assert len(r.request.content) > 64 * 1024
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input", r.text
+    assert r.json()["error"]["code"] == "context_length_exceeded" and "content parts" in r.json()["error"]["message"]
 
 
 def test_event_writer_switches_items():
