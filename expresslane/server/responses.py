@@ -213,7 +213,7 @@ class ResponsesRequest(BaseModel):
     @field_validator("tools", mode="before")
     @classmethod
     def _function_tools(cls, v):
-        for i, tool in enumerate(v or ()):
+        for i, tool in enumerate(v if isinstance(v, list) else ()):  # not a list: pydantic's error
             kind = tool.get("type") if isinstance(tool, dict) else None
             if kind != "function":
                 raise ValueError(f"tool {i} is of type {kind!r}: this server runs function tools only")
