@@ -310,6 +310,9 @@ def to_chat(req: ResponsesRequest, reasoning_parser: str | None) -> ChatCompleti
         if effort == "none":  # Qwen3's switch; templates without it ignore the variable
             template_kwargs = {"enable_thinking": False}
     choice = req.tool_choice
+    # A forced call is this turn's whole output, so a text format has nothing to hold (OpenAI takes both;
+    # the Agents SDK sends both, then resets tool_choice and the format holds the answer).
+    forced = bool(req.tools) and (choice == "required" or isinstance(choice, FunctionChoice))
     body = {
         "model": req.model, "messages": _messages(req), "stream": bool(req.stream),
         "temperature": 1.0 if req.temperature is None else req.temperature,
@@ -320,7 +323,7 @@ def to_chat(req: ResponsesRequest, reasoning_parser: str | None) -> ChatCompleti
         "tool_choice": {"type": "function", "function": {"name": choice.name}} if isinstance(choice, FunctionChoice)
         else choice,
         "parallel_tool_calls": req.parallel_tool_calls is not False,
-        "response_format": _response_format(req.format()),
+        "response_format": None if forced else _response_format(req.format()),
         "logprobs": req.logprobs, "top_logprobs": (req.top_logprobs or 0) if req.logprobs else None,
         "chat_template_kwargs": template_kwargs,
     }

@@ -260,6 +260,13 @@ def test_agents_sdk_default_model_with_a_tool_and_an_output_type(server):
     result = Runner.run_sync(agent, "Who is Ada?", max_turns=4, run_config=RunConfig(model_provider=provider))
     assert isinstance(result.final_output, Person)
     assert result.raw_responses and all(r.usage.output_tokens > 0 for r in result.raw_responses)
+    # a forced first turn: the tool runs, its output goes back as a function_call_output item, and the
+    # second turn (tool_choice reset to auto by the SDK) writes the output_type
+    caller = agent.clone(model_settings=ModelSettings(max_tokens=80, temperature=0, tool_choice="lookup_age"))
+    result = Runner.run_sync(caller, "How old is Ada?", max_turns=4, run_config=RunConfig(model_provider=provider))
+    kinds = [item.type for item in result.new_items]
+    assert kinds[:2] == ["tool_call_item", "tool_call_output_item"] and result.new_items[1].output == 42
+    assert len(result.raw_responses) == 2 and isinstance(result.final_output, Person)
 
 
 def test_langchain_use_responses_api(server):
