@@ -166,10 +166,17 @@ class ResponsesStreamOptions(BaseModel):
     include_obfuscation: Literal[False] = False  # no obfuscation padding is written
 
 
+def _or_a_string(schema: dict) -> None:
+    """/openapi.json: ``input`` may be a string too (the validator makes it one message)."""
+    items = dict(schema)
+    schema.clear()
+    schema["anyOf"] = [{"type": "string"}, items]
+
+
 class ResponsesRequest(BaseModel):
     model_config = _BODY
     model: str | None = None
-    input: List[Item]  # a string is one user message
+    input: Annotated[List[Item], Field(json_schema_extra=_or_a_string)]  # a string is one user message
     instructions: str | None = None
     max_output_tokens: int | None = Field(None, ge=1, le=INT32)
     temperature: float | None = Field(None, ge=0.0, le=2.0)

@@ -6,7 +6,9 @@ a translation of it, so text, calls and token counts must agree."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+from types import SimpleNamespace
 
 import httpx
 import jsonschema
@@ -15,7 +17,10 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import BaseModel, TypeAdapter
 
-from expresslane.server.response_events import _EventWriter
+from expresslane.sampling_params import SamplingParams
+from expresslane.server import errors
+from expresslane.server.response_events import Responses, _EventWriter
+from expresslane.server.responses import parse_responses
 
 from .conftest import API_KEY, MAX_MODEL_LEN, Server
 
@@ -168,7 +173,8 @@ def test_logprobs_when_included(openai_client):
 
 def test_openai_defaults_sent_explicitly_are_accepted(server):
     r = httpx.post(server.url + "/v1/responses", headers=server.headers, timeout=30, json={
-        "model": "tiny", "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]}],
+        "model": "tiny",
+        "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]}],
         "max_output_tokens": 4, "store": False, "metadata": {}, "service_tier": "auto", "parallel_tool_calls": True,
         "truncation": "disabled", "include": [], "top_logprobs": 0, "background": False, "tool_choice": "auto",
         "tools": [], "text": {"format": {"type": "text"}, "verbosity": "medium"}, "stream": False, "user": "u1",
@@ -239,6 +245,34 @@ def test_event_writer_switches_items():
     assert [(i["call_id"], json.loads(i["arguments"])) for i in w.items[1:]] == [
         ("call_a", {"zone": "UTC"}), ("call_b", {"zone": "CET"})]
     assert w.items[0]["content"][0]["text"] == "Let me check."
+
+
+def test_a_failure_after_the_header_is_an_error_event():
+    """The engine's error mid-stream (here a request timeout) ends the stream with OpenAI's error event."""
+    class Group:
+        tracked = {"r": None}
+
+        async def outputs(self):
+            raise errors.request_timeout(5.0)
+            yield
+
+    client = SimpleNamespace(metrics=SimpleNamespace(error_body=lambda e: e.body()))
+    endpoint = Responses(client, "tiny", "resp-1", Group(), SamplingParams(max_tokens=4), False, False,
+                         source=parse_responses({"input": "Hi"}))
+
+    async def collect():
+        return [EVENT.validate_python(json.loads(chunk.split(b"data: ", 1)[1])) async for chunk in endpoint.stream()]
+
+    events = asyncio.run(collect())
+    assert [e.type for e in events] == ["response.created", "response.in_progress", "error"]
+    assert events[-1].code == "request_timeout" and events[0].response.id == "resp_1"
+
+
+def test_openapi_describes_the_body(server):
+    spec = httpx.get(server.url + "/openapi.json", timeout=30).json()
+    body = spec["components"]["schemas"]["ResponsesRequest"]
+    assert {"input", "tools", "text", "store"} <= set(body["properties"])
+    assert {"type": "string"} in body["properties"]["input"]["anyOf"]
 
 
 def test_agents_sdk_default_model_with_a_tool_and_an_output_type(server):
