@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Discriminator, Field, Tag, field_validator
+from pydantic import BaseModel, Discriminator, Field, Tag, field_validator, model_validator
 
 from expresslane.server import errors
 from expresslane.server.protocol import (
@@ -49,8 +49,15 @@ class ContentPart(BaseModel):
             raise ValueError(f"{v!r} is not supported by this server (text only: {', '.join(_TEXT_PARTS)})")
         return v
 
+    @model_validator(mode="after")
+    def _has_its_text(self) -> "ContentPart":
+        if (self.refusal if self.type == "refusal" else self.text) is None:
+            raise ValueError(f"a part of type {self.type!r} needs "
+                             f"'{'refusal' if self.type == 'refusal' else 'text'}'")
+        return self
+
     def value(self) -> str:
-        return (self.refusal if self.type == "refusal" else self.text) or ""
+        return self.refusal if self.type == "refusal" else self.text
 
 
 def _parts(v):
@@ -208,6 +215,7 @@ class ResponsesRequest(BaseModel):
             raise ValueError("must be a string or a list of items")
         if not v:
             raise ValueError("must not be empty")
+        v = list(v)  # the body's own list stays as it came
         for i, item in enumerate(v):
             if isinstance(item, dict) and "type" not in item and "role" in item:
                 v[i] = item = {**item, "type": "message"}  # OpenAI's EasyInputMessage has no type
