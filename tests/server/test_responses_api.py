@@ -162,13 +162,19 @@ def test_a_tool_loop_sends_calls_and_outputs_back(openai_client):
     assert second.output_text == (chat.choices[0].message.content or "")
 
 
-def test_logprobs_when_included(openai_client):
-    r = openai_client.responses.create(model="tiny", input="Hi", max_output_tokens=6, temperature=0, top_logprobs=2,
-                                       include=["message.output_text.logprobs"])
+def test_logprobs_when_included(server, openai_client):
+    body = {"input": "Hi", "max_output_tokens": 6, "temperature": 0, "top_logprobs": 2,
+            "include": ["message.output_text.logprobs"]}
+    r = openai_client.responses.create(model="tiny", **body)
     [part] = r.output[0].content
     assert len(part.logprobs) == r.usage.output_tokens
     assert all(len(lp.top_logprobs) == 2 and lp.logprob <= 0 for lp in part.logprobs)
     assert "".join(lp.token for lp in part.logprobs) == part.text
+    events = _stream(server, body)
+    streamed = [lp for e in events if e.type == "response.output_text.delta" for lp in e.logprobs]
+    assert [lp.token for lp in streamed] == [lp.token for lp in part.logprobs]  # a prefix-cache hit: approx below
+    assert [lp.logprob for lp in streamed] == pytest.approx([lp.logprob for lp in part.logprobs], abs=1e-4)
+    assert [lp.token for lp in _final(events).output[0].content[0].logprobs] == [lp.token for lp in streamed]
 
 
 def test_openai_defaults_sent_explicitly_are_accepted(server):
@@ -302,6 +308,15 @@ def test_agents_sdk_default_model_with_a_tool_and_an_output_type(server):
     kinds = [item.type for item in result.new_items]
     assert kinds[:2] == ["tool_call_item", "tool_call_output_item"] and result.new_items[1].output == 42
     assert len(result.raw_responses) == 2 and isinstance(result.final_output, Person)
+
+    async def streamed():  # the SDK's streamed run reads our events; a fresh provider for this event loop
+        fresh = OpenAIProvider(base_url=server.url + "/v1", api_key=API_KEY)
+        run = Runner.run_streamed(agent, "Who is Ada?", max_turns=4, run_config=RunConfig(model_provider=fresh))
+        kinds = {event.type async for event in run.stream_events()}
+        return run.final_output, kinds
+
+    final, kinds = asyncio.run(streamed())
+    assert isinstance(final, Person) and "raw_response_event" in kinds
 
 
 def test_langchain_use_responses_api(server):
