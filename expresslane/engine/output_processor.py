@@ -12,7 +12,7 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 
-from expresslane.engine.contract import EngineCoreOutput
+from expresslane.contract import EngineCoreOutput
 from expresslane.engine.detokenizer import IncrementalDetokenizer, StopStrings
 from expresslane.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from expresslane.sampling_params import SamplingParams

@@ -6,7 +6,7 @@ import enum
 import itertools
 from dataclasses import dataclass, field
 
-from expresslane.engine.contract import EngineCoreRequest, NewRequest
+from expresslane.contract import EngineCoreRequest, NewRequest
 from expresslane.sampling_params import SamplingParams
 
 
@@ -51,7 +51,7 @@ class Request:
     stop_reason: int | None = None
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
-    ttft_deadline: float | None = None  # the deadline policy's rank, computed once (engine/policy.py)
+    ttft_deadline: float | None = None  # the deadline policy's rank, computed once (scheduler/policy.py)
     request_prompt_tokens: int = 0  # of the frontend request it is part of (EngineCoreRequest); 0: its own
     seq: int = field(default_factory=lambda: next(_arrival_counter))  # tie-break: arrival order
 
