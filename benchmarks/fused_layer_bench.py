@@ -9,8 +9,9 @@
    the calls) off, on, and on with today's decode attention (``on_split_reduce``: its splits
    combined by a second kernel, as the tables choose, where ``on`` combines them in the
    attention kernel); the weight-read floor at the copy bandwidth measured here, kernel
-   launches per layer (torch.profiler over one eager call, names listed), and the on-vs-off
-   difference of the layer's output (the residual stream after it), relative to its largest.
+   launches per layer (torch.profiler over one eager call: each kernel's name and us), and
+   the on-vs-off difference of the layer's output (the residual stream after it), relative
+   to its largest value.
 2. With ``--model``: the whole engine, batch-1 decode, off then on (two engines one after the
    other): ``fused_layer_model`` tok/s over 256 tokens, the floor, kernels per decode step
    (torch.profiler over 10 steady steps) and whether the switch applied;
@@ -108,8 +109,8 @@ def layer_bytes(layer) -> int:
                for p in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj))
 
 
-def kernels_of(call) -> list[str]:
-    """The GPU activities of one eager call (after a warm-up call)."""
+def kernels_of(call) -> list[tuple[str, float]]:
+    """(name, us) of the GPU activities of one eager call (after a warm-up call)."""
     from torch.profiler import ProfilerActivity, profile
 
     call()
@@ -117,7 +118,7 @@ def kernels_of(call) -> list[str]:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         call()
         torch.cuda.synchronize()
-    return [name for _, _, name in kernel_intervals(prof)]
+    return [(name, e - s) for s, e, name in kernel_intervals(prof)]
 
 
 def layer_bench(args, out) -> None:
@@ -157,11 +158,11 @@ def layer_bench(args, out) -> None:
             if not smoke:
                 floor_us = layer_bytes(layer) / bw * 1e6
                 row.update(floor_us=round(floor_us, 2), copy_tb_per_s=round(bw / 1e12, 3))
-                for mode, (us, names) in timings.items():
+                for mode, (us, kernels) in timings.items():
                     row[f"{mode}_us"] = round(us, 2)
                     row[f"{mode}_pct_of_floor"] = round(100 * floor_us / us, 1)
-                    row[f"{mode}_launches"] = len(names)
-                    row[f"{mode}_kernels"] = [n[:50] for n in names]
+                    row[f"{mode}_launches"] = len(kernels)
+                    row[f"{mode}_kernels_us"] = [(name[:50], round(t, 2)) for name, t in kernels]
                 row.update(speedup=round(row["off_us"] / row["on_us"], 3),
                            speedup_split_reduce=round(row["off_us"] / row["on_split_reduce_us"], 3))
             emit(out, **row)
