@@ -4,8 +4,10 @@ partials in split order) for 16-bit (or, in the interpreter, float32) weights, p
 
 - ``norm`` (RMSNorm before QKV and gate|up): the norm weight g lives in W's columns (folded
   at load), so ``rmsnorm(h) @ W^T = (h @ (W g)^T) * rsqrt(mean(h^2) + eps)`` per row. Each
-  program also sums h^2 over its own K-slice; the last one sums those partials in split
-  order with the dot's and scales the row in the epilogue: no pass over h of its own.
+  program also sums h^2 over its own K-slice, as the diagonal of x x^T, a second small dot on
+  the operand it already holds (a row reduction each step made the loop spill registers);
+  the last one sums those partials in split order with the dot's and scales the row in the
+  epilogue: no pass over h of its own.
 - ``silu`` (down's prologue): x is gate|up [M, 2K]; each program computes silu(g) * u of its
   K-slice as it loads it (rounded where the SiLU-and-mul kernel rounds).
 - ``residual`` (o_proj and down): out = x @ W^T + residual, the next residual stream.
@@ -41,7 +43,7 @@ def fused_gemv_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, part_ptr, sq_ptr
     k_lo = pid_k * K_SPLIT
     k_hi = tl.minimum(k_lo + K_SPLIT, K)
     acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
-    sq = tl.zeros([BLOCK_M], tl.float32)
+    gram = tl.zeros([BLOCK_M, BLOCK_M], tl.float32)  # NORM: x x^T, whose diagonal is each row's sum of squares
     for k0 in range(k_lo, k_hi, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
         w_ptrs = w_ptr + rn.to(tl.int64)[:, None] * K + rk[None, :]
@@ -57,13 +59,15 @@ def fused_gemv_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, part_ptr, sq_ptr
             x = (s * u.to(tl.float32)).to(u.dtype)
         else:
             x = tl.load(x_rows + rk[None, :], mask=x_ok, other=0.0)
-        if NORM:
-            xf = x.to(tl.float32)
-            sq += tl.sum(xf * xf, 1)
         if DOT == "fp32":
             acc = tl.dot(w, tl.trans(x), acc, input_precision="ieee")
+            if NORM:
+                gram = tl.dot(x, tl.trans(x), gram, input_precision="ieee")
         else:
             acc = tl.dot(w, tl.trans(x), acc)
+            if NORM:  # a tensor-core dot: 16-bit products are exact in its float32 sums
+                gram = tl.dot(x, tl.trans(x), gram)
+    sq = tl.sum(tl.where(rm[:, None] == rm[None, :], gram, 0.0), 1)
     sq_row = sq_ptr + pid_n * SPLIT * BLOCK_M + rm
     if SPLIT_K:
         if NORM:
