@@ -6,6 +6,9 @@
 #   8b-engine: expresslane alone on the Llama-3-8B shape
 #   profile: where a decode step's and a short prompt's time goes (8B shape)
 #   fused:   our Triton fused ops against torch.compile and eager (8B shapes)
+#   layer:   issue #42 item 1, the fused decode layer (--fused-decode-layer) off vs on: its kernel tests in
+#            bf16, one 8B layer at batch 1 and 8 (us and launches per layer vs the weight-read floor), then
+#            llama-3-8b batch-1 decode in the engine (tok/s, kernels per step, greedy tokens' first divergence)
 #   lanes:   issue #6's scenario (16 short requests arriving while an 8k prompt and 32
 #            batch requests run) under static, continuous and continuous-lanes, 8B
 #            shape, with the long prompt interactive and then in the batch lane
@@ -149,6 +152,13 @@ for section in $SECTIONS; do
       model llama-3-8b
       echo "== decode profile (llama-3-8b)"; run python3 benchmarks/decode_profile.py --model "$MODELS/llama-3-8b" ;;
     fused) echo "== fused ops: Triton vs torch.compile"; run python3 benchmarks/fused_ops_compare.py ;;
+    layer)
+      model llama-3-8b
+      echo "== fused decode layer kernels and a tiny model's layer, on vs off (bf16)"
+      python3 -m pytest -q tests/test_fused_layer.py -p no:cacheprovider 2>&1 | tee -a "$OUT/gpu-tests.log" \
+        | tail -3 || status=1
+      echo "== the fused decode layer off vs on: one layer (8B shape) at batch 1 and 8, then llama-3-8b batch-1 decode"
+      run python3 benchmarks/fused_layer_bench.py --model "$MODELS/llama-3-8b" ;;
     lanes)
       model llama-3-8b
       for lane in interactive batch; do

@@ -91,6 +91,20 @@ def fmt(r: dict) -> str:
         return (f"GPU metrics idle -> {r['clients']} clients: utilisation {100 * r['idle_gpu_utilization_perc']:.0f}% -> "
                 f"{100 * r['load_gpu_utilization_perc']:.0f}%, memory {r['idle_gpu_memory_used_bytes'] / 2**30:.1f} -> "
                 f"{r['load_gpu_memory_used_bytes'] / 2**30:.1f} GiB{power}")
+    if b == "fused_layer" and "on_us" in r:
+        return (f"fused layer b={r['batch']} @{r['context']}: off {r['off_us']:.1f} us ({r['off_launches']} launches, "
+                f"{r['off_pct_of_floor']:.0f}% of floor) -> on {r['on_us']:.1f} us ({r['on_launches']}, "
+                f"{r['on_pct_of_floor']:.0f}%) {r['speedup']:.2f}x; with today's attention "
+                f"{r['on_split_reduce_us']:.1f} us ({r['on_split_reduce_launches']}) {r['speedup_split_reduce']:.2f}x; "
+                f"on vs off max rel diff {r['max_rel_diff_on_vs_off']:.1e}")
+    if b == "fused_layer_model":
+        return (f"fused layer {'on ' if r['fused'] else 'off'} (applied {r['applied']}) batch-1 "
+                f"{r['tokens_per_s']:7.1f} tok/s ({r['pct_of_floor']:.0f}% of floor), "
+                f"{r['kernels_per_step']:.0f} kernels/step")
+    if b == "fused_layer_model_compare":
+        return (f"fused layer on vs off batch-1 {r['speedup']:.3f}x, kernels/step {r['kernels_per_step_off']:.0f} -> "
+                f"{r['kernels_per_step_on']:.0f} ({r['kernels_saved_per_layer']:.1f} fewer a layer); greedy tokens' "
+                f"first divergence {r['first_divergence']} of {r['tokens']}")
     quant = fmt_quant(r) or fmt_gemv(r) or fmt_attention(r)
     return quant if quant is not None else json.dumps(r)
 

@@ -188,6 +188,27 @@ def test_fused_moe_matches_transformers(model_dirs, references, arch):
     assert llm.engine.core.scheduler.num_preemptions > 0 and max(o.num_cached_tokens for o in outs) > 0
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])  # qwen2: qkv bias, tied embeddings
+def test_fused_decode_layer_matches_transformers(model_dirs, references, monkeypatch, arch):
+    """fused_decode_layer (norms folded into the QKV and gate|up weights at load) in the engine:
+    decode batches of up to 6 through the CUDA-graph input path run the six-launch layer;
+    prefill chunks the plain path with the folded weights. Tokens as transformers'."""
+    pytest.importorskip("triton")
+    from expresslane.models.llama import DecoderLayer
+
+    fused = []
+    real = DecoderLayer._fused_decode
+    monkeypatch.setattr(DecoderLayer, "_fused_decode", lambda self, *a: (fused.append(1), real(self, *a))[1])
+    picked = [0, 4, 9, 16, 17]
+    llm = LLM(str(model_dirs[arch]), attention_backend="triton", max_num_batched_tokens=48, max_num_seqs=6,
+              max_model_len=384, num_kv_blocks=48, fused_decode_layer=True)
+    llm.engine.core.runner.build_graphs(llm.config.model.max_model_len, capture=False)
+    outs = llm.generate([{"prompt_token_ids": PROMPTS[i]} for i in picked], GREEDY, use_tqdm=False)
+    mismatched = [i for i, o in zip(picked, outs) if o.outputs[0].token_ids != references[arch][i]]
+    assert not mismatched, f"prompts {mismatched} differ from transformers"
+    assert fused and all(layer.fused_rows for layer in llm.engine.core.runner.model.layers)
+
+
 @pytest.mark.parametrize("layers", [1, 2, 9, 28, 32, 48, 80])
 def test_graph_pieces_cover_every_layer_once_growing(layers):
     """A mixed graph's pieces: consecutive layer ranges covering the model, the first the

@@ -71,6 +71,13 @@ def _cases():
         for split, even in ((1, True), (8, False)):
             yield "gemv_kernel", "bf16", dict(FP8=fp8, DOT=dot, HAS_BIAS=split == 1, SPLIT_K=split > 1, EVEN=even,
                                               BLOCK_M=16, BLOCK_N=64, BLOCK_K=256), ptrs
+    # the fused decode layer's GEMVs (layers/fused_gemv.py): QKV and gate|up (+norm), o_proj (+residual),
+    # down (+SiLU-and-mul, +residual); split or not
+    for norm, silu, res in ((True, False, False), (False, False, True), (False, True, True)):
+        for split, even in ((1, True), (8, False)):
+            yield "fused_gemv_kernel", "bf16", dict(NORM=norm, SILU=silu, HAS_RES=res, HAS_BIAS=split == 1,
+                                                    SPLIT_K=split > 1, EVEN=even, DOT="act", BLOCK_M=16,
+                                                    BLOCK_N=64, BLOCK_K=128), dict(sq_ptr="*fp32")
     for split in (1, 16):
         yield "int4_gemv_kernel", "bf16", dict(GROUP=128, ROWS=8, HAS_BIAS=True, SPLIT_K=split > 1, EVEN_N=split > 1,
                                                BLOCK_N=256), dict(qw_ptr="*i32", scale_ptr="*fp16", zero_ptr="*u8")
@@ -151,7 +158,7 @@ def test_every_triton_kernel_compiles():
     pytest.importorskip("triton.backends.nvidia.compiler")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0 and "compiled 15 kernels" in proc.stdout, proc.stderr[-3000:]
+    assert proc.returncode == 0 and "compiled 16 kernels" in proc.stdout, proc.stderr[-3000:]
 
 
 if __name__ == "__main__":

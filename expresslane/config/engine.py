@@ -97,6 +97,11 @@ class DeviceConfig:
         "attention for every prefill chunk of 512+ tokens, in eager steps) or auto (cuDNN for a chunk of 1024+ "
         "tokens over 4096+ keys, on Hopper; our kernel for the rest; docs/architecture.md, \"Library prefill\")",
         ("triton", "cudnn", "auto"))
+    fused_decode_layer: bool = _knob(
+        False, "decode steps of at most 16 tokens run each dense layer in 6 launches: RMSNorm folded into the QKV "
+        "and gate|up GEMVs (the norm weights multiplied into those weights at load), SiLU-and-mul into down's, the "
+        "residual adds into o_proj's and down's, decode attention's splits combined by its own kernel; only for "
+        "the triton backend on CUDA with bf16/fp16, unquantized, dense, tensor_parallel_size 1 (else logged, off)")
 
 
 @dataclass(frozen=True, slots=True)

@@ -65,14 +65,17 @@ class Attention(nn.Module):
         self.kv_scales = (1.0, 1.0)  # k, v: an FP8 cache stores k / k_scale (checkpoint k_scale/v_scale)
 
     def forward(self, positions, x, meta: AttentionMetadata):
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        return self.o_proj(self.attention(positions, self.qkv_proj(x), meta))
+
+    def attention(self, positions, qkv, meta: AttentionMetadata):
+        """RoPE, the KV write and attention of the projected q|k|v [T, q + 2 kv] -> [T, q]."""
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         qk_norm = None if self.q_norm is None else (self.q_norm, self.k_norm)  # the backend applies them
         q = self.backend.store(positions, q, k, v, self.rotary, self.kv_cache, meta, self.kv_scales, qk_norm)
-        o = self.backend.attend(q, self.kv_cache, meta, self.scale, self.kv_scales)
-        return self.o_proj(o.flatten(1))
+        return self.backend.attend(q, self.kv_cache, meta, self.scale, self.kv_scales).flatten(1)
 
 
 class MLP(nn.Module):
@@ -108,8 +111,37 @@ class DecoderLayer(nn.Module):
                                        fused and takes_fp8_input(self.self_attn.qkv_proj))
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, fused,
                                                 fused and takes_fp8_input(getattr(mlp, "gate_up_proj", None)))
+        self.fused_rows = 0  # most rows of a fused decode step: fold_norms() sets it (0: off)
+
+    def fused_decode_refusal(self) -> str | None:
+        """Why this layer cannot run the fused decode path (None: it can)."""
+        if self.sparse or not isinstance(self.mlp, MLP):
+            return "a mixture-of-experts layer"
+        attn, mlp = self.self_attn, self.mlp
+        if any(type(p) is not nn.Linear for p in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)):
+            return "quantized or tensor-parallel projections"
+        return None
+
+    def fold_norms(self) -> None:
+        """The fused decode layout: each norm's weight g multiplied into the columns of the
+        projection it feeds (in place, W[:, k] *= g[k]) and set to ones, so the unfused path
+        (prefill) computes the same function with the plain norm."""
+        if why := self.fused_decode_refusal():
+            raise ValueError(f"the fused decode layer cannot run {why}")
+        if self.fused_rows:
+            raise ValueError("the norms are folded already")
+        for norm, proj in ((self.input_layernorm, self.self_attn.qkv_proj),
+                           (self.post_attention_layernorm, self.mlp.gate_up_proj)):
+            proj.weight.data.mul_(norm.weight.data.to(proj.weight.dtype))
+            norm.weight.data.fill_(1.0)
+        from expresslane.layers.fused_gemv import MAX_ROWS  # (Triton only for this path)
+        self.fused_rows = MAX_ROWS
 
     def forward(self, positions, x, residual, meta):
+        """(hidden, residual) in and out. The fused decode path (every token a decode, at most
+        fused_rows of them) returns the residual stream itself as hidden, and None as residual."""
+        if meta.num_decodes == x.shape[0] <= self.fused_rows:
+            return self._fused_decode(positions, x if residual is None else x + residual, meta), None
         if residual is None:
             x, residual = self.input_layernorm(x), x
         else:
@@ -119,6 +151,19 @@ class DecoderLayer(nn.Module):
         if self.sparse:  # it counts tokens per expert: the real ones (CUDA-graph padding has slot -1)
             return self.mlp(x, meta.slot_mapping), residual
         return self.mlp(x), residual
+
+    def _fused_decode(self, positions, h, meta):
+        """Six launches: QKV (+ input norm), RoPE + KV write, attention, o_proj (+ residual),
+        gate|up (+ post-attention norm), down (+ SiLU-and-mul, + residual); h is the residual
+        stream (the sum transformers calls hidden_states), in and out."""
+        from expresslane.layers.fused_gemv import fused_gemv
+
+        attn, mlp = self.self_attn, self.mlp
+        qkv = fused_gemv(h, attn.qkv_proj.weight, attn.qkv_proj.bias, norm_eps=self.input_layernorm.eps)
+        h = fused_gemv(attn.attention(positions, qkv, meta), attn.o_proj.weight, attn.o_proj.bias, residual=h)
+        gate_up = fused_gemv(h, mlp.gate_up_proj.weight, mlp.gate_up_proj.bias,
+                             norm_eps=self.post_attention_layernorm.eps)
+        return fused_gemv(gate_up, mlp.down_proj.weight, mlp.down_proj.bias, silu=True, residual=h)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -165,7 +210,23 @@ class LlamaForCausalLM(nn.Module):
         return x, residual
 
     def final_norm(self, x, residual) -> torch.Tensor:
-        return self.norm(x, residual)[0]
+        return self.norm(x) if residual is None else self.norm(x, residual)[0]
+
+    def fused_decode_refusal(self) -> str | None:
+        """Why the fused decode layer cannot run on this model (None: it can)."""
+        if self.tp.size > 1:
+            return "tensor parallelism"
+        return next(filter(None, (layer.fused_decode_refusal() for layer in self.layers)), None)
+
+    def enable_fused_decode(self) -> None:
+        """Turn on the fused decode layer (``fused_decode_layer``), once, after loading: every
+        layer's norm weights folded into its QKV and gate|up weights, and the backend's decode
+        attention combining its splits itself at those batch sizes (one launch, not two)."""
+        if why := self.fused_decode_refusal():
+            raise ValueError(f"the fused decode layer cannot run {why}")
+        for layer in self.layers:
+            layer.fold_norms()
+        self.layers[0].self_attn.backend.fused_reduce_rows = self.layers[0].fused_rows
 
     def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """float32 logits; into `out` when given (a CUDA graph's static output)."""

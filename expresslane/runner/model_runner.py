@@ -96,6 +96,8 @@ class ModelRunner(Runner):
             weights = iter_weights(model_dir, self.device)
         self.model.load_weights(weights)
         self.model.eval()
+        if config.device.fused_decode_layer:
+            self._fuse_decode_layers()
         sd = config.speculative
         self.draft = None
         if sd.method == "draft_model":
@@ -115,6 +117,21 @@ class ModelRunner(Runner):
         self._prev_rows: dict[str, int] = {}
         self.decode_graphs: DecodeGraphs | None = None
         self.mixed_graphs: MixedGraphs | None = None
+
+    def _fuse_decode_layers(self) -> None:
+        """``fused_decode_layer``: fold the norms into the weights where the fused path is valid
+        (CUDA, 16-bit; or float32 under Triton's interpreter, for the tests), else log why not."""
+        why = self.model.fused_decode_refusal()
+        if not self.attn_backend.fused_ops:
+            why = "the triton attention backend only"
+        elif not (self.attn_backend.interpreted or self.device.type == "cuda" and
+                  self.dtype in (torch.float16, torch.bfloat16)):
+            why = f"CUDA with bfloat16/float16 only, not {self.device.type} with {self.dtype}"
+        if why:
+            log.warning("fused_decode_layer is off: %s", why)
+            return
+        self.model.enable_fused_decode()
+        log.info("fused decode layer: the norms folded into %d layers' QKV and gate|up weights", len(self.model.layers))
 
     # -- KV cache memory ---------------------------------------------------------------------
     def kv_block_bytes(self) -> int:
