@@ -135,11 +135,12 @@ class RequestGroup:
 
 
 class RequestTracker:
-    def __init__(self, tokenizer, admission: AdmissionPolicy, metrics: Metrics):
+    def __init__(self, tokenizer, admission: AdmissionPolicy, metrics: Metrics, token_texts=None):
         self.tokenizer = tokenizer
+        self.token_texts = token_texts  # each token id's text (prompt logprobs name tokens by it)
         self.admission = admission
         self.metrics = metrics
-        self.outputs = OutputProcessor(tokenizer)
+        self.outputs = OutputProcessor(tokenizer, token_texts)
         self._prompts: dict[str, _Prompt] = {}  # unfinished prompts by key
         self._seqs: dict[str, _Prompt] = {}  # engine id -> its prompt
         self.num_added = 0  # requests registered since start
@@ -198,7 +199,7 @@ class RequestTracker:
             q.put_nowait(error)
         self._prompts.clear()
         self._seqs.clear()
-        self.outputs = OutputProcessor(self.tokenizer)
+        self.outputs = OutputProcessor(self.tokenizer, self.token_texts)
         self.admission.reset()
 
     def _forget(self, p: _Prompt) -> None:
