@@ -38,16 +38,17 @@ class EngineCoreRequest:
 
 
 @dataclass(slots=True)
-class PromptLogprobs:
-    """Log-probabilities of a request's prompt tokens 1, 2, ... (token 0 has none), one entry a
-    position: the prompt token's logprob and rank (1 + tokens more likely), and the top-k."""
+class ScoredPrompt:
+    """A prompt's scored positions, as the engine sends them: for prompt tokens 1, 2, ... (token 0
+    has none) the token's logprob and rank (the tokens at least as likely, itself included) and the
+    top-k. The frontend makes vLLM's shape of them (`RequestOutput.prompt_logprobs`)."""
 
     logprobs: list[float] = field(default_factory=list)
     ranks: list[int] = field(default_factory=list)
     top_ids: list[list[int]] = field(default_factory=list)
     top_logprobs: list[list[float]] = field(default_factory=list)
 
-    def extend(self, more: PromptLogprobs) -> None:
+    def extend(self, more: ScoredPrompt) -> None:
         self.logprobs += more.logprobs
         self.ranks += more.ranks
         self.top_ids += more.top_ids
@@ -67,7 +68,7 @@ class EngineCoreOutput:
     first_token_time: float | None = None
     finished_time: float | None = None
     new_logprobs: list[dict[int, float]] | None = None
-    prompt_logprobs: PromptLogprobs | None = None  # the whole prompt's, with the first token only
+    prompt_logprobs: ScoredPrompt | None = None  # the whole prompt's, with the first token only
 
 
 @dataclass(slots=True)

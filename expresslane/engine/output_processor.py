@@ -11,10 +11,9 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field
-
 from typing import Sequence
 
-from expresslane.engine.contract import EngineCoreOutput, PromptLogprobs
+from expresslane.engine.contract import EngineCoreOutput, ScoredPrompt
 from expresslane.engine.detokenizer import IncrementalDetokenizer, StopStrings
 from expresslane.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from expresslane.sampling_params import SamplingParams
@@ -58,7 +57,7 @@ class _Parent:
                              self.num_cached_tokens, self.prompt_logprobs)
 
 
-def prompt_logprobs_of(prompt_token_ids: list[int], scored: PromptLogprobs, text) -> list:
+def prompt_logprobs_of(prompt_token_ids: list[int], scored: ScoredPrompt, text) -> list:
     """The engine's prompt logprobs in vLLM's shape: None for the first token, then per position
     the prompt token's Logprob first and the top-k's (ranks 1..k) after it."""
     out: list = [None]

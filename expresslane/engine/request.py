@@ -6,7 +6,7 @@ import enum
 import itertools
 from dataclasses import dataclass, field
 
-from expresslane.engine.contract import EngineCoreRequest, NewRequest, PromptLogprobs
+from expresslane.engine.contract import EngineCoreRequest, NewRequest, ScoredPrompt
 from expresslane.sampling_params import SamplingParams
 
 
@@ -56,7 +56,7 @@ class Request:
     # prompt logprobs: positions scheduled so far (position i scores prompt token i + 1; they survive
     # preemption, so a recompute scores none twice) and those landed, sent with the first token
     num_prompt_logprobs_scheduled: int = 0
-    prompt_logprobs: PromptLogprobs | None = None
+    prompt_logprobs: ScoredPrompt | None = None
     seq: int = field(default_factory=lambda: next(_arrival_counter))  # tie-break: arrival order
 
     @classmethod

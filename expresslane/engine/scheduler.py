@@ -17,7 +17,7 @@ import itertools
 import time
 
 from expresslane.config import SchedulerConfig
-from expresslane.engine.contract import EngineCoreOutput, PromptLogprobs, ScheduledSeq, StepPlan
+from expresslane.engine.contract import EngineCoreOutput, ScoredPrompt, ScheduledSeq, StepPlan
 from expresslane.engine.cost_model import StepCostModel
 from expresslane.engine.kv_cache import KVCacheManager
 from expresslane.engine.policy import POLICIES, StepBudget
@@ -273,7 +273,7 @@ class Scheduler:
 
     def update(self, plan: StepPlan, sampled: dict[str, int],
                logprobs: dict[str, dict[int, float]] | None = None,
-               prompt_logprobs: dict[str, PromptLogprobs] | None = None) -> list[EngineCoreOutput]:
+               prompt_logprobs: dict[str, ScoredPrompt] | None = None) -> list[EngineCoreOutput]:
         """Apply a finished step's sampled tokens (and prompt logprobs: kept until the first
         token). Later plans may already be in flight: a request finished or aborted since then
         ignores its token, a preempted one keeps it."""
@@ -318,7 +318,7 @@ class Scheduler:
             if first:
                 out.first_scheduled_time, out.first_token_time = req.first_scheduled_time, now
                 if req.sampling_params.prompt_logprobs is not None:
-                    out.prompt_logprobs, req.prompt_logprobs = req.prompt_logprobs or PromptLogprobs(), None
+                    out.prompt_logprobs, req.prompt_logprobs = req.prompt_logprobs or ScoredPrompt(), None
             if req.finish_reason is not None:
                 self._finish(req, now)
                 out.finish_reason, out.stop_reason, out.finished_time = req.finish_reason, req.stop_reason, now

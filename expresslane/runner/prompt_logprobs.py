@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from expresslane.device import to_device
-from expresslane.engine.contract import PromptLogprobs
+from expresslane.engine.contract import ScoredPrompt
 from expresslane.runner.input_batch import StepInputs
 
 ROWS_PER_SLICE = 256  # positions whose full-vocabulary logits exist at once
@@ -35,7 +35,7 @@ def scored_rows(inputs: StepInputs) -> tuple[np.ndarray, list[int], list[int]] |
 
 def forward_scoring(model, input_ids: torch.Tensor, positions: torch.Tensor, meta, inputs: StepInputs,
                     scored: tuple[np.ndarray, list[int], list[int]], top_k: list[int]
-                    ) -> tuple[torch.Tensor | None, dict[str, PromptLogprobs]]:
+                    ) -> tuple[torch.Tensor | None, dict[str, ScoredPrompt]]:
     """An eager forward that keeps every token's hidden state: the logits of the seqs that
     sample (None if none does) and the prompt logprobs of those that score their prompt."""
     hidden = model(input_ids, positions, meta)
@@ -45,7 +45,7 @@ def forward_scoring(model, input_ids: torch.Tensor, positions: torch.Tensor, met
 
 
 def score(model, hidden: torch.Tensor, rows: np.ndarray, targets: list[int], owners: list[int],
-          top_k: list[int], seq_ids: list[str]) -> dict[str, PromptLogprobs]:
+          top_k: list[int], seq_ids: list[str]) -> dict[str, ScoredPrompt]:
     """Per request: each scored row's logprob of its target, that target's rank, and the row's
     top `top_k[seq]` (one host copy at the end)."""
     dev = hidden.device
@@ -65,11 +65,11 @@ def score(model, hidden: torch.Tensor, rows: np.ndarray, targets: list[int], own
     chosen_l, ranks_l = torch.cat(chosen).tolist(), torch.cat(ranks).tolist()
     top_vl = torch.cat(top_v).tolist() if k_max else None
     top_il = torch.cat(top_i).tolist() if k_max else None
-    out: dict[str, PromptLogprobs] = {}
+    out: dict[str, ScoredPrompt] = {}
     for j, owner in enumerate(owners):
         got = out.get(seq_ids[owner])
         if got is None:
-            got = out[seq_ids[owner]] = PromptLogprobs()
+            got = out[seq_ids[owner]] = ScoredPrompt()
         k = top_k[owner]
         got.logprobs.append(chosen_l[j])
         got.ranks.append(ranks_l[j])

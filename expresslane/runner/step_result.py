@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from expresslane.engine.contract import PromptLogprobs
+    from expresslane.engine.contract import ScoredPrompt
     from expresslane.runner.spec_verify import Verified
 
 
@@ -20,7 +20,7 @@ class StepResult:
 
     def __init__(self, device: torch.device, request_ids: list[str], tokens: torch.Tensor | None,
                  logprobs: list[dict[int, float]] | None, spec: tuple[list[str], Verified] | None = None,
-                 prompt_logprobs: dict[str, PromptLogprobs] | None = None):
+                 prompt_logprobs: dict[str, ScoredPrompt] | None = None):
         self.request_ids, self.logprobs = request_ids, logprobs
         self.prompt_logprobs = prompt_logprobs  # on the host already (request id -> its positions scored)
         self.spec_ids, self._verified = spec if spec else ([], None)
