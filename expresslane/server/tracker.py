@@ -227,7 +227,8 @@ class RequestTracker:
                 p.engine_arrival_time = when
         to_abort: list[str] = []
         for sid, why in msg.rejected.items():
-            to_abort += self._fail_seq(sid, errors.bad_request(why))
+            field = why.split(":", 1)[0]  # the engine's refusals start with the field at fault, when one is
+            to_abort += self._fail_seq(sid, errors.bad_request(why, field if field.isidentifier() else None))
         by_prompt: dict[str, list[EngineCoreOutput]] = {}
         for raw in msg.outputs:
             try:

@@ -78,6 +78,20 @@ def test_echo_of_token_ids_and_n(openai_client, llm):
         check_echoed(c.logprobs, ref, llm, 1)
 
 
+def test_streamed_echo_with_n_puts_the_prompt_first_in_every_choice(openai_client, llm):
+    ref = offline(llm, PROMPT, 1, max_tokens=1)
+    n = len(ref.prompt_token_ids)
+    chunks = [c.choices[0] for c in openai_client.completions.create(
+        model="tiny", prompt=PROMPT, echo=True, logprobs=1, max_tokens=4, n=3, temperature=1.0, seed=7, stream=True,
+        extra_body={"ignore_eos": True})]
+    for index in range(3):
+        mine = [c for c in chunks if c.index == index]
+        assert mine[0].text.startswith(PROMPT) and not any(c.text.startswith(PROMPT) for c in mine[1:])
+        tokens = sum((c.logprobs.tokens for c in mine), [])
+        assert tokens[:n] == texts(llm, ref.prompt_token_ids) and len(tokens) == n + 4
+        check_echoed(mine[0].logprobs, ref, llm, 1)
+
+
 @pytest.mark.parametrize("max_tokens", [0, 5])
 def test_streamed_echo_equals_the_whole_response(openai_client, max_tokens):
     body = dict(model="tiny", prompt=PROMPT, echo=True, logprobs=1, max_tokens=max_tokens, temperature=0.0,
@@ -162,7 +176,8 @@ def spec_server():
 def test_speculative_decoding_refuses_echoed_logprobs(spec_server, stream):
     r = httpx.post(spec_server.url + "/v1/completions", timeout=60, json={
         "prompt": PROMPT, "echo": True, "logprobs": 1, "max_tokens": 2, "stream": stream})
-    assert r.status_code == 400 and "prompt_logprobs" in r.json()["error"]["message"], r.text
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt_logprobs", r.text
+    assert "speculative decoding" in r.json()["error"]["message"]
     ok = httpx.post(spec_server.url + "/v1/completions", timeout=60, json={"prompt": PROMPT, "echo": True,
                                                                           "max_tokens": 2})
     assert ok.status_code == 200 and ok.json()["choices"][0]["text"].startswith(PROMPT)  # echo without logprobs
