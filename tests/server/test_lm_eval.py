@@ -1,8 +1,8 @@
 """lm-evaluation-harness against a real server: `local-completions` runs a multiple-choice
 (loglikelihood) task from a local JSONL file, scoring each choice with `echo` + `logprobs`
 (issue #39). Its tokenizer is the server's own (`tokenizer_backend=remote`: GET /tokenizer_info
-and POST /tokenize), so nothing is downloaded; its loglikelihoods must equal the offline
-engine's prompt logprobs for the same token ids."""
+and POST /tokenize, which lm-eval 0.4.13 reads), so nothing is downloaded; its loglikelihoods must
+equal the offline engine's prompt logprobs for the same token ids."""
 
 from __future__ import annotations
 
