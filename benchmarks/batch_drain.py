@@ -65,8 +65,8 @@ async def upload(session, url: str, content: bytes, store: str) -> str:
             return (await r.json())["id"]
         print(f"POST /v1/files answered {r.status} ({(await r.text())[:200]}); writing the file into the store "
               "directly (is python-multipart installed?)", flush=True)
-    from expresslane.batch.records import FileRecord, new_id
-    from expresslane.batch.sqlite_store import SQLiteStore
+    from expresslane.batch_api.records import FileRecord, new_id
+    from expresslane.batch_api.sqlite_store import SQLiteStore
 
     db = SQLiteStore(store)
     rec = FileRecord(new_id("file-"), len(content), int(time.time()), "batch.jsonl", "batch")

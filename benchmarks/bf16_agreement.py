@@ -34,7 +34,7 @@ def main() -> None:
 
     from expresslane import LLM
     from expresslane.bench.inprocess import random_prompts
-    from expresslane.engine.contract import NewRequest, ScheduledSeq, StepPlan
+    from expresslane.contract import NewRequest, ScheduledSeq, StepPlan
     from expresslane.sampling_params import SamplingParams
 
     llm = LLM(args.model, dtype="bfloat16", gpu_memory_utilization=0.3, enforce_eager=True)

@@ -18,13 +18,13 @@ import numpy as np
 
 from expresslane.bench.arrivals import MIXED_SALT, load_arrivals
 from expresslane.config import SchedulerConfig
-from expresslane.engine import policy
-from expresslane.engine.contract import EngineCoreRequest
+from expresslane.scheduler import policy
+from expresslane.contract import EngineCoreRequest
 from expresslane.engine.core import HOLD_MARGIN_S
-from expresslane.engine.cost_model import StepCostModel, StepShape
-from expresslane.engine.kv_cache import KVCacheManager
-from expresslane.engine.request import Request
-from expresslane.engine.scheduler import Scheduler
+from expresslane.cost_model import StepCostModel, StepShape
+from expresslane.scheduler.kv_cache import KVCacheManager
+from expresslane.scheduler.request import Request
+from expresslane.scheduler.scheduler import Scheduler
 from expresslane.sampling_params import SamplingParams
 
 # The step-cost model the engine calibrated at start-up on one H200 (Llama-3-8B shape, bf16, CUDA

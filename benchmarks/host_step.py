@@ -35,7 +35,7 @@ def main() -> None:
 
     torch.set_num_threads(1)  # the host's work is one thread on a GPU too; CPU kernels would contend
     from expresslane.config import EngineConfig
-    from expresslane.engine.contract import EngineCoreRequest
+    from expresslane.contract import EngineCoreRequest
     from expresslane.engine.core import EngineCore
     from expresslane.models.llama import LlamaForCausalLM
     from expresslane.runner.cuda_graphs import _Graphs

@@ -13,7 +13,7 @@ the server and the engine run once per request, timed at prompt lengths 128, 204
   core.add        EngineCore.add_request's work: length check, Request.from_core_request
   block hashes    the prefix cache's chained block hashes of the whole prompt
   schedule        the prompt's first plans (budget 2048 tokens: 4 steps at 8192)
-  runner inputs   InputBatch.apply of those plans (numpy step inputs)
+  runner inputs   RequestRows.apply of those plans (numpy step inputs)
 
 Part 2, end to end (--serve): a real `expresslane serve` on a copy of the tiny model with a
 16k context; a 1-token request per length with return_metrics: client time, the engine's
@@ -40,14 +40,14 @@ from _shared import emit
 
 from expresslane.bench.prompts import word_text
 from expresslane.config import EngineConfig
-from expresslane.engine.contract import EngineCoreRequest, NewRequest
-from expresslane.engine.kv_cache import KVCacheManager
+from expresslane.contract import EngineCoreRequest, NewRequest
+from expresslane.scheduler.kv_cache import KVCacheManager
 from expresslane.engine.llm_engine import InputProcessor
 from expresslane.engine.output_processor import OutputProcessor
-from expresslane.engine.request import Request, check_prompt_length
-from expresslane.engine.scheduler import Scheduler
+from expresslane.scheduler.request import Request, check_prompt_length
+from expresslane.scheduler.scheduler import Scheduler
 from expresslane.models.presets import default_model_dir
-from expresslane.runner.input_batch import InputBatch
+from expresslane.runner.request_rows import RequestRows
 from expresslane.sampling_params import SamplingParams
 from expresslane.server.protocol import CompletionRequest, parse
 from expresslane.server.wire import Add, ToEngine
@@ -115,7 +115,7 @@ def stages(n: int, tokenizer, repeats: int) -> dict[str, float]:
     steps = plans()
 
     def runner_inputs():
-        batch = InputBatch(8, CONTEXT // 16 + 1, 16)
+        batch = RequestRows(8, CONTEXT // 16 + 1, 16)
         for plan in steps:
             plan.new_requests = plan.new_requests or []
             batch.apply(plan)

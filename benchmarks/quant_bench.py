@@ -161,7 +161,7 @@ def accuracy(llm, common: dict, out, args, texts, ref_logits):
     """Teacher-forced logits on `texts` (written by this engine when None, temperature 1 from random
     16-token prompts) and, against `ref_logits`, top-1 agreement, KL and perplexity difference."""
     from expresslane import SamplingParams
-    from expresslane.quant.accuracy import compare, sequence_logits
+    from expresslane.bench.accuracy import compare, sequence_logits
 
     vocab = llm.engine.core.hf_config.vocab_size
     if texts is None:

@@ -35,8 +35,8 @@ from _shared import emit, parse_flag
 import flat_sim
 from expresslane import LLM, SamplingParams
 from expresslane.bench.arrivals import load_arrivals
-from expresslane.engine.request import RequestStatus
-from expresslane.engine.cost_model import StepCostModel
+from expresslane.scheduler.request import RequestStatus
+from expresslane.cost_model import StepCostModel
 from expresslane.models.model_dir import DEFAULT_MODEL
 
 

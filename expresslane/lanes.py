@@ -8,12 +8,12 @@ carry interactive tokens stay short) and interactive work never takes it away. U
 the ``deadline`` policy a request's rank is its TTFT deadline (arrival + its lane's
 TTFT target), so interactive work goes first without starving old batch work, and a
 waiting interactive request may preempt running batch requests when blocks or seats
-run out (engine/policy.py).
+run out (scheduler/policy.py).
 
 Spec (``--lane-slo``): ``interactive:ttft=200ms,tpot=25ms,slack=1.0;batch:ttft=30s,share=0.25,queue=64``
 (``queue``: the server refuses new requests of a lane with that many already waiting;
 ``slack``: how much longer than a lone decode's step a prefill chunk may make a step, see
-engine/policy.py).
+scheduler/policy.py).
 The spec is parsed once, into ``Lanes``, when the config is built (``SchedulerConfig``);
 the scheduler and the server read the typed value.
 """

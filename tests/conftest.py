@@ -51,7 +51,7 @@ def llama_dir(model_dirs) -> Path:
     return model_dirs["llama"]
 
 
-# A real redis-server for the batch store's Redis tests (tests/batch, tests/server).
+# A real redis-server for the batch store's Redis tests (tests/batch_api, tests/server).
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory):
     from redis_proc import RedisServer  # imported here: the GPU machine has no redis package

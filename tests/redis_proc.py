@@ -1,4 +1,4 @@
-"""A real redis-server on a free port, for the batch store's tests (tests/batch, tests/server)."""
+"""A real redis-server on a free port, for the batch store's tests (tests/batch_api, tests/server)."""
 
 from __future__ import annotations
 

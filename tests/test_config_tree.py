@@ -160,7 +160,7 @@ def test_no_default_is_written_twice():
     (a config instance, or ``default_of``); none writes a tree knob's default again."""
     names = {f.name for f in KNOBS.values()}
     twice = []
-    for pkg in ("server", "bench", "batch", "router", "cli", "client"):
+    for pkg in ("server", "bench", "batch_api", "router", "cli", "client"):
         for path in sorted((ROOT / pkg).rglob("*.py")):
             rel = str(path.relative_to(ROOT))
             twice += [f"{rel}:{line}: {name} = {src}" for name, line, src in literal_defaults(path)

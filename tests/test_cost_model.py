@@ -5,7 +5,7 @@ import random
 import numpy as np
 import pytest
 
-from expresslane.engine.cost_model import StepCostModel, StepShape
+from expresslane.cost_model import StepCostModel, StepShape
 from expresslane.runner.step_timing import calibration_steps
 
 # The H200 8B shape's linear layers (issue #20): flat while memory-bound, then compute-bound.

@@ -95,7 +95,7 @@ def test_steps_that_sample_nothing_are_waited_for(llama_dir, monkeypatch):
 
 @pytest.mark.gpu
 def test_penalty_kernel_equals_the_torch_ops_on_cuda():
-    from expresslane.engine.contract import NewRequest
+    from expresslane.contract import NewRequest
     from expresslane.runner.penalties import Penalties
 
     gen = torch.Generator().manual_seed(0)

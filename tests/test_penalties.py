@@ -78,7 +78,7 @@ def test_penalties_survive_preemption(llama_dir):
 
 def test_the_penalty_kernel_equals_the_torch_ops():
     """runner/penalty_kernel.py (the CUDA path) under Triton's interpreter (conftest), against the torch ops."""
-    from expresslane.engine.contract import NewRequest
+    from expresslane.contract import NewRequest
     from expresslane.runner.penalties import Penalties
     from expresslane.runner.penalty_kernel import penalize
 

@@ -1,4 +1,4 @@
-"""The accuracy report (expresslane.quant.accuracy): its invariants on known cases."""
+"""The accuracy report (expresslane.bench.accuracy): its invariants on known cases."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from expresslane.quant.accuracy import quantization_accuracy
+from expresslane.bench.accuracy import quantization_accuracy
 
 
 def test_the_unquantized_model_against_itself_agrees_exactly(llama_dir):

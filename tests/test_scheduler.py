@@ -7,11 +7,11 @@ import sys
 import pytest
 
 from expresslane.config import SchedulerConfig
-from expresslane.engine.batching import make_scheduler
-from expresslane.engine.contract import EngineCoreRequest, StepPlan
-from expresslane.engine.kv_cache import KVCacheManager
-from expresslane.engine.request import Request
-from expresslane.engine.scheduler import Scheduler
+from expresslane.scheduler.batching import make_scheduler
+from expresslane.contract import EngineCoreRequest, StepPlan
+from expresslane.scheduler.kv_cache import KVCacheManager
+from expresslane.scheduler.request import Request
+from expresslane.scheduler.scheduler import Scheduler
 from expresslane.sampling_params import SamplingParams
 
 EOS = 0
@@ -180,7 +180,7 @@ def test_double_free_is_detected():
 
 def test_scheduler_kv_cache_and_step_contract_import_no_torch():
     """What the scheduler and the API process import of the engine stays torch-free."""
-    modules = ", ".join(f"expresslane.{m}" for m in ("engine.batching", "engine.kv_cache", "engine.contract", "config"))
+    modules = ", ".join(f"expresslane.{m}" for m in ("scheduler.batching", "scheduler.kv_cache", "contract", "config"))
     code = f"import sys, {modules}; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr[-2000:] or out.stdout
@@ -368,7 +368,7 @@ def test_long_interactive_prefill_steps_aside_for_short_ones_until_its_deadline(
 
 def test_the_policy_sizes_each_step():
     """The per-step budget is the policy's decision (the seam for a step-cost model)."""
-    from expresslane.engine.policy import SchedulingPolicy
+    from expresslane.scheduler.policy import SchedulingPolicy
 
     class FiveTokenSteps(SchedulingPolicy):
         def step_budget(self, head, running, waiting_by_lane, now=0.0, spec_tokens=0):

@@ -7,12 +7,12 @@ import random
 import pytest
 
 from expresslane.config import SchedulerConfig
-from expresslane.engine.contract import EngineCoreRequest
-from expresslane.engine.cost_model import StepCostModel, StepShape
-from expresslane.engine.kv_cache import KVCacheManager
-from expresslane.engine.policy import MIN_CHUNK, PREFILL_STRETCH
-from expresslane.engine.request import Request
-from expresslane.engine.scheduler import Scheduler
+from expresslane.contract import EngineCoreRequest
+from expresslane.cost_model import StepCostModel, StepShape
+from expresslane.scheduler.kv_cache import KVCacheManager
+from expresslane.scheduler.policy import MIN_CHUNK, PREFILL_STRETCH
+from expresslane.scheduler.request import Request
+from expresslane.scheduler.scheduler import Scheduler
 from expresslane.sampling_params import SamplingParams
 
 # Issue #20's H200 linear-layer times of the 8B shape, plus attention terms
@@ -277,7 +277,7 @@ def test_proposals_of_decodes_are_not_eaten_by_a_prefill_ranked_first():
     decode beside it still verifies its proposals (the CI run on a loaded machine where a
     deadline-policy engine never speculated)."""
     from expresslane.config import SpeculativeConfig
-    from expresslane.engine.spec_decode import SpecDecoder
+    from expresslane.scheduler.spec_decode import SpecDecoder
 
     now = [0.0]
     spec = SpecDecoder(SpeculativeConfig(speculative_method="ngram", speculative_disable_by_batch_size=2), H200)

@@ -8,7 +8,7 @@ import torch
 
 from expresslane import LLM, SamplingParams
 from expresslane.bench.code_corpus import stdlib_files
-from expresslane.engine.spec_decode import ngram_propose
+from expresslane.scheduler.spec_decode import ngram_propose
 from expresslane.models.model_dir import DEFAULT_DRAFT_MODEL
 from expresslane.runner.spec_verify import verify
 
@@ -252,10 +252,10 @@ def test_the_draft_chain_writes_only_the_slots_of_the_proposals_a_seq_makes(tmp_
     pytest.importorskip("triton")
     from models import build_model
 
-    from expresslane.engine.contract import ScheduledSeq
+    from expresslane.contract import ScheduledSeq
     from expresslane.runner.cuda_graphs import DraftChainGraphs, Patch
     from expresslane.runner.draft_model import DraftModel
-    from expresslane.runner.input_batch import StepInputs
+    from expresslane.runner.request_rows import StepInputs
 
     model_dir = build_model("llama", tmp_path / "m")
     cpu = torch.device("cpu")

@@ -7,12 +7,12 @@ import random
 import pytest
 
 from expresslane.config import SchedulerConfig, SpeculativeConfig
-from expresslane.engine.contract import EngineCoreRequest
-from expresslane.engine.cost_model import StepCostModel
-from expresslane.engine.kv_cache import KVCacheManager
-from expresslane.engine.request import Request
-from expresslane.engine.scheduler import Scheduler
-from expresslane.engine.spec_decode import (PRIOR_ACCEPTANCE, PRIOR_UNTIL, PROBE_EVERY, PROBE_EVERY_MEASURED,
+from expresslane.contract import EngineCoreRequest
+from expresslane.cost_model import StepCostModel
+from expresslane.scheduler.kv_cache import KVCacheManager
+from expresslane.scheduler.request import Request
+from expresslane.scheduler.scheduler import Scheduler
+from expresslane.scheduler.spec_decode import (PRIOR_ACCEPTANCE, PRIOR_UNTIL, PROBE_EVERY, PROBE_EVERY_MEASURED,
                                            WARMUP_VERIFIES, SpecDecoder)
 from expresslane.sampling_params import SamplingParams
 

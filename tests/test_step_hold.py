@@ -3,9 +3,9 @@ wall clock: the step on the GPU is a stand-in whose end is set far away or has c
 
 import pytest
 
-from expresslane.engine.contract import StepPlan
+from expresslane.contract import StepPlan
 from expresslane.engine.core import HOLD_MARGIN_S, _InFlight
-from expresslane.engine.cost_model import StepShape
+from expresslane.cost_model import StepShape
 
 
 class OnGpu:
@@ -48,7 +48,7 @@ def test_hold_lasts_until_the_step_on_the_gpu_nears_its_predicted_end(core):
 def test_a_held_call_launches_nothing_and_a_later_one_plans_with_what_arrived(core, llama_dir):
     import time
 
-    from expresslane.engine.contract import EngineCoreRequest
+    from expresslane.contract import EngineCoreRequest
     from expresslane.sampling_params import SamplingParams
 
     calls = core._calls

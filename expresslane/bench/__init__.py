@@ -12,6 +12,7 @@ Layers (dependencies point down):
                     on targets.py: in-process LLM, transformers, or any server via client.py
     one_batch.py    one static batch in-process, step by step, against floors.py
     throughput.py   offline throughput, expresslane against transformers
+    accuracy.py     a quantized model's accuracy against the unquantized one, in-process
     inprocess.py    the modes, random token prompts, RequestOutput -> RequestRecord, sync
     serving.py      open-loop benchmark (arrival process, concurrency cap) + sweep.py
     traffic.py      closed-loop simulated users with per-second time series

@@ -84,7 +84,7 @@ def run_one_batch(cfg: OneBatchConfig) -> dict:
     quantization: dict = {"method": cfg.quantization}
     kv_dtype = cfg.engine_args.get("kv_cache_dtype", "auto")
     if cfg.quantization != "none" or kv_dtype != "auto":
-        from expresslane.quant.accuracy import plot_accuracy, quantization_accuracy
+        from expresslane.bench.accuracy import plot_accuracy, quantization_accuracy
 
         del llm, runner  # the timed engine's memory (its KV cache fills the GPU) goes first
         release_memory()
@@ -108,7 +108,7 @@ def run_one_batch(cfg: OneBatchConfig) -> dict:
         "batch_size": b,
         "input_len": n_in,
         "output_len": n_out,
-        # a quantized run's accuracy against the unquantized model (expresslane.quant.accuracy)
+        # a quantized run's accuracy against the unquantized model (expresslane.bench.accuracy)
         "quantization": quantization,
         "timing": "host wall time of each engine.step(), device synchronized; step 1 = prefill",
         "prefill_latency_ms": prefill * 1e3,
@@ -155,6 +155,6 @@ def format_one_batch(r: dict) -> str:
     out += [f"{label + ':':<36}{value:>24}" for label, value in rows]
     out.append("=" * 60)
     if "accuracy" in r["quantization"]:
-        from expresslane.quant.accuracy import format_accuracy
+        from expresslane.bench.accuracy import format_accuracy
         out.append(format_accuracy(r["quantization"]["accuracy"]))
     return "\n".join(out)

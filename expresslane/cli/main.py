@@ -7,7 +7,7 @@ import logging
 import sys
 
 from expresslane import __version__
-from expresslane.batch.cli import add_batch_parser
+from expresslane.batch_api.cli import add_batch_parser
 from expresslane.bench.cli import add_bench_parser
 from expresslane.config import add_cli_args, engine_kwargs_from_args
 from expresslane.config.commands import (

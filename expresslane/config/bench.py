@@ -254,7 +254,7 @@ class FlatLatencyConfig:
 @dataclass(frozen=True, slots=True)
 class OneBatchConfig:
     """``bench one-batch``. A quantized run (weights or ``--kv-cache-dtype fp8``) also reports its
-    accuracy against the unquantized model (expresslane.quant.accuracy)."""
+    accuracy against the unquantized model (expresslane.bench.accuracy)."""
 
     model: str | None = None  # a positional
     batch_size: int = _knob(8, "requests in the batch")

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from expresslane.config import EngineConfig
-from expresslane.engine.batching import make_scheduler
-from expresslane.engine.contract import EngineCoreOutput, EngineCoreRequest, StepPlan, StepStats
-from expresslane.engine.cost_model import StepCostModel, StepShape
-from expresslane.engine.kv_cache import KVCacheManager
-from expresslane.engine.request import Request, check_prompt_length
-from expresslane.engine.spec_decode import SpecDecoder
+from expresslane.scheduler.batching import make_scheduler
+from expresslane.contract import EngineCoreOutput, EngineCoreRequest, StepPlan, StepStats
+from expresslane.cost_model import StepCostModel, StepShape
+from expresslane.scheduler.kv_cache import KVCacheManager
+from expresslane.scheduler.request import Request, check_prompt_length
+from expresslane.scheduler.spec_decode import SpecDecoder
 from expresslane.engine.structured_output import Grammars, tokenizer_loader
 from expresslane.models.model_dir import check_model_dir, load_hf_config
 from expresslane.runner.registry import make_runner

@@ -3,7 +3,7 @@ server's API process both use it)."""
 
 from __future__ import annotations
 
-from expresslane.engine.request import check_prompt_length
+from expresslane.scheduler.request import check_prompt_length
 from expresslane.sampling_params import SamplingParams
 
 Prompt = str | dict

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from expresslane.config import EngineConfig
-from expresslane.engine.contract import EngineCoreRequest
+from expresslane.contract import EngineCoreRequest
 from expresslane.engine.core import EngineCore
 from expresslane.engine.inputs import InputProcessor, Prompt
 from expresslane.engine.output_processor import OutputProcessor, child_params

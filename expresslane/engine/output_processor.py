@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from expresslane.engine.contract import EngineCoreOutput, ScoredPrompt
+from expresslane.contract import EngineCoreOutput, ScoredPrompt
 from expresslane.engine.detokenizer import IncrementalDetokenizer, StopStrings
 from expresslane.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from expresslane.sampling_params import SamplingParams

@@ -28,7 +28,7 @@ from typing import Callable
 
 import numpy as np
 
-from expresslane.engine.contract import StepPlan
+from expresslane.contract import StepPlan
 from expresslane.sampling_params import StructuredOutputs
 
 log = logging.getLogger(__name__)

@@ -225,9 +225,15 @@ def _lane(data: dict) -> str:
 
 def _prompt_text(data: dict) -> tuple[str, int | None]:
     """What the prefix hashes cover, and the exact token count when the prompt is token ids."""
-    if isinstance(data.get("messages"), list):
+    messages = data.get("messages")
+    if "input" in data and not isinstance(messages, list):  # the Responses API: its messages as chat's
+        given = data["input"]
+        messages = ([{"role": "system", "content": data["instructions"]}] if isinstance(data.get("instructions"), str)
+                    else []) + ([{"role": "user", "content": given}] if isinstance(given, str)
+                                else given if isinstance(given, list) else [])
+    if isinstance(messages, list):
         parts = []
-        for m in data["messages"]:
+        for m in messages:
             content = m.get("content") if isinstance(m, dict) else None
             if isinstance(content, list):
                 content = " ".join(str(c.get("text", "")) for c in content if isinstance(c, dict))
@@ -244,7 +250,7 @@ def _prompt_text(data: dict) -> tuple[str, int | None]:
 def build_router_app(router: Router) -> FastAPI:
     app = FastAPI(title="expresslane router")
 
-    for path in ("/v1/completions", "/v1/chat/completions", "/generate", "/tokenize", "/detokenize"):
+    for path in ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/generate", "/tokenize", "/detokenize"):
         async def route(request: Request, _path: str = path) -> Response:
             return await router.proxy(request, _path)
         app.add_api_route(path, route, methods=["POST"])

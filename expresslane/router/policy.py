@@ -21,7 +21,7 @@ import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from expresslane.engine.cost_model import StepCostModel, StepShape
+from expresslane.cost_model import StepCostModel, StepShape
 
 CHARS_PER_TOKEN = 4
 CHUNK_CHARS = 64

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from expresslane.engine.contract import StepPlan
+    from expresslane.contract import StepPlan
     from expresslane.runner.expert_load import ExpertTokensCopy
     from expresslane.runner.step_result import StepResult
 

@@ -23,7 +23,7 @@ import torch
 
 from expresslane.attention.backend import AttentionMetadata
 from expresslane.device import stage
-from expresslane.runner.input_batch import StepInputs
+from expresslane.runner.request_rows import StepInputs
 
 log = logging.getLogger(__name__)
 

@@ -26,12 +26,12 @@ import torch
 from expresslane.attention.registry import get_backend
 from expresslane.device import kv_zeros, to_device
 from expresslane.distributed.group import TPGroup
-from expresslane.engine.contract import ScheduledSeq
+from expresslane.contract import ScheduledSeq
 from expresslane.models.loader import iter_weights
 from expresslane.models.model_dir import load_hf_config
 from expresslane.models.registry import model_class
 from expresslane.runner.cuda_graphs import DecodeGraphs, DraftChainGraphs, MixedGraphs, Patch
-from expresslane.runner.input_batch import StepInputs
+from expresslane.runner.request_rows import StepInputs
 from expresslane.runner.sampler import filter_logits
 from expresslane.sampling_params import SamplingParams
 

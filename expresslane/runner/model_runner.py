@@ -1,7 +1,7 @@
 """ModelRunner: loads the model, owns the KV-cache memory, executes one StepPlan.
 
 It never decides policy: it applies the scheduler's plan to its per-request state
-(`InputBatch`), turns it into tensors, runs the model, samples, and returns the sampled
+(`RequestRows`), turns it into tensors, runs the model, samples, and returns the sampled
 token of every seq that asked for one.
 """
 
@@ -20,7 +20,7 @@ from expresslane.config import EngineConfig
 from expresslane.device import kv_zeros, stage, to_device
 from expresslane.distributed.group import TPGroup
 from expresslane.distributed.layers import head_split
-from expresslane.engine.contract import NewRequest, ScheduledSeq, StepPlan
+from expresslane.contract import NewRequest, ScheduledSeq, StepPlan
 from expresslane.models.loader import iter_weights
 from expresslane.models.model_dir import read_config
 from expresslane.models.presets import dummy_weights
@@ -29,7 +29,7 @@ from expresslane.quant import resolve_quantization
 from expresslane.runner.base import Forward, Runner
 from expresslane.runner.cuda_graphs import DecodeGraphs, MixedGraphs, Patch
 from expresslane.runner.expert_load import ExpertTokensCopy, copy_expert_tokens, reset_expert_tokens
-from expresslane.runner.input_batch import InputBatch, StepInputs
+from expresslane.runner.request_rows import RequestRows, StepInputs
 from expresslane.runner.penalties import Penalties
 from expresslane.runner.prompt_logprobs import forward_scoring, scored_rows
 from expresslane.runner.sampler import Sampler, SamplingBatch, bitmask_rows
@@ -110,7 +110,7 @@ class ModelRunner(Runner):
         self._generators: dict[str, torch.Generator] = {}
         s = config.scheduler
         longest = max(config.model.max_model_len or 0, s.max_num_batched_tokens)  # (the profiling step's)
-        self.batch = InputBatch(s.max_num_seqs, -(-longest // self.block_size), self.block_size)
+        self.batch = RequestRows(s.max_num_seqs, -(-longest // self.block_size), self.block_size)
         self.kv_caches: list[torch.Tensor] = []
         self._prev_tokens: torch.Tensor | None = None  # ids sampled by the last launched step
         self._prev_rows: dict[str, int] = {}

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from expresslane.device import to_device
-from expresslane.engine.contract import NewRequest
+from expresslane.contract import NewRequest
 from expresslane.sampling_params import SamplingParams
 
 

@@ -12,8 +12,8 @@ import numpy as np
 import torch
 
 from expresslane.device import to_device
-from expresslane.engine.contract import ScoredPrompt
-from expresslane.runner.input_batch import StepInputs
+from expresslane.contract import ScoredPrompt
+from expresslane.runner.request_rows import StepInputs
 
 ROWS_PER_SLICE = 256  # positions whose full-vocabulary logits exist at once
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from expresslane.engine.contract import ScoredPrompt
+    from expresslane.contract import ScoredPrompt
     from expresslane.runner.spec_verify import Verified
 
 

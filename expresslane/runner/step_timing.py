@@ -14,8 +14,8 @@ import time
 
 import torch
 
-from expresslane.engine.cost_model import DEFAULT_KNOTS, StepShape
-from expresslane.engine.contract import NewRequest, ScheduledSeq, StepPlan
+from expresslane.cost_model import DEFAULT_KNOTS, StepShape
+from expresslane.contract import NewRequest, ScheduledSeq, StepPlan
 from expresslane.sampling_params import SamplingParams
 
 _GREEDY = SamplingParams(temperature=0.0, max_tokens=1)

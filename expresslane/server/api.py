@@ -1,4 +1,4 @@
-"""FastAPI routes (docs/api.md): OpenAI completions and chat, /generate, /tokenize, health and metrics.
+"""FastAPI routes (docs/api.md): OpenAI completions, chat and responses, /generate, /tokenize, health and metrics.
 
 Every check that can fail (API key, JSON body, model name, server state, prompt
 length, admission) runs before the response starts, so a bad request gets a real
@@ -44,6 +44,8 @@ from expresslane.server.protocol import (
     decode,
     parse,
 )
+from expresslane.server.response_events import Responses
+from expresslane.server.responses import ResponsesRequest, in_responses_terms, parse_responses, to_chat
 from expresslane.server.serving import (
     Chat,
     Generate,
@@ -257,16 +259,35 @@ def build_app(client: EngineClient, settings: ServerConfig, metrics: Metrics,
         return await run(request, req, prepare_completion, functools.partial(Completions, echo=Echo.of(req)), "cmpl",
                          size)
 
-    @app.post("/v1/chat/completions", dependencies=auth)
-    async def chat_completions(request: Request) -> Response:
-        obj, size = await body(request)
-        req = parse(ChatCompletionRequest, obj)
+    async def chat(request: Request, req: ChatCompletionRequest, endpoint: type[Chat], prefix: str, size: int,
+                   **endpoint_args) -> Response:
         check_model(req.model)
         client.check_accepting()
         template = req.chat_template or server_template or client.tokenizer.chat_template
         tools = tool_mode(req, settings.tool_call_parser, template)
         return await run(request, req, functools.partial(prepare_chat, tools=tools, template=server_template),
-                         functools.partial(Chat, tools=tools, reasoning=settings.reasoning_parser), "chatcmpl", size)
+                         functools.partial(endpoint, tools=tools, reasoning=settings.reasoning_parser,
+                                           **endpoint_args), prefix, size)
+
+    @app.post("/v1/chat/completions", dependencies=auth)
+    async def chat_completions(request: Request) -> Response:
+        obj, size = await body(request)
+        return await chat(request, parse(ChatCompletionRequest, obj), Chat, "chatcmpl", size)
+
+    @app.post("/v1/responses", dependencies=auth)
+    async def responses(request: Request) -> Response:
+        """OpenAI's Responses API, done by the chat path (server/responses.py); nothing is stored."""
+        obj, size = await body(request)
+        req = parse_responses(obj)
+        try:
+            return await chat(request, to_chat(req, settings.reasoning_parser), Responses, "resp", size, source=req)
+        except errors.APIError as e:
+            raise in_responses_terms(e, req) from None
+
+    @app.api_route("/v1/responses/{response_id}", methods=["GET", "DELETE"], dependencies=auth)
+    async def stored_response(response_id: str) -> Response:
+        raise errors.APIError(404, f"no response {response_id!r}: this server keeps no responses (store is "
+                                   "always false)", "not_found_error", "response_id", "not_found")
 
     @app.post("/generate", dependencies=auth)
     async def generate(request: Request) -> Response:
@@ -317,6 +338,7 @@ def build_app(client: EngineClient, settings: ServerConfig, metrics: Metrics,
     if batches is not None:
         app.include_router(batches.router(auth))
     _describe_bodies(app, {"/v1/completions": CompletionRequest, "/v1/chat/completions": ChatCompletionRequest,
+                           "/v1/responses": ResponsesRequest,
                            "/generate": GenerateRequest, "/tokenize": TokenizeRequest,
                            "/detokenize": DetokenizeRequest})
     return app

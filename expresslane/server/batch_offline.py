@@ -21,8 +21,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from expresslane.batch.records import TERMINAL, FileRecord, jsonl, parse_input
-from expresslane.batch.store import BatchStore
+from expresslane.batch_api.records import TERMINAL, FileRecord, jsonl, parse_input
+from expresslane.batch_api.store import BatchStore
 from expresslane.config import EngineConfig, engine_kwargs_from_args
 from expresslane.config.commands import LoggingConfig
 from expresslane.config.flags import from_args

@@ -22,10 +22,10 @@ from fastapi.responses import Response
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from expresslane.batch.cli import default_store_url
-from expresslane.batch.records import FileRecord, Item, ItemResult, new_id
-from expresslane.batch.store import BatchStore, StoreError, check_upload, open_store
-from expresslane.batch.worker import BatchWorker, Outcome
+from expresslane.batch_api.records import FileRecord, Item, ItemResult, new_id
+from expresslane.batch_api.registry import default_store_url, open_store
+from expresslane.batch_api.store import BatchStore, StoreError, check_upload
+from expresslane.batch_api.worker import BatchWorker, Outcome
 from expresslane.config.server import BatchApiConfig
 from expresslane.server import errors
 from expresslane.server.protocol import parse

@@ -33,7 +33,7 @@ def _serve(args: argparse.Namespace) -> int:
     engine = EngineConfig.from_kwargs(**engine_kwargs)  # bad engine flags fail here, before any process
     server.validate()
     if engine.parallel.node_rank != 0:
-        from expresslane.distributed.node import run_worker_node
+        from expresslane.server.node import run_worker_node
 
         return run_worker_node(engine)
     if server.data_parallel_size != 1:

@@ -97,7 +97,13 @@ def precheck(obj: object, limits: RequestLimits, max_chars: int, max_model_len: 
     if isinstance(stop_ids, list) and len(stop_ids) > vocab_size:
         raise _over(f"{len(stop_ids)} stop token ids is more than the vocabulary has tokens ({vocab_size})",
                     "stop_token_ids")
-    messages = obj.get("messages")
+    if isinstance(obj.get("input"), str):  # the Responses API's input as one message
+        check_chars([len(obj["input"])], max_chars, max_model_len, "input")
+    for field in ("messages", "input"):  # chat's messages; the Responses API's input items
+        _precheck_messages(obj.get(field), field, max_chars, max_model_len)
+
+
+def _precheck_messages(messages: object, field: str, max_chars: int, max_model_len: int) -> None:
     if isinstance(messages, list):
         chars, items = 0, len(messages)
         for m in messages:
@@ -110,5 +116,5 @@ def precheck(obj: object, limits: RequestLimits, max_chars: int, max_model_len: 
             if items > max_model_len:
                 raise errors.context_too_long(f"the conversation has more messages and content parts than this "
                                               f"model's maximum context length of {max_model_len} tokens could hold "
-                                              "(each takes at least one)", "messages")
-        check_chars([chars], max_chars, max_model_len, "messages")
+                                              "(each takes at least one)", field)
+        check_chars([chars], max_chars, max_model_len, field)

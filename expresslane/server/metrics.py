@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from expresslane.engine.contract import StepStats
+from expresslane.contract import StepStats
 from expresslane.lanes import LANES, Lanes
 from expresslane.outputs import RequestOutput
 from expresslane.server.errors import APIError

@@ -456,9 +456,9 @@ def decode(body: bytes) -> object:
             raise bad_request("the body nests too deeply to be a request", None, "invalid_json") from None
 
 
-def parse(model: type[BaseModel], body: bytes | object) -> BaseModel:
+def parse(model: type[BaseModel], body: bytes | object, noop: dict[str, tuple] = NOOP_FIELDS) -> BaseModel:
     """Validate a body (raw, or already ``decode``d); the first problem becomes a 400 naming its
-    field (OpenAI's ``param``)."""
+    field (OpenAI's ``param``). ``noop``: the undeclared fields accepted at the values listed."""
     obj = decode(body) if isinstance(body, bytes) else body
     if not isinstance(obj, dict):
         raise bad_request(f"the body must be a JSON object, not {_json_type(obj)}", None)
@@ -468,7 +468,7 @@ def parse(model: type[BaseModel], body: bytes | object) -> BaseModel:
         except ValidationError as e:
             raise validation_error(e) from None
     for name, value in (req.model_extra or {}).items():
-        accepted = NOOP_FIELDS.get(name)
+        accepted = noop.get(name)
         if accepted is None:
             raise bad_request(f"unknown field '{name}': this server does not take it (docs/api.md lists the fields "
                               "it takes)", name, "unknown_field")

@@ -361,6 +361,13 @@ class Chat(_Endpoint):
                                                    "logprobs": None, "finish_reason": None}]) for i in range(n)]
 
     def chunk(self, d: Delta) -> dict:
+        delta, finish = self.delta(d)
+        return self.envelope(self.chunk_object, [{
+            "index": d.index, "delta": delta, "logprobs": self.logprobs(d.token_ids, d.logprobs),
+            "finish_reason": finish, "stop_reason": d.stop_reason}])
+
+    def delta(self, d: Delta) -> tuple[dict, str | None]:
+        """A chunk's ``delta`` (reasoning, content and tool calls split by the parsers) and its finish reason."""
         text, thought, finish = d.text, "", d.finish_reason
         if self.reasoning is not None:
             stream = self._reasoning_streams.setdefault(d.index, ReasoningStream(self.reasoning))
@@ -373,9 +380,7 @@ class Chat(_Endpoint):
                 finish = "tool_calls"
         delta = {**({"reasoning_content": thought} if thought else {}), **({"content": text} if text else {}),
                  **({"tool_calls": tool_calls} if tool_calls else {})}
-        return self.envelope(self.chunk_object, [{
-            "index": d.index, "delta": delta, "logprobs": self.logprobs(d.token_ids, d.logprobs),
-            "finish_reason": finish, "stop_reason": d.stop_reason}])
+        return delta, finish
 
     def message(self, c: CompletionOutput) -> tuple[dict, str | None]:
         """The assistant message of a finished completion, and its finish reason."""

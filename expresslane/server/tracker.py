@@ -22,7 +22,7 @@ from typing import AsyncIterator, Callable
 import msgspec
 
 from expresslane.engine.output_processor import OutputProcessor, child_params
-from expresslane.engine.contract import EngineCoreOutput, EngineCoreRequest
+from expresslane.contract import EngineCoreOutput, EngineCoreRequest
 from expresslane.outputs import RequestOutput
 from expresslane.sampling_params import SamplingParams
 from expresslane.server import errors

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from expresslane.engine.contract import EngineCoreOutput, EngineCoreRequest, StepStats
+from expresslane.contract import EngineCoreOutput, EngineCoreRequest, StepStats
 
 
 ADD_PIECE_TOKENS = 32_768  # prompt tokens per Add message at most (unless one prompt is longer)

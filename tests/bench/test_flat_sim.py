@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from expresslane.engine.core import HOLD_MARGIN_S
-from expresslane.engine.cost_model import StepCostModel
+from expresslane.cost_model import StepCostModel
 
 STEP = 0.1
 FLAT = StepCostModel([1, 4096], [STEP, STEP])  # every step 100 ms, whatever it computes

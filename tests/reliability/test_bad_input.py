@@ -21,11 +21,13 @@ from .conftest import serves_a_normal_request
 pytestmark = pytest.mark.reliability
 
 C, CHAT, GEN, TOK, DETOK = "/v1/completions", "/v1/chat/completions", "/generate", "/tokenize", "/detokenize"
-POSTS = (C, CHAT, GEN, TOK, DETOK)
+RESP = "/v1/responses"
+POSTS = (C, CHAT, GEN, TOK, DETOK, RESP)
 GETS = ("/health", "/version", "/metrics", "/load", "/v1/models", "/v1/models/tiny", "/openapi.json")
 MSG = [{"role": "user", "content": "hi"}]
 OK = {C: {"prompt": "x", "max_tokens": 2}, CHAT: {"messages": MSG, "max_tokens": 2},
-      GEN: {"prompt": "x", "max_tokens": 2}, TOK: {"prompt": "x"}, DETOK: {"tokens": [1, 2]}}
+      GEN: {"prompt": "x", "max_tokens": 2}, TOK: {"prompt": "x"}, DETOK: {"tokens": [1, 2]},
+      RESP: {"input": "x", "max_output_tokens": 2}}
 BIG = 10**30
 
 CASES: list[tuple] = []
@@ -116,6 +118,20 @@ case("generate vLLM field not implemented", "POST", GEN, {**OK[GEN], "logits_pro
 case("generate vLLM field at its no-op value", "POST", GEN, {**OK[GEN], "logits_processors": None}, status=200)
 case("generate guided_json not a schema", "POST", GEN, {**OK[GEN], "guided_json": [1]})
 case("tokenize unknown field", "POST", TOK, {**OK[TOK], "extra": [1]})
+
+# The Responses API's items and tools, malformed.
+for name, body in [("input object", {"input": {"a": 1}}), ("input item a number", {"input": [1]}),
+                   ("input item without type or role", {"input": [{"content": "x"}]}),
+                   ("content part null", {"input": [{"role": "user", "content": [None]}]}),
+                   ("function_call arguments object", {"input": [{"type": "function_call", "call_id": "c",
+                                                                  "name": "f", "arguments": {}}]}),
+                   ("tools a number", {"tools": 5}), ("tools of strings", {"tools": ["x"]}),
+                   ("tool without name", {"tools": [{"type": "function"}]}),
+                   ("metadata 17 keys", {"metadata": {str(i): "v" for i in range(17)}}),
+                   ("metadata value a number", {"metadata": {"a": 1}}),
+                   ("store true", {"store": True}), ("text.format xml", {"text": {"format": {"type": "xml"}}})]:
+    case(f"responses {name}", "POST", RESP, {**OK[RESP], **body})
+case("GET a stored response", "GET", RESP + "/resp_1", status=404)
 
 # Bad enums.
 case("chat role wizard", "POST", CHAT, {"messages": [{"role": "wizard", "content": "x"}]})

@@ -1,6 +1,7 @@
 """`expresslane router` in front of two real `expresslane serve` replicas passes the
-OpenAI-client tests of one server (tests/server/test_openai_api.py, reused as they are:
-`server` below is the router; `llm` is the offline greedy reference)."""
+OpenAI-client tests of one server (tests/server/test_openai_api.py and test_responses_api.py's text,
+stream and forced-call tests, reused as they are: `server` below is the router; `llm` is the offline
+greedy reference)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ from server.test_openai_api import (  # noqa: F401  (collected here, run against
     test_completion_greedy_equals_offline_with_usage, test_completion_stream_with_usage_equals_offline,
     test_generate_json_and_stream, test_n2_seeded_is_reproducible_and_matches_offline,
     test_prefix_cache_hit_reported_as_cached_tokens, test_stop_string_cuts_text_streamed_or_not)
+
+from server.test_responses_api import (  # noqa: F401  (the Responses API through the router)
+    test_forced_call_plain_and_streamed, test_stream_events_add_up_to_the_response, test_text_matches_chat_completions)
 
 from openai import OpenAI
 

@@ -1,7 +1,7 @@
 """The routing policy on its own (no processes, no clock): lanes, predicted TTFT, prefix
 affinity, health."""
 
-from expresslane.engine.cost_model import StepCostModel
+from expresslane.cost_model import StepCostModel
 from expresslane.router.policy import CHUNK_CHARS, Load, Replica, choose, predict_ttft
 
 COST = StepCostModel([1, 256], [0.001, 0.0036])  # 1 ms a step + 10 us a token

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import msgspec
 
-from expresslane.engine.contract import EngineCoreRequest
+from expresslane.contract import EngineCoreRequest
 from expresslane.sampling_params import SamplingParams
 from expresslane.server.inbox import Inbox
 from expresslane.server.wire import ADD_PIECE_TOKENS, Abort, Add, ToEngine, add_messages

@@ -6,7 +6,7 @@ import asyncio
 
 import msgspec
 
-from expresslane.engine.contract import EngineCoreOutput, StepStats
+from expresslane.contract import EngineCoreOutput, StepStats
 from expresslane.outputs import RequestOutput
 from expresslane.sampling_params import SamplingParams
 from expresslane.server.admission import AdmissionLimits, AdmissionPolicy

@@ -12,12 +12,12 @@ from __future__ import annotations
 import time
 
 from expresslane.config import SchedulerConfig
-from expresslane.engine.cost_model import StepCostModel
-from expresslane.engine.kv_cache import KVCacheManager
-from expresslane.engine.policy import StepBudget
-from expresslane.engine.request import Request
-from expresslane.engine.scheduler import Scheduler
-from expresslane.engine.spec_decode import SpecDecoder
+from expresslane.cost_model import StepCostModel
+from expresslane.scheduler.kv_cache import KVCacheManager
+from expresslane.scheduler.policy import StepBudget
+from expresslane.scheduler.request import Request
+from expresslane.scheduler.scheduler import Scheduler
+from expresslane.scheduler.spec_decode import SpecDecoder
 
 
 class FixedBatchScheduler(Scheduler):

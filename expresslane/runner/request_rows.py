@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from expresslane.engine.contract import NewRequest, ScheduledSeq, StepPlan
+from expresslane.contract import NewRequest, ScheduledSeq, StepPlan
 from expresslane.sampling_params import SamplingParams
 
 
@@ -39,7 +39,7 @@ class StepInputs:
         return len(self.token_ids)
 
 
-class InputBatch:
+class RequestRows:
     def __init__(self, max_rows: int, max_blocks: int, block_size: int):
         self.block_size = block_size
         self.block_table = np.zeros((max_rows, max_blocks), dtype=np.int32)

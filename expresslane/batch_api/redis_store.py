@@ -20,8 +20,8 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis
 
-from expresslane.batch.records import BatchRecord, FileRecord, Item, ItemResult
-from expresslane.batch.store import BatchStore
+from expresslane.batch_api.records import BatchRecord, FileRecord, Item, ItemResult
+from expresslane.batch_api.store import BatchStore
 
 GROUP = "workers"
 

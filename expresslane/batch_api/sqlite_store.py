@@ -14,8 +14,8 @@ import threading
 from contextlib import contextmanager
 from pathlib import Path
 
-from expresslane.batch.records import BatchRecord, FileRecord, Item, ItemResult
-from expresslane.batch.store import BatchStore
+from expresslane.batch_api.records import BatchRecord, FileRecord, Item, ItemResult
+from expresslane.batch_api.store import BatchStore
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (id TEXT PRIMARY KEY, meta TEXT NOT NULL, content BLOB NOT NULL,

@@ -1,6 +1,6 @@
 """Scheduling policies (torch-free): who goes first, and how a step's budget is split.
 
-A policy answers four questions for the continuous scheduler (engine/scheduler.py):
+A policy answers four questions for the continuous scheduler (scheduler/scheduler.py):
 
 - queue order: ``key(req)`` ranks waiting requests (lower first), ``order_running`` the
   running ones (by ``key`` unless the policy says otherwise; the last is the first victim
@@ -23,8 +23,8 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from expresslane.config import SchedulerConfig
-from expresslane.engine.cost_model import StepCostModel, StepShape
-from expresslane.engine.request import Request
+from expresslane.cost_model import StepCostModel, StepShape
+from expresslane.scheduler.request import Request
 from expresslane.lanes import LANES, Lanes
 
 

@@ -2,7 +2,7 @@
 the same token sequences, teacher-forced (every position predicts the next token of a fixed
 text, so one divergence does not derail the rest).
 
-    from expresslane.quant.accuracy import quantization_accuracy
+    from expresslane.bench.accuracy import quantization_accuracy
     report = quantization_accuracy("MODEL_DIR", quantization="fp8", trials=5)
 
 Per trial: ``num_texts`` texts of ``text_len`` tokens (trial t uses seed t); per text and
@@ -30,6 +30,8 @@ import statistics
 import torch
 
 from expresslane.attention.backend import AttentionMetadata
+from expresslane.config.engine import CacheConfig
+from expresslane.config.flags import default_of
 
 DEFAULTS = dict(num_texts=8, text_len=256, prompt_len=16, trials=3)
 
@@ -108,7 +110,8 @@ def _engine(model: str | None, blocks: int, **kwargs):
 def quantization_accuracy(model: str | None, quantization: str | None = None, *, baseline_model: str | None = None,
                           texts: list[list[int]] | None = None, num_texts: int = DEFAULTS["num_texts"],
                           text_len: int = DEFAULTS["text_len"], prompt_len: int = DEFAULTS["prompt_len"],
-                          trials: int = DEFAULTS["trials"], kv_cache_dtype: str = "auto", **engine_args) -> dict:
+                          trials: int = DEFAULTS["trials"],
+                          kv_cache_dtype: str = default_of(CacheConfig, "kv_cache_dtype"), **engine_args) -> dict:
     """The accuracy report of `model` under `quantization` (and/or an FP8 KV cache) against
     `baseline_model` (default: `model` unquantized). Both engines stay loaded side by side
     with small KV caches (one text at a time)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from expresslane.batch.store import open_store
+from expresslane.batch_api.registry import open_store
 
 
 @pytest.fixture(params=["sqlite", "redis"])

@@ -23,7 +23,7 @@ from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from expresslane.engine.request import Request
+from expresslane.scheduler.request import Request
 
 
 @dataclass(slots=True, eq=False)

@@ -6,7 +6,7 @@ import enum
 import itertools
 from dataclasses import dataclass, field
 
-from expresslane.engine.contract import EngineCoreRequest, NewRequest, ScoredPrompt
+from expresslane.contract import EngineCoreRequest, NewRequest, ScoredPrompt
 from expresslane.sampling_params import SamplingParams
 
 
@@ -51,7 +51,7 @@ class Request:
     stop_reason: int | None = None
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
-    ttft_deadline: float | None = None  # the deadline policy's rank, computed once (engine/policy.py)
+    ttft_deadline: float | None = None  # the deadline policy's rank, computed once (scheduler/policy.py)
     request_prompt_tokens: int = 0  # of the frontend request it is part of (EngineCoreRequest); 0: its own
     # prompt logprobs: positions scheduled so far (position i scores prompt token i + 1; they survive
     # preemption, so a recompute scores none twice) and those landed, sent with the first token

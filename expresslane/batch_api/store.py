@@ -15,14 +15,14 @@ disagrees with the results. ``finalize_due`` turns batches whose requests are al
 answered (or that were cancelled or expired) into their output and error files, in one
 transaction that only one caller wins; anyone may call it, at any time.
 
-``open_store("sqlite:PATH")`` or ``open_store("redis://HOST:PORT/DB")`` picks one.
+``open_store("sqlite:PATH")`` or ``open_store("redis://HOST:PORT/DB")`` (registry.py) picks one.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from expresslane.batch.records import (
+from expresslane.batch_api.records import (
     COMPLETION_WINDOWS,
     ENDPOINTS,
     MAX_FILE_BYTES,
@@ -193,12 +193,3 @@ def check_upload(content: bytes, purpose: str) -> None:
         raise StoreError(f"purpose must be 'batch' (the only purpose this server stores), got {purpose!r}", "purpose")
     if len(content) > MAX_FILE_BYTES:
         raise StoreError(f"a batch input file may hold at most {MAX_FILE_BYTES} bytes, got {len(content)}", "file")
-
-
-def open_store(url: str) -> BatchStore:
-    """``sqlite:PATH`` (or a plain path) or ``redis://HOST:PORT/DB[?prefix=NAME]``."""
-    if url.startswith(("redis://", "rediss://", "unix://")):
-        from expresslane.batch.redis_store import RedisStore
-        return RedisStore(url)
-    from expresslane.batch.sqlite_store import SQLiteStore
-    return SQLiteStore(url.removeprefix("sqlite:"))

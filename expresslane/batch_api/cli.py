@@ -1,4 +1,4 @@
-"""Flags of the batch tier (light: no server imports until a command runs).
+"""Flags of `expresslane batch`, the Batch API offline (light: no server imports until a command runs).
 
 ``expresslane batch INPUT.jsonl -o OUTPUT.jsonl [MODEL] [engine flags]`` runs a Batch API
 input file offline through the server's own code (``server/batch_offline.py``), the
@@ -9,19 +9,10 @@ the batch API's section and the served model name of ``ServerConfig``, and the e
 from __future__ import annotations
 
 import argparse
-import os
-import re
-from pathlib import Path
 
 from expresslane.config import add_cli_args
 from expresslane.config.flags import add_args
 from expresslane.config.server import BatchApiConfig, BatchRunConfig, ServerConfig
-
-
-def default_store_url(model_name: str) -> str:
-    """One SQLite file per served model name, in expresslane's cache directory."""
-    cache = Path(os.environ.get("EXPRESSLANE_CACHE") or Path.home() / ".cache" / "expresslane")
-    return f"sqlite:{cache / ('batches-' + re.sub(r'[^A-Za-z0-9._-]+', '_', model_name) + '.db')}"
 
 
 def add_batch_parser(subparsers) -> None:

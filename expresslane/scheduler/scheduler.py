@@ -6,8 +6,8 @@ policy order while budget, ``max_num_seqs`` and KV blocks allow. A prompt longer
 what is left of the budget is chunked by clamping; prefill and decode share the step.
 When blocks run out, the lowest-ranked running request is preempted (its blocks are
 freed and it is recomputed later, helped by the prefix cache). The policy
-(engine/policy.py) decides the order, the step's budget, step-aside and victims;
-static and dynamic batching are a scheduler of their own (engine/batching.py).
+(scheduler/policy.py) decides the order, the step's budget, step-aside and victims;
+static and dynamic batching are a scheduler of their own (scheduler/batching.py).
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ import itertools
 import time
 
 from expresslane.config import SchedulerConfig
-from expresslane.engine.contract import EngineCoreOutput, ScoredPrompt, ScheduledSeq, StepPlan
-from expresslane.engine.cost_model import StepCostModel
-from expresslane.engine.kv_cache import KVCacheManager
-from expresslane.engine.policy import POLICIES, StepBudget
-from expresslane.engine.request import Request, RequestStatus
-from expresslane.engine.spec_decode import SpecDecoder
+from expresslane.contract import EngineCoreOutput, ScheduledSeq, ScoredPrompt, StepPlan
+from expresslane.cost_model import StepCostModel
+from expresslane.scheduler.kv_cache import KVCacheManager
+from expresslane.scheduler.policy import POLICIES, StepBudget
+from expresslane.scheduler.request import Request, RequestStatus
+from expresslane.scheduler.spec_decode import SpecDecoder
 from expresslane.lanes import LANES
 
 

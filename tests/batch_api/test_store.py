@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from expresslane.batch.records import FileRecord, ItemResult, parse_input
-from expresslane.batch.store import StoreError
+from expresslane.batch_api.records import FileRecord, ItemResult, parse_input
+from expresslane.batch_api.store import StoreError
 
 T0 = 1_000_000
 

@@ -18,8 +18,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
-from expresslane.batch.records import BatchRecord, Item, ItemResult
-from expresslane.batch.store import BatchStore
+from expresslane.batch_api.records import BatchRecord, Item, ItemResult
+from expresslane.batch_api.store import BatchStore
 
 log = logging.getLogger(__name__)
 

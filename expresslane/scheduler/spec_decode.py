@@ -37,8 +37,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from expresslane.config import SpeculativeConfig
-from expresslane.engine.cost_model import StepCostModel, StepShape
-from expresslane.engine.request import Request
+from expresslane.cost_model import StepCostModel, StepShape
+from expresslane.scheduler.request import Request
 
 PRIOR_ACCEPTANCE = 0.5  # per proposed token, until the engine has measured its own
 PRIOR_UNTIL = 64  # proposed tokens (verified or shadowed) before the measured rate replaces the prior
