@@ -38,6 +38,24 @@ class EngineCoreRequest:
 
 
 @dataclass(slots=True)
+class ScoredPrompt:
+    """A prompt's scored positions, as the engine sends them: for prompt tokens 1, 2, ... (token 0
+    has none) the token's logprob and rank (the tokens at least as likely, itself included) and the
+    top-k. The frontend makes vLLM's shape of them (`RequestOutput.prompt_logprobs`)."""
+
+    logprobs: list[float] = field(default_factory=list)
+    ranks: list[int] = field(default_factory=list)
+    top_ids: list[list[int]] = field(default_factory=list)
+    top_logprobs: list[list[float]] = field(default_factory=list)
+
+    def extend(self, more: ScoredPrompt) -> None:
+        self.logprobs += more.logprobs
+        self.ranks += more.ranks
+        self.top_ids += more.top_ids
+        self.top_logprobs += more.top_logprobs
+
+
+@dataclass(slots=True)
 class EngineCoreOutput:
     """New tokens of one request after one step; ``finish_reason`` set on its last."""
 
@@ -50,6 +68,7 @@ class EngineCoreOutput:
     first_token_time: float | None = None
     finished_time: float | None = None
     new_logprobs: list[dict[int, float]] | None = None
+    prompt_logprobs: ScoredPrompt | None = None  # the whole prompt's, with the first token only
 
 
 @dataclass(slots=True)
@@ -117,6 +136,10 @@ class ScheduledSeq:
     draft_token_ids: list[int] = field(default_factory=list)
     # structured outputs: this seq's row of StepPlan.token_bitmask (-1: unconstrained)
     bitmask_row: int = -1
+    # prompt logprobs: token_ids[prompt_logprobs_from + j] scores prompt token prompt_logprob_targets[j]
+    # (the prompt token after it; the last row of a chunk scores the next chunk's first token)
+    prompt_logprobs_from: int = 0
+    prompt_logprob_targets: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)

@@ -16,6 +16,20 @@ class RequestMetrics:
 
 
 @dataclass(slots=True)
+class Logprob:
+    """One token's log-probability at a position (vLLM's): its rank there (1: the most likely)
+    and its text."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+# vLLM's shape: None for the first prompt token, then per position token id -> Logprob
+PromptLogprobs = list[dict[int, Logprob] | None]
+
+
+@dataclass(slots=True)
 class CompletionOutput:
     index: int
     text: str
@@ -38,3 +52,4 @@ class RequestOutput:
     finished: bool
     metrics: RequestMetrics
     num_cached_tokens: int = 0
+    prompt_logprobs: PromptLogprobs | None = None  # with SamplingParams.prompt_logprobs

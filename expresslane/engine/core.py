@@ -144,9 +144,10 @@ class EngineCore:
     def add_request(self, req: EngineCoreRequest) -> None:
         check_prompt_length(len(req.prompt_token_ids), self.max_model_len)
         sp = req.sampling_params
-        if self.spec is not None and (sp.penalized or sp.structured_outputs is not None):
-            which = "structured_outputs" if sp.structured_outputs is not None else \
-                "presence_penalty, frequency_penalty and repetition_penalty"
+        if self.spec is not None and (sp.penalized or sp.structured_outputs is not None
+                                      or sp.prompt_logprobs is not None):
+            which = "structured_outputs" if sp.structured_outputs is not None else "prompt_logprobs" \
+                if sp.prompt_logprobs is not None else "presence_penalty, frequency_penalty and repetition_penalty"
             raise ValueError(f"{which}: not supported with speculative decoding (--speculative-method)")
         request = Request.from_core_request(req, self.max_model_len)
         if sp.structured_outputs is None:
@@ -256,7 +257,7 @@ class EngineCore:
 
     def _land(self, step: _InFlight) -> tuple[list[EngineCoreOutput], float, float]:
         """Apply a launched step's sampled tokens (waits for them); its time and prediction."""
-        outputs = self.scheduler.update(step.plan, *step.result.get())
+        outputs = self.scheduler.update(step.plan, *step.result.get(), step.result.prompt_logprobs)
         self.grammars.landed(outputs)
         if not self._sync_launch:
             step.done = time.monotonic()

@@ -11,10 +11,11 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field
+from typing import Sequence
 
-from expresslane.contract import EngineCoreOutput
+from expresslane.contract import EngineCoreOutput, ScoredPrompt
 from expresslane.engine.detokenizer import IncrementalDetokenizer, StopStrings
-from expresslane.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from expresslane.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from expresslane.sampling_params import SamplingParams
 
 
@@ -23,9 +24,10 @@ def child_request_ids(request_id: str, n: int) -> list[str]:
 
 
 def child_params(params: SamplingParams, index: int) -> SamplingParams:
-    """One completion of an n-way request: n=1, and its own seed so the n differ."""
+    """One completion of an n-way request: n=1, and its own seed so the n differ. Only the first
+    scores the prompt (the n share it; the others may then take it from the prefix cache)."""
     seed = None if params.seed is None else params.seed + index
-    return dataclasses.replace(params, n=1, seed=seed)
+    return dataclasses.replace(params, n=1, seed=seed, prompt_logprobs=params.prompt_logprobs if index == 0 else None)
 
 
 @dataclass(slots=True)
@@ -44,6 +46,7 @@ class _Parent:
     metrics: RequestMetrics
     children: list[_Child] = field(default_factory=list)
     num_cached_tokens: int = 0
+    prompt_logprobs: list | None = None  # vLLM's shape (outputs.PromptLogprobs), once the engine sent them
 
     def finished(self) -> bool:
         return all(c.output.finished for c in self.children)
@@ -51,12 +54,28 @@ class _Parent:
     def to_output(self) -> RequestOutput:
         return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids,
                              [c.output for c in self.children], self.finished(), self.metrics,
-                             self.num_cached_tokens)
+                             self.num_cached_tokens, self.prompt_logprobs)
+
+
+def prompt_logprobs_of(prompt_token_ids: list[int], scored: ScoredPrompt, text) -> list:
+    """The engine's prompt logprobs in vLLM's shape: None for the first token, then per position
+    the prompt token's Logprob first and the top-k's (ranks 1..k) after it."""
+    out: list = [None]
+    for j, tok in enumerate(prompt_token_ids[1:1 + len(scored.logprobs)]):
+        entry = {tok: Logprob(scored.logprobs[j], scored.ranks[j], text(tok))}
+        for rank, (t, v) in enumerate(zip(scored.top_ids[j], scored.top_logprobs[j]), 1):
+            if t not in entry:
+                entry[t] = Logprob(v, rank, text(t))
+        out.append(entry)
+    return out
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, token_texts: Sequence[str] | None = None):
+        """`token_texts`: each token id's text, when the caller has them decoded already."""
         self.tokenizer = tokenizer
+        self._token_texts = token_texts
+        self._texts: dict[int, str] = {}
         self._parents: dict[str, _Parent] = {}
         self._children: dict[str, _Child] = {}
 
@@ -77,6 +96,14 @@ class OutputProcessor:
             self._children[cid] = child
         self._parents[request_id] = parent
         return ids
+
+    def token_text(self, token_id: int) -> str:
+        if self._token_texts is not None:
+            return self._token_texts[token_id]
+        text = self._texts.get(token_id)
+        if text is None:
+            text = self._texts[token_id] = self.tokenizer.decode([token_id])
+        return text
 
     def parent_of(self, child_id: str) -> str | None:
         child = self._children.get(child_id)
@@ -99,6 +126,9 @@ class OutputProcessor:
                 continue  # finished here already (stop string) while the core was still running it
             parent = self._parents[child.parent_id]
             comp = child.output
+            if out.prompt_logprobs is not None and parent.prompt_logprobs is None:
+                parent.prompt_logprobs = prompt_logprobs_of(parent.prompt_token_ids, out.prompt_logprobs,
+                                                            self.token_text)
             comp.token_ids.extend(out.new_token_ids)
             if out.new_logprobs and comp.logprobs is not None:
                 comp.logprobs.extend(out.new_logprobs)

@@ -28,6 +28,7 @@ class Forward:
     plan: StepPlan
     inputs: Any  # the runner's own: what its sampling needs
     logits: Any  # on the device; None when no seq samples
+    prompt_logprobs: Any = None  # request id -> ScoredPrompt, on the host; None when no seq scores its prompt
 
 
 class Runner(ABC):

@@ -31,6 +31,7 @@ from expresslane.runner.cuda_graphs import DecodeGraphs, MixedGraphs, Patch
 from expresslane.runner.expert_load import ExpertTokensCopy, copy_expert_tokens, reset_expert_tokens
 from expresslane.runner.request_rows import RequestRows, StepInputs
 from expresslane.runner.penalties import Penalties
+from expresslane.runner.prompt_logprobs import forward_scoring, scored_rows
 from expresslane.runner.sampler import Sampler, SamplingBatch, bitmask_rows
 from expresslane.runner.spec_verify import Verified, verify
 from expresslane.runner.step_result import StepResult
@@ -238,16 +239,16 @@ class ModelRunner(Runner):
         inputs = self._apply(plan)
         if inputs.num_spec.any():
             return self._execute_spec(inputs)
-        return self._sample(inputs, self._logits(inputs), plan)
+        return self._sample(inputs, *self._logits(inputs), plan)
 
     @torch.inference_mode()
     def forward(self, plan: StepPlan) -> Forward:
         inputs = self._apply(plan)
-        return Forward(plan, inputs, self._logits(inputs))
+        return Forward(plan, inputs, *self._logits(inputs))
 
     @torch.inference_mode()
     def sample(self, step: Forward) -> StepResult:
-        return self._sample(step.inputs, step.logits, step.plan)
+        return self._sample(step.inputs, step.logits, step.prompt_logprobs, step.plan)
 
     def _apply(self, plan: StepPlan) -> StepInputs:
         for rid in plan.finished_request_ids:
@@ -259,10 +260,11 @@ class ModelRunner(Runner):
             self.penalties.add(self.batch.rows[new.request_id], new)
         return inputs
 
-    def _sample(self, inputs: StepInputs, logits: torch.Tensor | None, plan: StepPlan) -> StepResult:
+    def _sample(self, inputs: StepInputs, logits: torch.Tensor | None, prompt: dict | None,
+                plan: StepPlan) -> StepResult:
         if logits is None:
             self._prev_rows = {}  # nothing sampled: no next-step input comes from this step
-            return StepResult(self.device, [], None, None)
+            return StepResult(self.device, [], None, None, prompt_logprobs=prompt)
         ids = [inputs.seqs[i].request_id for i in inputs.sampling]
         params, banned = self.batch.sampling_rows(inputs)
         bitmask = None if plan.token_bitmask is None else bitmask_rows(
@@ -274,7 +276,7 @@ class ModelRunner(Runner):
         if rows is not None:
             self.penalties.sampled(rows, tokens)
         self._prev_tokens, self._prev_rows = tokens, {rid: i for i, rid in enumerate(ids)}
-        return StepResult(self.device, ids, tokens, logprobs)
+        return StepResult(self.device, ids, tokens, logprobs, prompt_logprobs=prompt)
 
     def release(self, request_ids: list[str]) -> None:
         for rid in request_ids:
@@ -342,10 +344,16 @@ class ModelRunner(Runner):
             return 0.0
         return self.draft.num_params / sum(p.numel() for p in self.model.parameters())
 
-    def _logits(self, inputs: StepInputs) -> torch.Tensor | None:
-        """Run the model; logits of the seqs that sample (None if none does)."""
-        return self.forward_logits(self.model, self.attn_backend, self.decode_graphs, self.mixed_graphs, inputs,
-                                   self._previous_tokens_patch(inputs), inputs.sampling)
+    def _logits(self, inputs: StepInputs) -> tuple[torch.Tensor | None, dict | None]:
+        """Run the model; logits of the seqs that sample (None if none does), and the prompt
+        logprobs of the seqs that score their prompt (None if none does: then no extra work)."""
+        patch = self._previous_tokens_patch(inputs)
+        scored = scored_rows(inputs)
+        if scored is None:
+            return self.forward_logits(self.model, self.attn_backend, self.decode_graphs, self.mixed_graphs, inputs,
+                                       patch, inputs.sampling), None
+        top_k = [self.batch.params[r].prompt_logprobs or 0 for r in inputs.rows]
+        return forward_scoring(self.model, *self._prepare(inputs, patch), inputs, scored, top_k)
 
     def forward_logits(self, model, backend, decode_graphs, mixed_graphs, inputs: StepInputs, patch: Patch | None,
                        seqs: np.ndarray | None = None) -> torch.Tensor | None:

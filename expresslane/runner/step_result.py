@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
+    from expresslane.contract import ScoredPrompt
     from expresslane.runner.spec_verify import Verified
 
 
@@ -18,8 +19,10 @@ class StepResult:
     would queue behind all of them."""
 
     def __init__(self, device: torch.device, request_ids: list[str], tokens: torch.Tensor | None,
-                 logprobs: list[dict[int, float]] | None, spec: tuple[list[str], Verified] | None = None):
+                 logprobs: list[dict[int, float]] | None, spec: tuple[list[str], Verified] | None = None,
+                 prompt_logprobs: dict[str, ScoredPrompt] | None = None):
         self.request_ids, self.logprobs = request_ids, logprobs
+        self.prompt_logprobs = prompt_logprobs  # on the host already (request id -> its positions scored)
         self.spec_ids, self._verified = spec if spec else ([], None)
         on_device = ([tokens] if tokens is not None else []) + (self._verified.tensors if spec else [])
         self._event = None

@@ -6,7 +6,7 @@ import enum
 import itertools
 from dataclasses import dataclass, field
 
-from expresslane.contract import EngineCoreRequest, NewRequest
+from expresslane.contract import EngineCoreRequest, NewRequest, ScoredPrompt
 from expresslane.sampling_params import SamplingParams
 
 
@@ -53,6 +53,10 @@ class Request:
     first_token_time: float | None = None
     ttft_deadline: float | None = None  # the deadline policy's rank, computed once (scheduler/policy.py)
     request_prompt_tokens: int = 0  # of the frontend request it is part of (EngineCoreRequest); 0: its own
+    # prompt logprobs: positions scheduled so far (position i scores prompt token i + 1; they survive
+    # preemption, so a recompute scores none twice) and those landed, sent with the first token
+    num_prompt_logprobs_scheduled: int = 0
+    prompt_logprobs: ScoredPrompt | None = None
     seq: int = field(default_factory=lambda: next(_arrival_counter))  # tie-break: arrival order
 
     @classmethod
@@ -77,6 +81,12 @@ class Request:
     @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
+
+    @property
+    def needs_prompt_logprobs(self) -> bool:
+        """Prompt positions still to score: its prompt must be computed, not taken from the prefix cache."""
+        return (self.sampling_params.prompt_logprobs is not None
+                and self.num_prompt_logprobs_scheduled < len(self.prompt_token_ids) - 1)
 
     @property
     def num_tokens(self) -> int:

@@ -17,7 +17,7 @@ import itertools
 import time
 
 from expresslane.config import SchedulerConfig
-from expresslane.contract import EngineCoreOutput, ScheduledSeq, StepPlan
+from expresslane.contract import EngineCoreOutput, ScheduledSeq, ScoredPrompt, StepPlan
 from expresslane.cost_model import StepCostModel
 from expresslane.scheduler.kv_cache import KVCacheManager
 from expresslane.scheduler.policy import POLICIES, StepBudget
@@ -183,7 +183,8 @@ class Scheduler:
                 if not self._make_room(req, scheduled, budget):
                     break
                 continue
-            cached = self.kv.find_cached_prefix(req)
+            # a cached prefix has no logits: a request that scores its prompt computes all of it
+            cached = [] if req.needs_prompt_logprobs else self.kv.find_cached_prefix(req)
             num_cached = len(cached) * self.kv.block_size
             n = budget.take(req, req.num_tokens - num_cached)
             if n == 0:
@@ -240,7 +241,7 @@ class Scheduler:
         known = req.all_token_ids[start:start + n]
         new_blocks = self.kv.block_ids(req.request_id, req.num_blocks_sent)
         req.num_blocks_sent += len(new_blocks)
-        return ScheduledSeq(
+        seq = ScheduledSeq(
             request_id=req.request_id,
             token_ids=known if len(known) == n else known + [0],
             start_pos=start,
@@ -248,6 +249,14 @@ class Scheduler:
             sample=start + n == req.num_tokens_with_pending,
             from_previous=len(known) < n,
         )
+        if req.needs_prompt_logprobs:  # positions [first, end) of this chunk score the prompt token after each
+            first = max(start, req.num_prompt_logprobs_scheduled)
+            end = min(start + n, req.num_prompt_tokens - 1)
+            if end > first:
+                seq.prompt_logprobs_from = first - start
+                seq.prompt_logprob_targets = req.prompt_token_ids[first + 1:end + 1]
+                req.num_prompt_logprobs_scheduled = end
+        return seq
 
     def _preempt(self, req: Request) -> None:
         # Blocks may still be written by a step in flight; the GPU runs steps in order, so
@@ -263,14 +272,21 @@ class Scheduler:
         self._push_waiting(req)
 
     def update(self, plan: StepPlan, sampled: dict[str, int],
-               logprobs: dict[str, dict[int, float]] | None = None) -> list[EngineCoreOutput]:
-        """Apply a finished step's sampled tokens. Later plans may already be in flight: a
-        request finished or aborted since then ignores its token, a preempted one keeps it."""
+               logprobs: dict[str, dict[int, float]] | None = None,
+               prompt_logprobs: dict[str, ScoredPrompt] | None = None) -> list[EngineCoreOutput]:
+        """Apply a finished step's sampled tokens (and prompt logprobs: kept until the first
+        token). Later plans may already be in flight: a request finished or aborted since then
+        ignores its token, a preempted one keeps it."""
         self._speculate = None  # tokens land: who decodes, and at what acceptance, changes
         now = self.clock()
         outputs = []
         proposed = {s.request_id: s.num_spec_tokens for s in plan.seqs if s.num_spec_tokens}
         for req, _ in self._in_flight.pop(plan.step_id, ()):
+            if prompt_logprobs and (scored := prompt_logprobs.get(req.request_id)) is not None:
+                if req.prompt_logprobs is None:
+                    req.prompt_logprobs = scored
+                else:
+                    req.prompt_logprobs.extend(scored)
             token = sampled.get(req.request_id)
             if token is None:
                 continue  # a prompt chunk that does not reach the end yet
@@ -301,6 +317,8 @@ class Scheduler:
                                    new_logprobs=None if lp is None else [lp])
             if first:
                 out.first_scheduled_time, out.first_token_time = req.first_scheduled_time, now
+                if req.sampling_params.prompt_logprobs is not None:
+                    out.prompt_logprobs, req.prompt_logprobs = req.prompt_logprobs or ScoredPrompt(), None
             if req.finish_reason is not None:
                 self._finish(req, now)
                 out.finish_reason, out.stop_reason, out.finished_time = req.finish_reason, req.stop_reason, now

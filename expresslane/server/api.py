@@ -26,6 +26,8 @@ from expresslane.config.server import ServerConfig
 from expresslane.server import errors
 from expresslane.server.api_keys import KeyRing, token_cost
 from expresslane.server.batch_routes import BatchService
+from expresslane.server.completions import Completions
+from expresslane.server.echo import Echo
 from expresslane.server.engine_client import EngineClient
 from expresslane.server.http_middleware import HeadAndRequestId
 from expresslane.server.limits import check_chars, check_tokens, precheck, read_body
@@ -46,7 +48,6 @@ from expresslane.server.response_events import Responses
 from expresslane.server.responses import ResponsesRequest, in_responses_terms, parse_responses, to_chat
 from expresslane.server.serving import (
     Chat,
-    Completions,
     Generate,
     chat_prompt,
     new_id,
@@ -244,7 +245,8 @@ def build_app(client: EngineClient, settings: ServerConfig, metrics: Metrics,
                                           timeout=settings.request_timeout)
         ep = endpoint(client, model_name, rid, group, params, req.include_usage, req.return_metrics,
                       req.continuous_usage)
-        if req.stream and params.structured_outputs is not None:  # a grammar that fails is a 400, not an event
+        # a grammar that fails (or prompt logprobs the engine refuses) is a 400, not an event
+        if req.stream and (params.structured_outputs is not None or params.prompt_logprobs is not None):
             await group.started()
         if req.stream:
             return SSEResponse(ep.stream(), group.close, rid)
@@ -253,7 +255,9 @@ def build_app(client: EngineClient, settings: ServerConfig, metrics: Metrics,
     @app.post("/v1/completions", dependencies=auth)
     async def completions(request: Request) -> Response:
         obj, size = await body(request)
-        return await run(request, parse(CompletionRequest, obj), prepare_completion, Completions, "cmpl", size)
+        req = parse(CompletionRequest, obj)
+        return await run(request, req, prepare_completion, functools.partial(Completions, echo=Echo.of(req)), "cmpl",
+                         size)
 
     async def chat(request: Request, req: ChatCompletionRequest, endpoint: type[Chat], prefix: str, size: int,
                    **endpoint_args) -> Response:

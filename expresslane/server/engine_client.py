@@ -101,7 +101,7 @@ class EngineClient:
         # Each token id's text (logprobs name tokens by it), decoded once at start: made lazily during a
         # large response, these long-lived strings pinned the allocator's arenas of its garbage (+20 MB RSS).
         self.token_texts = token_texts
-        self.tracker = RequestTracker(tokenizer, self.admission, self.metrics)
+        self.tracker = RequestTracker(tokenizer, self.admission, self.metrics, token_texts)
         # The start-up heap (tokenizer, token texts, the app) out of the collector's reach: a full
         # collection in the middle of a large logprobs request scanned it all, holding the event
         # loop (and /health) for tens of milliseconds.

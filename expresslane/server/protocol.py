@@ -37,7 +37,7 @@ _BODY = ConfigDict(strict=True, extra="allow", allow_inf_nan=False, json_schema_
 # field. A field neither declared nor listed here is a 400 too. docs/api.md lists them all.
 NOOP_FIELDS: dict[str, tuple] = {
     **{name: (None,) for name in (
-        "prompt_logprobs", "truncate_prompt_tokens", "guided_decoding_backend", "guided_whitespace_pattern",
+        "truncate_prompt_tokens", "guided_decoding_backend", "guided_whitespace_pattern",
         "logits_processors", "documents", "request_id", "cache_salt",
         "kv_transfer_params", "vllm_xargs", "mm_processor_kwargs", "service_tier",
         "reasoning_effort", "modalities", "audio", "prediction", "web_search_options", "functions",
@@ -137,6 +137,16 @@ class SamplingRequest(BaseModel):
     guided_regex: NonEmptyStr | None = None
     guided_choice: List[NonEmptyStr] | None = Field(None, min_length=1)
     guided_grammar: NonEmptyStr | None = None
+    # vLLM's: the top-k at each prompt position and the prompt token's own (the server's --max-logprobs
+    # is checked after parsing); not with stream, as vLLM
+    prompt_logprobs: int | None = Field(None, ge=0, le=INT32)
+
+    @field_validator("prompt_logprobs")
+    @classmethod
+    def _not_streamed(cls, v: int | None, info: ValidationInfo) -> int | None:
+        if v is not None and info.data.get("stream"):
+            raise ValueError("is not available with stream: true")
+        return v
 
     @field_validator("logit_bias")
     @classmethod
@@ -195,9 +205,12 @@ class SamplingRequest(BaseModel):
             raise bad_request(f"give one way to constrain the output, not {[n for n, _ in given]}", given[1][0])
         return given[0][1] if given else None
 
-    def sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    def sampling_params(self, max_tokens: int | None, logprobs: int | None,
+                        prompt_logprobs: int | None = None) -> SamplingParams:
+        """`prompt_logprobs`: what the engine computes (the field's, or more for `echo`)."""
         try:
             return SamplingParams(
+                prompt_logprobs=prompt_logprobs,
                 n=self.n, max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
                 min_p=self.min_p, seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids or [],
                 ignore_eos=self.ignore_eos, min_tokens=self.min_tokens, logprobs=logprobs,
@@ -213,9 +226,9 @@ class SamplingRequest(BaseModel):
 
 class CompletionRequest(SamplingRequest):
     prompt: str | List[str] | List[int] | List[List[int]]
-    max_tokens: int | None = Field(16, ge=1, le=INT32)  # OpenAI's default for completions
+    max_tokens: int | None = Field(16, ge=0, le=INT32)  # OpenAI's default for completions; 0 only with echo
     logprobs: int | None = Field(None, ge=0, le=INT32)  # the server's --max-logprobs is checked after parsing
-    echo: bool = False
+    echo: bool = False  # the prompt before the completion, in the text and (with logprobs) the logprobs
     suffix: str | None = None
     best_of: int | None = None
     add_special_tokens: Literal[True] | None = None  # vLLM's default for completions (BOS added); False: not built
@@ -225,13 +238,6 @@ class CompletionRequest(SamplingRequest):
     def _non_empty(cls, v):
         if isinstance(v, list) and (not v or any(isinstance(p, list) and not p for p in v)):
             raise ValueError("must not be empty")
-        return v
-
-    @field_validator("echo")
-    @classmethod
-    def _no_echo(cls, v: bool) -> bool:
-        if v:
-            raise ValueError("is not supported by this server")
         return v
 
     @field_validator("best_of")
@@ -247,6 +253,17 @@ class CompletionRequest(SamplingRequest):
         if v:
             raise ValueError("is not supported by this server")
         return v
+
+    @property
+    def echo_only(self) -> bool:
+        """`max_tokens: 0` with `echo`: the prompt alone comes back (the engine samples one token, dropped)."""
+        return self.echo and self.max_tokens == 0
+
+    @property
+    def engine_prompt_logprobs(self) -> int | None:
+        """The top-k the engine scores the prompt with: `prompt_logprobs`, or `logprobs` for `echo`."""
+        wanted = [k for k in (self.prompt_logprobs, self.logprobs if self.echo else None) if k is not None]
+        return max(wanted) if wanted else None
 
     def prompts(self) -> list[str | dict]:
         """The prompt(s) as ``InputProcessor.tokenize`` takes them."""
@@ -389,6 +406,7 @@ class GenerateRequest(SamplingRequest):
     prompt: NonEmptyStr | List[int]
     max_tokens: int | None = Field(16, ge=1, le=INT32)
     n: int = Field(1, ge=1, le=1)
+    prompt_logprobs: None = None  # /generate returns text and token ids only
 
 
 class TokenizeRequest(BaseModel):

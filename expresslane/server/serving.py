@@ -1,8 +1,8 @@
 """From a validated request body to engine work, and from engine outputs to OpenAI JSON.
 
 ``prepare_*`` tokenize and check everything that can be checked before the 200 header
-(prompt length, stop token ids, max_tokens room); ``Completions``, ``Chat`` and
-``Generate`` turn the cumulative ``RequestOutput``s of a ``RequestGroup`` into a
+(prompt length, stop token ids, max_tokens room); ``Completions`` (server/completions.py),
+``Chat`` and ``Generate`` turn the cumulative ``RequestOutput``s of a ``RequestGroup`` into a
 response body or a stream of SSE chunks. A failure after the header is an SSE
 ``{"error": ...}`` event followed by ``data: [DONE]``.
 """
@@ -23,6 +23,7 @@ from expresslane.engine.inputs import InputError
 from expresslane.outputs import CompletionOutput, RequestOutput
 from expresslane.sampling_params import SamplingParams
 from expresslane.server import errors
+from expresslane.server.echo import prompt_logprobs_field
 from expresslane.server.engine_client import EngineClient
 from expresslane.server.limits import RequestLimits, check_chars, check_counts
 from expresslane.server.memory import LARGE_ITEMS, trim_soon
@@ -83,9 +84,15 @@ def prepare_completion(client: EngineClient, req: CompletionRequest,
                        limits: RequestLimits) -> tuple[list[Prompt], SamplingParams]:
     raw = req.prompts()
     check_counts(limits, stop=req.stop, n=req.n, num_prompts=len(raw), logprobs=req.logprobs, logprobs_param="logprobs")
+    check_counts(limits, stop=None, n=1, num_prompts=1, logprobs=req.prompt_logprobs, logprobs_param="prompt_logprobs")
     check_chars([len(p) for p in raw if isinstance(p, str)], _max_chars(client, limits), client.max_model_len,
                 "prompt")
-    params = req.sampling_params(req.max_tokens, req.logprobs)
+    if req.max_tokens == 0 and not req.echo:
+        raise errors.bad_request("'max_tokens' must be at least 1 (0 only with echo: true)", "max_tokens")
+    if req.echo_only and req.min_tokens:
+        raise errors.bad_request("'min_tokens' must be 0 with max_tokens 0", "min_tokens")
+    # echo with max_tokens 0: the engine samples one token, which the response leaves out (server/echo.py)
+    params = req.sampling_params(1 if req.echo_only else req.max_tokens, req.logprobs, req.engine_prompt_logprobs)
     prompts = []
     for p in raw:
         try:
@@ -118,9 +125,10 @@ def prepare_chat(client: EngineClient, req: ChatCompletionRequest, limits: Reque
     """``template``: the server's --chat-template (a request's own ``chat_template`` comes first)."""
     check_counts(limits, stop=req.stop, n=req.n, num_prompts=1, logprobs=req.top_logprobs,
                  logprobs_param="top_logprobs")
+    check_counts(limits, stop=None, n=1, num_prompts=1, logprobs=req.prompt_logprobs, logprobs_param="prompt_logprobs")
     check_chars([sum(len(m.text()) for m in req.messages)], _max_chars(client, limits), client.max_model_len,
                 "messages")
-    params = req.sampling_params(req.max_completion_tokens or req.max_tokens, req.num_logprobs)
+    params = req.sampling_params(req.max_completion_tokens or req.max_tokens, req.num_logprobs, req.prompt_logprobs)
     if tools is not None and (constraint := tools.constraint()) is not None:
         params = dataclasses.replace(params, structured_outputs=constraint)
     text, ids = chat_prompt(client.tokenizer, req.messages, req.add_generation_prompt,
@@ -188,6 +196,7 @@ class Delta:
     logprobs: list[TopLogprobs] | None
     finish_reason: str | None
     stop_reason: int | str | None
+    output: RequestOutput | None = None  # on a choice's first delta: its prompt's (echo)
 
 
 @dataclass(slots=True)
@@ -195,6 +204,7 @@ class _Sent:
     chars: int = 0
     tokens: int = 0
     done: bool = False
+    opened: bool = False  # its first delta has gone out
 
 
 @dataclass
@@ -215,6 +225,8 @@ class DeltaTracker:
         self._prompt_index = {rid: i for i, rid in enumerate(self.request_ids)}
 
     def deltas(self, out: RequestOutput) -> list[Delta]:
+        if self.params.prompt_logprobs is not None and out.prompt_logprobs is None:
+            return []  # (n > 1: a sibling may be ahead of the one that scores the prompt) a later output has them
         result = []
         for comp in out.outputs:
             s = self.sent.setdefault((out.request_id, comp.index), _Sent())
@@ -226,9 +238,10 @@ class DeltaTracker:
             lps = None if comp.logprobs is None else comp.logprobs[s.tokens:len(comp.token_ids)]
             if not (text or comp.finished):
                 continue  # keep its tokens (and their logprobs) for the chunk that carries their text
+            first, s.opened = not s.opened, True
             s.tokens, s.done = len(comp.token_ids), comp.finished
             result.append(Delta(self._prompt_index[out.request_id] * self.params.n + comp.index, text, tokens,
-                                lps, comp.finish_reason, comp.stop_reason))
+                                lps, comp.finish_reason, comp.stop_reason, out if first else None))
         return result
 
 
@@ -262,7 +275,7 @@ class _Endpoint:
                 for i, d in enumerate(deltas):
                     chunk = {**self.chunk(d), **usage_field}
                     if self.continuous_usage:  # the usage so far, in every chunk
-                        chunk["usage"] = usage(list(finals.values()))
+                        chunk["usage"] = self.count_usage(list(finals.values()))
                     # Completions are live objects: judge "last" by them, not by the queued snapshot.
                     if (self.return_metrics and not self.include_usage and i == len(deltas) - 1
                             and len(finals) == len(self.group.tracked)
@@ -270,7 +283,7 @@ class _Endpoint:
                         chunk["metrics"] = request_metrics(self.group, self.ordered(finals))
                     yield sse(chunk)
             if self.include_usage:
-                chunk = self.usage_chunk(usage(self.ordered(finals)))
+                chunk = self.usage_chunk(self.count_usage(self.ordered(finals)))
                 if self.return_metrics:
                     chunk["metrics"] = request_metrics(self.group, self.ordered(finals))
                 yield sse(chunk)
@@ -303,11 +316,16 @@ class _Endpoint:
 
     def items(self, finals) -> int:
         """Tokens × (1 + logprobs) of a response: what its size and its garbage scale with."""
-        return sum(len(c.token_ids) for o in finals for c in o.outputs) * (1 + (self.params.logprobs or 0))
+        prompts = 0 if self.params.prompt_logprobs is None else \
+            sum(len(o.prompt_token_ids) for o in finals) * (1 + self.params.prompt_logprobs)
+        return sum(len(c.token_ids) for o in finals for c in o.outputs) * (1 + (self.params.logprobs or 0)) + prompts
+
+    def count_usage(self, finals: list[RequestOutput]) -> dict:
+        return usage(finals)
 
     def body(self, ordered: list[RequestOutput]) -> bytes:
         body = self.response(ordered)
-        body["usage"] = usage(ordered)
+        body["usage"] = self.count_usage(ordered)
         if self.return_metrics:
             body["metrics"] = request_metrics(self.group, ordered)
         return _encode_json(body)
@@ -320,34 +338,6 @@ class _Endpoint:
 
     def usage_chunk(self, u: dict) -> dict:
         return {**self.envelope(self.chunk_object, []), "usage": u}
-
-
-class Completions(_Endpoint):
-    chunk_object = "text_completion"
-
-    def chunk(self, d: Delta) -> dict:
-        return self.envelope(self.chunk_object, [{
-            "index": d.index, "text": d.text, "logprobs": self.logprobs(d.token_ids, d.logprobs),
-            "finish_reason": d.finish_reason, "stop_reason": d.stop_reason}])
-
-    def response(self, finals: list[RequestOutput]) -> dict:
-        return self.envelope("text_completion", [
-            _encoded({"index": self.choice_index(i, c), "text": c.text,
-                      "logprobs": self.logprobs(c.token_ids, c.logprobs), "finish_reason": c.finish_reason,
-                      "stop_reason": c.stop_reason})
-            for i, o in enumerate(finals) for c in o.outputs])
-
-    def logprobs(self, token_ids: list[int], lps: list[TopLogprobs] | None) -> dict | None:
-        if lps is None:
-            return None
-        texts = self.client.token_texts
-        tokens = [texts[t] for t in token_ids]
-        offsets, at = [], 0
-        for tok in tokens:
-            offsets.append(at)
-            at += len(tok)
-        return {"tokens": tokens, "token_logprobs": [lp.get(t) for t, lp in zip(token_ids, lps)],
-                "top_logprobs": [{texts[k]: v for k, v in lp.items()} for lp in lps], "text_offset": offsets}
 
 
 class Chat(_Endpoint):
@@ -415,7 +405,10 @@ class Chat(_Endpoint):
                 choices.append(_encoded({"index": self.choice_index(i, c), "message": message,
                                          "logprobs": self.logprobs(c.token_ids, c.logprobs), "finish_reason": finish,
                                          "stop_reason": c.stop_reason}))
-        return self.envelope("chat.completion", choices)
+        body = self.envelope("chat.completion", choices)
+        if self.params.prompt_logprobs is not None:  # vLLM's: the response's, one prompt
+            body["prompt_logprobs"] = prompt_logprobs_field(finals[0], self.params.prompt_logprobs)
+        return body
 
     def logprobs(self, token_ids: list[int], lps: list[TopLogprobs] | None) -> dict | None:
         if lps is None:

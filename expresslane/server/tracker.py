@@ -135,11 +135,12 @@ class RequestGroup:
 
 
 class RequestTracker:
-    def __init__(self, tokenizer, admission: AdmissionPolicy, metrics: Metrics):
+    def __init__(self, tokenizer, admission: AdmissionPolicy, metrics: Metrics, token_texts=None):
         self.tokenizer = tokenizer
+        self.token_texts = token_texts  # each token id's text (prompt logprobs name tokens by it)
         self.admission = admission
         self.metrics = metrics
-        self.outputs = OutputProcessor(tokenizer)
+        self.outputs = OutputProcessor(tokenizer, token_texts)
         self._prompts: dict[str, _Prompt] = {}  # unfinished prompts by key
         self._seqs: dict[str, _Prompt] = {}  # engine id -> its prompt
         self.num_added = 0  # requests registered since start
@@ -198,7 +199,7 @@ class RequestTracker:
             q.put_nowait(error)
         self._prompts.clear()
         self._seqs.clear()
-        self.outputs = OutputProcessor(self.tokenizer)
+        self.outputs = OutputProcessor(self.tokenizer, self.token_texts)
         self.admission.reset()
 
     def _forget(self, p: _Prompt) -> None:
@@ -226,7 +227,8 @@ class RequestTracker:
                 p.engine_arrival_time = when
         to_abort: list[str] = []
         for sid, why in msg.rejected.items():
-            to_abort += self._fail_seq(sid, errors.bad_request(why))
+            field = why.split(":", 1)[0]  # the engine's refusals start with the field at fault, when one is
+            to_abort += self._fail_seq(sid, errors.bad_request(why, field if field.isidentifier() else None))
         by_prompt: dict[str, list[EngineCoreOutput]] = {}
         for raw in msg.outputs:
             try:
