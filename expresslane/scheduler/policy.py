@@ -180,7 +180,7 @@ class DeadlinePolicy(SchedulingPolicy):
           lone decode's step (or its decodes' own step, where longer) and within the lane's
           ``tpot`` target; up to the ``tpot`` target when the queue's head is within half its TTFT
           target of its deadline; the whole budget once it is more than that target past it (a
-          backlog the SLO has missed anyway clears fastest in full steps); at least `MIN_CHUNK`,
+          backlog the SLO has missed anyway clears fastest in full steps); at least `MIN_CHUNK` a step in all,
           so prompts always progress.
         - Interactive decodes running: the step is its decodes (with the ``spec_tokens`` proposals
           each may verify) plus ``room`` prefill tokens, which the running prompts share; a waiting
@@ -234,7 +234,7 @@ class DeadlinePolicy(SchedulingPolicy):
         # the head's first chunk counts in the step's time; what is left goes to running prompts
         starting = min(head.num_tokens, room)
         rest = self.cost_model.max_chunk(base.plus_chunk(0, starting), start, limit - starting, target)
-        rest = max(rest, min(MIN_CHUNK, limit - starting))  # the head gets a chunk after a long one's
+        rest = max(rest, min(MIN_CHUNK - starting, limit - starting))  # MIN_CHUNK is the step's floor, shared
         return min(top, base.num_tokens + starting + rest), max(starting, rest), rest
 
     def order_running(self, running: Collection[Request]) -> list[Request]:
