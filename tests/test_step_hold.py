@@ -13,6 +13,7 @@ class OnGpu:
 
     def __init__(self, ended: bool):
         self.ended = ended
+        self.prompt_logprobs = None
 
     def ready(self) -> bool:
         return self.ended
