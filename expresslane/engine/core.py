@@ -145,9 +145,10 @@ class EngineCore:
         check_prompt_length(len(req.prompt_token_ids), self.max_model_len)
         sp = req.sampling_params
         if self.spec is not None and (sp.penalized or sp.structured_outputs is not None
-                                      or sp.prompt_logprobs is not None):
+                                      or sp.prompt_logprobs is not None or sp.bad_words):
             which = "structured_outputs" if sp.structured_outputs is not None else "prompt_logprobs" \
-                if sp.prompt_logprobs is not None else "presence_penalty, frequency_penalty and repetition_penalty"
+                if sp.prompt_logprobs is not None else "bad_words" if sp.bad_words \
+                else "presence_penalty, frequency_penalty and repetition_penalty"
             raise ValueError(f"{which}: not supported with speculative decoding (--speculative-method)")
         request = Request.from_core_request(req, self.max_model_len)
         if sp.structured_outputs is None:

@@ -44,7 +44,6 @@ NOOP_FIELDS: dict[str, tuple] = {
         "function_call")},
     # OpenAI's own defaults, as its SDK's users send them
     "store": (None, False), "metadata": (None, {}), "service_tier": (None, "auto", "default"),
-    "bad_words": (None, []),
     "use_beam_search": (False,), "length_penalty": (1.0,), "spaces_between_special_tokens": (True,),
     "return_tokens_as_token_ids": (False,),
 }
@@ -125,6 +124,7 @@ class SamplingRequest(BaseModel):
     repetition_penalty: float = Field(1.0, gt=0.0, le=2.0)
     logit_bias: dict[str, float] | None = None  # token id (as OpenAI sends it, a string) -> bias
     allowed_token_ids: List[Annotated[int, Field(ge=0, le=INT32)]] | None = Field(None, min_length=1)
+    bad_words: List[str] | None = None  # vLLM's: words never generated
     user: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -219,7 +219,7 @@ class SamplingRequest(BaseModel):
                 presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
                 repetition_penalty=self.repetition_penalty,
                 logit_bias={int(k): v for k, v in self.logit_bias.items()} if self.logit_bias else None,
-                allowed_token_ids=self.allowed_token_ids)
+                allowed_token_ids=self.allowed_token_ids, bad_words=self.bad_words or None)
         except SamplingParamError as e:
             raise bad_request(str(e), e.param) from None
 
