@@ -24,6 +24,8 @@ class StructuredOutputs:
     regex: str | None = None
     choice: list[str] | None = None
     grammar: str | None = None
+    # the grammar starts after these tokens are generated (a reasoning model's end of thinking); None: at once
+    after_token_ids: list[int] | None = None
 
     def __post_init__(self) -> None:
         given = [name for name in ("json", "json_object", "regex", "choice", "grammar") if getattr(self, name)]

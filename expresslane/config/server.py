@@ -100,6 +100,9 @@ class ServerConfig:
         None, "split a reasoning model's thinking into reasoning_content (messages and stream deltas): qwen3 "
         "(<think>...</think> when the model opens it), deepseek_r1 (thinking until </think>)",
         choices=("qwen3", "deepseek_r1"))
+    structured_outputs_enable_in_reasoning: bool = _knob(
+        False, "with --reasoning-parser: a grammar holds the whole output, thinking included (vLLM's "
+        "enable_in_reasoning); default: it starts after the thinking (</think>)", negatable=False)
     tool_call_parser: str = _knob(
         "auto", "how tool calls are read out of a chat completion's text when tool_choice is auto: hermes "
         "(<tool_call> JSON, also Qwen2.5/Qwen3), llama3_json, mistral ([TOOL_CALLS]); auto: from the chat template",

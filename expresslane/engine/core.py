@@ -196,7 +196,7 @@ class EngineCore:
         speculative = prev is not None and (prev.speculative or self.scheduler.speculating())
         # a grammar's next mask needs the token just sampled: the step's forward goes first, then
         # the previous step lands and the masks are filled while the forward runs, then its sampling
-        late = prev is not None and not speculative and bool(self.grammars.matchers)
+        late = prev is not None and not speculative and self.grammars.needs_last_tokens
         if speculative or (late and not self.runner.samples_late):
             # a speculative step's outcome (how many tokens) shapes the next plan: no pipelining
             outputs, measured, predicted = self._land(prev)

@@ -27,7 +27,7 @@ from expresslane.server.echo import prompt_logprobs_field
 from expresslane.server.engine_client import EngineClient
 from expresslane.server.limits import RequestLimits, check_chars, check_counts
 from expresslane.server.memory import LARGE_ITEMS, trim_soon
-from expresslane.server.reasoning import ReasoningStream
+from expresslane.server.reasoning import ReasoningStream, grammar_after_thinking
 from expresslane.server.reasoning import split as split_reasoning
 from expresslane.server.tools import CallStream, ToolMode, call_id
 from expresslane.server.tracker import RequestGroup, TopLogprobs
@@ -125,8 +125,10 @@ def chat_prompt(tokenizer, messages: list[ChatMessage], add_generation_prompt: b
 
 
 def prepare_chat(client: EngineClient, req: ChatCompletionRequest, limits: RequestLimits,
-                 tools: ToolMode | None = None, template: str | None = None) -> tuple[list[Prompt], SamplingParams]:
-    """``template``: the server's --chat-template (a request's own ``chat_template`` comes first)."""
+                 tools: ToolMode | None = None, template: str | None = None,
+                 reasoning: str | None = None) -> tuple[list[Prompt], SamplingParams]:
+    """``template``: the server's --chat-template (a request's own ``chat_template`` comes first);
+    ``reasoning``: --reasoning-parser (a grammar then holds the answer after the thinking)."""
     check_counts(limits, stop=req.stop, n=req.n, num_prompts=1, logprobs=req.top_logprobs,
                  logprobs_param="top_logprobs")
     check_counts(limits, stop=None, n=1, num_prompts=1, logprobs=req.prompt_logprobs, logprobs_param="prompt_logprobs")
@@ -139,6 +141,8 @@ def prepare_chat(client: EngineClient, req: ChatCompletionRequest, limits: Reque
     text, ids = chat_prompt(client.tokenizer, req.messages, req.add_generation_prompt,
                             tools.tools if tools is not None else None, req.chat_template or template,
                             req.chat_template_kwargs, req.continue_final_message)
+    if reasoning is not None:
+        params = grammar_after_thinking(params, text, client.tokenizer)
     check_prompt(client, ids, params, "messages", not req.sets_max_tokens and "max_tokens" in client.sampling_defaults)
     return [(text, ids)], params
 
