@@ -107,6 +107,9 @@ class ServerConfig:
         "auto", "how tool calls are read out of a chat completion's text when tool_choice is auto: hermes "
         "(<tool_call> JSON, also Qwen2.5/Qwen3), llama3_json, mistral ([TOOL_CALLS]); auto: from the chat template",
         choices=("auto", "hermes", "llama3_json", "mistral"))
+    exclude_tools_when_tool_choice_none: bool = _knob(
+        False, "tool_choice none: leave the tools out of the chat template (default: they reach it, as OpenAI's "
+        "and vLLM's, and no calls are read out of the text)", negatable=False)
     limits: RequestLimits = field(default_factory=RequestLimits)
     batch: BatchApiConfig = field(default_factory=BatchApiConfig)
 

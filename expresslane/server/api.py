@@ -55,7 +55,7 @@ from expresslane.server.serving import (
     prepare_completion,
     prepare_generate,
 )
-from expresslane.server.tools import tool_mode
+from expresslane.server.tools import template_tools, tool_mode
 
 log = logging.getLogger(__name__)
 
@@ -267,8 +267,9 @@ def build_app(client: EngineClient, settings: ServerConfig, metrics: Metrics,
         client.check_accepting()
         template = req.chat_template or server_template or client.tokenizer.chat_template
         tools = tool_mode(req, settings.tool_call_parser, template)
+        shown = template_tools(req, settings.exclude_tools_when_tool_choice_none) if tools is None else None
         return await run(request, req, functools.partial(prepare_chat, tools=tools, template=server_template,
-                                                          reasoning=grammar_after),
+                                                          reasoning=grammar_after, shown_tools=shown),
                          functools.partial(endpoint, tools=tools, reasoning=settings.reasoning_parser,
                                            **endpoint_args), prefix, size)
 

@@ -126,9 +126,11 @@ def chat_prompt(tokenizer, messages: list[ChatMessage], add_generation_prompt: b
 
 def prepare_chat(client: EngineClient, req: ChatCompletionRequest, limits: RequestLimits,
                  tools: ToolMode | None = None, template: str | None = None,
-                 reasoning: str | None = None) -> tuple[list[Prompt], SamplingParams]:
+                 reasoning: str | None = None, shown_tools: list[dict] | None = None
+                 ) -> tuple[list[Prompt], SamplingParams]:
     """``template``: the server's --chat-template (a request's own ``chat_template`` comes first);
-    ``reasoning``: --reasoning-parser (a grammar then holds the answer after the thinking)."""
+    ``reasoning``: --reasoning-parser (a grammar then holds the answer after the thinking);
+    ``shown_tools``: the tools the template gets when ``tools`` calls for none (tool_choice none)."""
     check_counts(limits, stop=req.stop, n=req.n, num_prompts=1, logprobs=req.top_logprobs,
                  logprobs_param="top_logprobs")
     check_counts(limits, stop=None, n=1, num_prompts=1, logprobs=req.prompt_logprobs, logprobs_param="prompt_logprobs")
@@ -139,7 +141,7 @@ def prepare_chat(client: EngineClient, req: ChatCompletionRequest, limits: Reque
     if tools is not None and (constraint := tools.constraint()) is not None:
         params = dataclasses.replace(params, structured_outputs=constraint)
     text, ids = chat_prompt(client.tokenizer, req.messages, req.add_generation_prompt,
-                            tools.tools if tools is not None else None, req.chat_template or template,
+                            tools.tools if tools is not None else shown_tools, req.chat_template or template,
                             req.chat_template_kwargs, req.continue_final_message)
     if reasoning is not None:
         params = grammar_after_thinking(params, text, client.tokenizer)
