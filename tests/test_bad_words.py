@@ -61,6 +61,12 @@ def test_a_word_without_tokens_is_refused(llm):
         llm.generate(PROMPT, _greedy(bad_words=[1]))
 
 
+def test_refused_with_speculative_decoding():
+    llm = LLM(speculative_method="ngram")
+    with pytest.raises(ValueError, match="bad_words: not supported with speculative decoding"):
+        llm.generate(PROMPT, _greedy(bad_words=["server"]), use_tqdm=False)
+
+
 def test_a_readmitted_request_keeps_its_outputs_history():
     """A preempted request comes back with its outputs (NewRequest.token_ids): a word begun before
     the preemption is still caught; prompt tokens do not count (vLLM's: the output only)."""
