@@ -26,11 +26,11 @@ from expresslane.models.model_dir import read_config
 from expresslane.models.presets import dummy_weights
 from expresslane.models.registry import model_class
 from expresslane.quant import resolve_quantization
+from expresslane.runner.bad_words import BadWords
 from expresslane.runner.base import Forward, Runner
 from expresslane.runner.cuda_graphs import DecodeGraphs, MixedGraphs, Patch
 from expresslane.runner.expert_load import ExpertTokensCopy, copy_expert_tokens, reset_expert_tokens
 from expresslane.runner.request_rows import RequestRows, StepInputs
-from expresslane.runner.bad_words import BadWords
 from expresslane.runner.penalties import Penalties
 from expresslane.runner.prompt_logprobs import forward_scoring, scored_rows
 from expresslane.runner.sampler import Sampler, SamplingBatch, bitmask_rows
