@@ -108,3 +108,18 @@ def test_logit_bias_and_allowed_token_ids(llm):
     mixed = llm.generate(["Once upon a time", "Once upon a time"],
                          [_greedy(max_tokens=6), _greedy(max_tokens=6, logit_bias={42: 100.0})])
     assert mixed[0].outputs[0].token_ids == plain and mixed[1].outputs[0].token_ids == [42] * 6
+
+
+@pytest.mark.parametrize("end", [" server", " the server"])
+def test_the_grammar_starts_after_its_end_tokens(llm, end):
+    """A reasoning model's grammar waits for ``</think>`` (StructuredOutputs.after_token_ids): here the
+    end is what the built-in model writes unconstrained (one token, then two): before it the output is
+    the plain one, after it the schema holds."""
+    plain = llm.generate("Once upon a time", _greedy(max_tokens=8))[0].outputs[0]
+    ids = llm.tokenizer.encode(end, add_special_tokens=False)
+    at = next(i for i in range(len(plain.token_ids)) if plain.token_ids[i:i + len(ids)] == ids) + len(ids)
+    spec = StructuredOutputs(json=json.dumps(SCHEMA), after_token_ids=ids)
+    out = llm.generate("Once upon a time", _greedy(max_tokens=150, structured_outputs=spec))[0].outputs[0]
+    assert out.token_ids[:at] == plain.token_ids[:at]
+    value = json.loads(llm.tokenizer.decode(out.token_ids[at:], skip_special_tokens=True))
+    assert set(value) == set(SCHEMA["properties"]) and out.finish_reason == "stop"

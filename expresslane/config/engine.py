@@ -14,6 +14,7 @@ import dataclasses
 import os
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 from expresslane.config.flags import _knob, add_args, check_choices, given
@@ -34,6 +35,10 @@ class ModelConfig:
     load_format: str = _knob("auto", "auto: the weights in the model directory; dummy: random weights generated on "
                              "the device, as make-model would write them (benchmarks; a directory made with "
                              "make-model --no-weights)", ("auto", "dummy"))
+    generation_config: str = _knob(
+        "auto", "sampling defaults (temperature, top_p, top_k, min_p, repetition_penalty, max_new_tokens as "
+        "max_tokens) for requests that do not set them: auto = the model's generation_config.json; vllm or none = "
+        "none (the API's own defaults); or a directory holding a generation_config.json")
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +167,10 @@ class EngineConfig:
 
     def validate(self) -> None:
         s, c, m = self.scheduler, self.cache, self.model
+        if m.generation_config not in ("auto", "vllm", "none") and not Path(m.generation_config,
+                                                                             "generation_config.json").is_file():
+            raise ValueError(f"generation_config must be auto, vllm, none or a directory holding a "
+                             f"generation_config.json, got {m.generation_config!r}")
         for name, value in (("max_num_seqs", s.max_num_seqs), ("max_num_batched_tokens", s.max_num_batched_tokens),
                             ("block_size", c.block_size), ("max_batch_size", s.max_batch_size)):
             if not isinstance(value, int) or value < 1:

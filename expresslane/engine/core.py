@@ -145,9 +145,10 @@ class EngineCore:
         check_prompt_length(len(req.prompt_token_ids), self.max_model_len)
         sp = req.sampling_params
         if self.spec is not None and (sp.penalized or sp.structured_outputs is not None
-                                      or sp.prompt_logprobs is not None):
+                                      or sp.prompt_logprobs is not None or sp.bad_words):
             which = "structured_outputs" if sp.structured_outputs is not None else "prompt_logprobs" \
-                if sp.prompt_logprobs is not None else "presence_penalty, frequency_penalty and repetition_penalty"
+                if sp.prompt_logprobs is not None else "bad_words" if sp.bad_words \
+                else "presence_penalty, frequency_penalty and repetition_penalty"
             raise ValueError(f"{which}: not supported with speculative decoding (--speculative-method)")
         request = Request.from_core_request(req, self.max_model_len)
         if sp.structured_outputs is None:
@@ -195,7 +196,7 @@ class EngineCore:
         speculative = prev is not None and (prev.speculative or self.scheduler.speculating())
         # a grammar's next mask needs the token just sampled: the step's forward goes first, then
         # the previous step lands and the masks are filled while the forward runs, then its sampling
-        late = prev is not None and not speculative and bool(self.grammars.matchers)
+        late = prev is not None and not speculative and self.grammars.needs_last_tokens
         if speculative or (late and not self.runner.samples_late):
             # a speculative step's outcome (how many tokens) shapes the next plan: no pipelining
             outputs, measured, predicted = self._land(prev)

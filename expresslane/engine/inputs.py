@@ -4,7 +4,7 @@ server's API process both use it)."""
 from __future__ import annotations
 
 from expresslane.scheduler.request import check_prompt_length
-from expresslane.sampling_params import SamplingParams
+from expresslane.sampling_params import SamplingParamError, SamplingParams
 
 Prompt = str | dict
 
@@ -56,6 +56,13 @@ class InputProcessor:
                              f"({self.vocab_size})", "stop_token_ids")
         if any(not 0 <= t < self.vocab_size for t in params.stop_token_ids):
             raise InputError(f"stop_token_ids must be in [0, {self.vocab_size})", "stop_token_ids")
+        try:
+            params.update_from_tokenizer(self.tokenizer)
+        except SamplingParamError as e:
+            raise InputError(str(e), e.param) from None
+        if any(t >= self.vocab_size for word in params.bad_words_token_ids or () for t in word):
+            raise InputError(f"bad_words: a word's tokens are outside the model's vocabulary ({self.vocab_size})",
+                             "bad_words")
         for name in ("logit_bias", "allowed_token_ids"):
             ids = getattr(params, name) or ()
             if len(ids) > self.vocab_size or any(not 0 <= t < self.vocab_size for t in ids):

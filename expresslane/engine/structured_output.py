@@ -14,6 +14,9 @@ wherever the grammar allows it (what the grammar forces, such as a required key,
 A request whose grammar fails to compile, or takes longer than ``COMPILE_TIMEOUT_S``, is
 rejected with the compiler's message. Each of a request's ``n`` sequences has its own matcher
 over the one compiled grammar.
+
+A request with ``after_token_ids`` (a reasoning model's ``</think>``) samples freely until its
+output ends with them; its matcher starts then (``_thinking`` until that).
 """
 
 from __future__ import annotations
@@ -58,6 +61,8 @@ class Grammars:
         self._cache: collections.OrderedDict[tuple, Future] = collections.OrderedDict()
         self._waiting: dict[str, tuple[object, Future, float]] = {}  # request id -> (request, compiled, since)
         self.matchers: dict[str, object] = {}  # request id -> xgrammar.GrammarMatcher
+        # request id -> (the tokens that end its thinking, its last output tokens, its matcher)
+        self._thinking: dict[str, tuple[tuple[int, ...], list[int], object]] = {}
         self._json: set[str] = set()  # request ids whose output must be JSON: closed near their budget's end
 
     # -- compiling -------------------------------------------------------------------------------
@@ -114,8 +119,12 @@ class Grammars:
                 if fut.exception() is not None:
                     refused[rid] = f"structured_outputs: the grammar does not compile: {fut.exception()}"
                     continue
-                self.matchers[rid] = xgrammar.GrammarMatcher(fut.result())
                 spec = req.sampling_params.structured_outputs
+                matcher = xgrammar.GrammarMatcher(fut.result())
+                if spec.after_token_ids:
+                    self._thinking[rid] = (tuple(spec.after_token_ids), [], matcher)
+                else:
+                    self.matchers[rid] = matcher
                 if spec.json is not None or spec.json_object:
                     self._json.add(rid)
                 ready.append(req)
@@ -128,10 +137,17 @@ class Grammars:
     def num_waiting(self) -> int:
         return len(self._waiting)
 
+    @property
+    def needs_last_tokens(self) -> bool:
+        """A step's masks depend on the tokens the step before sampled (a thinking request's too:
+        they may end its thinking)."""
+        return bool(self.matchers or self._thinking)
+
     def forget(self, request_ids) -> None:
         for rid in request_ids:
             self._waiting.pop(rid, None)
             self.matchers.pop(rid, None)
+            self._thinking.pop(rid, None)
             self._json.discard(rid)
 
     # -- each step -----------------------------------------------------------------------------
@@ -171,17 +187,31 @@ class Grammars:
 
     def landed(self, outputs) -> None:
         """A landed step's outputs: each new token advances its matcher; a finished request's goes."""
-        if not self.matchers:
+        if not self.needs_last_tokens:
             return
         for out in outputs:
+            tokens = out.new_token_ids
+            if out.request_id in self._thinking:
+                tokens = self._think(out.request_id, tokens)
             matcher = self.matchers.get(out.request_id)
-            if matcher is None:
-                continue
-            for t in out.new_token_ids:
+            for t in tokens if matcher is not None else ():
                 if not matcher.accept_token(t):  # only a token outside the mask (say, one min_tokens forced)
                     log.warning("request %s: token %d is outside its grammar", out.request_id, t)
             if out.finish_reason is not None:
                 self.forget([out.request_id])
+
+    def _think(self, rid: str, tokens: list[int]) -> list[int]:
+        """Follow a thinking request's output; once it ends with its end tokens, start its matcher
+        and return the tokens after them (for the matcher), else none."""
+        end, tail, matcher = self._thinking[rid]
+        for k, t in enumerate(tokens):
+            tail.append(t)
+            del tail[:-len(end)]
+            if tuple(tail) == end:
+                del self._thinking[rid]
+                self.matchers[rid] = matcher
+                return tokens[k + 1:]
+        return []
 
 
 def tokenizer_loader(tokenizer_dir: Path, model_dir: Path, hf_config) -> Callable[[], tuple[object, tuple[int, ...]]]:

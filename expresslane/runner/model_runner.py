@@ -26,6 +26,7 @@ from expresslane.models.model_dir import read_config
 from expresslane.models.presets import dummy_weights
 from expresslane.models.registry import model_class
 from expresslane.quant import resolve_quantization
+from expresslane.runner.bad_words import BadWords
 from expresslane.runner.base import Forward, Runner
 from expresslane.runner.cuda_graphs import DecodeGraphs, MixedGraphs, Patch
 from expresslane.runner.expert_load import ExpertTokensCopy, copy_expert_tokens, reset_expert_tokens
@@ -109,6 +110,7 @@ class ModelRunner(Runner):
                  f", {self.quant.name} weights" if self.quant else "")
         self.sampler = Sampler(self.device, config.model.seed)
         self.penalties = Penalties(config.scheduler.max_num_seqs, hf_config.vocab_size, self.device)
+        self.bad_words = BadWords(config.scheduler.max_num_seqs, self.device)
         self._generators: dict[str, torch.Generator] = {}
         s = config.scheduler
         longest = max(config.model.max_model_len or 0, s.max_num_batched_tokens)  # (the profiling step's)
@@ -255,9 +257,11 @@ class ModelRunner(Runner):
             self._generators.pop(rid, None)
         for rid in (*plan.finished_request_ids, *plan.preempted_request_ids):
             self.penalties.remove(self.batch.rows.get(rid))
+            self.bad_words.remove(self.batch.rows.get(rid))
         inputs = self.batch.apply(plan)
         for new in plan.new_requests:
             self.penalties.add(self.batch.rows[new.request_id], new)
+            self.bad_words.add(self.batch.rows[new.request_id], new)
         return inputs
 
     def _sample(self, inputs: StepInputs, logits: torch.Tensor | None, prompt: dict | None,
@@ -269,12 +273,16 @@ class ModelRunner(Runner):
         params, banned = self.batch.sampling_rows(inputs)
         bitmask = None if plan.token_bitmask is None else bitmask_rows(
             plan.token_bitmask, [inputs.seqs[i].bitmask_row for i in inputs.sampling])
-        rows = [int(inputs.rows[i]) for i in inputs.sampling] if self.penalties.params else None
+        penalized, words = bool(self.penalties.params), bool(self.bad_words.words)
+        rows = [int(inputs.rows[i]) for i in inputs.sampling] if penalized or words else None
         batch = SamplingBatch(params, banned, [self._generator(rid, p) for rid, p in zip(ids, params)], bitmask,
-                              penalize=None if rows is None else (lambda lg: self.penalties.apply(lg, rows)))
+                              penalize=(lambda lg: self.penalties.apply(lg, rows)) if penalized else None,
+                              ban_words=(lambda lg: self.bad_words.apply(lg, rows)) if words else None)
         tokens, logprobs = self.sampler(logits, batch)
-        if rows is not None:
+        if penalized:
             self.penalties.sampled(rows, tokens)
+        if words:
+            self.bad_words.sampled(rows, tokens)
         self._prev_tokens, self._prev_rows = tokens, {rid: i for i, rid in enumerate(ids)}
         return StepResult(self.device, ids, tokens, logprobs, prompt_logprobs=prompt)
 

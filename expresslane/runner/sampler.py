@@ -26,6 +26,8 @@ class SamplingBatch:
     bitmask: np.ndarray | None = None
     # presence/frequency/repetition penalties, in place on the logits (runner/penalties.py); None: none
     penalize: Callable[[torch.Tensor], None] | None = None
+    # bad words, in place on the logits (runner/bad_words.py); None: none
+    ban_words: Callable[[torch.Tensor], None] | None = None
 
 
 class Sampler:
@@ -45,6 +47,8 @@ class Sampler:
         apply_token_controls(logits, batch.params)
         if batch.penalize is not None:
             batch.penalize(logits)
+        if batch.ban_words is not None:
+            batch.ban_words(logits)
         if batch.bitmask is not None:
             apply_token_bitmask(logits, to_device(batch.bitmask, torch.int32, dev))
         banned = [(i, t) for i, toks in enumerate(batch.banned) for t in toks]

@@ -114,7 +114,7 @@ class Request:
         the samples before `min_tokens` (none is in flight when a request is admitted)."""
         sp = self.sampling_params
         left = sp.min_tokens - self.num_output_tokens - self.num_pending
-        n, known = len(self.prompt_token_ids), (list(self.all_token_ids) if sp.penalized else [])
+        n, known = len(self.prompt_token_ids), (list(self.all_token_ids) if sp.penalized or sp.bad_words_token_ids else [])
         if left <= 0:
             return NewRequest(self.request_id, sp, num_prompt_tokens=n, token_ids=known)
         return NewRequest(self.request_id, sp, tuple(sorted(self.eos_token_ids | set(sp.stop_token_ids))), left, n,
