@@ -3,9 +3,12 @@ it ranks by its whole work, it cannot hold every seat against a short request, a
 past the interactive budget while it runs (steps last what the cost model predicts)."""
 
 from expresslane.cost_model import StepShape
-from expresslane.scheduler.policy import LONE_STEP_SHARE, MIN_CHUNK
+from expresslane.config import SchedulerConfig
 
 from test_slo_steps import H200, TPOT, TTFT, Sim, land, request, scheduler, shape_of
+
+MIN_CHUNK = SchedulerConfig().min_prefill_chunk
+LONE_STEP_SHARE = SchedulerConfig().lone_step_share
 
 PROMPTS, LEN = 256, 2047
 

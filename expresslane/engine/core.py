@@ -27,17 +27,6 @@ from expresslane.runner.step_timing import calibration_steps, time_steps
 
 log = logging.getLogger(__name__)
 
-EXPERT_LOAD_EVERY = 64  # steps between copies of the MoE per-expert counters to the host (none waits)
-# Planning waits until the step on the GPU is predicted to end within this margin (at least; more
-# when planning and launching take longer: HOLD_HOST times their recent time), in slices of at most
-# HOLD_SLICE_S that return to the caller (the server takes in new requests between them). A request
-# arriving during a long step then starts in the next one; planned at the start of the step on the
-# GPU, the next step was committed already and it waited behind two.
-HOLD_MARGIN_S = 0.002
-HOLD_HOST = 3.0
-HOLD_SLICE_S = 0.001
-
-
 @dataclass(slots=True)
 class _InFlight:
     plan: StepPlan
@@ -125,7 +114,8 @@ class EngineCore:
             self.spec.max_rows = self.runner.verify_rows()
         self.scheduler = make_scheduler(config.scheduler, self.kv, cost_model=self.cost_model, spec=self.spec)
         self.grammars = Grammars(tokenizer_loader(Path(config.model.tokenizer or self.model_dir), self.model_dir,
-                                                  self.hf_config), self.hf_config.vocab_size)
+                                                  self.hf_config), self.hf_config.vocab_size,
+                                 config.structured_output)
         self._rejected: dict[str, str] = {}  # requests refused after add_request returned (a grammar failed)
         self._last: StepStats | None = StepStats(0, 0, 0.0)  # None: a held call's, built when asked
         self._in_flight: _InFlight | None = None  # the step the GPU may still be running
@@ -181,7 +171,7 @@ class EngineCore:
         wait = self.hold(prev, t0)
         self.held = wait > 0
         if self.held:
-            time.sleep(min(wait, HOLD_SLICE_S))
+            time.sleep(min(wait, self.config.scheduler.step_hold_slice_ms / 1e3))
             self._last = None  # (held calls come at up to 1 kHz: their stats are built only if read)
             return []
         self._calls += 1
@@ -237,7 +227,8 @@ class EngineCore:
         and around speculative steps (they land before the next plan)."""
         if step is None or not step.ends or step.speculative or self.scheduler.speculating():
             return 0.0
-        wait = step.ends - now - max(HOLD_MARGIN_S, HOLD_HOST * self._host_s)
+        s = self.config.scheduler
+        wait = step.ends - now - max(s.step_hold_margin_ms / 1e3, s.step_hold_host_factor * self._host_s)
         return wait if wait > 0 and not step.result.ready() else 0.0
 
     def _stats(self, tokens: int, seqs: int, duration: float, measured: float = 0.0,
@@ -270,7 +261,7 @@ class EngineCore:
         self._steps_since_copy += stepped
         idle = self._in_flight is None and not self.scheduler.has_unfinished()
         if self._steps_since_copy and (idle or (self._expert_copy is None
-                                                 and self._steps_since_copy >= EXPERT_LOAD_EVERY)):
+                                                 and self._steps_since_copy >= self.config.parallel.expert_load_interval)):
             self._expert_copy = self.runner.copy_expert_tokens()  # idle: a fresh one replaces one on its way
             self._steps_since_copy = 0
         copy = self._expert_copy

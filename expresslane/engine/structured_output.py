@@ -28,18 +28,14 @@ from typing import Callable
 
 import numpy as np
 
+from expresslane.config import StructuredOutputConfig
 from expresslane.contract import StepPlan
 from expresslane.sampling_params import StructuredOutputs
 
 log = logging.getLogger(__name__)
 
-COMPILE_TIMEOUT_S = 10.0  # a grammar not compiled by then rejects its request (the thread runs on)
-COMPILE_THREADS = 2
-CACHE_ENTRIES = 512  # compiled grammars kept (least recently used first out)
 _JSON_OBJECT = '{"type": "object"}'
 CLOSERS = ('"', "}", "]", "0")  # JSON's shortest way out, in order of preference
-CLOSE_SHARE = 4  # the last quarter of a sequence's budget
-CLOSE_TOKENS = 32
 
 
 def _choice_grammar(choices: list[str]) -> str:
@@ -49,9 +45,11 @@ def _choice_grammar(choices: list[str]) -> str:
 class Grammars:
     """The engine's structured-output state: compilation, one matcher per constrained sequence."""
 
-    def __init__(self, load_tokenizer: Callable[[], tuple[object, tuple[int, ...]]], vocab_size: int):
+    def __init__(self, load_tokenizer: Callable[[], tuple[object, tuple[int, ...]]], vocab_size: int,
+                 config: StructuredOutputConfig):
         """``load_tokenizer() -> (HF tokenizer, EOS ids)``: called once, in a worker thread, on first use."""
         self._load_tokenizer = load_tokenizer
+        self.config = config
         self.vocab_size = vocab_size
         self._pool: ThreadPoolExecutor | None = None
         self._compiler: Future | None = None
@@ -86,13 +84,13 @@ class Grammars:
 
     def compiled(self, spec: StructuredOutputs) -> Future:
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="grammar")
+            self._pool = ThreadPoolExecutor(self.config.grammar_compile_threads, thread_name_prefix="grammar")
             self._compiler = self._pool.submit(self._make_compiler)
         key = spec.key
         fut = self._cache.get(key)
         if fut is None or (fut.done() and fut.exception() is not None):
             fut = self._cache[key] = self._pool.submit(self._compile, spec)
-            while len(self._cache) > CACHE_ENTRIES:
+            while len(self._cache) > self.config.grammar_cache_size:
                 self._cache.popitem(last=False)
         self._cache.move_to_end(key)
         return fut
@@ -119,9 +117,9 @@ class Grammars:
                 if spec.json is not None or spec.json_object:
                     self._json.add(rid)
                 ready.append(req)
-            elif now - since > COMPILE_TIMEOUT_S:
+            elif now - since > (timeout := self.config.grammar_compile_timeout_s):
                 del self._waiting[rid]
-                refused[rid] = f"structured_outputs: the grammar did not compile within {COMPILE_TIMEOUT_S:g} s"
+                refused[rid] = f"structured_outputs: the grammar did not compile within {timeout:g} s"
         return ready, refused
 
     @property
@@ -155,7 +153,7 @@ class Grammars:
             if s.request_id not in self._json:
                 continue
             left, budget = tokens_left(s.request_id)
-            if left <= max(CLOSE_TOKENS, budget // CLOSE_SHARE):
+            if left <= max(self.config.json_close_tokens, budget // self.config.json_close_share):
                 self._close(rows[row])
         plan.token_bitmask = rows
 

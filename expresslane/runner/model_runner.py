@@ -39,10 +39,6 @@ from expresslane.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
 
-# steps up to this many tokens replay a graph: eager launches cost ~40 us each (Triton) and a
-# step of a few hundred tokens is otherwise launch-bound; the default budget (2048) is covered
-MIXED_GRAPH_TOKENS = 2048
-
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -199,7 +195,7 @@ class ModelRunner(Runner):
             return
         max_blocks = -(-max_model_len // self.block_size)
         s = self.config.scheduler
-        mixed_tokens = min(MIXED_GRAPH_TOKENS, s.max_num_batched_tokens)
+        mixed_tokens = min(self.config.device.max_mixed_graph_tokens, s.max_num_batched_tokens)
         vocab = self.model.config.vocab_size
         logits_out = torch.empty(s.max_num_seqs, vocab, dtype=torch.float32, device=self.device)
         self.decode_graphs = DecodeGraphs(self.model, self.attn_backend, s.max_num_seqs, max_blocks, self.device,
