@@ -1,20 +1,6 @@
-"""Structured outputs: grammars compiled off the step loop, a matcher per sequence, and each
-step's allowed tokens as a bitmask (xgrammar, imported on first use).
-
-    add_request --compile (worker thread, cached)--> waiting here until compiled --> scheduler
-    each step: the plan's constrained seqs that sample -> one bitmask row each (StepPlan.token_bitmask)
-    each landed step: every new token advances its sequence's matcher
-
-Near the end of its token budget (the last ``CLOSE_SHARE`` of it, at least ``CLOSE_TOKENS``),
-a sequence that must be JSON takes the first of these its grammar allows: the end (EOS), then each
-of ``CLOSERS`` in order (end a string, an object, an array; a value of 0); only where none is
-allowed does the model choose. So even a weak model's JSON completes before ``max_tokens``
-wherever the grammar allows it (what the grammar forces, such as a required key, still comes).
-
-A request whose grammar fails to compile, or takes longer than ``COMPILE_TIMEOUT_S``, is
-rejected with the compiler's message. Each of a request's ``n`` sequences has its own matcher
-over the one compiled grammar.
-"""
+"""Structured outputs (xgrammar, imported on first use): grammars compiled off the step loop,
+a matcher per sequence, each step's allowed tokens as a bitmask. Near its budget's end a JSON
+sequence is steered to close (EOS, then ``CLOSERS``) wherever its grammar allows."""
 
 from __future__ import annotations
 
@@ -43,22 +29,21 @@ def _choice_grammar(choices: list[str]) -> str:
 
 
 class Grammars:
-    """The engine's structured-output state: compilation, one matcher per constrained sequence."""
+    """Compilation, and one matcher per constrained sequence."""
 
     def __init__(self, load_tokenizer: Callable[[], tuple[object, tuple[int, ...]]], vocab_size: int,
                  config: StructuredOutputConfig):
-        """``load_tokenizer() -> (HF tokenizer, EOS ids)``: called once, in a worker thread, on first use."""
+        """``load_tokenizer() -> (HF tokenizer, EOS ids)``, called once in a worker thread."""
         self._load_tokenizer = load_tokenizer
         self.config = config
         self.vocab_size = vocab_size
         self._pool: ThreadPoolExecutor | None = None
         self._compiler: Future | None = None
         self._cache: collections.OrderedDict[tuple, Future] = collections.OrderedDict()
-        self._waiting: dict[str, tuple[object, Future, float]] = {}  # request id -> (request, compiled, since)
-        self.matchers: dict[str, object] = {}  # request id -> xgrammar.GrammarMatcher
-        self._json: set[str] = set()  # request ids whose output must be JSON: closed near their budget's end
+        self._waiting: dict[str, tuple[object, Future, float]] = {}  # id -> (request, compiled, since)
+        self.matchers: dict[str, object] = {}
+        self._json: set[str] = set()  # ids whose output must be JSON
 
-    # -- compiling -------------------------------------------------------------------------------
     def _make_compiler(self):
         import xgrammar
 
@@ -96,11 +81,11 @@ class Grammars:
         return fut
 
     def wait(self, req) -> None:
-        """Hold ``req`` (an engine Request with structured outputs) until its grammar is compiled."""
+        """Hold ``req`` until its grammar is compiled."""
         self._waiting[req.request_id] = (req, self.compiled(req.sampling_params.structured_outputs), time.monotonic())
 
     def ready(self, now: float) -> tuple[list, dict[str, str]]:
-        """(requests whose grammar is ready, each with its matcher made; {request id: why} of those refused)."""
+        """(requests now ready, with matchers; {request id: why} of those refused)."""
         if not self._waiting:
             return [], {}
         import xgrammar
@@ -132,10 +117,8 @@ class Grammars:
             self.matchers.pop(rid, None)
             self._json.discard(rid)
 
-    # -- each step -----------------------------------------------------------------------------
     def fill(self, plan: StepPlan, tokens_left: Callable[[str], tuple[int, int]]) -> None:
-        """Give each constrained seq that samples this step its row of allowed tokens.
-        ``tokens_left(request id) -> (tokens it may still sample, its budget)``."""
+        """A row of allowed tokens per constrained sampling seq. ``tokens_left(id) -> (left, budget)``."""
         if not self.matchers:
             return
         import torch
@@ -158,7 +141,7 @@ class Grammars:
         plan.token_bitmask = rows
 
     def _close(self, row: np.ndarray) -> None:
-        """Keep only the first class of closing tokens the row allows (none allowed: keep the row)."""
+        """Keep only the first class of closers the row allows, if any."""
         for ids in self._closers:
             allowed = [t for t in ids if (int(row[t >> 5]) >> (t & 31)) & 1]
             if allowed:
@@ -168,7 +151,7 @@ class Grammars:
                 return
 
     def landed(self, outputs) -> None:
-        """A landed step's outputs: each new token advances its matcher; a finished request's goes."""
+        """Advance matchers by the landed tokens; drop finished requests'."""
         if not self.matchers:
             return
         for out in outputs:
@@ -176,7 +159,7 @@ class Grammars:
             if matcher is None:
                 continue
             for t in out.new_token_ids:
-                if not matcher.accept_token(t):  # only a token outside the mask (say, one min_tokens forced)
+                if not matcher.accept_token(t):  # e.g. forced by min_tokens
                     log.warning("request %s: token %d is outside its grammar", out.request_id, t)
             if out.finish_reason is not None:
                 self.forget([out.request_id])
