@@ -1,10 +1,5 @@
-"""Scheduling policies (torch-free): who goes first, and how a step's budget is split.
-
-A policy gives the scheduler the waiting order (`key`), the running order (`order_running`,
-last = first victim), each step's budget (`step_budget`), who skips a step (`steps_aside`) and
-whom a waiting request may preempt (`victim`). docs/architecture.md, "Budget", has the rules
-and the simulations behind them.
-"""
+"""Scheduling policies (torch-free): queue order, each step's budget, step-aside and victims.
+docs/architecture.md, "Budget", has the rules and the simulations behind them."""
 
 from __future__ import annotations
 
@@ -20,12 +15,12 @@ from expresslane.lanes import LANES, Lanes
 
 @dataclass(slots=True)
 class StepBudget:
-    """What one step may take; the scheduler spends it as it plans."""
+    """What one step may take."""
 
     tokens: int
     prefill_cap: int  # per request
     lanes: dict[str, int]  # per lane, left
-    top_up: bool = False  # leftover budget goes back to capped requests at the end
+    top_up: bool = False  # leftover budget goes back to capped requests
     short_first: bool = False  # long interactive prefills may step aside
     running_prefill: int = 1 << 62  # the running prompts' chunks together
 
@@ -125,8 +120,7 @@ class DeadlinePolicy(SchedulingPolicy):
 
     def slo_sized(self, head: Request | None, running: Collection[Request], now: float,
                   spec_tokens: int = 0, idle: bool = False) -> tuple[int, int, int]:
-        """(step tokens, prefill cap, running prompts' share) that keep interactive latency
-        within the SLO by the cost model; docs/architecture.md, "Budget", has each rule."""
+        """(step tokens, prefill cap, running prompts' share) within the interactive SLO."""
         slo = self.lanes["interactive"]
         decodes, start, pace = [], 0, False
         for r in running:
@@ -182,8 +176,7 @@ class DeadlinePolicy(SchedulingPolicy):
         return now < self.deadline(req)
 
     def victim(self, req: Request, running: Collection[Request]) -> Request | None:
-        """For an interactive request: the lowest-ranked running batch request, else the lowest-
-        ranked prompt still in its prefill that ranks after it; never a decoding interactive one."""
+        """For an interactive request: the lowest-ranked batch request, else a later-ranked prefill."""
         if req.lane != "interactive":
             return None
         batch = [r for r in running if r.lane == "batch"]
