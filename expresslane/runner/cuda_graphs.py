@@ -1,9 +1,6 @@
-"""CUDA graphs: a step's forward replayed from static buffers, by bucketed size.
-
-Decode graphs (one token per seq, split-KV decode path) by batch size; mixed graphs (any
-composition, all on the prefill path, a padded static work list) by token count. Padding
-never changes results: slot -1 (no KV write), padding seqs have no query and no context.
-"""
+"""CUDA graphs, by bucketed size, fed through static buffers: decode graphs (one token a seq) by
+batch size, mixed graphs (any composition, on the prefill path) by token count. Padding tokens
+write no KV (slot -1); padding seqs have no query and no context."""
 
 from __future__ import annotations
 
@@ -164,14 +161,9 @@ class DecodeGraphs(_Graphs):
 
 
 class DraftChainGraphs(DecodeGraphs):
-    """A greedy draft's proposals 2..k in one replay: `steps` single-token forwards, each fed
-    the argmax of the one before on the device, positions and context lengths advancing by one
-    a forward. Loaded as a decode step of every speculating seq feeding its first proposal (the
-    patch puts it in) at the position after its last known token, with each seq's proposal
-    count: a seq moves on and writes its KV only while it proposes that many (`counts` >
-    forward + 1); past that it stays on its last slot with slot -1, so no position leaves its
-    allocated slots (nor the rotary table). Outputs past a seq's count are padding the verify
-    step ignores. Without capture (CPU tests) the same buffers run eagerly."""
+    """A greedy draft's proposals 2..k in one replay: `steps` single-token forwards, each fed the
+    argmax of the one before. A seq advances and writes KV only while `counts` > forward + 1,
+    then stays on its last slot with slot -1; outputs past its count are padding."""
 
     def __init__(self, model, backend, max_num_seqs: int, max_blocks: int, device: torch.device,
                  logits_out: torch.Tensor, steps: int, block_size: int):

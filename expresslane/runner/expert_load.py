@@ -1,5 +1,4 @@
-"""Per-expert token counters of a mixture of experts, copied to pinned host memory behind the
-queued work with an event: read once landed, never waited for."""
+"""Per-expert token counters of a mixture of experts, copied to the host without waiting."""
 
 from __future__ import annotations
 

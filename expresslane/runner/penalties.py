@@ -1,7 +1,5 @@
-"""Presence, frequency and repetition penalties (vLLM's meanings) over per-row token counts on
-the device: ``counts`` (output tokens) and ``seen`` (prompt or output), counted at admission
-and then as tokens are sampled. Nothing is allocated until a request asks for a penalty.
-"""
+"""Presence, frequency and repetition penalties (vLLM's meanings) from per-row token counts kept
+on the device, allocated at the first request that asks for one."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Prompt logprobs: log-softmax at a prompt's positions against the next prompt token. Eager
-steps that keep every hidden state, with logits a slice of rows at a time (memory bound).
-"""
+"""Prompt logprobs: log-softmax at a prompt's positions against the next prompt token, in eager
+steps, a slice of rows at a time."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""The runner's per-request rows (block table, sampling parameters, EOS ban), kept from a
-request's ``NewRequest`` to its end, and a step's host inputs gathered from them in
-O(the step's tokens + new blocks), never O(context).
-"""
+"""The runner's per-request rows (block table, sampling parameters, EOS ban) and a step's host
+inputs gathered from them in O(step tokens + new blocks)."""
 
 from __future__ import annotations
 

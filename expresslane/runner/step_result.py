@@ -1,4 +1,4 @@
-"""StepResult: a launched step's sampled ids, on their way to the host."""
+"""StepResult: a launched step's sampled ids on their way to the host."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ if TYPE_CHECKING:
 
 
 class StepResult:
-    """Sampled ids copied to the host without blocking; `spec`: (request ids, Verified). On CUDA
-    `get()` waits for the step's end even if it sampled nothing, so the pipeline stays one deep."""
+    """`spec`: (request ids, Verified). On CUDA `get()` waits for the step's end even if it
+    sampled nothing: the pipeline stays one step deep."""
 
     def __init__(self, device: torch.device, request_ids: list[str], tokens: torch.Tensor | None,
                  logprobs: list[dict[int, float]] | None, spec: tuple[list[str], Verified] | None = None,

@@ -1,7 +1,5 @@
-"""The step-cost model's calibration: synthetic steps timed through ``ModelRunner.execute`` at
-start-up, on free KV blocks. Prefills of growing length, decodes at short and long context, and
-decodes beside a deep prefill chunk separate the model's terms.
-"""
+"""Calibration of the step-cost model: synthetic steps of each shape family timed through
+``ModelRunner.execute`` at start-up, on free KV blocks."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Tensor parallelism, rank 0's side: every model-touching runner call is broadcast to the
-worker processes (``runner/tp_worker.py``) as a pickled command over gloo, then run by every
-rank alike; rank 0 samples and broadcasts the ids on the device. Local rank r uses cuda:r.
-"""
+"""Tensor parallelism, rank 0's side: each model-touching call is broadcast to the workers
+(``runner/tp_worker.py``) over gloo and run by every rank; rank 0 samples and broadcasts the ids."""
 
 from __future__ import annotations
 
