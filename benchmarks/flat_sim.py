@@ -32,7 +32,7 @@ from expresslane.sampling_params import SamplingParams
 with open(Path(__file__).with_name("flat_sim_h200.json")) as _f:
     H200 = StepCostModel.from_dict(json.load(_f))
 
-# What the same steps would cost at the H200's floors (DESIGN §8), 8B shape: the linear layers
+# What the same steps would cost at the H200's floors (expresslane/bench/floors.py), 8B shape: the linear layers
 # read 15.0 GB of weights (3.51 ms at 4.27 TB/s) or compute 2 x 7.5e9 FLOP a token at 805
 # TFLOP/s (18.6 us), whichever is longer, plus 0.2 ms a step; 128 KiB of KV per decode context
 # token at 4.27 TB/s; 2^19 attention FLOP per prefill query-key pair at 75% of 805 TFLOP/s.
