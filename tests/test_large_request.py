@@ -2,13 +2,15 @@
 it ranks by its whole work, it cannot hold every seat against a short request, and no step grows
 past the interactive budget while it runs (steps last what the cost model predicts)."""
 
-from expresslane.config.engine import SchedulerConfig
+from expresslane.config import SchedulerConfig
 from expresslane.cost_model import StepCostModel, StepShape
 from expresslane.scheduler.kv_cache import KVCacheManager
 from expresslane.scheduler.scheduler import Scheduler
-from expresslane.scheduler.policy import LONE_STEP_SHARE, MIN_CHUNK
 
 from test_slo_steps import H200, TPOT, TTFT, Sim, land, request, scheduler, shape_of
+
+MIN_CHUNK = SchedulerConfig().min_prefill_chunk
+LONE_STEP_SHARE = SchedulerConfig().lone_step_share
 
 PROMPTS, LEN = 256, 2047
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from expresslane import LLM
-from expresslane.engine.structured_output import CLOSE_TOKENS
+from expresslane.config import StructuredOutputConfig
 from expresslane.runner.sampler import apply_token_bitmask
 from expresslane.sampling_params import SamplingParams, StructuredOutputs
 
@@ -40,7 +40,7 @@ def test_json_schema_output_parses_and_follows_the_schema(llm):
         assert c.finish_reason == "stop"
 
 
-@pytest.mark.parametrize("max_tokens", [CLOSE_TOKENS + 8, 200])
+@pytest.mark.parametrize("max_tokens", [StructuredOutputConfig().json_close_tokens + 8, 200])
 def test_any_json_object_closes_before_max_tokens(llm, max_tokens):
     """The 9M model left alone opens a key and never closes it; near the budget's end the output closes."""
     outs = llm.generate(["The answer in JSON:", "Tell me a story"], SamplingParams(
