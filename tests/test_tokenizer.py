@@ -33,7 +33,8 @@ def test_bound_word_cache_resizes_the_rust_models_cache():
 
 def test_a_full_bounded_cache_gives_the_same_tokens():
     rng = random.Random(0)
-    words = [" " + "".join(rng.choices(string.ascii_lowercase, k=rng.randint(2, 40))) for _ in range(3 * WORD_CACHE_WORDS)]
+    words = [" " + "".join(rng.choices(string.ascii_lowercase, k=rng.randint(2, 40)))
+             for _ in range(3 * WORD_CACHE_WORDS)]
     text = "".join(words) + " " + str(rng.random())
     bounded = load_tokenizer(DEFAULT_MODEL).backend_tokenizer
     unbounded = Tokenizer.from_file(str(DEFAULT_MODEL / "tokenizer.json"))
