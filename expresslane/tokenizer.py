@@ -11,6 +11,13 @@ from pathlib import Path
 # torch (the server's API process stays torch-free).
 _PLAIN_FAST = {"PreTrainedTokenizerFast", "TokenizersBackend"}
 
+# Words a BPE or Unigram model keeps the tokens of (`tokenizers`' default: 10,000). That cache
+# keeps the first words it sees and never evicts, in the Rust heap (tracemalloc does not see it);
+# an entry's size grows with its word (up to 256 characters), so a server's clients, sending
+# numbers or random strings, fill it with words that never come again, and the process grows
+# until it is full. A smaller cache keeps the common words, which is where it helps.
+WORD_CACHE_WORDS = 1024
+
 
 def load_tokenizer(path: str | Path):
     config = Path(path) / "tokenizer_config.json"
@@ -18,12 +25,22 @@ def load_tokenizer(path: str | Path):
         if config.is_file() and json.loads(config.read_text()).get("tokenizer_class") in _PLAIN_FAST:
             from transformers import PreTrainedTokenizerFast
 
-            return PreTrainedTokenizerFast.from_pretrained(str(path))
+            return bound_word_cache(PreTrainedTokenizerFast.from_pretrained(str(path)))
         from transformers import AutoTokenizer  # importing it imports torch, when installed
 
-        return AutoTokenizer.from_pretrained(str(path))
+        return bound_word_cache(AutoTokenizer.from_pretrained(str(path)))
     except (OSError, ValueError) as e:
         raise ValueError(f"cannot load a tokenizer from {str(path)!r}: {e}") from e
+
+
+def bound_word_cache(tokenizer, words: int = WORD_CACHE_WORDS):
+    """Resize the Rust model's word cache (BPE, Unigram) to ``words``; other tokenizers as they are.
+    The tokens a text encodes to do not depend on it."""
+    model = getattr(getattr(tokenizer, "backend_tokenizer", None), "model", None)
+    resize = getattr(model, "_resize_cache", None)  # tokenizers' own method; private, so probed
+    if resize is not None:
+        resize(words)
+    return tokenizer
 
 
 def eos_token_ids(model_dir: Path, hf_config, tokenizer) -> tuple[int, ...]:

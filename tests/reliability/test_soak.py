@@ -76,8 +76,9 @@ async def _one(http: httpx.AsyncClient, rng: random.Random, kind: str, ttfts: li
         assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] in ("stop", "length"), r.text
     elif kind in ("chat_stream", "generate_stream", "dropped"):
         path, body = ("/generate", {"prompt": f"gen {rng.random()}"}) if kind == "generate_stream" else \
-            ("/v1/chat/completions", {"messages": MSG, "stream_options": {"include_usage": True},
-                                      "logprobs": rng.random() < 0.3, "top_logprobs": 2})
+            ("/v1/chat/completions", {"messages": MSG, "stream_options": {"include_usage": True}})
+        if path != "/generate" and rng.random() < 0.3:
+            body.update(logprobs=True, top_logprobs=2)  # top_logprobs without logprobs is a 400 (OpenAI's rule)
         body.update(max_tokens=tokens if kind != "dropped" else 200, ignore_eos=True, stream=True)
         t0 = time.monotonic()
         async with http.stream("POST", path, json=body) as r:
