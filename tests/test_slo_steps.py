@@ -277,10 +277,12 @@ def test_proposals_of_decodes_are_not_eaten_by_a_prefill_ranked_first():
     decode beside it still verifies its proposals (the CI run on a loaded machine where a
     deadline-policy engine never speculated)."""
     from expresslane.config import SpeculativeConfig
+    from expresslane.runner.ngram import NgramProposer
     from expresslane.scheduler.spec_decode import SpecDecoder
 
     now = [0.0]
-    spec = SpecDecoder(SpeculativeConfig(speculative_method="ngram", speculative_disable_by_batch_size=2), H200)
+    spec = SpecDecoder(SpeculativeConfig(speculative_method="ngram", speculative_disable_by_batch_size=2), H200,
+                       NgramProposer(2, 4))
     config = SchedulerConfig(max_num_batched_tokens=2048, max_num_seqs=256, scheduling_policy="deadline",
                              lane_slo=f"interactive:ttft={TTFT * 1e3:g}ms,tpot={TPOT * 1e3:g}ms,slack={SLACK}")
     sched = Scheduler(config, KVCacheManager(40_000, 16), clock=lambda: now[0], cost_model=H200, spec=spec)

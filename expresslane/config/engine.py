@@ -131,6 +131,26 @@ class SpeculativeConfig:
     speculative_disable_by_batch_size: int | None = _knob(
         None, "speculate only while at most this many requests decode; default: whenever the step-cost model "
         "predicts less time per generated token (off at high batch)")
+    # how the step-cost model's decision to speculate is made and measured (none of these change tokens)
+    speculative_prior_acceptance: float = _knob(
+        0.5, "acceptance rate (accepted over proposed tokens, 0..1) assumed until the engine has measured its own")
+    speculative_prior_until: int = _knob(
+        64, "proposed tokens (verified or shadowed) after which the measured acceptance rate replaces the prior")
+    speculative_probe_every: int = _knob(
+        8, "draft_model, while on the prior: one planned step in this many speculates to measure acceptance "
+        "(else a prior that says no would hold for good)")
+    speculative_probe_every_measured: int = _knob(
+        64, "draft_model, past the prior: one planned step in this many speculates where full acceptance "
+        "would pay (a rate measured on a few verifies is not final)")
+    speculative_gain_margin: float = _knob(
+        0.9, "speculate only when the predicted time per generated token is below this fraction of plain "
+        "decoding's")
+    speculative_warmup_verifies: int = _knob(
+        4, "verify steps of each batch-size bucket whose times are ignored (first-use costs of the verify "
+        "shapes' kernels)")
+    speculative_verify_window: int = _knob(
+        16, "verify steps of each batch-size bucket whose median measured over predicted time scales the "
+        "prediction of the next")
 
     @property
     def method(self) -> str | None:

@@ -119,7 +119,8 @@ class EngineCore:
         self.expert_tokens: dict[int, list[int]] | None = None  # the last counters read (MoE models)
         self.config = config.replace(num_kv_blocks=num_blocks)
         self.kv = KVCacheManager(num_blocks, bs, config.cache.enable_prefix_caching)
-        self.spec = None if config.speculative.method is None else SpecDecoder(config.speculative, self.cost_model)
+        proposer = self.runner.proposer
+        self.spec = None if proposer is None else SpecDecoder(config.speculative, self.cost_model, proposer)
         if self.spec is not None:
             self.spec.draft_cost_ratio = self.runner.draft_cost_ratio()
             self.spec.max_rows = self.runner.verify_rows()

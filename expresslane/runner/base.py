@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
     from expresslane.contract import StepPlan
     from expresslane.runner.expert_load import ExpertTokensCopy
+    from expresslane.runner.proposer import Proposer
     from expresslane.runner.step_result import StepResult
 
 
@@ -37,6 +38,7 @@ class Runner(ABC):
     kv_dtype: torch.dtype  # the KV cache's (fp8 with --kv-cache-dtype fp8)
     block_size: int  # tokens per KV block
     model: nn.Module  # this process's model (its slice, with tensor parallelism)
+    proposer: Proposer | None  # speculative decoding's proposals (None: it is off)
 
     # -- start-up, in this order -----------------------------------------------------------------
     @abstractmethod

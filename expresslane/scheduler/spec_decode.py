@@ -1,32 +1,6 @@
-"""Speculative decoding, the scheduler's side (torch-free): who speculates, how many tokens,
-and prompt-lookup (n-gram) proposals.
-
-A decoding request that speculates computes ``1 + k`` tokens in one target step: its last
-token and ``k`` proposed ones; the runner verifies them (runner/spec_verify.py) and returns
-the accepted proposals plus one token of its own (1 to k + 1 tokens). Proposals come from
-the request's own prompt and output (``ngram``: the tokens that followed the latest earlier
-occurrence of its last n tokens) or from a draft model the runner runs (``draft_model``:
-the plan then carries placeholders). Whether a step speculates at all is decided once per
-step: by ``speculative_disable_by_batch_size`` when given, else by the step-cost model
-(speculate when the expected time per generated token is lower). A verify step runs another
-path than the steps the model was fitted on (not pipelined; eager where its logits rows do not
-fit a graph), so the prediction for it is scaled by what such steps measured against their
-prediction so far, per batch size (by powers of two); the proposals per request shrink so that a
-verify's logits rows fit the mixed graphs (`proposals`). The prediction is at least that of the
-plain step it extends (the mixed-step constant is fitted on prefill chunks).
-
-The acceptance rate that decision needs is measured by verify steps, but a model that never
-speculates would never measure it. So
-while prompt lookup is off, one decoding request at a time is shadowed: its proposal is
-taken as if it would speculate, and compared with the tokens it then decodes plainly. The
-leading matches are what a verify would have accepted (greedy: equal to the argmax; sampling:
-a one-hot proposal d is accepted with probability p(d), the chance the sampled token is d).
-Shadow counts feed ``acceptance()`` only, not the /metrics counters. A draft model has no
-shadow (its proposals cost a forward): while its rate is the prior, every PROBE_EVERY-th
-planned step speculates to measure it, and after that every PROBE_EVERY_MEASURED-th where
-speculating could pay at full acceptance. A probe speculates with one decoding request (in
-turn), whatever the batch: acceptance does not depend on it, and probing every request makes
-each one's draft catch up on its tokens first.
+"""Speculative decoding, the scheduler's side (torch-free): whether a step speculates, with how
+many proposals per request, and the acceptance rate that decision needs (docs/architecture.md,
+"Speculative decoding"). Proposals come from the `Proposer` (runner/proposer.py).
 """
 
 from __future__ import annotations
@@ -38,49 +12,9 @@ import numpy as np
 
 from expresslane.config import SpeculativeConfig
 from expresslane.cost_model import StepCostModel, StepShape
+from expresslane.runner.proposer import Proposer
 from expresslane.scheduler.request import Request
 
-PRIOR_ACCEPTANCE = 0.5  # per proposed token, until the engine has measured its own
-PRIOR_UNTIL = 64  # proposed tokens (verified or shadowed) before the measured rate replaces the prior
-# A draft model's acceptance is measured only by verify steps (no shadow: its proposals cost a
-# forward), so while its rate is the prior, one step in this many speculates to measure it
-# (else a prior that says no would hold for good, whatever the draft is worth).
-PROBE_EVERY = 8
-# Past the prior, probes go on at a lower rate where speculating could pay at all (at full
-# acceptance): a rate measured on a few early verifies is not final.
-PROBE_EVERY_MEASURED = 64
-GAIN_MARGIN = 0.9  # speculate only when the model predicts at least 10% less time per token
-# The first verify steps of a batch size pay first-use costs (the verify shapes' first kernels),
-# which would keep speculation off for good: they are not observed, and the scale is a median.
-WARMUP_VERIFIES = 4
-VERIFY_WINDOW = 16
-
-
-def ngram_propose(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
-    """Up to ``k`` tokens that followed the latest earlier occurrence of the last n tokens
-    (the longest n in max_n..min_n that occurs); [] when none does. One pass over the tokens
-    for the earlier places of the last token, then each place's match length backwards (one
-    scan, not a sliding window per n)."""
-    if k <= 0 or len(tokens) < min_n + 1:
-        return []
-    arr = np.asarray(tokens, dtype=np.int64)
-    longest = min(max_n, len(arr) - 1)
-    ends = np.flatnonzero(arr[:-1] == arr[-1])  # where an earlier n-gram may end
-    if not len(ends):
-        return []
-    length = np.ones(len(ends), dtype=np.int64)  # matched tokens backwards from each end
-    alive = np.ones(len(ends), dtype=bool)
-    for back in range(1, longest):
-        at = ends - back
-        alive &= at >= 0
-        alive[alive] = arr[at[alive]] == arr[-1 - back]
-        length += alive
-    for n in range(longest, min_n - 1, -1):
-        hits = np.flatnonzero(length >= n)
-        if len(hits):
-            start = int(ends[hits[-1]]) + 1
-            return arr[start:start + k].tolist()
-    return []
 
 
 @dataclass(slots=True)
@@ -93,9 +27,10 @@ class SpecCounters:
 
 
 class SpecDecoder:
-    def __init__(self, config: SpeculativeConfig, cost_model: StepCostModel | None):
+    def __init__(self, config: SpeculativeConfig, cost_model: StepCostModel | None, proposer: Proposer):
         self.config = config
         self.cost_model = cost_model
+        self.proposer = proposer
         self.counters = SpecCounters()
         self.draft_cost_ratio = 0.0  # a draft step's time over a target step's (the engine sets it)
         # logits rows a verify step may have and still replay a mixed-step CUDA graph (the engine
@@ -116,15 +51,15 @@ class SpecDecoder:
 
     @property
     def proposes_on_host(self) -> bool:
-        return self.config.method == "ngram"
+        return self.proposer.proposes_on_host
 
     def _on_prior(self) -> bool:
-        return self.counters.num_draft_tokens + self.shadow_proposed < PRIOR_UNTIL
+        return self.counters.num_draft_tokens + self.shadow_proposed < self.config.speculative_prior_until
 
     def acceptance(self) -> float:
-        """Accepted over proposed tokens, verified and shadowed; the prior below PRIOR_UNTIL proposed."""
+        """Accepted over proposed tokens, verified and shadowed; the prior below self.config.speculative_prior_until proposed."""
         if self._on_prior():
-            return PRIOR_ACCEPTANCE
+            return self.config.speculative_prior_acceptance
         c = self.counters
         return (c.num_accepted_tokens + self.shadow_accepted) / (c.num_draft_tokens + self.shadow_proposed)
 
@@ -208,11 +143,16 @@ class SpecDecoder:
         return max(0, min(self.k, room))
 
     def propose(self, req: Request, k: int) -> list[int]:
-        """Proposals from the request's tokens (ngram), or ``k`` placeholders the runner's draft model fills."""
-        if not self.proposes_on_host:
-            return [0] * k
-        c = self.config
-        return ngram_propose(req.all_token_ids, k, c.prompt_lookup_min, c.prompt_lookup_max)
+        return self.proposer.propose(req.all_token_ids, k)
+
+    def catch_up(self, req: Request, start: int) -> list[int]:
+        """The tokens before `start` the proposer's cache lacks (`ScheduledSeq.draft_token_ids`)."""
+        return self.proposer.catch_up(req.all_token_ids, req.num_draft_computed, start)
+
+    def verified(self, req: Request, proposed: int, accepted: int) -> None:
+        """A verify of `req`'s `proposed` tokens accepted `accepted` (before they are appended)."""
+        self.record(proposed, accepted)
+        req.num_draft_computed = self.proposer.computed_after(req.num_computed_tokens, accepted, proposed)
 
     def worth_it(self, decoding: list[Request]) -> bool:
         """Whether this step speculates: never when its verify rows could not fit `max_rows`
@@ -234,7 +174,7 @@ class SpecDecoder:
 
     def _pays(self, contexts: list[int]) -> bool:
         plain, spec = self.predicted_costs(contexts)
-        return spec < GAIN_MARGIN * plain
+        return spec < self.config.speculative_gain_margin * plain
 
     def _is_probe(self, decoding: list[Request]) -> bool:
         """Whether a step `worth_it` said yes to speculates only to measure the draft's acceptance."""
@@ -243,14 +183,14 @@ class SpecDecoder:
                 and not self._pays([r.num_tokens - 1 for r in decoding]))
 
     def _probe_due(self, contexts: list[int]) -> bool:
-        """A draft model's probe: every PROBE_EVERY steps off while on the prior, then every
-        PROBE_EVERY_MEASURED where full acceptance would pay."""
+        """A draft model's probe: every self.config.speculative_probe_every steps off while on the prior, then every
+        self.config.speculative_probe_every_measured where full acceptance would pay."""
         if self._on_prior():
-            return self._steps_off >= PROBE_EVERY
-        if self._steps_off < PROBE_EVERY_MEASURED:
+            return self._steps_off >= self.config.speculative_probe_every
+        if self._steps_off < self.config.speculative_probe_every_measured:
             return False
         plain, best = self.predicted_costs(contexts, acceptance=1.0)
-        return best < GAIN_MARGIN * plain
+        return best < self.config.speculative_gain_margin * plain
 
     def predicted_costs(self, contexts: list[int], acceptance: float | None = None) -> tuple[float, float]:
         """Predicted seconds per generated token (per request) of a step of decodes at these
@@ -290,9 +230,9 @@ class SpecDecoder:
         plain = self.cost_model.predict(StepShape.of((start, n - k) for start, n, k in seqs if n > k))
         predicted = self._verify_cost(StepShape.of((start, n) for start, n, _ in seqs), plain,
                                       max(k for _, _, k in seqs))
-        if predicted <= 0 or seen <= WARMUP_VERIFIES:
+        if predicted <= 0 or seen <= self.config.speculative_warmup_verifies:
             return
-        ratios = self._verify_ratios.setdefault(bucket, deque(maxlen=VERIFY_WINDOW))
+        ratios = self._verify_ratios.setdefault(bucket, deque(maxlen=self.config.speculative_verify_window))
         ratios.append(measured / predicted)
         self._verify_scales[bucket] = float(np.median(ratios))
 
