@@ -2,7 +2,7 @@
 it ranks by its whole work, it cannot hold every seat against a short request, and no step grows
 past the interactive budget while it runs (steps last what the cost model predicts)."""
 
-from expresslane.cost_model import StepShape
+from expresslane.cost_model.base import StepShape
 from expresslane.scheduler.policy import LONE_STEP_SHARE, MIN_CHUNK
 
 from test_slo_steps import H200, TPOT, TTFT, Sim, land, request, scheduler, shape_of

@@ -4,6 +4,7 @@ every runner implements all of it."""
 from __future__ import annotations
 
 import ast
+import json
 import inspect
 from pathlib import Path
 
@@ -104,3 +105,26 @@ def test_both_proposers_implement_the_interface_and_the_registry_builds_them():
              for kw in ({"speculative_method": "ngram"}, {"speculative_model": str(draft)}, {})]
     assert isinstance(built[0], NgramProposer) and isinstance(built[1], DraftModelProposer) and built[2] is None
     assert built[0].propose([1, 2, 3, 1, 2], 2) == [3, 1] and built[1].propose([1, 2, 3, 1, 2], 2) == [0, 0]
+
+
+def test_the_engine_uses_only_the_step_cost_model_interface():
+    from expresslane.cost_model.base import StepCostModel
+
+    modules = ["scheduler/policy.py", "scheduler/spec_decode.py", "engine/core.py", "server/engine_proc.py"]
+    assert not _callers_outside(StepCostModel, "cost_model", modules)
+
+
+def test_both_cost_models_implement_the_interface_and_the_registry_builds_them(tmp_path):
+    from expresslane.cost_model.base import StepCostModel, StepShape
+    from expresslane.cost_model.piecewise import NominalStepCostModel, PiecewiseStepCostModel
+    from expresslane.cost_model.registry import make_cost_model
+
+    for cls in (PiecewiseStepCostModel, NominalStepCostModel):
+        assert issubclass(cls, StepCostModel) and not cls.__abstractmethods__
+    fitted = PiecewiseStepCostModel.fit([(StepShape(n), 1e-3 + n * 1e-5) for n in (1, 16, 64, 256)], 256)
+    path = tmp_path / "model.json"
+    path.write_text(json.dumps(fitted.to_dict()))
+    assert make_cost_model("calibrate", 256, lambda: fitted) is fitted
+    assert make_cost_model(fitted, 256, None) is fitted  # a value handed in is used as given
+    assert isinstance(make_cost_model("nominal", 256, None), NominalStepCostModel)
+    assert make_cost_model(str(path), 256, None).to_dict() == fitted.to_dict()

@@ -8,7 +8,8 @@ import pytest
 
 from expresslane.config import SchedulerConfig
 from expresslane.contract import EngineCoreRequest
-from expresslane.cost_model import StepCostModel, StepShape
+from expresslane.cost_model.base import StepShape
+from expresslane.cost_model.piecewise import PiecewiseStepCostModel
 from expresslane.scheduler.kv_cache import KVCacheManager
 from expresslane.scheduler.policy import MIN_CHUNK, PREFILL_STRETCH
 from expresslane.scheduler.request import Request
@@ -16,7 +17,7 @@ from expresslane.scheduler.scheduler import Scheduler
 from expresslane.sampling_params import SamplingParams
 
 # Issue #20's H200 linear-layer times of the 8B shape, plus attention terms
-H200 = StepCostModel([1, 16, 64, 128, 160, 256, 512, 2048],
+H200 = PiecewiseStepCostModel([1, 16, 64, 128, 160, 256, 512, 2048],
                      [3.9e-3, 3.9e-3, 4.2e-3, 4.4e-3, 4.7e-3, 5.6e-3, 9.5e-3, 9.5e-3 + 1536 * 15.2e-6],
                      k_decode=2e-9, k_prefill=1e-12, c_mixed=0.2e-3)
 TPOT, SLACK, TTFT = 0.025, 0.2, 0.2

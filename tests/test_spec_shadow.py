@@ -11,7 +11,8 @@ import torch
 import expresslane
 from expresslane.config import SchedulerConfig, SpeculativeConfig
 from expresslane.contract import EngineCoreRequest
-from expresslane.cost_model import StepCostModel
+from expresslane.cost_model.base import StepCostModel
+from expresslane.cost_model.piecewise import PiecewiseStepCostModel
 from expresslane.scheduler.kv_cache import KVCacheManager
 from expresslane.scheduler.request import Request
 from expresslane.scheduler.scheduler import Scheduler
@@ -28,7 +29,7 @@ PATTERN = [11, 12, 13, 14, 15, 16]
 # a plain step 1 ms; a verify step of 1 + 4 tokens 1.9 ms (the mixed-step constant): at the prior
 # acceptance (0.5: 1.94 tokens a verify) speculating costs 0.98 ms a token, more than 0.9 x plain;
 # at an acceptance of 1 (5 tokens a verify) 0.38 ms
-COSTS = StepCostModel([1, 16], [1e-3, 1e-3], c_mixed=0.9e-3)
+COSTS = PiecewiseStepCostModel([1, 16], [1e-3, 1e-3], c_mixed=0.9e-3)
 
 
 def spec_decoder(costs: StepCostModel = COSTS, **kwargs) -> SpecDecoder:
@@ -137,7 +138,7 @@ def test_verify_cost_is_measured_per_batch_size():
 def test_a_verify_step_is_predicted_no_cheaper_than_the_plain_step_it_extends():
     """A mixed-step constant fitted negative (host-bound GPU runs fitted -0.95 ms) made a 5-token
     step's prediction 0: speculating looked free, and its measurements (over 0) were dropped."""
-    costs = StepCostModel([1, 16], [1e-3, 1.1e-3], c_mixed=-2e-3)
+    costs = PiecewiseStepCostModel([1, 16], [1e-3, 1.1e-3], c_mixed=-2e-3)
     spec = spec_decoder(costs, speculative_method="ngram", num_speculative_tokens=4)
     spec.shadow_proposed = spec.shadow_accepted = 100
     plain, speculating = spec.predicted_costs([5])

@@ -5,7 +5,7 @@ import pytest
 
 from expresslane.contract import StepPlan
 from expresslane.engine.core import HOLD_MARGIN_S, _InFlight
-from expresslane.cost_model import StepShape
+from expresslane.cost_model.base import StepShape
 
 
 class OnGpu:

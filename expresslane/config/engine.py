@@ -14,10 +14,13 @@ import dataclasses
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from expresslane.config.flags import _knob, add_args, check_choices, given
 from expresslane.lanes import DEFAULT_LANE_SLO, Lanes
+
+if TYPE_CHECKING:
+    from expresslane.cost_model.base import StepCostModel
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,11 +77,12 @@ class SchedulerConfig:
     batch_timeout_ms: float = _knob(50.0, "dynamic batching: longest wait for a full batch")
     # The default comes from the environment so that a test suite can fix it for every engine it
     # starts, servers included (tests/conftest.py); a flag or keyword wins.
-    step_cost_model: str = _knob(
+    # (in code also a StepCostModel value, used as given: cost_model/registry.py)
+    step_cost_model: str | StepCostModel = _knob(
         os.environ.get("EXPRESSLANE_STEP_COST_MODEL", "calibrate"),
         "the step-cost model the deadline policy sizes steps with: calibrate (time steps at start-up, then "
         "refine from the steps run); nominal (fixed, by a step's shape alone: the same decisions on any "
-        "machine, for tests); or a JSON file of a fitted model, fixed (StepCostModel.to_dict, as GET /load "
+        "machine, for tests); or a JSON file of a fitted model, fixed (its to_dict, as GET /load "
         "publishes it); default: $EXPRESSLANE_STEP_COST_MODEL, else calibrate")
 
     def __post_init__(self) -> None:

@@ -18,7 +18,7 @@ import time
 
 from expresslane.config import SchedulerConfig
 from expresslane.contract import EngineCoreOutput, ScheduledSeq, ScoredPrompt, StepPlan
-from expresslane.cost_model import StepCostModel
+from expresslane.cost_model.base import StepCostModel
 from expresslane.scheduler.kv_cache import KVCacheManager
 from expresslane.scheduler.policy import POLICIES, StepBudget
 from expresslane.scheduler.request import Request, RequestStatus

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from expresslane.config import SpeculativeConfig
-from expresslane.cost_model import StepCostModel, StepShape
+from expresslane.cost_model.base import StepCostModel, StepShape
 from expresslane.runner.proposer import Proposer
 from expresslane.scheduler.request import Request
 

@@ -1,30 +1,11 @@
-"""Step-cost model: how long a step takes, from what it computes (torch-free).
-
-A step's time, fitted on the engine's own hardware:
+"""The fitted step-cost model: piecewise linear in a step's tokens plus attention terms,
+fitted to steps timed on the engine's own machine and refitted from the steps it runs
+(docs/architecture.md, "Step-cost model"); and a nominal one, fixed, by a step's shape alone.
 
     t = L(num_tokens) + k_decode * decode_context + k_prefill * prefill_pairs
 
-- ``L`` is piecewise linear over token-count knots: the linear layers. Flat while the
-  step is memory-bound (reading the weights dominates), steep once it is compute-bound;
-  where the bend lies is the hardware's, so it is measured, not assumed. It has two
-  curves: a step with a prefill chunk runs another path (mixed graphs, every sequence on the
-  prefill path) than a pure-decode step (decode graphs), so each has its own (``token_times``
-  and ``decode_times``): with one curve, refits under a mixed load bent it where pure decode
-  steps read it too.
-- ``decode_context``: KV tokens read by the step's decodes (memory-bound attention).
-- ``prefill_pairs``: query-key pairs of its prefill chunks (compute-bound attention);
-  a chunk of ``n`` tokens after ``s`` cached ones has ``n * (s + (n + 1) / 2)``.
-- ``padded``: the token counts that path computes (its graphs' buckets). A step with prefill
-  costs what its bucket costs, so ``num_tokens`` is read as its bucket in fitting and
-  predicting alike, and the largest chunk within a target fills its bucket (``max_chunk``).
-
-Calibration samples come from synthetic steps timed at start-up (``runner/step_timing``);
-``observe`` adds the steps the engine actually ran and refits every ``refit_every``
-observations, so the model follows what the machine does under load (host overheads
-included: that cadence is what a request's inter-token latency is made of). A refit is
-kept only if it predicts the samples (calibration and recent) better than the model in
-use: recent steps cluster on a few shapes, and a least-squares fit on them can bend the
-knots they do not reach. (docs/architecture.md, "Step-cost model", has the measurements.)
+``L`` has two curves over token-count knots: steps with a prefill chunk (the mixed path, padded
+to its graphs' buckets) and pure-decode steps.
 """
 
 from __future__ import annotations
@@ -32,40 +13,12 @@ from __future__ import annotations
 import bisect
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 import numpy as np
 
+from expresslane.cost_model.base import StepCostModel, StepShape
+
 DEFAULT_KNOTS = (1, 16, 32, 64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 4096, 8192)
-
-
-@dataclass(frozen=True, slots=True)
-class StepShape:
-    num_tokens: int  # every token the step computes
-    decode_context: int = 0  # sum of the decodes' context lengths (KV tokens read)
-    prefill_pairs: int = 0  # query-key pairs of the prefill chunks
-    has_prefill: bool = False
-
-    @classmethod
-    def of(cls, chunks: Iterable[tuple[int, int]]) -> "StepShape":
-        """From (tokens already cached, tokens computed now) per sequence; one token is a decode."""
-        tokens = context = pairs = 0
-        prefill = False
-        for start, n in chunks:
-            tokens += n
-            if n == 1:
-                context += start + 1
-            else:
-                prefill = True
-                pairs += n * start + n * (n + 1) // 2
-        return cls(tokens, context, pairs, prefill)
-
-    def plus_chunk(self, start: int, n: int) -> "StepShape":
-        """This step with one more prefill chunk of ``n`` tokens after ``start`` cached ones."""
-        if n <= 0:
-            return self
-        return StepShape(self.num_tokens + n, self.decode_context,
-                         self.prefill_pairs + n * start + n * (n + 1) // 2, True)
 
 
 def padded_tokens(shape: StepShape, padded: tuple[int, ...]) -> int:
@@ -111,9 +64,9 @@ def _error(x: np.ndarray, y: np.ndarray, params: Params) -> float:
     return float(np.mean(np.abs(predicted - y) / y))
 
 
-class StepCostModel:
-    """Predicted seconds of a step; fit from (StepShape, seconds) samples. Built by hand with one
-    curve (`decode_times` None) and a mixed-path constant `c_mixed`, that is its two curves."""
+class PiecewiseStepCostModel(StepCostModel):
+    """Fit from (StepShape, seconds) samples, or built by hand with one curve (`decode_times`
+    None) and a mixed-path constant `c_mixed`, that is its two curves."""
 
     def __init__(self, knots: Iterable[int], token_times: Iterable[float], k_decode: float = 0.0,
                  k_prefill: float = 0.0, c_mixed: float = 0.0, padded: Iterable[int] = (),
@@ -135,7 +88,7 @@ class StepCostModel:
     # -- fitting -----------------------------------------------------------------------
     @classmethod
     def fit(cls, samples: list[tuple[StepShape, float]], max_tokens: int | None = None,
-            padded: Iterable[int] = ()) -> "StepCostModel":
+            padded: Iterable[int] = ()) -> "PiecewiseStepCostModel":
         """Least squares over the samples; knots are the default ones within the sampled range
         and the `padded` sizes (the buckets' costs are the ones the steps pay)."""
         if not samples:
@@ -146,14 +99,6 @@ class StepCostModel:
         model._calibration = list(samples)
         model._set(model._solve(*_design(model._calibration, model.knots, model.padded)))
         return model
-
-    @classmethod
-    def nominal(cls, max_tokens: int) -> "StepCostModel":
-        """A model by the step's shape alone, where timing says nothing of a device: Triton's
-        interpreter on CPU (tests), whose steps take seconds of Python. 1 ms a step, 10 us a
-        token, 10 ns per decode context token, 1 ns per prefill query-key pair."""
-        top = max(max_tokens, 2)
-        return cls([1, top], [1e-3 + 1e-5, 1e-3 + 1e-5 * top], k_decode=1e-8, k_prefill=1e-9)
 
     @property
     def params(self) -> Params:
@@ -236,19 +181,6 @@ class StepCostModel:
         return max(0.0, self.linear(shape) + self.k_decode * shape.decode_context
                    + self.k_prefill * shape.prefill_pairs)
 
-    def max_chunk(self, base: StepShape, start: int, limit: int, target: float) -> int:
-        """The most prefill tokens (<= limit) a chunk starting after ``start`` cached tokens may
-        add to ``base`` with the step predicted within ``target`` seconds (0 if none fits).
-        Binary search: the prediction grows with the chunk."""
-        lo, hi = 0, max(0, limit)
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if self.predict(base.plus_chunk(start, mid)) <= target:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
-
     def to_dict(self) -> dict:
         """The fitted model as plain data (the engine publishes it; a router predicts with it)."""
         return {"knots": self.knots.tolist(), "token_times": self.token_times.tolist(),
@@ -256,7 +188,7 @@ class StepCostModel:
                 "padded": list(self.padded)}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "StepCostModel":
+    def from_dict(cls, d: dict) -> "PiecewiseStepCostModel":
         """From `to_dict`'s data, or an older model's (one curve and a mixed-path constant)."""
         return cls(d["knots"], d["token_times"], d["k_decode"], d["k_prefill"], d.get("c_mixed", 0.0),
                    d.get("padded", ()), d.get("decode_times"))
@@ -272,3 +204,17 @@ class StepCostModel:
                 f"{at((64, 128, 256, 512, 2048), True)}; +{self.k_decode * 1e9:.2f} ns per decode context token, "
                 f"+{self.k_prefill * 1e9:.4f} ns per prefill query-key pair "
                 f"({len(self._calibration)} calibration samples)")
+
+
+class NominalStepCostModel(PiecewiseStepCostModel):
+    """By a step's shape alone, the same on any machine (tests; Triton's interpreter, whose steps
+    say nothing of a device): 1 ms a step, 10 us a token, 10 ns per decode context token, 1 ns per
+    prefill query-key pair. Fixed: the steps run do not change it."""
+
+    def __init__(self, max_tokens: int):
+        top = max(max_tokens, 2)
+        super().__init__([1, top], [1e-3 + 1e-5, 1e-3 + 1e-5 * top], k_decode=1e-8, k_prefill=1e-9)
+        self.refit_every = 0
+
+    def observe(self, shape: StepShape, seconds: float) -> None:
+        pass
