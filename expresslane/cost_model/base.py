@@ -1,7 +1,4 @@
-"""Step-cost model: how long a step takes, from what it computes (torch-free). The engine is handed
-one (`cost_model/registry.py`); the deadline policy sizes steps with it, speculative decoding
-weighs verify steps with it, and the engine core refines it with each step it times.
-"""
+"""A step's predicted time from what it computes (torch-free)."""
 
 from __future__ import annotations
 
@@ -19,7 +16,7 @@ class StepShape:
 
     @classmethod
     def of(cls, chunks: Iterable[tuple[int, int]]) -> "StepShape":
-        """From (tokens already cached, tokens computed now) per sequence; one token is a decode."""
+        """From (cached tokens, tokens now) per sequence; one token is a decode."""
         tokens = context = pairs = 0
         prefill = False
         for start, n in chunks:
@@ -32,7 +29,6 @@ class StepShape:
         return cls(tokens, context, pairs, prefill)
 
     def plus_chunk(self, start: int, n: int) -> "StepShape":
-        """This step with one more prefill chunk of ``n`` tokens after ``start`` cached ones."""
         if n <= 0:
             return self
         return StepShape(self.num_tokens + n, self.decode_context,
@@ -41,25 +37,21 @@ class StepShape:
 
 class StepCostModel(ABC):
     @abstractmethod
-    def predict(self, shape: StepShape) -> float:
-        """Predicted seconds of a step of this shape."""
+    def predict(self, shape: StepShape) -> float: ...
 
     @abstractmethod
     def observe(self, shape: StepShape, seconds: float) -> None:
-        """A step the engine ran and timed (a fixed model ignores it)."""
+        """A step the engine timed (a fixed model ignores it)."""
 
     @abstractmethod
     def to_dict(self) -> dict:
-        """The model as plain data (the engine publishes it; a router predicts with it)."""
+        """Plain data (GET /load publishes it)."""
 
     @abstractmethod
-    def describe(self) -> str:
-        """One line for the start-up log."""
+    def describe(self) -> str: ...
 
     def max_chunk(self, base: StepShape, start: int, limit: int, target: float) -> int:
-        """The most prefill tokens (<= limit) a chunk starting after ``start`` cached tokens may
-        add to ``base`` with the step predicted within ``target`` seconds (0 if none fits).
-        Binary search: the prediction grows with the chunk."""
+        """The longest chunk (<= limit) after ``start`` cached tokens that keeps ``base`` within ``target`` s."""
         lo, hi = 0, max(0, limit)
         while lo < hi:
             mid = (lo + hi + 1) // 2

@@ -1,12 +1,5 @@
-"""The fitted step-cost model: piecewise linear in a step's tokens plus attention terms,
-fitted to steps timed on the engine's own machine and refitted from the steps it runs
-(docs/architecture.md, "Step-cost model"); and a nominal one, fixed, by a step's shape alone.
-
-    t = L(num_tokens) + k_decode * decode_context + k_prefill * prefill_pairs
-
-``L`` has two curves over token-count knots: steps with a prefill chunk (the mixed path, padded
-to its graphs' buckets) and pure-decode steps.
-"""
+"""t = L(num_tokens) + k_decode * decode_context + k_prefill * prefill_pairs, L piecewise linear
+with a curve for steps with prefill and one for decodes alone (docs/architecture.md, "Step-cost model")."""
 
 from __future__ import annotations
 
@@ -22,19 +15,17 @@ DEFAULT_KNOTS = (1, 16, 32, 64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 
 
 
 def padded_tokens(shape: StepShape, padded: tuple[int, ...]) -> int:
-    """The tokens the step computes: a step with prefill is padded to the smallest of `padded`
-    that holds it (none past the largest: those run unpadded)."""
+    """A step with prefill runs padded to the smallest of `padded` that holds it."""
     if shape.has_prefill and padded and shape.num_tokens <= padded[-1]:
         return padded[bisect.bisect_left(padded, shape.num_tokens)]
     return shape.num_tokens
 
 
 def _features(shapes: list[StepShape], knots: np.ndarray, padded: tuple[int, ...] = ()) -> np.ndarray:
-    """Rows of [mixed hat_0(T) .. hat_k(T), decode hat_0(T) .. hat_k(T), decode_context, prefill_pairs]:
-    a step's hats in its path's curve (T padded on the mixed path), zeros in the other's."""
+    """Rows of [mixed hats(T), decode hats(T), decode_context, prefill_pairs]."""
     t = np.array([padded_tokens(s, padded) for s in shapes], dtype=np.float64)
     hats = np.zeros((len(shapes), len(knots)))
-    # piecewise-linear interpolation weights; past the last knot, extrapolate its last segment
+    # interpolation weights; past the last knot, its last segment
     idx = np.clip(np.searchsorted(knots, t, side="right") - 1, 0, len(knots) - 2)
     lo, hi = knots[idx], knots[idx + 1]
     w = (t - lo) / (hi - lo)
@@ -48,7 +39,6 @@ def _features(shapes: list[StepShape], knots: np.ndarray, padded: tuple[int, ...
 
 def _design(samples: list[tuple[StepShape, float]], knots: np.ndarray,
             padded: tuple[int, ...] = ()) -> tuple[np.ndarray, np.ndarray]:
-    """(features, seconds) of the samples."""
     return (_features([s for s, _ in samples], knots, padded),
             np.array([t for _, t in samples], dtype=np.float64))
 
@@ -57,16 +47,14 @@ Params = tuple[np.ndarray, np.ndarray, float, float]  # (token_times, decode_tim
 
 
 def _error(x: np.ndarray, y: np.ndarray, params: Params) -> float:
-    """Mean relative error of a model's predictions over a design, in one product (the refit runs
-    in the step loop): the features interpolate exactly as `predict` does, clamped at 0 alike."""
+    """Mean relative error of the predictions, in one product (it runs in the step loop)."""
     token_times, decode_times, *attention = params
     predicted = np.maximum(x @ np.concatenate([token_times, decode_times, attention]), 0.0)
     return float(np.mean(np.abs(predicted - y) / y))
 
 
 class PiecewiseStepCostModel(StepCostModel):
-    """Fit from (StepShape, seconds) samples, or built by hand with one curve (`decode_times`
-    None) and a mixed-path constant `c_mixed`, that is its two curves."""
+    """Fitted, or by hand: one curve (`decode_times` None) and the mixed path's constant `c_mixed`."""
 
     def __init__(self, knots: Iterable[int], token_times: Iterable[float], k_decode: float = 0.0,
                  k_prefill: float = 0.0, c_mixed: float = 0.0, padded: Iterable[int] = (),
@@ -78,7 +66,7 @@ class PiecewiseStepCostModel(StepCostModel):
         self.token_times = times + c_mixed  # steps with prefill (the mixed path)
         self.decode_times = times.copy() if decode_times is None else np.array(list(decode_times), dtype=np.float64)
         self.k_decode, self.k_prefill = k_decode, k_prefill
-        self.padded = tuple(sorted(padded))  # token counts a step with prefill is padded to
+        self.padded = tuple(sorted(padded))  # the mixed graphs' buckets
         self._calibration: list[tuple[StepShape, float]] = []
         self._recent: deque[tuple[StepShape, float]] = deque(maxlen=512)
         self._since_fit = 0
@@ -89,8 +77,7 @@ class PiecewiseStepCostModel(StepCostModel):
     @classmethod
     def fit(cls, samples: list[tuple[StepShape, float]], max_tokens: int | None = None,
             padded: Iterable[int] = ()) -> "PiecewiseStepCostModel":
-        """Least squares over the samples; knots are the default ones within the sampled range
-        and the `padded` sizes (the buckets' costs are the ones the steps pay)."""
+        """Least squares; knots: the default ones within the sampled range, and the buckets."""
         if not samples:
             raise ValueError("no samples to fit a step-cost model")
         top = max(max_tokens or 0, 2, max(s.num_tokens for s, _ in samples))
@@ -108,7 +95,7 @@ class PiecewiseStepCostModel(StepCostModel):
         self.token_times, self.decode_times, self.k_decode, self.k_prefill = params
 
     def _refit(self) -> None:
-        """Refit on calibration + recent samples; keep the result only if it predicts them better."""
+        """On calibration + recent samples, kept only if it predicts them better."""
         self._since_fit = 0
         x, y = _design(self._calibration + list(self._recent), self.knots, self.padded)
         new = self._solve(x, y)
@@ -117,7 +104,6 @@ class PiecewiseStepCostModel(StepCostModel):
             self.refits += 1
 
     def _solve(self, x: np.ndarray, y: np.ndarray) -> Params:
-        """Least squares over the design (`_design`)."""
         n = len(self.knots)
         attention = (2 * n, 2 * n + 1)
         keep = list(range(2 * n + 2))
@@ -126,7 +112,7 @@ class PiecewiseStepCostModel(StepCostModel):
             sol, *_ = np.linalg.lstsq(x[:, keep], y, rcond=None)
             coef[keep] = sol
             negative = [j for j in attention if j in keep and coef[j] < 0]
-            if not negative:  # attention costs are never negative; drop such a term and refit
+            if not negative:  # a negative attention term is dropped and the rest refitted
                 break
             keep.remove(negative[0])
         covered = np.abs(x[:, :2 * n]).sum(axis=0) > 0
@@ -135,11 +121,8 @@ class PiecewiseStepCostModel(StepCostModel):
         return (decode.copy() if mixed is None else mixed), decode, float(coef[2 * n]), float(coef[2 * n + 1])
 
     def _curve(self, times: np.ndarray, covered: np.ndarray, beside: np.ndarray | None = None) -> np.ndarray:
-        """A curve's times at every knot from those its samples reach (at least one, or `beside`
-        is given). A knot between them is interpolated; past the last, the curve follows `beside`
-        (the decode curve: parallel to the mixed one, whose samples reach further) or else its
-        last sampled segment; with none reached, it is `beside`. More tokens never take less
-        time: the curve is non-decreasing."""
+        """A curve at every knot from those its samples reach: interpolated between them, past the
+        last parallel to `beside` or its last segment; non-decreasing."""
         if not covered.any():
             return beside.copy()
         k, t = self.knots[covered], times[covered]
@@ -157,7 +140,6 @@ class PiecewiseStepCostModel(StepCostModel):
         return len(self._recent)
 
     def observe(self, shape: StepShape, seconds: float) -> None:
-        """A step the engine ran; refits every `refit_every` observations."""
         if seconds <= 0 or shape.num_tokens <= 0:
             return
         self._recent.append((shape, seconds))
@@ -167,11 +149,10 @@ class PiecewiseStepCostModel(StepCostModel):
 
     # -- use -----------------------------------------------------------------------------
     def linear(self, shape: StepShape) -> float:
-        """The step's linear part: its path's curve at its (padded) token count."""
         times = self.token_times if shape.has_prefill else self.decode_times
         t = float(padded_tokens(shape, self.padded))
         k = self.knots
-        if t >= k[-1]:  # past the last knot: its last segment's slope
+        if t >= k[-1]:  # past the last knot: its last segment
             return float(times[-1] + (times[-1] - times[-2]) / (k[-1] - k[-2]) * (t - k[-1]))
         return float(np.interp(t, k, times))
 
@@ -182,19 +163,17 @@ class PiecewiseStepCostModel(StepCostModel):
                    + self.k_prefill * shape.prefill_pairs)
 
     def to_dict(self) -> dict:
-        """The fitted model as plain data (the engine publishes it; a router predicts with it)."""
         return {"knots": self.knots.tolist(), "token_times": self.token_times.tolist(),
                 "decode_times": self.decode_times.tolist(), "k_decode": self.k_decode, "k_prefill": self.k_prefill,
                 "padded": list(self.padded)}
 
     @classmethod
     def from_dict(cls, d: dict) -> "PiecewiseStepCostModel":
-        """From `to_dict`'s data, or an older model's (one curve and a mixed-path constant)."""
+        """From `to_dict`'s data, or an older model's (one curve and `c_mixed`)."""
         return cls(d["knots"], d["token_times"], d["k_decode"], d["k_prefill"], d.get("c_mixed", 0.0),
                    d.get("padded", ()), d.get("decode_times"))
 
     def describe(self) -> str:
-        """One line for the start-up log: each path's linear part at a few sizes, and the attention terms."""
         top = self.knots[-1]
 
         def at(sizes, prefill: bool) -> str:
@@ -207,9 +186,8 @@ class PiecewiseStepCostModel(StepCostModel):
 
 
 class NominalStepCostModel(PiecewiseStepCostModel):
-    """By a step's shape alone, the same on any machine (tests; Triton's interpreter, whose steps
-    say nothing of a device): 1 ms a step, 10 us a token, 10 ns per decode context token, 1 ns per
-    prefill query-key pair. Fixed: the steps run do not change it."""
+    """Fixed, by shape alone (tests, Triton's interpreter): 1 ms a step, 10 us a token, 10 ns a
+    decode context token, 1 ns a prefill query-key pair."""
 
     def __init__(self, max_tokens: int):
         top = max(max_tokens, 2)

@@ -1,5 +1,4 @@
-"""Which step-cost model the engine gets: one handed in, the machine's fit, the nominal one, or one
-read from a JSON file (`PiecewiseStepCostModel.to_dict`)."""
+"""Which step-cost model the engine gets."""
 
 from __future__ import annotations
 
@@ -13,8 +12,7 @@ from expresslane.cost_model.piecewise import NominalStepCostModel, PiecewiseStep
 
 def make_cost_model(choice: str | StepCostModel, max_tokens: int,
                     calibrate: Callable[[], StepCostModel]) -> StepCostModel:
-    """`choice`: a model (used as given), "calibrate" (`calibrate()`'s fit, refined as steps run),
-    "nominal", or a JSON file's path (fixed)."""
+    """A model handed in (as given), "calibrate", "nominal", or a JSON file (`to_dict`'s, fixed)."""
     if isinstance(choice, StepCostModel):
         return choice
     if choice == "calibrate":

@@ -1,8 +1,5 @@
-"""The draft model of speculative decoding (``speculative_method="draft_model"``): a smaller
-model that proposes on the device in the steps that speculate (docs/architecture.md,
-"Speculative decoding"). It shares the target's block tables and block ids; its own KV cache
-has as many blocks.
-"""
+"""A smaller model that proposes on the device in the steps that speculate, in the target's
+block ids (its own cache, as many blocks): docs/architecture.md, "Speculative decoding"."""
 
 from __future__ import annotations
 
@@ -64,7 +61,7 @@ class DraftModelProposer(Proposer):
         return token_ids[num_computed:start]
 
     def computed_after(self, num_computed: int, accepted: int, k: int) -> int:
-        return num_computed + min(accepted, k - 1)  # it fed the last known token and proposals 1..k-1
+        return num_computed + min(accepted, k - 1)  # it was fed proposals 1..k-1
 
     # -- the runner's side -----------------------------------------------------------------------
     def cost_ratio(self, target_params: int) -> float:
@@ -86,7 +83,6 @@ class DraftModelProposer(Proposer):
                 graphs.capture(pool)
 
     def _forward(self, runner, step: StepInputs, patch: Patch | None) -> torch.Tensor:
-        """Logits at each seq's last token of `step`, [num_seqs, vocab], through its own graphs."""
         return runner.forward_logits(self.model, self.backend, self.decode_graphs, self.mixed_graphs, step, patch)
 
     def kv_block_bytes(self, block_size: int, kv_dtype: torch.dtype) -> int:
@@ -103,19 +99,17 @@ class DraftModelProposer(Proposer):
                        params: list[SamplingParams], generator: torch.Generator
                        ) -> tuple[torch.Tensor, torch.Tensor | None, Patch]:
         tokens, probs = self._propose(runner, inputs, spec, params, generator)
-        fill = np.concatenate([np.arange(e - n, e) for e, n in zip(ends, k)])  # the placeholders' places
+        fill = np.concatenate([np.arange(e - n, e) for e, n in zip(ends, k)])  # the placeholders
         cols = np.concatenate([np.arange(n) for n in k])
         owner = np.repeat(np.arange(len(spec)), k)
         return tokens, probs, Patch(fill, owner * tokens.shape[1] + cols, tokens.reshape(-1))
 
     def _propose(self, runner, inputs: StepInputs, spec: np.ndarray, params: list[SamplingParams],
                  generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Tokens [S, K] and, when one samples, the distributions q [S, K, V] they were drawn from:
-        one forward over each seq's catch-up and last known token (every first proposal), then one
-        per further proposal fed the one before on the device (or the greedy chain's one replay)."""
+        """Tokens [S, K] and, when one samples, the q [S, K, V] they were drawn from."""
         counts = inputs.num_spec[spec]
         width = int(counts.max())
-        # pass 0: each speculating seq's catch-up and last known token (its blocks are in the table already)
+        # each seq's catch-up and last known token: every first proposal
         seqs = [inputs.seqs[i] for i in spec]
         first = [ScheduledSeq(s.request_id, [*s.draft_token_ids, s.token_ids[0]], s.start_pos - len(s.draft_token_ids),
                               [], True) for s in seqs]
@@ -130,17 +124,17 @@ class DraftModelProposer(Proposer):
         chain = self.chain_graphs
         for j in range(width):
             if j == 1 and probs is None and chain is not None and chain.fits(len(seqs), len(seqs)):
-                # greedy: proposals 2..width in one replay (each fed the argmax before it on the device)
+                # greedy: proposals 2..width in one replay
                 step = runner.batch._gather([ScheduledSeq(s.request_id, [0], s.start_pos + 1, [], True) for s in seqs])
                 patch = Patch(np.arange(len(seqs)), np.arange(len(seqs)), tokens[:, 0])
                 tokens[:, 1:] = chain.run_chain(step, patch, counts)[:, :width - 1]
                 break
-            if j:  # feed proposal j (1-based) at its position, for the seqs that propose more than j
+            if j:  # proposal j fed in, for the seqs that propose more
                 live = np.flatnonzero(counts > j)
                 step = runner.batch._gather([ScheduledSeq(seqs[i].request_id, [0], seqs[i].start_pos + j, [], True)
                                              for i in live])
                 patch = Patch(np.arange(len(live)), live, tokens[:, j - 1])
-                rows = np.full(len(spec), 0, dtype=np.int64)  # (seqs done proposing: any row, unused)
+                rows = np.full(len(spec), 0, dtype=np.int64)  # (done: any row, unused)
                 rows[live] = np.arange(len(live))
                 logits = self._forward(runner, step, patch)[to_device(rows, torch.int64, self.device)]
             tokens[:, j], q = _choose(logits, params, generator)
@@ -151,7 +145,7 @@ class DraftModelProposer(Proposer):
 
 def _choose(logits: torch.Tensor, params: list[SamplingParams], generator: torch.Generator
             ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Greedy rows: the argmax; the others: a draw from q (temperature and filters applied)."""
+    """Greedy rows: the argmax; the others: a draw from q."""
     out = logits.argmax(dim=-1)
     if all(p.greedy for p in params):
         return out, None

@@ -1,4 +1,4 @@
-"""Prompt lookup (``speculative_method="ngram"``): proposals from the request's own tokens, on the host."""
+"""Prompt lookup: proposals from the request's own tokens, on the host."""
 
 from __future__ import annotations
 
@@ -8,9 +8,7 @@ from expresslane.runner.proposer import Proposer
 
 
 def ngram_propose(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
-    """Up to ``k`` tokens that followed the latest earlier occurrence of the last n tokens (the
-    longest n in max_n..min_n that occurs); [] when none does. One scan for the earlier places of
-    the last token, then each place's match length backwards."""
+    """Up to ``k`` tokens after the latest earlier occurrence of the longest suffix (max_n..min_n)."""
     if k <= 0 or len(tokens) < min_n + 1:
         return []
     arr = np.asarray(tokens, dtype=np.int64)
@@ -18,7 +16,7 @@ def ngram_propose(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int
     ends = np.flatnonzero(arr[:-1] == arr[-1])  # where an earlier n-gram may end
     if not len(ends):
         return []
-    length = np.ones(len(ends), dtype=np.int64)  # matched tokens backwards from each end
+    length = np.ones(len(ends), dtype=np.int64)  # matched backwards from each end
     alive = np.ones(len(ends), dtype=bool)
     for back in range(1, longest):
         at = ends - back
@@ -34,7 +32,7 @@ def ngram_propose(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int
 
 
 class NgramProposer(Proposer):
-    """No cache and no device work: the plan carries the proposals, one-hot (q is 1 at each)."""
+    """No cache, no device work: the plan carries the proposals (one-hot)."""
 
     def __init__(self, min_n: int, max_n: int):
         self.min_n, self.max_n = min_n, max_n
