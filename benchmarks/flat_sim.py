@@ -18,9 +18,7 @@ import numpy as np
 
 from expresslane.bench.arrivals import MIXED_SALT, load_arrivals
 from expresslane.config import SchedulerConfig
-from expresslane.scheduler import policy
 from expresslane.contract import EngineCoreRequest
-from expresslane.engine.core import HOLD_MARGIN_S
 from expresslane.cost_model.base import StepCostModel, StepShape
 from expresslane.cost_model.piecewise import PiecewiseStepCostModel
 from expresslane.scheduler.kv_cache import KVCacheManager
@@ -35,7 +33,7 @@ from expresslane.sampling_params import SamplingParams
 with open(Path(__file__).with_name("flat_sim_h200.json")) as _f:
     H200 = PiecewiseStepCostModel.from_dict(json.load(_f))
 
-# What the same steps would cost at the H200's floors (DESIGN §8), 8B shape: the linear layers
+# What the same steps would cost at the H200's floors (expresslane/bench/floors.py), 8B shape: the linear layers
 # read 15.0 GB of weights (3.51 ms at 4.27 TB/s) or compute 2 x 7.5e9 FLOP a token at 805
 # TFLOP/s (18.6 us), whichever is longer, plus 0.2 ms a step; 128 KiB of KV per decode context
 # token at 4.27 TB/s; 2^19 attention FLOP per prefill query-key pair at 75% of 805 TFLOP/s.
@@ -59,7 +57,7 @@ def request(rid: str, n: int, out: int, t: float, lane: str = "interactive") -> 
 
 def simulate(config: dict, arrivals: list[Request], model: StepCostModel = H200) -> dict[str, list[float]]:
     """Each request's token times (seconds from t=0). Steps are pipelined as the engine runs them
-    (engine/core.py): step N+1 is planned `HOLD_MARGIN_S` before step N is predicted to end (at
+    (engine/core.py): step N+1 is planned `step_hold_margin_ms` before step N is predicted to end (at
     N's start if N is shorter), runs once N ends, and N's tokens land when it ends; a request
     arriving after the plan waits for the step after."""
     now = 0.0
@@ -84,7 +82,7 @@ def simulate(config: dict, arrivals: list[Request], model: StepCostModel = H200)
             now = max(now, flight[1])  # (a plan made meanwhile stays at its own time: `start`)
         flight = launched
         if flight is not None:
-            now = max(start, flight[1] - HOLD_MARGIN_S)
+            now = max(start, flight[1] - cfg.step_hold_margin_ms / 1e3)
         elif not landed:  # nothing ran, nothing landed: idle until the next arrival
             if not todo:
                 raise RuntimeError("the scheduler planned nothing while requests were unfinished")
@@ -148,14 +146,23 @@ def parse_config(text: str) -> tuple[str, dict]:
     config = {}
     for item in rest.split():
         key, _, value = item.partition(":")
-        config[key] = int(value) if value.lstrip("-").isdigit() else value
+        config[key] = _number(value)
     return name, config
+
+
+def _number(value: str) -> int | float | str:
+    for kind in (int, float):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    return value
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", action="append", type=parse_config, required=True,
-                   help="NAME='key:value key:value' (SchedulerConfig fields); repeatable")
+                   help="NAME='key:value key:value' (SchedulerConfig fields, e.g. prefill_stretch:4); repeatable")
     p.add_argument("--rates", type=float, nargs="+", default=[8, 16, 24, 32])
     p.add_argument("--seconds", type=float, default=15.0)
     p.add_argument("--cost", default="h200",
@@ -167,10 +174,7 @@ def main() -> None:
     p.add_argument("--short-len", type=int, default=SHAPE["short"])
     p.add_argument("--long-len", type=int, default=SHAPE["long"])
     p.add_argument("--output-len", type=int, default=SHAPE["out"])
-    p.add_argument("--stretch", type=float, default=policy.PREFILL_STRETCH,
-                   help="the deadline policy's PREFILL_STRETCH, to try other values")
     args = p.parse_args()
-    policy.PREFILL_STRETCH = args.stretch
     SHAPE.update(short=args.short_len, long=args.long_len, out=args.output_len)
     if args.cost in COSTS:
         model = COSTS[args.cost]

@@ -91,7 +91,7 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" TOKENIZERS_PARALLELISM=false
 export TRANSFORMERS_VERBOSITY=error
 # The GPU machine lacks the server's packages (fastapi, uvicorn, pydantic, pyzmq, msgspec): the
-# caller carries them as wheels in .whl/ (README "GPU"); they go to a private site directory.
+# caller carries them as wheels in .whl/ (docs/gpu.md); they go to a private site directory.
 if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH="$PYTHONPATH:/tmp/site"

@@ -111,6 +111,7 @@ class NewRequest:
     num_banned_samples: int = 0
     # penalties: its prompt's length, and every token it holds so far (a preempted request comes
     # back with its outputs; a prefix-cache hit skips computing the prompt); empty without penalties
+    # or bad words
     num_prompt_tokens: int = 0
     token_ids: list[int] = field(default_factory=list)
 

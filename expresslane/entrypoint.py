@@ -26,6 +26,10 @@ class LLM:
     def config(self) -> EngineConfig:
         return self.engine.config
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """vLLM's: the generation config's defaults (--generation-config), for ``generate`` without params."""
+        return SamplingParams(**self.engine.sampling_defaults)
+
     def generate(self, prompts: Prompt | Sequence[Prompt], sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  *, priority: int | Sequence[int] | None = None, lane: str | Sequence[str] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
@@ -33,7 +37,7 @@ class LLM:
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         prompts = list(prompts)
-        params = _per_prompt(sampling_params if sampling_params is not None else SamplingParams(),
+        params = _per_prompt(sampling_params if sampling_params is not None else self.get_default_sampling_params(),
                              len(prompts), "sampling_params")
         prios = _per_prompt(priority if priority is not None else 0, len(prompts), "priority")
         lanes = lane if isinstance(lane, (list, tuple)) else [lane] * len(prompts)

@@ -24,6 +24,8 @@ class StructuredOutputs:
     regex: str | None = None
     choice: list[str] | None = None
     grammar: str | None = None
+    # the grammar starts after these tokens are generated (a reasoning model's end of thinking); None: at once
+    after_token_ids: list[int] | None = None
 
     def __post_init__(self) -> None:
         given = [name for name in ("json", "json_object", "regex", "choice", "grammar") if getattr(self, name)]
@@ -64,6 +66,9 @@ class SamplingParams:
     repetition_penalty: float = 1.0  # divides (positive) or multiplies (negative) the logits of prompt and output tokens
     logit_bias: dict[int, float] | None = None  # added to those tokens' logits (OpenAI's range: -100 to 100)
     allowed_token_ids: list[int] | None = None  # only these may be sampled
+    # vLLM's: words never generated (a word's last token is banned right after the rest of it)
+    bad_words: list[str] | None = None
+    bad_words_token_ids: list[list[int]] | None = None  # set from the tokenizer (update_from_tokenizer)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -117,6 +122,24 @@ class SamplingParams:
         if self.allowed_token_ids is not None and (not self.allowed_token_ids or any(
                 not isinstance(t, int) or t < 0 for t in self.allowed_token_ids)):
             raise bad("allowed_token_ids", "must be a non-empty list of non-negative token ids")
+        if self.bad_words is not None and any(not isinstance(w, str) or not w.strip() for w in self.bad_words):
+            raise bad("bad_words", "must be a list of non-empty strings")
+
+    def update_from_tokenizer(self, tokenizer) -> None:
+        """Tokenize ``bad_words`` as vLLM does: each word alone, and after a space when that is
+        another token sequence of the same length (a word at the text's start and mid-text)."""
+        if not self.bad_words or self.bad_words_token_ids is not None:
+            return
+        ids: list[list[int]] = []
+        for word in self.bad_words:
+            plain = tokenizer.encode(word.lstrip(), add_special_tokens=False)
+            spaced = tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
+            if not plain:
+                raise SamplingParamError("bad_words", f"bad_words: {word!r} is no token")
+            ids.append(plain)
+            if spaced and spaced[0] != plain[0] and len(spaced) == len(plain):
+                ids.append(spaced)
+        self.bad_words_token_ids = ids
 
     @property
     def penalized(self) -> bool:

@@ -111,3 +111,25 @@ def test_penalty_kernel_equals_the_torch_ops_on_cuda():
     cpu.apply(want, rows + [2])
     cuda.apply(got, rows + [2])  # the Triton kernel
     assert torch.equal(got.cpu(), want)
+
+
+def test_prompt_logprobs_on_cuda_match_transformers(llama_dir):
+    """Steps that score a prompt run eagerly beside captured graphs: in chunks, next to a decoding
+    request, the prompt's logprobs still equal transformers' log-softmax (float32)."""
+    from transformers import AutoModelForCausalLM
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    ids = PROMPTS[4]  # 300 tokens: five chunks of 64
+    llm = LLM(str(llama_dir), device="cuda", dtype="float32", max_num_batched_tokens=64, num_kv_blocks=256)
+    outs = llm.generate([{"prompt_token_ids": PROMPTS[1]}, {"prompt_token_ids": ids}],
+                        [SamplingParams(temperature=0, max_tokens=16, ignore_eos=True),
+                         SamplingParams(temperature=0, max_tokens=4, prompt_logprobs=2)], use_tqdm=False)
+    plp = outs[1].prompt_logprobs
+    model = AutoModelForCausalLM.from_pretrained(llama_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        ref = model(torch.tensor([ids])).logits[0].float().log_softmax(-1)
+    assert plp[0] is None and len(plp) == len(ids)
+    got = torch.tensor([plp[i][ids[i]].logprob for i in range(1, len(ids))])
+    want = ref[torch.arange(len(ids) - 1), torch.tensor(ids[1:])]
+    assert torch.allclose(got, want, atol=1e-4), float((got - want).abs().max())
+    assert outs[0].outputs[0].token_ids == hf_greedy(llama_dir, PROMPTS[1], 16)  # its neighbour unchanged

@@ -2,10 +2,16 @@
 it ranks by its whole work, it cannot hold every seat against a short request, and no step grows
 past the interactive budget while it runs (steps last what the cost model predicts)."""
 
+from expresslane.config import SchedulerConfig
 from expresslane.cost_model.base import StepShape
-from expresslane.scheduler.policy import LONE_STEP_SHARE, MIN_CHUNK
+from expresslane.cost_model.piecewise import PiecewiseStepCostModel
+from expresslane.scheduler.kv_cache import KVCacheManager
+from expresslane.scheduler.scheduler import Scheduler
 
 from test_slo_steps import H200, TPOT, TTFT, Sim, land, request, scheduler, shape_of
+
+MIN_CHUNK = SchedulerConfig().min_prefill_chunk
+LONE_STEP_SHARE = SchedulerConfig().lone_step_share
 
 PROMPTS, LEN = 256, 2047
 
@@ -66,3 +72,33 @@ def test_steps_beside_one_huge_request_stay_within_the_interactive_budget_and_sh
     assert all(sim.first_scheduled_step[s] == sim.added_before_step[s] for s in shorts)
     assert not sim.sched.has_unfinished() and not sim.todo  # the big request completed too
     assert checked > 500 and H200.predict(StepShape(0).plus_chunk(0, LEN)) > bound  # one prompt alone is over it
+
+
+# A small model on one CPU core: a decode's step 4 ms, each prompt token 0.6 ms more, so even
+# MIN_CHUNK prompt tokens beside a decode are over the lane's slack
+SLOW = PiecewiseStepCostModel([1, 16, 64, 2048], [4e-3, 13e-3, 41.8e-3, 1.232])
+
+
+def test_where_no_prefill_fits_beside_a_decode_a_step_carries_one_min_chunk_in_all():
+    """The floor is the step's, not each prompt's: a starting prompt's first chunk and the running
+    prompts' chunks share one MIN_CHUNK, so a decoding stream's steps stay one decode plus MIN_CHUNK
+    prompt tokens beside one request's 256 prompts; each short request still starts in the first
+    step after it arrives, and the running prompts go on (one finishes its prefill)."""
+    now = [0.0]
+    cfg = SchedulerConfig(max_num_batched_tokens=2048, max_num_seqs=PROMPTS + 8, scheduling_policy="deadline",
+                          lane_slo=f"interactive:ttft={TTFT * 1e3:g}ms,tpot={TPOT * 1e3:g}ms")
+    sched = Scheduler(cfg, KVCacheManager(40_000, 16), clock=lambda: now[0], cost_model=SLOW)
+    sched.add_request(request("stream", 16, 100_000, 0.0))
+    land(sched, sched.schedule())
+    arrivals = [sibling(i, 0.01) for i in range(PROMPTS)] + [request(f"s{k}", 64, 16, 0.3 * k) for k in range(1, 6)]
+    sim = Sim(sched, now, arrivals)
+    beside = 0
+    for plan, _ in sim.run(max_steps=1500):
+        if plan is None or "stream" not in {s.request_id for s in plan.seqs}:
+            continue
+        prefill = sum(len(s.token_ids) for s in plan.seqs if len(s.token_ids) > 1)
+        assert prefill <= MIN_CHUNK, {s.request_id: len(s.token_ids) for s in plan.seqs}
+        beside += prefill > 0
+    assert beside > 1000
+    assert all(sim.first_scheduled_step[f"s{k}"] == sim.added_before_step[f"s{k}"] for k in range(1, 6))
+    assert any(sim.first_token.get(f"big{i}") for i in range(PROMPTS))  # a sibling's prefill completed

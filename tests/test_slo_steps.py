@@ -11,10 +11,12 @@ from expresslane.contract import EngineCoreRequest
 from expresslane.cost_model.base import StepShape
 from expresslane.cost_model.piecewise import PiecewiseStepCostModel
 from expresslane.scheduler.kv_cache import KVCacheManager
-from expresslane.scheduler.policy import MIN_CHUNK, PREFILL_STRETCH
 from expresslane.scheduler.request import Request
 from expresslane.scheduler.scheduler import Scheduler
 from expresslane.sampling_params import SamplingParams
+
+MIN_CHUNK = SchedulerConfig().min_prefill_chunk
+PREFILL_STRETCH = SchedulerConfig().prefill_stretch
 
 # Issue #20's H200 linear-layer times of the 8B shape, plus attention terms
 H200 = PiecewiseStepCostModel([1, 16, 64, 128, 160, 256, 512, 2048],

@@ -4,15 +4,19 @@ wall clock: the step on the GPU is a stand-in whose end is set far away or has c
 import pytest
 
 from expresslane.contract import StepPlan
-from expresslane.engine.core import HOLD_MARGIN_S, _InFlight
+from expresslane.config import SchedulerConfig
+from expresslane.engine.core import _InFlight
 from expresslane.cost_model.base import StepShape
 
 
 class OnGpu:
     """A launched step's result that has or has not ended."""
 
+    prompt_logprobs = None
+
     def __init__(self, ended: bool):
         self.ended = ended
+        self.prompt_logprobs = None
 
     def ready(self) -> bool:
         return self.ended
@@ -38,7 +42,7 @@ def test_hold_lasts_until_the_step_on_the_gpu_nears_its_predicted_end(core):
     assert core.hold(in_flight(False, ends=100.0), now=99.0) == pytest.approx(1.0 - 0.03)
     assert core.hold(in_flight(False, ends=100.0), now=99.98) == 0.0  # within the margin: plan now
     core._host_s = 0.0
-    assert core.hold(in_flight(False, ends=100.0), now=99.0) == pytest.approx(1.0 - HOLD_MARGIN_S)
+    assert core.hold(in_flight(False, ends=100.0), now=99.0) == pytest.approx(1.0 - SchedulerConfig().step_hold_margin_ms / 1e3)
     assert core.hold(in_flight(True, ends=100.0), now=99.0) == 0.0  # it has ended
     assert core.hold(in_flight(False, ends=100.0, speculative=True), now=99.0) == 0.0  # lands first
     assert core.hold(in_flight(False, ends=0.0), now=99.0) == 0.0  # no prediction (synchronous launches)

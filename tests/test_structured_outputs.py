@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from expresslane import LLM
-from expresslane.engine.structured_output import CLOSE_TOKENS
+from expresslane.config import StructuredOutputConfig
 from expresslane.runner.sampler import apply_token_bitmask
 from expresslane.sampling_params import SamplingParams, StructuredOutputs
 
@@ -40,7 +40,7 @@ def test_json_schema_output_parses_and_follows_the_schema(llm):
         assert c.finish_reason == "stop"
 
 
-@pytest.mark.parametrize("max_tokens", [CLOSE_TOKENS + 8, 200])
+@pytest.mark.parametrize("max_tokens", [StructuredOutputConfig().json_close_tokens + 8, 200])
 def test_any_json_object_closes_before_max_tokens(llm, max_tokens):
     """The 9M model left alone opens a key and never closes it; near the budget's end the output closes."""
     outs = llm.generate(["The answer in JSON:", "Tell me a story"], SamplingParams(
@@ -108,3 +108,18 @@ def test_logit_bias_and_allowed_token_ids(llm):
     mixed = llm.generate(["Once upon a time", "Once upon a time"],
                          [_greedy(max_tokens=6), _greedy(max_tokens=6, logit_bias={42: 100.0})])
     assert mixed[0].outputs[0].token_ids == plain and mixed[1].outputs[0].token_ids == [42] * 6
+
+
+@pytest.mark.parametrize("end", [" server", " the server"])
+def test_the_grammar_starts_after_its_end_tokens(llm, end):
+    """A reasoning model's grammar waits for ``</think>`` (StructuredOutputs.after_token_ids): here the
+    end is what the built-in model writes unconstrained (one token, then two): before it the output is
+    the plain one, after it the schema holds."""
+    plain = llm.generate("Once upon a time", _greedy(max_tokens=8))[0].outputs[0]
+    ids = llm.tokenizer.encode(end, add_special_tokens=False)
+    at = next(i for i in range(len(plain.token_ids)) if plain.token_ids[i:i + len(ids)] == ids) + len(ids)
+    spec = StructuredOutputs(json=json.dumps(SCHEMA), after_token_ids=ids)
+    out = llm.generate("Once upon a time", _greedy(max_tokens=150, structured_outputs=spec))[0].outputs[0]
+    assert out.token_ids[:at] == plain.token_ids[:at]
+    value = json.loads(llm.tokenizer.decode(out.token_ids[at:], skip_special_tokens=True))
+    assert set(value) == set(SCHEMA["properties"]) and out.finish_reason == "stop"

@@ -6,9 +6,8 @@ own keys under the causal mask (a square there, so top-left and bottom-right agr
 Triton kernel merges the two outputs by their log-sum-exps straight into the step's output.
 Shapes are bucketed so that cuDNN builds few execution plans (`chunk_attention`).
 A prompt with nothing cached is the second call alone. K/V are gathered from the seq's pages
-and passed grouped (torch 2.11's cuDNN op takes fewer K/V heads than query heads; on the H200
-that was 882 against 1,031 us a layer for 8k tokens with K/V expanded to every query head,
-with equal output). On CPU (tests, Triton's interpreter) torch's CPU flash op stands in for
+and passed grouped (torch 2.11's cuDNN op takes fewer K/V heads than query heads: faster than
+K/V expanded to every query head, with equal output). On CPU (tests, Triton's interpreter) torch's CPU flash op stands in for
 cuDNN, on K/V expanded to every head inside `attend_lse` (it takes no groups): the gather,
 the split and the merge are the same code.
 
@@ -60,8 +59,8 @@ def chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: fl
     """Causal attention of a chunk's queries q [L, H, D], the last L of the keys k/v [ctx, Hk, D]
     (contiguous rows), into out [L, H, D].
 
-    cuDNN builds an execution plan the first time it sees a shape or stride (45-550 ms each on the
-    H200, session 18), so every call here has bucketed shapes and fixed strides: the unmasked call
+    cuDNN builds an execution plan the first time it sees a shape or stride (tens to hundreds of
+    ms; docs/architecture.md), so every call here has bucketed shapes and fixed strides: the unmasked call
     takes the cached keys up to a multiple of KEY_BUCKET; the rest of them join the causal call,
     which gets as many zero query rows in front, so that its square mask still ends each real row
     at its own key; both calls' query rows are padded with zeros to a multiple of Q_BUCKET (and the

@@ -46,7 +46,7 @@ class TritonAttentionBackend(AttentionBackend):
     supports_cuda_graphs = True
     fused_ops = True
     LIBRARY_MIN_TOKENS = 512  # query tokens of a prefill seq that the library runs (prefill_library "cudnn")
-    # "auto": where cuDNN measured faster than our kernel on the H200 (attention_bench, session 18):
+    # "auto": where cuDNN beats our kernel (docs/architecture.md, "Library prefill"):
     # 1,024+ query tokens over 4,096+ keys (a chunk after cached keys or a whole prompt); shorter
     # chunks or contexts stay on the kernel, and in the CUDA graphs
     AUTO_MIN_TOKENS = 1024
@@ -123,8 +123,7 @@ class TritonAttentionBackend(AttentionBackend):
 
         An item is cut into slices of its keys when one program walking them all would outlast
         the launch's fair share (a short chunk after a long context: a few programs each read
-        thousands of keys; a decode at 8k keys beside a short prompt in a mixed step, which
-        made that step 7 ms longer on the H200): slices of at least `SPLIT_MIN_KEYS` keys and of
+        thousands of keys; a decode at 8k keys beside a short prompt in a mixed step): slices of at least `SPLIT_MIN_KEYS` keys and of
         the keys that `SPLIT_WAVES` waves of programs would each read if all were spread evenly,
         at most `MAX_PREFILL_SPLITS` per item. Their slots never exceed `split_rows` (the slices
         hold at most all keys over the slice length); an item's slices are adjacent and share
@@ -182,8 +181,8 @@ class TritonAttentionBackend(AttentionBackend):
         return tuple(int(i) + num_decodes for i in np.flatnonzero(take))
 
     def warm_library(self, dtype: torch.dtype, device: torch.device, max_model_len: int, budget: int) -> int:
-        """cuDNN's plans for the library's common shapes, built at start-up on a GPU (each costs
-        45-550 ms the first time it is met on the H200); the number built."""
+        """cuDNN's plans for the library's common shapes, built at start-up on a GPU (a plan met
+        first mid-run stalls its step); the number built."""
         if not self.library or device.type != "cuda" or max_model_len < self.AUTO_MIN_CONTEXT:
             return 0
         return warm_plans(self.num_heads, self.num_kv_heads, self.head_dim, dtype, device, max_model_len, budget,

@@ -1,5 +1,4 @@
-"""Physical limits that measurements are judged against (one H200), and what a decode
-step must read. Shared by ``bench one-batch`` and the GPU profiling scripts."""
+"""Physical limits that measurements are judged against, and what a decode step must read. Shared by ``bench one-batch`` and the GPU profiling scripts."""
 
 from __future__ import annotations
 

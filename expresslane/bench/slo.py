@@ -5,7 +5,7 @@ the result (``p99_ttft_ms``...) and must stay *below* its value; a throughput
 (``requests_per_min``, ``request_throughput``, ``output_throughput``) must reach it;
 ``failure_rate`` (failed / all) must not exceed it.
 
-The default (``DEFAULT_SLO``, the one the README states) is the background article's
+The default (``DEFAULT_SLO``, the one docs/benchmarks.md states) is the background article's
 bar -- mean < 500 ms, P99 < 2 s -- on the time to the first token, plus P99 time per
 output token < 100 ms (10 tokens/s a stream, faster than people read) and at most 1%
 failed. TTFT and TPOT do not grow with the output length, so a run is judged by what

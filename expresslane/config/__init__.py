@@ -8,9 +8,10 @@ from expresslane.config.engine import (
     ParallelConfig,
     SchedulerConfig,
     SpeculativeConfig,
+    StructuredOutputConfig,
     add_cli_args,
     engine_kwargs_from_args,
 )
 
 __all__ = ["CacheConfig", "DeviceConfig", "EngineConfig", "ModelConfig", "ParallelConfig", "SchedulerConfig",
-           "SpeculativeConfig", "add_cli_args", "engine_kwargs_from_args"]
+           "SpeculativeConfig", "StructuredOutputConfig", "add_cli_args", "engine_kwargs_from_args"]

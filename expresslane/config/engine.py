@@ -14,6 +14,7 @@ import dataclasses
 import os
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from expresslane.config.flags import _knob, add_args, check_choices, given
@@ -37,6 +38,10 @@ class ModelConfig:
     load_format: str = _knob("auto", "auto: the weights in the model directory; dummy: random weights generated on "
                              "the device, as make-model would write them (benchmarks; a directory made with "
                              "make-model --no-weights)", ("auto", "dummy"))
+    generation_config: str = _knob(
+        "auto", "sampling defaults (temperature, top_p, top_k, min_p, repetition_penalty, max_new_tokens as "
+        "max_tokens) for requests that do not set them: auto = the model's generation_config.json; vllm or none = "
+        "none (the API's own defaults); or a directory holding a generation_config.json")
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +89,20 @@ class SchedulerConfig:
         "refine from the steps run); nominal (fixed, by a step's shape alone: the same decisions on any "
         "machine, for tests); or a JSON file of a fitted model, fixed (its to_dict, as GET /load "
         "publishes it); default: $EXPRESSLANE_STEP_COST_MODEL, else calibrate")
+    min_prefill_chunk: int = _knob(16, "deadline: prefill tokens a step may always carry, whatever the step-cost "
+                                   "model says (tokens)")
+    prefill_stretch: float = _knob(16.0, "deadline: a prompt's TTFT deadline is its lane's target plus this many "
+                                   "times its prefill time alone (a factor): short prompts go before long ones "
+                                   "that arrived up to this stretch of their work earlier")
+    lone_step_share: int = _knob(8, "deadline: with no decode running, a prefill step lasts at most the "
+                                 "interactive TTFT target divided by this (a divisor): what a request arriving "
+                                 "meanwhile waits")
+    step_hold_margin_ms: float = _knob(2.0, "plan the next step when the one on the GPU is predicted to end "
+                                       "within this margin (ms), so a request arriving meanwhile joins it")
+    step_hold_host_factor: float = _knob(3.0, "the hold margin is at least this many times the recent time to "
+                                         "plan and launch a step (a factor)")
+    step_hold_slice_ms: float = _knob(1.0, "a held step() call sleeps at most this long before returning to its "
+                                      "caller (ms), which takes in new requests between calls")
 
     def __post_init__(self) -> None:
         if isinstance(self.lane_slo, str):
@@ -106,6 +125,9 @@ class DeviceConfig:
         "and gate|up GEMVs (the norm weights multiplied into those weights at load), SiLU-and-mul into down's, the "
         "residual adds into o_proj's and down's, decode attention's splits combined by its own kernel; only for "
         "the triton backend on CUDA with bf16/fp16, unquantized, dense, tensor_parallel_size 1 (else logged, off)")
+    max_mixed_graph_tokens: int = _knob(2048, "steps of up to this many tokens (and max_num_batched_tokens) "
+                                        "replay a captured CUDA graph: a step of a few hundred tokens is otherwise "
+                                        "bound by kernel launches (tokens)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +140,8 @@ class ParallelConfig:
     enable_expert_parallel: bool = _knob(False, "mixture-of-experts models: spread whole experts over the "
                                          "tensor-parallel ranks (tokens travel to them by all-to-all) instead of "
                                          "splitting every expert's weights")
+    expert_load_interval: int = _knob(64, "MoE models: steps between copies of the per-expert token counters "
+                                      "to the host (none waits for its copy)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +186,18 @@ class SpeculativeConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class StructuredOutputConfig:
+    grammar_compile_timeout_s: float = _knob(10.0, "a grammar not compiled within this many seconds rejects its "
+                                             "request (the compile thread runs on)")
+    grammar_compile_threads: int = _knob(2, "threads compiling grammars off the step loop")
+    grammar_cache_size: int = _knob(512, "compiled grammars kept, least recently used out first (entries)")
+    json_close_share: int = _knob(4, "a JSON sequence is steered to close its value in the last 1/this of its "
+                                  "token budget (a divisor; at least json_close_tokens)")
+    json_close_tokens: int = _knob(32, "a JSON sequence is steered to close its value once this many tokens of "
+                                   "its budget are left, or fewer (tokens)")
+
+
+@dataclass(frozen=True, slots=True)
 class EngineConfig:
     TITLE: ClassVar[str] = "engine"
 
@@ -171,6 +207,7 @@ class EngineConfig:
     device: DeviceConfig = field(default_factory=DeviceConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
+    structured_output: StructuredOutputConfig = field(default_factory=StructuredOutputConfig)
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> "EngineConfig":
@@ -185,11 +222,26 @@ class EngineConfig:
         return config
 
     def validate(self) -> None:
-        s, c, m = self.scheduler, self.cache, self.model
+        s, c, m, so = self.scheduler, self.cache, self.model, self.structured_output
+        if m.generation_config not in ("auto", "vllm", "none") and not Path(m.generation_config,
+                                                                             "generation_config.json").is_file():
+            raise ValueError(f"generation_config must be auto, vllm, none or a directory holding a "
+                             f"generation_config.json, got {m.generation_config!r}")
         for name, value in (("max_num_seqs", s.max_num_seqs), ("max_num_batched_tokens", s.max_num_batched_tokens),
-                            ("block_size", c.block_size), ("max_batch_size", s.max_batch_size)):
+                            ("block_size", c.block_size), ("max_batch_size", s.max_batch_size),
+                            ("min_prefill_chunk", s.min_prefill_chunk), ("lone_step_share", s.lone_step_share),
+                            ("max_mixed_graph_tokens", self.device.max_mixed_graph_tokens),
+                            ("expert_load_interval", self.parallel.expert_load_interval),
+                            ("grammar_compile_threads", so.grammar_compile_threads),
+                            ("grammar_cache_size", so.grammar_cache_size), ("json_close_share", so.json_close_share)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        for name, value in (("prefill_stretch", s.prefill_stretch), ("step_hold_margin_ms", s.step_hold_margin_ms),
+                            ("step_hold_host_factor", s.step_hold_host_factor),
+                            ("step_hold_slice_ms", s.step_hold_slice_ms), ("json_close_tokens", so.json_close_tokens),
+                            ("grammar_compile_timeout_s", so.grammar_compile_timeout_s)):
+            if value < 0:
+                raise ValueError(f"{name} must be >= 0, got {value!r}")
         if c.num_kv_blocks is not None and c.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be positive, got {c.num_kv_blocks}")
         if not 0.0 < c.gpu_memory_utilization <= 1.0:
@@ -226,7 +278,7 @@ class EngineConfig:
         if sd.speculative_disable_by_batch_size is not None and sd.speculative_disable_by_batch_size < 1:
             raise ValueError(f"speculative_disable_by_batch_size must be positive, got "
                              f"{sd.speculative_disable_by_batch_size}")
-        for section in (m, c, s, self.device, p, sd):
+        for section in (m, c, s, self.device, p, sd, self.structured_output):
             check_choices(section)
 
     def replace(self, **kwargs: Any) -> "EngineConfig":
@@ -240,7 +292,8 @@ class EngineConfig:
 
 
 _SECTIONS = {"model": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig, "device": DeviceConfig,
-             "parallel": ParallelConfig, "speculative": SpeculativeConfig}
+             "parallel": ParallelConfig, "speculative": SpeculativeConfig,
+             "structured_output": StructuredOutputConfig}
 
 
 def _field_owners() -> dict[str, str]:

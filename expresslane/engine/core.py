@@ -1,8 +1,4 @@
-"""EngineCore: the step loop. schedule -> execute -> update, on token ids only.
-
-Offline (`LLM`) and online (`serve`) drive the same EngineCore; frontends add
-tokenization, detokenization and transport around it.
-"""
+"""EngineCore: the step loop (schedule -> execute -> update) on token ids, for LLM and serve alike."""
 
 from __future__ import annotations
 
@@ -28,25 +24,14 @@ from expresslane.runner.step_timing import calibration_steps, time_steps
 
 log = logging.getLogger(__name__)
 
-EXPERT_LOAD_EVERY = 64  # steps between copies of the MoE per-expert counters to the host (none waits)
-# Planning waits until the step on the GPU is predicted to end within this margin (at least; more
-# when planning and launching take longer: HOLD_HOST times their recent time), in slices of at most
-# HOLD_SLICE_S that return to the caller (the server takes in new requests between them). A request
-# arriving during a long step then starts in the next one; planned at the start of the step on the
-# GPU, the next step was committed already and it waited behind two.
-HOLD_MARGIN_S = 0.002
-HOLD_HOST = 3.0
-HOLD_SLICE_S = 0.001
-
-
 @dataclass(slots=True)
 class _InFlight:
     plan: StepPlan
     result: StepResult
     shape: StepShape
-    index: int  # the step launched before it has index - 1
-    ends: float = 0.0  # when the GPU is predicted to finish it (monotonic; 0: unknown)
-    done: float = 0.0  # when its results were known on the host
+    index: int
+    ends: float = 0.0  # predicted end on the GPU (monotonic; 0: unknown)
+    done: float = 0.0  # results known on the host
     speculative: bool = False  # verifies proposals: lands before the next plan
 
 
@@ -60,7 +45,7 @@ def resolve_model_dir(model: str | None) -> Path:
 def resolve_max_model_len(requested: int | None, hf_config) -> int:
     limit = getattr(hf_config, "max_position_embeddings", None) or 2048
     window = getattr(hf_config, "sliding_window", None)
-    uses_window = getattr(hf_config, "use_sliding_window", True)  # Qwen2 configs switch it off
+    uses_window = getattr(hf_config, "use_sliding_window", True)
     if window and uses_window and window < limit:
         limit = window  # full attention is exact only within the window
     if requested is None:
@@ -99,10 +84,10 @@ class EngineCore:
             choice = "nominal"  # no device to time under the interpreter
         self.cost_model = make_cost_model(choice, s.max_num_batched_tokens, calibrate)
         log.info("step cost model (%s): %s", self.runner.device, self.cost_model.describe())
-        self.runner.reset_expert_tokens()  # the start-up steps above routed dummy tokens
-        self._expert_copy = None  # a copy of the counters on its way to the host
+        self.runner.reset_expert_tokens()  # calibration routed dummy tokens
+        self._expert_copy = None
         self._steps_since_copy = 0
-        self.expert_tokens: dict[int, list[int]] | None = None  # the last counters read (MoE models)
+        self.expert_tokens: dict[int, list[int]] | None = None
         self.config = config.replace(num_kv_blocks=num_blocks)
         self.kv = KVCacheManager(num_blocks, bs, config.cache.enable_prefix_caching)
         proposer = self.runner.proposer
@@ -112,15 +97,16 @@ class EngineCore:
             self.spec.max_rows = self.runner.verify_rows()
         self.scheduler = make_scheduler(config.scheduler, self.kv, cost_model=self.cost_model, spec=self.spec)
         self.grammars = Grammars(tokenizer_loader(Path(config.model.tokenizer or self.model_dir), self.model_dir,
-                                                  self.hf_config), self.hf_config.vocab_size)
-        self._rejected: dict[str, str] = {}  # requests refused after add_request returned (a grammar failed)
-        self._last: StepStats | None = StepStats(0, 0, 0.0)  # None: a held call's, built when asked
-        self._in_flight: _InFlight | None = None  # the step the GPU may still be running
-        self._sync_launch = not cuda  # execute() returns when the step is done
-        self._calls = 0  # steps launched
-        self._host_s = 0.0  # recent time to plan and launch a step (moving average)
-        self.held = False  # the last step() launched nothing: the step on the GPU is far from its end
-        self._last_done: tuple[float, int] | None = None  # (done, index) of the last completed step
+                                                  self.hf_config), self.hf_config.vocab_size,
+                                 config.structured_output)
+        self._rejected: dict[str, str] = {}
+        self._last: StepStats | None = StepStats(0, 0, 0.0)  # None: built when asked
+        self._in_flight: _InFlight | None = None
+        self._sync_launch = not cuda
+        self._calls = 0
+        self._host_s = 0.0  # moving average of planning + launching time
+        self.held = False  # the last step() launched nothing
+        self._last_done: tuple[float, int] | None = None  # (done, index)
         log.info("KV cache: %d blocks of %d tokens (%.2f GiB, %s)", num_blocks, bs,
                  num_blocks * self.runner.kv_block_bytes() / 2**30, str(self.runner.kv_dtype).removeprefix("torch."))
 
@@ -132,15 +118,16 @@ class EngineCore:
         check_prompt_length(len(req.prompt_token_ids), self.max_model_len)
         sp = req.sampling_params
         if self.spec is not None and (sp.penalized or sp.structured_outputs is not None
-                                      or sp.prompt_logprobs is not None):
+                                      or sp.prompt_logprobs is not None or sp.bad_words):
             which = "structured_outputs" if sp.structured_outputs is not None else "prompt_logprobs" \
-                if sp.prompt_logprobs is not None else "presence_penalty, frequency_penalty and repetition_penalty"
+                if sp.prompt_logprobs is not None else "bad_words" if sp.bad_words \
+                else "presence_penalty, frequency_penalty and repetition_penalty"
             raise ValueError(f"{which}: not supported with speculative decoding (--speculative-method)")
         request = Request.from_core_request(req, self.max_model_len)
         if sp.structured_outputs is None:
             self.scheduler.add_request(request)
         else:
-            self.grammars.wait(request)  # the scheduler gets it once its grammar is compiled
+            self.grammars.wait(request)  # to the scheduler once compiled
 
     def abort(self, request_ids: list[str]) -> list[EngineCoreOutput]:
         self.grammars.forget(request_ids)
@@ -154,22 +141,19 @@ class EngineCore:
         return req.max_tokens - req.num_output_tokens, req.max_tokens
 
     def take_rejected(self) -> dict[str, str]:
-        """Requests refused since the last call, with why (a grammar that did not compile)."""
+        """{request id: why} refused since the last call."""
         rejected, self._rejected = self._rejected, {}
         return rejected
 
     def step(self) -> list[EngineCoreOutput]:
-        """Launch the next step, then apply the previous one's results: the host plans and
-        launches step N+1 while the GPU still runs step N (a decode's input token is taken
-        on the device from the step that sampled it), shortly before step N is predicted to end
-        (`hold`): until then a call launches nothing (`held`) and returns no outputs."""
+        """Launch step N+1 shortly before step N ends on the GPU (`hold`), then land step N."""
         t0 = time.monotonic()
         prev = self._in_flight
         wait = self.hold(prev, t0)
         self.held = wait > 0
         if self.held:
-            time.sleep(min(wait, HOLD_SLICE_S))
-            self._last = None  # (held calls come at up to 1 kHz: their stats are built only if read)
+            time.sleep(min(wait, self.config.scheduler.step_hold_slice_ms / 1e3))
+            self._last = None
             return []
         self._calls += 1
         ready, refused = self.grammars.ready(t0)
@@ -178,11 +162,10 @@ class EngineCore:
         self._rejected.update(refused)
         outputs: list[EngineCoreOutput] = []
         measured = predicted = 0.0
-        prev_done: float | None = None  # when the step before this one ended (landed here)
+        prev_done: float | None = None
         speculative = prev is not None and (prev.speculative or self.scheduler.speculating())
-        # a grammar's next mask needs the token just sampled: the step's forward goes first, then
-        # the previous step lands and the masks are filled while the forward runs, then its sampling
-        late = prev is not None and not speculative and bool(self.grammars.matchers)
+        # a grammar mask needs the last token: forward, land the previous step, fill masks, sample
+        late = prev is not None and not speculative and self.grammars.needs_last_tokens
         if speculative or (late and not self.runner.samples_late):
             # a speculative step's outcome (how many tokens) shapes the next plan: no pipelining
             outputs, measured, predicted = self._land(prev)
@@ -211,7 +194,7 @@ class EngineCore:
         if prev is not None:
             outputs, measured, predicted = self._land(prev)
             prev_done = prev.done
-        if launched is not None and not self._sync_launch:  # the GPU runs it once the one before is done
+        if launched is not None and not self._sync_launch:
             launched.ends = max(time.monotonic() if prev_done is None else prev_done, t0) + self.cost_model.predict(
                 launched.shape)
         self._in_flight = launched
@@ -219,17 +202,15 @@ class EngineCore:
         return outputs
 
     def hold(self, step: _InFlight | None, now: float) -> float:
-        """Seconds to wait before planning the next step: until `step` (on the GPU) is predicted
-        to end within the margin, unless it has ended. None on CPU (launches are synchronous)
-        and around speculative steps (they land before the next plan)."""
+        """Seconds until `step` is predicted to end within the hold margin (0 once it has ended)."""
         if step is None or not step.ends or step.speculative or self.scheduler.speculating():
             return 0.0
-        wait = step.ends - now - max(HOLD_MARGIN_S, HOLD_HOST * self._host_s)
+        s = self.config.scheduler
+        wait = step.ends - now - max(s.step_hold_margin_ms / 1e3, s.step_hold_host_factor * self._host_s)
         return wait if wait > 0 and not step.result.ready() else 0.0
 
     def _stats(self, tokens: int, seqs: int, duration: float, measured: float = 0.0,
                predicted: float = 0.0) -> StepStats:
-        """The stats of a call that launched `seqs` seqs (0: none) of `tokens` tokens."""
         stats = StepStats(
             num_running=self.scheduler.num_running, num_waiting=self.scheduler.num_waiting,
             kv_cache_usage=self.kv.usage, num_batched_tokens=tokens, batch_size=seqs,
@@ -243,7 +224,7 @@ class EngineCore:
         return stats
 
     def _land(self, step: _InFlight) -> tuple[list[EngineCoreOutput], float, float]:
-        """Apply a launched step's sampled tokens (waits for them); its time and prediction."""
+        """Wait for a step's tokens and apply them; (outputs, its time, its prediction)."""
         outputs = self.scheduler.update(step.plan, *step.result.get(), step.result.prompt_logprobs)
         self.grammars.landed(outputs)
         if not self._sync_launch:
@@ -251,14 +232,13 @@ class EngineCore:
         return (outputs, *self._time_step(step))
 
     def _expert_load(self, stepped: bool) -> dict[int, list[int]] | None:
-        """The per-expert counters when a copy of them has landed this call, else None. A copy
-        starts every EXPERT_LOAD_EVERY steps and is picked up once done; when the engine goes
-        idle (nothing in flight) one is taken and waited for: the GPU has nothing else to run."""
+        """The per-expert counters if a copy landed this call; copied every `expert_load_interval`
+        steps without waiting, and waited for when idle."""
         self._steps_since_copy += stepped
         idle = self._in_flight is None and not self.scheduler.has_unfinished()
         if self._steps_since_copy and (idle or (self._expert_copy is None
-                                                 and self._steps_since_copy >= EXPERT_LOAD_EVERY)):
-            self._expert_copy = self.runner.copy_expert_tokens()  # idle: a fresh one replaces one on its way
+                                                 and self._steps_since_copy >= self.config.parallel.expert_load_interval)):
+            self._expert_copy = self.runner.copy_expert_tokens()
             self._steps_since_copy = 0
         copy = self._expert_copy
         if copy is None or not (idle or copy.ready()):
@@ -268,8 +248,7 @@ class EngineCore:
         return self.expert_tokens
 
     def _time_step(self, step: _InFlight) -> tuple[float, float]:
-        """A completed step's time and prediction; the time is known only when it ran right
-        behind the step before (no idle gap), and then refines the cost model."""
+        """(time, prediction) of a step that ran right behind the one before, else zeros."""
         last, self._last_done = self._last_done, (step.done, step.index)
         if last is None or last[1] != step.index - 1:
             return 0.0, 0.0
@@ -282,6 +261,6 @@ class EngineCore:
         return measured, predicted
 
     def stats(self) -> StepStats:
-        if self._last is None:  # a held call's: no step launched
+        if self._last is None:
             self._last = self._stats(0, 0, 0.0)
         return self._last

@@ -1,11 +1,8 @@
 """Incremental detokenization and stop strings (frontend side, per completion).
 
-Text is emitted only once it is stable: the newest tokens are decoded together with
-a few earlier ones (the window `ids[prefix:]`), and the part beyond the decode of
-`ids[prefix:read]` is new text unless it ends in an incomplete UTF-8 sequence. With a
-Rust-backed tokenizer that does no clean-up of its own, `tokenizers`' `DecodeStream`
-runs this same algorithm in Rust (one decode per token instead of two Python calls);
-otherwise, or when the prompt's context does not decode cleanly, the Python version does.
+Text is emitted once stable: `ids[prefix:]` is decoded and what lies beyond `ids[prefix:read]`'s
+text is new unless it ends in an incomplete UTF-8 sequence. `tokenizers`' `DecodeStream` runs
+the same algorithm in Rust where it gives the same text.
 """
 
 from __future__ import annotations
@@ -13,18 +10,17 @@ from __future__ import annotations
 from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
 
-_CONTEXT_TOKENS = 5  # prompt tokens kept as decoding context (spaces, merges)
+_CONTEXT_TOKENS = 5  # prompt tokens decoded as context
 
 
 class StopStrings:
-    """A request's stop strings, matched in O(new characters × distinct lengths) per step
-    (a set lookup per candidate), however many strings there are."""
+    """Stop strings, matched in O(new characters × distinct lengths) per step."""
 
     def __init__(self, stop: list[str]):
-        self.rank: dict[str, int] = {}  # string -> its first position in the list (the earlier wins a tie)
+        self.rank: dict[str, int] = {}  # string -> first position (ties: the earlier wins)
         for i, s in enumerate(stop):
             self.rank.setdefault(s, i)
-        self.lengths = sorted({len(s) for s in self.rank}, reverse=True)  # longest first: starts ascend
+        self.lengths = sorted({len(s) for s in self.rank}, reverse=True)
 
     def find(self, text: str, new_from: int) -> tuple[int, str] | None:
         """The earliest-starting stop string in ``text`` that ends after ``text[:new_from]``."""
@@ -91,9 +87,8 @@ class IncrementalDetokenizer:
 
 
 def _decode_stream(tokenizer, context: list[int], skip_special_tokens: bool) -> tuple[Tokenizer, DecodeStream] | None:
-    """A DecodeStream primed with the prompt's context, where it gives the Python version's text:
-    a Rust tokenizer, no clean-up after decoding, and a context that decodes to clean text (else
-    the stream would keep the context in its window)."""
+    """A primed DecodeStream where it matches the Python path (Rust tokenizer, no clean-up,
+    a context that decodes cleanly), else None."""
     backend = getattr(tokenizer, "_tokenizer", None)
     if not isinstance(backend, Tokenizer) or getattr(tokenizer, "clean_up_tokenization_spaces", True):
         return None

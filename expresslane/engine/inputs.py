@@ -1,17 +1,15 @@
-"""Prompts -> token ids, checked against the model (torch-free: the offline engine and the
-server's API process both use it)."""
+"""Prompts -> token ids, checked against the model (torch-free: offline engine and API process)."""
 
 from __future__ import annotations
 
 from expresslane.scheduler.request import check_prompt_length
-from expresslane.sampling_params import SamplingParams
+from expresslane.sampling_params import SamplingParamError, SamplingParams
 
 Prompt = str | dict
 
 
 class InputError(ValueError):
-    """A prompt that does not fit the model; ``param`` names the field at fault (``prompt`` or
-    ``stop_token_ids``), ``code`` is OpenAI's error code for it."""
+    """A prompt that does not fit the model; ``param``: the field at fault, ``code``: OpenAI's code."""
 
     def __init__(self, message: str, param: str, code: str = "invalid_value"):
         super().__init__(message)
@@ -19,16 +17,13 @@ class InputError(ValueError):
 
 
 class InputProcessor:
-    """Prompt -> token ids, checked against the model (shared by the offline engine and the server)."""
 
     def __init__(self, tokenizer, vocab_size: int, max_model_len: int, eos: tuple[int, ...]):
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.eos = eos
-        # A Rust-backed tokenizer encodes directly: the same ids as `tokenizer.encode` (special
-        # tokens added), without transformers' per-call wrapping (measured: ~1.3 us per prompt
-        # token on top of the Rust encoder; benchmarks/ingress_profile.py).
+        # the Rust encoder directly: `tokenizer.encode`'s ids without transformers' per-call wrapping
         backend = getattr(tokenizer, "backend_tokenizer", None)
         self.encode = (lambda text: backend.encode(text).ids) if backend is not None else tokenizer.encode
 
@@ -37,7 +32,7 @@ class InputProcessor:
             return prompt, self.encode(prompt)
         if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
             ids = list(prompt["prompt_token_ids"])
-            # type, min and max run in C: a request may carry 256 prompts of 2,047 ids
+            # checked in C (many long prompts)
             if ids and (not {int}.issuperset(map(type, ids)) or min(ids) < 0 or max(ids) >= self.vocab_size):
                 raise InputError(f"prompt_token_ids must be integers in [0, {self.vocab_size})", "prompt")
             return prompt.get("prompt"), ids
@@ -56,6 +51,13 @@ class InputProcessor:
                              f"({self.vocab_size})", "stop_token_ids")
         if any(not 0 <= t < self.vocab_size for t in params.stop_token_ids):
             raise InputError(f"stop_token_ids must be in [0, {self.vocab_size})", "stop_token_ids")
+        try:
+            params.update_from_tokenizer(self.tokenizer)
+        except SamplingParamError as e:
+            raise InputError(str(e), e.param) from None
+        if any(t >= self.vocab_size for word in params.bad_words_token_ids or () for t in word):
+            raise InputError(f"bad_words: a word's tokens are outside the model's vocabulary ({self.vocab_size})",
+                             "bad_words")
         for name in ("logit_bias", "allowed_token_ids"):
             ids = getattr(params, name) or ()
             if len(ids) > self.vocab_size or any(not 0 <= t < self.vocab_size for t in ids):

@@ -7,6 +7,7 @@ import time
 from expresslane.config import EngineConfig
 from expresslane.contract import EngineCoreRequest
 from expresslane.engine.core import EngineCore
+from expresslane.engine.generation_config import sampling_defaults
 from expresslane.engine.inputs import InputProcessor, Prompt
 from expresslane.engine.output_processor import OutputProcessor, child_params
 from expresslane.lanes import resolve_lane
@@ -23,6 +24,7 @@ class LLMEngine:
         eos = eos_token_ids(self.core.model_dir, self.core.hf_config, self.tokenizer)
         self.inputs = InputProcessor(self.tokenizer, self.core.hf_config.vocab_size, self.core.max_model_len, eos)
         self.outputs = OutputProcessor(self.tokenizer)
+        self.sampling_defaults = sampling_defaults(config.model.generation_config, self.core.model_dir)
 
     def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams, priority: int = 0,
                     arrival_time: float | None = None, lane: str | None = None) -> None:

@@ -1,9 +1,7 @@
 """Frontend bookkeeping: core token outputs -> RequestOutputs with text.
 
-A request with ``n > 1`` runs in the core as n child requests (``{id}#{i}``, seeds
-``seed + i``); their completions are gathered here under the parent id. Stop strings
-are found here, after detokenization; the child is then finished at once and the
-caller must abort it in the core (returned in ``to_abort``).
+An ``n > 1`` request runs as n child requests (``{id}#{i}``, seed ``seed + i``), gathered here.
+A stop string found here finishes the child; the caller aborts it in the core (``to_abort``).
 """
 
 from __future__ import annotations
@@ -24,16 +22,14 @@ def child_request_ids(request_id: str, n: int) -> list[str]:
 
 
 def child_params(params: SamplingParams, index: int) -> SamplingParams:
-    """One completion of an n-way request: n=1, and its own seed so the n differ. Only the first
-    scores the prompt (the n share it; the others may then take it from the prefix cache)."""
+    """Child `index`'s params: n=1, its own seed; only the first scores the prompt."""
     seed = None if params.seed is None else params.seed + index
     return dataclasses.replace(params, n=1, seed=seed, prompt_logprobs=params.prompt_logprobs if index == 0 else None)
 
 
 @dataclass(slots=True)
 class _Child:
-    parent_id: str  # an id, not the parent itself: no reference cycle, so a finished request's outputs
-    # (a large one: tens of MB of logprobs) are freed at once by refcount, not by a later full collection
+    parent_id: str  # not the parent: no reference cycle, so outputs are freed by refcount
     output: CompletionOutput
     detok: IncrementalDetokenizer
 
@@ -46,7 +42,7 @@ class _Parent:
     metrics: RequestMetrics
     children: list[_Child] = field(default_factory=list)
     num_cached_tokens: int = 0
-    prompt_logprobs: list | None = None  # vLLM's shape (outputs.PromptLogprobs), once the engine sent them
+    prompt_logprobs: list | None = None  # outputs.PromptLogprobs
 
     def finished(self) -> bool:
         return all(c.output.finished for c in self.children)
@@ -58,8 +54,7 @@ class _Parent:
 
 
 def prompt_logprobs_of(prompt_token_ids: list[int], scored: ScoredPrompt, text) -> list:
-    """The engine's prompt logprobs in vLLM's shape: None for the first token, then per position
-    the prompt token's Logprob first and the top-k's (ranks 1..k) after it."""
+    """vLLM's shape: None, then per position the prompt token's Logprob and the top-k's."""
     out: list = [None]
     for j, tok in enumerate(prompt_token_ids[1:1 + len(scored.logprobs)]):
         entry = {tok: Logprob(scored.logprobs[j], scored.ranks[j], text(tok))}
@@ -72,7 +67,7 @@ def prompt_logprobs_of(prompt_token_ids: list[int], scored: ScoredPrompt, text) 
 
 class OutputProcessor:
     def __init__(self, tokenizer, token_texts: Sequence[str] | None = None):
-        """`token_texts`: each token id's text, when the caller has them decoded already."""
+        """`token_texts`: each token id's text, if already decoded."""
         self.tokenizer = tokenizer
         self._token_texts = token_texts
         self._texts: dict[int, str] = {}
@@ -81,12 +76,12 @@ class OutputProcessor:
 
     def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
                     params: SamplingParams, arrival_time: float) -> list[str]:
-        """Register a request; returns the ids of its core (child) requests."""
+        """Register a request; returns its core (child) request ids."""
         if request_id in self._parents:
             raise ValueError(f"request id {request_id!r} is already in use")
         parent = _Parent(request_id, prompt, prompt_token_ids, RequestMetrics(arrival_time))
         ids = child_request_ids(request_id, params.n)
-        stop = StopStrings(params.stop) if params.stop else None  # built once, shared by the n completions
+        stop = StopStrings(params.stop) if params.stop else None  # shared by the n
         for i, cid in enumerate(ids):
             detok = IncrementalDetokenizer(self.tokenizer, prompt_token_ids, stop,
                                            params.skip_special_tokens, params.include_stop_str_in_output)
@@ -123,7 +118,7 @@ class OutputProcessor:
         for out in outputs:
             child = self._children.get(out.request_id)
             if child is None or child.output.finished:
-                continue  # finished here already (stop string) while the core was still running it
+                continue  # stopped here while the core still ran it
             parent = self._parents[child.parent_id]
             comp = child.output
             if out.prompt_logprobs is not None and parent.prompt_logprobs is None:
@@ -159,7 +154,7 @@ class OutputProcessor:
         return results, to_abort
 
     def abort(self, request_id: str) -> RequestOutput | None:
-        """Finish a request as aborted (frontend side); the caller aborts its children in the core."""
+        """Finish a request as aborted here; the caller aborts its children in the core."""
         parent = self._parents.get(request_id)
         if parent is None:
             return None

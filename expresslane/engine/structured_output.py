@@ -1,20 +1,7 @@
-"""Structured outputs: grammars compiled off the step loop, a matcher per sequence, and each
-step's allowed tokens as a bitmask (xgrammar, imported on first use).
-
-    add_request --compile (worker thread, cached)--> waiting here until compiled --> scheduler
-    each step: the plan's constrained seqs that sample -> one bitmask row each (StepPlan.token_bitmask)
-    each landed step: every new token advances its sequence's matcher
-
-Near the end of its token budget (the last ``CLOSE_SHARE`` of it, at least ``CLOSE_TOKENS``),
-a sequence that must be JSON takes the first of these its grammar allows: the end (EOS), then each
-of ``CLOSERS`` in order (end a string, an object, an array; a value of 0); only where none is
-allowed does the model choose. So even a weak model's JSON completes before ``max_tokens``
-wherever the grammar allows it (what the grammar forces, such as a required key, still comes).
-
-A request whose grammar fails to compile, or takes longer than ``COMPILE_TIMEOUT_S``, is
-rejected with the compiler's message. Each of a request's ``n`` sequences has its own matcher
-over the one compiled grammar.
-"""
+"""Structured outputs (xgrammar, imported on first use): grammars compiled off the step loop,
+a matcher per sequence, each step's allowed tokens as a bitmask. Near its budget's end a JSON
+sequence is steered to close (EOS, then ``CLOSERS``) wherever its grammar allows. A request with
+``after_token_ids`` (a reasoning model's ``</think>``) samples freely until its output ends with them."""
 
 from __future__ import annotations
 
@@ -28,18 +15,14 @@ from typing import Callable
 
 import numpy as np
 
+from expresslane.config import StructuredOutputConfig
 from expresslane.contract import StepPlan
 from expresslane.sampling_params import StructuredOutputs
 
 log = logging.getLogger(__name__)
 
-COMPILE_TIMEOUT_S = 10.0  # a grammar not compiled by then rejects its request (the thread runs on)
-COMPILE_THREADS = 2
-CACHE_ENTRIES = 512  # compiled grammars kept (least recently used first out)
 _JSON_OBJECT = '{"type": "object"}'
 CLOSERS = ('"', "}", "]", "0")  # JSON's shortest way out, in order of preference
-CLOSE_SHARE = 4  # the last quarter of a sequence's budget
-CLOSE_TOKENS = 32
 
 
 def _choice_grammar(choices: list[str]) -> str:
@@ -47,20 +30,23 @@ def _choice_grammar(choices: list[str]) -> str:
 
 
 class Grammars:
-    """The engine's structured-output state: compilation, one matcher per constrained sequence."""
+    """Compilation, and one matcher per constrained sequence."""
 
-    def __init__(self, load_tokenizer: Callable[[], tuple[object, tuple[int, ...]]], vocab_size: int):
-        """``load_tokenizer() -> (HF tokenizer, EOS ids)``: called once, in a worker thread, on first use."""
+    def __init__(self, load_tokenizer: Callable[[], tuple[object, tuple[int, ...]]], vocab_size: int,
+                 config: StructuredOutputConfig):
+        """``load_tokenizer() -> (HF tokenizer, EOS ids)``, called once in a worker thread."""
         self._load_tokenizer = load_tokenizer
+        self.config = config
         self.vocab_size = vocab_size
         self._pool: ThreadPoolExecutor | None = None
         self._compiler: Future | None = None
         self._cache: collections.OrderedDict[tuple, Future] = collections.OrderedDict()
-        self._waiting: dict[str, tuple[object, Future, float]] = {}  # request id -> (request, compiled, since)
-        self.matchers: dict[str, object] = {}  # request id -> xgrammar.GrammarMatcher
-        self._json: set[str] = set()  # request ids whose output must be JSON: closed near their budget's end
+        self._waiting: dict[str, tuple[object, Future, float]] = {}  # id -> (request, compiled, since)
+        self.matchers: dict[str, object] = {}
+        # id -> (the tokens that end its thinking, its last output tokens, its matcher)
+        self._thinking: dict[str, tuple[tuple[int, ...], list[int], object]] = {}
+        self._json: set[str] = set()  # ids whose output must be JSON
 
-    # -- compiling -------------------------------------------------------------------------------
     def _make_compiler(self):
         import xgrammar
 
@@ -86,23 +72,23 @@ class Grammars:
 
     def compiled(self, spec: StructuredOutputs) -> Future:
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="grammar")
+            self._pool = ThreadPoolExecutor(self.config.grammar_compile_threads, thread_name_prefix="grammar")
             self._compiler = self._pool.submit(self._make_compiler)
         key = spec.key
         fut = self._cache.get(key)
         if fut is None or (fut.done() and fut.exception() is not None):
             fut = self._cache[key] = self._pool.submit(self._compile, spec)
-            while len(self._cache) > CACHE_ENTRIES:
+            while len(self._cache) > self.config.grammar_cache_size:
                 self._cache.popitem(last=False)
         self._cache.move_to_end(key)
         return fut
 
     def wait(self, req) -> None:
-        """Hold ``req`` (an engine Request with structured outputs) until its grammar is compiled."""
+        """Hold ``req`` until its grammar is compiled."""
         self._waiting[req.request_id] = (req, self.compiled(req.sampling_params.structured_outputs), time.monotonic())
 
     def ready(self, now: float) -> tuple[list, dict[str, str]]:
-        """(requests whose grammar is ready, each with its matcher made; {request id: why} of those refused)."""
+        """(requests now ready, with matchers; {request id: why} of those refused)."""
         if not self._waiting:
             return [], {}
         import xgrammar
@@ -114,30 +100,39 @@ class Grammars:
                 if fut.exception() is not None:
                     refused[rid] = f"structured_outputs: the grammar does not compile: {fut.exception()}"
                     continue
-                self.matchers[rid] = xgrammar.GrammarMatcher(fut.result())
                 spec = req.sampling_params.structured_outputs
+                matcher = xgrammar.GrammarMatcher(fut.result())
+                if spec.after_token_ids:
+                    self._thinking[rid] = (tuple(spec.after_token_ids), [], matcher)
+                else:
+                    self.matchers[rid] = matcher
                 if spec.json is not None or spec.json_object:
                     self._json.add(rid)
                 ready.append(req)
-            elif now - since > COMPILE_TIMEOUT_S:
+            elif now - since > (timeout := self.config.grammar_compile_timeout_s):
                 del self._waiting[rid]
-                refused[rid] = f"structured_outputs: the grammar did not compile within {COMPILE_TIMEOUT_S:g} s"
+                refused[rid] = f"structured_outputs: the grammar did not compile within {timeout:g} s"
         return ready, refused
 
     @property
     def num_waiting(self) -> int:
         return len(self._waiting)
 
+    @property
+    def needs_last_tokens(self) -> bool:
+        """A step's masks depend on the tokens the step before sampled (a thinking request's too:
+        they may end its thinking)."""
+        return bool(self.matchers or self._thinking)
+
     def forget(self, request_ids) -> None:
         for rid in request_ids:
             self._waiting.pop(rid, None)
             self.matchers.pop(rid, None)
+            self._thinking.pop(rid, None)
             self._json.discard(rid)
 
-    # -- each step -----------------------------------------------------------------------------
     def fill(self, plan: StepPlan, tokens_left: Callable[[str], tuple[int, int]]) -> None:
-        """Give each constrained seq that samples this step its row of allowed tokens.
-        ``tokens_left(request id) -> (tokens it may still sample, its budget)``."""
+        """A row of allowed tokens per constrained sampling seq. ``tokens_left(id) -> (left, budget)``."""
         if not self.matchers:
             return
         import torch
@@ -155,12 +150,12 @@ class Grammars:
             if s.request_id not in self._json:
                 continue
             left, budget = tokens_left(s.request_id)
-            if left <= max(CLOSE_TOKENS, budget // CLOSE_SHARE):
+            if left <= max(self.config.json_close_tokens, budget // self.config.json_close_share):
                 self._close(rows[row])
         plan.token_bitmask = rows
 
     def _close(self, row: np.ndarray) -> None:
-        """Keep only the first class of closing tokens the row allows (none allowed: keep the row)."""
+        """Keep only the first class of closers the row allows, if any."""
         for ids in self._closers:
             allowed = [t for t in ids if (int(row[t >> 5]) >> (t & 31)) & 1]
             if allowed:
@@ -170,18 +165,32 @@ class Grammars:
                 return
 
     def landed(self, outputs) -> None:
-        """A landed step's outputs: each new token advances its matcher; a finished request's goes."""
-        if not self.matchers:
+        """Advance matchers by the landed tokens; drop finished requests'."""
+        if not self.needs_last_tokens:
             return
         for out in outputs:
+            tokens = out.new_token_ids
+            if out.request_id in self._thinking:
+                tokens = self._think(out.request_id, tokens)
             matcher = self.matchers.get(out.request_id)
-            if matcher is None:
-                continue
-            for t in out.new_token_ids:
-                if not matcher.accept_token(t):  # only a token outside the mask (say, one min_tokens forced)
+            for t in tokens if matcher is not None else ():
+                if not matcher.accept_token(t):  # e.g. forced by min_tokens
                     log.warning("request %s: token %d is outside its grammar", out.request_id, t)
             if out.finish_reason is not None:
                 self.forget([out.request_id])
+
+    def _think(self, rid: str, tokens: list[int]) -> list[int]:
+        """Follow a thinking request's output; once it ends with its end tokens, start its matcher
+        and return the tokens after them (for the matcher), else none."""
+        end, tail, matcher = self._thinking[rid]
+        for k, t in enumerate(tokens):
+            tail.append(t)
+            del tail[:-len(end)]
+            if tuple(tail) == end:
+                del self._thinking[rid]
+                self.matchers[rid] = matcher
+                return tokens[k + 1:]
+        return []
 
 
 def tokenizer_loader(tokenizer_dir: Path, model_dir: Path, hf_config) -> Callable[[], tuple[object, tuple[int, ...]]]:

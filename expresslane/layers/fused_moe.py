@@ -123,8 +123,8 @@ def route_kernel(logits_ptr, weights_ptr, ids_ptr, counts_ptr, slot_ptr, E, stri
 def fused_route(router_logits: torch.Tensor, top_k: int, renormalize: bool, counts: torch.Tensor,
                 slot_mapping: torch.Tensor, warps: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """As layers.moe.route (ids int32), counting into `counts` the real tokens (slot >= 0). One
-    warp a token: its reductions stay in the warp (H200, 128 experts, top 8: 2.6 us against 3.6
-    with 4 warps; benchmarks/moe_kernel_bench.py)."""
+    warp a token: its reductions stay in the warp (faster than 4 warps in
+    benchmarks/moe_kernel_bench.py)."""
     tokens, experts = router_logits.shape
     weights = torch.empty(tokens, top_k, dtype=torch.float32, device=router_logits.device)
     ids = torch.empty(tokens, top_k, dtype=torch.int32, device=router_logits.device)
@@ -207,8 +207,7 @@ def _tiles(rows: int, num_experts: int, k_dim: int) -> Tiles:
     """Tiles by the rows each expert gets (block_m: the same for both GEMMs of a layer) and the
     GEMM's input width. Decode reads weights for a row or two a tile: narrow tiles, many
     programs, every SM streaming weights; long inputs take 256-wide K steps, with deeper
-    pipelines from 4096 (measured on the H200, batch 1: Mixtral's down projection 90 -> 57 us,
-    Qwen3-30B-A3B's gate-up 19 -> 16.7 us; benchmarks/moe_kernel_bench.py). Prefill multiplies
+    pipelines from 4096 (benchmarks/moe_kernel_bench.py picks them). Prefill multiplies
     (taller tiles)."""
     per_expert = rows / num_experts
     if per_expert <= 16:

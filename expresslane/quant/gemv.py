@@ -185,7 +185,7 @@ def _split(k: int, block_k: int, tiles: int, split: int | None, programs: int, m
 
 
 def gemv_config(n: int, fp8: bool) -> dict:
-    """Tiles measured fastest on an H200 at one row (benchmarks/gemv_bench.py --sweep, 8B shapes):
+    """Tiles measured fastest at one row (benchmarks/gemv_bench.py --sweep, 8B shapes):
     64-wide N tiles, ~264 programs; the widest layers (gate|up) 128 x 128 tiles, no split."""
     if fp8 and n >= 16384:
         return dict(block_n=128, block_k=128, stages=4, programs=264)

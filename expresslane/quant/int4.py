@@ -34,7 +34,7 @@ TILE_N, TILE_M = 16384, 512  # layers this wide keep the tile kernel up to this 
 
 
 def _cuda_matmul(x: torch.Tensor, layer: nn.Module, n: int) -> torch.Tensor:
-    """Decode sizes: the GEMV. Else, by what measured faster on an H200 (benchmarks/gemv_bench.py):
+    """Decode sizes: the GEMV. Else, by what measured faster (benchmarks/gemv_bench.py):
     the fused Triton tile kernel for wide layers (many N tiles fill the GPU) up to TILE_M rows,
     otherwise dequantize (a 16-bit copy of the weight, written and read once per call) and one
     cuBLAS GEMM, which is as fast as bf16 itself for long prompts."""

@@ -163,7 +163,7 @@ def per_token_quant_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _tiles(m: int, group: int | None, n: int = 4096) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps) by the number of rows: decode-sized inputs are
-    weight-bandwidth bound (narrow N tiles: 128+ programs for N = 4096, ~ the H200's 132 SMs),
+    weight-bandwidth bound (narrow N tiles: 128+ programs for N = 4096, about one per SM),
     long ones compute bound."""
     if m <= 16:
         bm, bn, bk, warps = 16, 32 if n <= 8192 else 64, 128, 4

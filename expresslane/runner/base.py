@@ -1,10 +1,4 @@
-"""Runner: what the engine may call on the part that holds the model.
-
-One process's ``ModelRunner`` and rank 0 of a tensor-parallel group (``TPExecutor``) are the
-two runners; ``runner/registry.py`` picks one. The engine calls nothing else on a runner:
-start-up (KV memory, graphs), one step (``execute`` a plan), and the facts the scheduler and
-the cost model need.
-"""
+"""Runner: all the engine may call on what holds the model (``ModelRunner``, ``TPExecutor``)."""
 
 from __future__ import annotations
 
@@ -24,71 +18,68 @@ if TYPE_CHECKING:
 
 @dataclass(slots=True)
 class Forward:
-    """A step whose forward is launched and whose sampling is not (``Runner.forward``)."""
+    """A step whose forward is launched, not yet its sampling."""
 
     plan: StepPlan
-    inputs: Any  # the runner's own: what its sampling needs
+    inputs: Any  # the runner's own
     logits: Any  # on the device; None when no seq samples
-    prompt_logprobs: Any = None  # request id -> ScoredPrompt, on the host; None when no seq scores its prompt
+    prompt_logprobs: Any = None  # request id -> ScoredPrompt, on the host
 
 
 class Runner(ABC):
     device: torch.device
-    dtype: torch.dtype  # the model's
-    kv_dtype: torch.dtype  # the KV cache's (fp8 with --kv-cache-dtype fp8)
-    block_size: int  # tokens per KV block
-    model: nn.Module  # this process's model (its slice, with tensor parallelism)
-    proposer: Proposer | None  # speculative decoding's proposals (None: it is off)
+    dtype: torch.dtype
+    kv_dtype: torch.dtype
+    block_size: int
+    model: nn.Module  # this rank's slice
+    proposer: Proposer | None  # None: speculation off
 
     # -- start-up, in this order -----------------------------------------------------------------
     @abstractmethod
     def profile_num_blocks(self, max_blocks: int) -> int:
-        """How many KV blocks fit (every rank: the smallest count), at most ``max_blocks``."""
+        """KV blocks that fit on every rank, at most ``max_blocks``."""
 
     @abstractmethod
     def allocate_kv_cache(self, num_blocks: int) -> None: ...
 
     @abstractmethod
     def build_graphs(self, max_model_len: int, capture: bool = True) -> None:
-        """CUDA graphs where the backend allows them; ``capture=False`` runs the same static
-        buffers eagerly (tests on CPU)."""
+        """CUDA graphs where allowed; ``capture=False`` runs their buffers eagerly (CPU tests)."""
 
     @abstractmethod
     def kv_block_bytes(self) -> int:
-        """Bytes one KV block takes in this process (the draft model's included)."""
+        """Bytes of one KV block here, the draft model's included."""
 
     @property
     @abstractmethod
     def padded_step_sizes(self) -> tuple[int, ...]:
-        """Token counts a step with prefill is padded to (the graphs' buckets; none when eager)."""
+        """Token counts a step with prefill is padded to (empty when eager)."""
 
     @property
     @abstractmethod
     def interpreted(self) -> bool:
-        """Whether kernels run under Triton's interpreter: step times then say nothing of a device."""
+        """Kernels run under Triton's interpreter (step times mean nothing)."""
 
     # -- steps ---------------------------------------------------------------------------------
     @abstractmethod
     def execute(self, plan: StepPlan) -> StepResult:
-        """Launch one step; its sampled ids stay on the device until ``StepResult.get()``."""
+        """Launch one step; sampled ids stay on the device until ``StepResult.get()``."""
 
     @property
     def samples_late(self) -> bool:
-        """Whether ``forward`` and ``sample`` may be called apart (else only ``execute``)."""
+        """``forward`` and ``sample`` may be called apart."""
         return False
 
     def forward(self, plan: StepPlan) -> Forward:
-        """Launch a step's forward only; the plan's ``token_bitmask`` may still be filled in
-        before ``sample``: the host prepares grammar masks while the device runs the forward."""
+        """Launch the forward only; ``plan.token_bitmask`` may be filled before ``sample``."""
         raise NotImplementedError(f"{type(self).__name__} samples with its forward (samples_late is False)")
 
     def sample(self, step: Forward) -> StepResult:
-        """Launch the sampling of a step ``forward`` launched."""
         raise NotImplementedError(f"{type(self).__name__} samples with its forward (samples_late is False)")
 
     @abstractmethod
     def release(self, request_ids: list[str]) -> None:
-        """Forget these requests' rows without a step (after steps run outside the scheduler)."""
+        """Forget these requests' rows without a step."""
 
     # -- speculative decoding ------------------------------------------------------------------
     @abstractmethod
@@ -102,10 +93,10 @@ class Runner(ABC):
     # -- mixture-of-experts load ---------------------------------------------------------------
     @abstractmethod
     def copy_expert_tokens(self) -> ExpertTokensCopy | None:
-        """Start copying the per-expert token counters to the host (None: not a MoE model)."""
+        """Start copying the per-expert token counters to the host (None: not MoE)."""
 
     @abstractmethod
     def reset_expert_tokens(self) -> None: ...
 
     def shutdown(self) -> None:
-        """Release other processes (tensor parallelism's workers); idempotent."""
+        """Release worker processes; idempotent."""

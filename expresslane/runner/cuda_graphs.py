@@ -1,17 +1,6 @@
-"""CUDA graphs: the whole forward of a step replayed with one launch.
-
-Two families, both keyed by a bucketed size and fed through static input buffers:
-
-- decode graphs (every seq computes one token), by batch size, using the backend's
-  split-KV decode path;
-- mixed graphs (prefill chunks and decodes, few tokens in all), by token count, with
-  every seq on the backend's prefill path. Its work list (one item per tile of query
-  tokens) is a static buffer padded with items of an empty padding seq.
-
-Padding never changes results: padding tokens carry slot -1 (no KV write), padding
-seqs have no query tokens and no context. Only the launch grids are fixed at capture;
-lengths and block tables are read from the buffers at replay.
-"""
+"""CUDA graphs, by bucketed size, fed through static buffers: decode graphs (one token a seq) by
+batch size, mixed graphs (any composition, on the prefill path) by token count. Padding tokens
+write no KV (slot -1); padding seqs have no query and no context."""
 
 from __future__ import annotations
 
@@ -36,26 +25,21 @@ def bucket_sizes(limit: int, small: tuple[int, ...] = (1, 2, 4, 8), step: int = 
 
 
 def piece_bounds(num_layers: int, pieces: int) -> list[int]:
-    """Layer boundaries of `pieces` consecutive ranges sized 1 : 3 : 5 : ... (0 first, num_layers last)."""
-    total = pieces * pieces  # 1 + 3 + ... + (2 pieces - 1)
+    """Boundaries of `pieces` layer ranges sized 1 : 3 : 5 : ..., from 0 to num_layers."""
+    total = pieces * pieces
     return [num_layers * i * i // total for i in range(pieces + 1)]
 
 
 class _Graphs:
-    """Static buffers, capture, replay; subclasses define the metadata of a bucket.
-
-    A bucket's forward is captured as `num_pieces` graphs over consecutive layer ranges,
-    replayed in order: launching a graph costs host time per kernel node, and with pieces
-    the GPU starts the first while the host still launches the rest. The pieces grow
-    (layers in proportion 1 : 3 : 5 : ...): the GPU waits only for the first, short piece's
-    launch, and each later launch is shorter than the GPU's run of the piece before it."""
+    """Static buffers, capture, replay. A bucket is `num_pieces` graphs of growing layer ranges,
+    so the GPU starts the first while the host launches the rest."""
 
     num_pieces = 1
 
     def __init__(self, model, backend, sizes: list[int], max_tokens: int, max_seqs: int, max_blocks: int,
                  device: torch.device, logits_out: torch.Tensor):
         self.model, self.backend, self.sizes = model, backend, sizes
-        self.logits_out = logits_out  # [rows, vocab] float32, shared by every graph: outputs of one step
+        self.logits_out = logits_out  # [rows, vocab] float32, shared by every graph
         self.device = device
         self.input_ids = torch.zeros(max_tokens, dtype=torch.int64, device=device)
         self.positions = torch.zeros(max_tokens, dtype=torch.int64, device=device)
@@ -77,10 +61,8 @@ class _Graphs:
         raise NotImplementedError
 
     def _pieces(self, size: int) -> list:
-        """The forward of bucket `size` as `num_pieces` callables over consecutive layer
-        ranges; the last returns the logits. Hidden states pass between them in `carry`:
-        once captured, each is written by one piece and read by the next in the same
-        step, so (like any temporary) its memory may serve other graphs of the pool."""
+        """Bucket `size`'s forward as `num_pieces` callables passing hidden states in `carry`;
+        the last returns the logits."""
         model, meta, carry = self.model, self._meta(size), {}
         n = len(model.layers)
         bounds = piece_bounds(n, self.num_pieces)
@@ -123,10 +105,8 @@ class _Graphs:
                  self.sizes[0], self.sizes[-1], self.num_pieces, time.monotonic() - t0)
 
     def _load(self, fields: list[tuple[torch.Tensor, np.ndarray, int]], patch: Patch | None) -> None:
-        """Copy one step's inputs into the static buffers: `fields` are (buffer view, its
-        values, fill: padding after the values up to the view's size). One host->device
-        copy for all of them (and the patch's indices), then a device copy into each
-        buffer. `patch` then fills input ids that live on the device."""
+        """One host->device copy of `fields` ((buffer view, values, padding fill)) and the patch's
+        indices, then device copies into the buffers."""
         parts = [(values, buffer.numel(), fill) for buffer, values, fill in fields]
         staged = stage(parts + (list(patch.indices) if patch else []), self.device)
         for (buffer, _, _), values in zip(fields, staged):
@@ -135,8 +115,7 @@ class _Graphs:
             patch.apply(self.input_ids, *staged[len(fields):])
 
     def _token_fields(self, inputs: StepInputs, padded: int, num_seqs: int) -> list:
-        """Tokens (padding up to `padded`: position 0, slot -1, no KV write), context lengths
-        (padding seqs up to `num_seqs`: none) and block tables."""
+        """Tokens, context lengths and block tables, padded to `padded` tokens and `num_seqs` seqs."""
         t, (b, width) = inputs.num_tokens, inputs.block_tables.shape
         return [(self.input_ids[:t], inputs.token_ids, 0), (self.positions[:padded], inputs.positions, 0),
                 (self.slot_mapping[:padded], inputs.slot_mapping, -1), (self.seq_lens[:num_seqs], inputs.seq_lens, 0),
@@ -182,14 +161,9 @@ class DecodeGraphs(_Graphs):
 
 
 class DraftChainGraphs(DecodeGraphs):
-    """A greedy draft's proposals 2..k in one replay: `steps` single-token forwards, each fed
-    the argmax of the one before on the device, positions and context lengths advancing by one
-    a forward. Loaded as a decode step of every speculating seq feeding its first proposal (the
-    patch puts it in) at the position after its last known token, with each seq's proposal
-    count: a seq moves on and writes its KV only while it proposes that many (`counts` >
-    forward + 1); past that it stays on its last slot with slot -1, so no position leaves its
-    allocated slots (nor the rotary table). Outputs past a seq's count are padding the verify
-    step ignores. Without capture (CPU tests) the same buffers run eagerly."""
+    """A greedy draft's proposals 2..k in one replay: `steps` single-token forwards, each fed the
+    argmax of the one before. A seq advances and writes KV only while `counts` > forward + 1,
+    then stays on its last slot with slot -1; outputs past its count are padding."""
 
     def __init__(self, model, backend, max_num_seqs: int, max_blocks: int, device: torch.device,
                  logits_out: torch.Tensor, steps: int, block_size: int):
@@ -227,23 +201,20 @@ class DraftChainGraphs(DecodeGraphs):
 
 
 class MixedGraphs(_Graphs):
-    """Steps of at most `max_tokens` tokens of any composition, all on the prefill path.
-    In pieces: a short prompt's TTFT has the graph launch on its critical path (a decode's
-    launch overlaps the step before it)."""
+    """Steps of at most `max_tokens` tokens of any composition, on the prefill path."""
 
     num_pieces = 4
 
     def __init__(self, model, backend, max_tokens: int, max_num_seqs: int, max_blocks: int, device: torch.device,
                  logits_out: torch.Tensor):
-        # every 64 tokens up to 512, where SLO-sized steps live (a step costs its bucket: a 137-token
-        # step ran as 256 on the H200), then every 128
+        # every 64 tokens up to 512, where SLO-sized steps live, then every 128
         sizes = bucket_sizes(max_tokens, small=(8, 16, 32, 64, 192, 320, 448), step=128)
         self.max_seqs = min(sizes[-1], max_num_seqs)
         super().__init__(model, backend, sizes, sizes[-1], self.max_seqs + 1, max_blocks, device, logits_out)
-        # one work list for all buckets (each bucket's prefill tile is its own: as many items as the largest needs)
+        # one work list, as long as the largest bucket needs
         self.work = torch.zeros(max(backend.max_prefill_work(s, self._seqs(s)) for s in sizes), 5, dtype=torch.int32,
                                 device=device)
-        self.work[:, 3] = 1  # (seq 0, no split) until a step's list is loaded: the capture's warm-up reads it
+        self.work[:, 3] = 1  # valid items for the capture's warm-up
 
     def _seqs(self, size: int) -> int:
         return min(size, self.max_seqs)
@@ -268,8 +239,7 @@ class MixedGraphs(_Graphs):
         return self.fits(num_tokens, num_seqs) and num_rows <= self.max_seqs
 
     def run(self, inputs: StepInputs, patch: Patch | None, rows: np.ndarray | None = None) -> torch.Tensor:
-        """Logits at each seq's last token, [num_seqs, vocab]; or at the step's tokens `rows`
-        (indices into its tokens, at most `max_seqs`: `fits_rows`), [len(rows), vocab]."""
+        """Logits at each seq's last token, or at token indices `rows`."""
         t, b = inputs.num_tokens, len(inputs.seq_lens)
         size = next(s for s in self.sizes if s >= t and self._seqs(s) >= b)
         seqs = self._seqs(size)
@@ -288,8 +258,7 @@ class MixedGraphs(_Graphs):
 
 
 class Patch:
-    """Input tokens sampled by the previous step, copied on the device (no host round
-    trip): `input_ids[dst] = previous[src]`."""
+    """`input_ids[dst] = previous[src]`: tokens the previous step sampled, on the device."""
 
     def __init__(self, dst: np.ndarray, src: np.ndarray, previous: torch.Tensor):
         self.indices, self.previous = (dst, src), previous

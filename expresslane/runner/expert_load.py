@@ -1,10 +1,4 @@
-"""Tokens routed to each expert of a mixture of experts, read without stalling the pipeline.
-
-Each SparseMoE block counts on the device (``expert_tokens``, a scatter-add in the forward,
-inside CUDA graphs too). A read stacks the counters and copies them into pinned host memory
-behind the work already queued, with an event: the engine picks the numbers up at a later
-step, once the copy has landed, and never waits on the GPU for them.
-"""
+"""Per-expert token counters of a mixture of experts, copied to the host without waiting."""
 
 from __future__ import annotations
 
@@ -13,7 +7,7 @@ from torch import nn
 
 
 class ExpertTokensCopy:
-    """A copy of the counters on its way to the host: per sparse layer index, tokens per expert."""
+    """Counters on their way to the host: per sparse layer, tokens per expert."""
 
     def __init__(self, layers: list[int], counts: torch.Tensor):
         self.layers = layers

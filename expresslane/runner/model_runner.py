@@ -1,9 +1,4 @@
-"""ModelRunner: loads the model, owns the KV-cache memory, executes one StepPlan.
-
-It never decides policy: it applies the scheduler's plan to its per-request state
-(`RequestRows`), turns it into tensors, runs the model, samples, and returns the sampled
-token of every seq that asked for one.
-"""
+"""ModelRunner: loads the model, owns the KV-cache memory, executes a StepPlan (no policy)."""
 
 from __future__ import annotations
 
@@ -26,6 +21,7 @@ from expresslane.models.model_dir import read_config
 from expresslane.models.presets import dummy_weights
 from expresslane.models.registry import model_class
 from expresslane.quant import resolve_quantization
+from expresslane.runner.bad_words import BadWords
 from expresslane.runner.base import Forward, Runner
 from expresslane.runner.cuda_graphs import DecodeGraphs, MixedGraphs, Patch
 from expresslane.runner.expert_load import ExpertTokensCopy, copy_expert_tokens, reset_expert_tokens
@@ -39,10 +35,6 @@ from expresslane.runner.step_result import StepResult
 from expresslane.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
-
-# steps up to this many tokens replay a graph: eager launches cost ~40 us each (Triton) and a
-# step of a few hundred tokens is otherwise launch-bound; the default budget (2048) is covered
-MIXED_GRAPH_TOKENS = 2048
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -69,8 +61,7 @@ def resolve_dtype(name: str, hf_config, device: torch.device) -> torch.dtype:
 
 class ModelRunner(Runner):
     def __init__(self, config: EngineConfig, hf_config, model_dir: Path, tp: TPGroup | None = None):
-        """`tp`: with tensor parallelism, this rank's group; the runner then holds and runs its
-        slice of the model (the collectives happen inside the model's layers)."""
+        """`tp`: this rank's group; the runner then holds its slice of the model."""
         self.config = config
         self.tp = tp or TPGroup.single()
         self.device = resolve_device(config.device.device)
@@ -106,6 +97,7 @@ class ModelRunner(Runner):
                  f", {self.quant.name} weights" if self.quant else "")
         self.sampler = Sampler(self.device, config.model.seed)
         self.penalties = Penalties(config.scheduler.max_num_seqs, hf_config.vocab_size, self.device)
+        self.bad_words = BadWords(config.scheduler.max_num_seqs, self.device)
         self._generators: dict[str, torch.Generator] = {}
         s = config.scheduler
         longest = max(config.model.max_model_len or 0, s.max_num_batched_tokens)  # (the profiling step's)
@@ -117,8 +109,7 @@ class ModelRunner(Runner):
         self.mixed_graphs: MixedGraphs | None = None
 
     def _fuse_decode_layers(self) -> None:
-        """``fused_decode_layer``: fold the norms into the weights where the fused path is valid
-        (CUDA, 16-bit; or float32 under Triton's interpreter, for the tests), else log why not."""
+        """``fused_decode_layer``: fold the norms into the weights where valid, else log why not."""
         why = self.model.fused_decode_refusal()
         if not self.attn_backend.fused_ops:
             why = "the triton attention backend only"
@@ -131,7 +122,6 @@ class ModelRunner(Runner):
         self.model.enable_fused_decode()
         log.info("fused decode layer: the norms folded into %d layers' QKV and gate|up weights", len(self.model.layers))
 
-    # -- KV cache memory ---------------------------------------------------------------------
     def kv_block_bytes(self) -> int:
         attn = self.model.layers[0].self_attn
         per_layer = 2 * self.block_size * attn.num_kv_heads * attn.head_dim * self.kv_dtype.itemsize
@@ -140,7 +130,7 @@ class ModelRunner(Runner):
 
     @torch.inference_mode()
     def profile_num_blocks(self, max_blocks: int) -> int:
-        """How many KV blocks fit: the CPU budget, or GPU memory left after a worst-case step."""
+        """KV blocks in the CPU budget, or in GPU memory left after a worst-case step."""
         if self.config.cache.num_kv_blocks is not None:
             return self.config.cache.num_kv_blocks
         if self.device.type == "cpu":
@@ -163,7 +153,7 @@ class ModelRunner(Runner):
         return min(max_blocks, int(available // self.kv_block_bytes()))
 
     def _dummy_step(self, num_tokens: int, num_seqs: int) -> None:
-        """A forward over `num_tokens` spread across `num_seqs` prompts, logits for each."""
+        """A forward of `num_tokens` over `num_seqs` prompts."""
         per_seq = num_tokens // num_seqs
         nblocks = -(-per_seq // self.block_size)
         self.allocate_kv_cache(num_seqs * nblocks + 1)
@@ -183,9 +173,7 @@ class ModelRunner(Runner):
             self.proposer.allocate_kv_cache(num_blocks, self.block_size, self.kv_dtype)
 
     def build_graphs(self, max_model_len: int, capture: bool = True) -> None:
-        """Decode and mixed-step graphs, when the backend allows them and not enforce_eager.
-        `capture=False` keeps the static-buffer path but runs it eagerly (tests on CPU). First,
-        the library prefill's plans, where the backend has them (eager steps, graphs or not)."""
+        """The library prefill's plans, then decode and mixed-step graphs where allowed."""
         t0 = time.monotonic()
         if n := self.attn_backend.warm_library(self.dtype, self.device, max_model_len,
                                                self.config.scheduler.max_num_batched_tokens):
@@ -196,7 +184,7 @@ class ModelRunner(Runner):
             return
         max_blocks = -(-max_model_len // self.block_size)
         s = self.config.scheduler
-        mixed_tokens = min(MIXED_GRAPH_TOKENS, s.max_num_batched_tokens)
+        mixed_tokens = min(self.config.device.max_mixed_graph_tokens, s.max_num_batched_tokens)
         vocab = self.model.config.vocab_size
         logits_out = torch.empty(s.max_num_seqs, vocab, dtype=torch.float32, device=self.device)
         self.decode_graphs = DecodeGraphs(self.model, self.attn_backend, s.max_num_seqs, max_blocks, self.device,
@@ -222,14 +210,12 @@ class ModelRunner(Runner):
     def samples_late(self) -> bool:
         return True
 
-    # -- mixture-of-experts load (rank 0's counters are complete: every rank routes every token) ---
     def copy_expert_tokens(self) -> ExpertTokensCopy | None:
         return copy_expert_tokens(self.model)
 
     def reset_expert_tokens(self) -> None:
         reset_expert_tokens(self.model)
 
-    # -- one step ------------------------------------------------------------------------------
     @torch.inference_mode()
     def execute(self, plan: StepPlan) -> StepResult:
         inputs = self._apply(plan)
@@ -251,9 +237,11 @@ class ModelRunner(Runner):
             self._generators.pop(rid, None)
         for rid in (*plan.finished_request_ids, *plan.preempted_request_ids):
             self.penalties.remove(self.batch.rows.get(rid))
+            self.bad_words.remove(self.batch.rows.get(rid))
         inputs = self.batch.apply(plan)
         for new in plan.new_requests:
             self.penalties.add(self.batch.rows[new.request_id], new)
+            self.bad_words.add(self.batch.rows[new.request_id], new)
         return inputs
 
     def _sample(self, inputs: StepInputs, logits: torch.Tensor | None, prompt: dict | None,
@@ -265,12 +253,16 @@ class ModelRunner(Runner):
         params, banned = self.batch.sampling_rows(inputs)
         bitmask = None if plan.token_bitmask is None else bitmask_rows(
             plan.token_bitmask, [inputs.seqs[i].bitmask_row for i in inputs.sampling])
-        rows = [int(inputs.rows[i]) for i in inputs.sampling] if self.penalties.params else None
+        penalized, words = bool(self.penalties.params), bool(self.bad_words.words)
+        rows = [int(inputs.rows[i]) for i in inputs.sampling] if penalized or words else None
         batch = SamplingBatch(params, banned, [self._generator(rid, p) for rid, p in zip(ids, params)], bitmask,
-                              penalize=None if rows is None else (lambda lg: self.penalties.apply(lg, rows)))
+                              penalize=(lambda lg: self.penalties.apply(lg, rows)) if penalized else None,
+                              ban_words=(lambda lg: self.bad_words.apply(lg, rows)) if words else None)
         tokens, logprobs = self.sampler(logits, batch)
-        if rows is not None:
+        if penalized:
             self.penalties.sampled(rows, tokens)
+        if words:
+            self.bad_words.sampled(rows, tokens)
         self._prev_tokens, self._prev_rows = tokens, {rid: i for i, rid in enumerate(ids)}
         return StepResult(self.device, ids, tokens, logprobs, prompt_logprobs=prompt)
 
@@ -330,8 +322,7 @@ class ModelRunner(Runner):
         return self.proposer.cost_ratio(sum(p.numel() for p in self.model.parameters()))
 
     def _logits(self, inputs: StepInputs) -> tuple[torch.Tensor | None, dict | None]:
-        """Run the model; logits of the seqs that sample (None if none does), and the prompt
-        logprobs of the seqs that score their prompt (None if none does: then no extra work)."""
+        """(logits of the sampling seqs, prompt logprobs), each None if no seq asks."""
         patch = self._previous_tokens_patch(inputs)
         scored = scored_rows(inputs)
         if scored is None:
@@ -342,10 +333,8 @@ class ModelRunner(Runner):
 
     def forward_logits(self, model, backend, decode_graphs, mixed_graphs, inputs: StepInputs, patch: Patch | None,
                        seqs: np.ndarray | None = None) -> torch.Tensor | None:
-        """One forward of `model` (the target, or the draft with its own graphs) over the step:
-        the decode or mixed graph when one fits, else eager. Logits at the last token of the
-        step's seqs `seqs` (ascending; None: every seq), [len(seqs), vocab]; None when `seqs`
-        is empty (the forward still ran: it wrote the KV cache)."""
+        """One forward of `model` (target or draft), by graph when one fits, else eager: logits at
+        the last token of `seqs` (ascending; None: all), or None when `seqs` is empty."""
         num_tokens, num_seqs = inputs.num_tokens, len(inputs.seqs)
         if decode_graphs is not None and decode_graphs.fits(num_tokens, num_seqs):
             logits = decode_graphs.run(inputs, patch)
@@ -367,7 +356,7 @@ class ModelRunner(Runner):
         return logits[to_device(seqs, torch.int64, self.device)]
 
     def _previous_tokens_patch(self, inputs: StepInputs) -> Patch | None:
-        """Input tokens sampled by the previous step are copied on the device, no host round trip."""
+        """The previous step's sampled ids, copied on the device."""
         if not len(inputs.from_previous):
             return None
         src = np.array([self._prev_rows[inputs.seqs[i].request_id] for i in inputs.from_previous], dtype=np.int64)
@@ -383,8 +372,7 @@ class ModelRunner(Runner):
         return gen
 
     def _prepare(self, inputs: StepInputs, patch: Patch | None = None, backend=None):
-        """Eager-path tensors and attention metadata (prepared for `backend`, default the
-        model's), in one host->device copy."""
+        """Eager-path tensors and attention metadata, in one host->device copy."""
         arrays = [inputs.token_ids, inputs.positions, inputs.slot_mapping, inputs.block_tables, inputs.seq_lens,
                   inputs.query_start_loc]
         staged = stage(arrays + (list(patch.indices) if patch else []), self.device)

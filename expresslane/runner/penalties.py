@@ -1,13 +1,5 @@
-"""Presence, frequency and repetition penalties (vLLM's meanings) over per-row token counts
-kept on the device.
-
-For each row whose request asks for a penalty: ``counts[row, t]``, how many times its output
-holds token t, and ``seen[row, t]``, whether its prompt or output does. The tokens a request
-holds when it is admitted (``NewRequest.token_ids``: its prompt, and a preempted request's
-outputs so far) are counted then, whatever the prefix cache spares computing; each token sampled
-after is counted on the device as it is sampled (no host sync). Nothing is allocated or run
-until a request asks for a penalty.
-"""
+"""Presence, frequency and repetition penalties (vLLM's meanings) from per-row token counts kept
+on the device, allocated at the first request that asks for one."""
 
 from __future__ import annotations
 
@@ -47,7 +39,7 @@ class Penalties:
             self.params.pop(row, None)
 
     def sampled(self, rows: list[int], tokens: torch.Tensor) -> None:
-        """Count the tokens just sampled (on the device) for the penalized rows among ``rows``."""
+        """Count the tokens just sampled for the penalized rows among ``rows``."""
         if not self.params:
             return
         pick = [i for i, row in enumerate(rows) if row in self.params]
@@ -60,7 +52,7 @@ class Penalties:
         self.seen.view(-1).scatter_(0, flat, 1)
 
     def apply(self, logits: torch.Tensor, rows: list[int]) -> None:
-        """Penalize the logits (in place) of the penalized rows among ``rows`` (logits' rows, in order)."""
+        """Penalize, in place, the logits of the penalized rows among ``rows``."""
         if not self.params:
             return
         pick = [i for i, row in enumerate(rows) if row in self.params]

@@ -1,6 +1,5 @@
-"""The penalties in one pass over the penalized rows' logits (CUDA; the torch ops in
-``runner/penalties.py`` elsewhere): the ops one by one read and wrote the [rows, vocab] logits
-some ten times."""
+"""The penalties in one pass over the penalized rows' logits (CUDA; ``runner/penalties.py``'s
+torch ops elsewhere)."""
 
 from __future__ import annotations
 

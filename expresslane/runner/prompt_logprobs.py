@@ -1,10 +1,5 @@
-"""Prompt logprobs: the log-softmax of the logits at a prompt's positions, scored against the
-prompt token that follows each (`SamplingParams.prompt_logprobs`).
-
-Only steps with a seq that asks for them come here, and they run eagerly: the hidden states
-of every token are kept, and logits are computed at the scored positions only, a slice of
-rows at a time (a chunk of 2048 positions over a 150k vocabulary would be 1.2 GB at once).
-"""
+"""Prompt logprobs: log-softmax at a prompt's positions against the next prompt token, in eager
+steps, a slice of rows at a time."""
 
 from __future__ import annotations
 
@@ -19,8 +14,7 @@ ROWS_PER_SLICE = 256  # positions whose full-vocabulary logits exist at once
 
 
 def scored_rows(inputs: StepInputs) -> tuple[np.ndarray, list[int], list[int]] | None:
-    """The step's token indices that score a prompt token, the token each scores, and each
-    row's seq (its index in the step); None when no seq asks."""
+    """(token indices that score, their targets, each row's seq); None when no seq asks."""
     rows, targets, owners = [], [], []
     for i, seq in enumerate(inputs.seqs):
         if seq.prompt_logprob_targets:
@@ -36,8 +30,7 @@ def scored_rows(inputs: StepInputs) -> tuple[np.ndarray, list[int], list[int]] |
 def forward_scoring(model, input_ids: torch.Tensor, positions: torch.Tensor, meta, inputs: StepInputs,
                     scored: tuple[np.ndarray, list[int], list[int]], top_k: list[int]
                     ) -> tuple[torch.Tensor | None, dict[str, ScoredPrompt]]:
-    """An eager forward that keeps every token's hidden state: the logits of the seqs that
-    sample (None if none does) and the prompt logprobs of those that score their prompt."""
+    """Eager forward: (logits of the sampling seqs or None, prompt logprobs by request)."""
     hidden = model(input_ids, positions, meta)
     last = (inputs.query_start_loc[1:] - 1)[inputs.sampling]
     logits = model.compute_logits(hidden[to_device(last, torch.int64, hidden.device)]) if len(last) else None
@@ -46,8 +39,7 @@ def forward_scoring(model, input_ids: torch.Tensor, positions: torch.Tensor, met
 
 def score(model, hidden: torch.Tensor, rows: np.ndarray, targets: list[int], owners: list[int],
           top_k: list[int], seq_ids: list[str]) -> dict[str, ScoredPrompt]:
-    """Per request: each scored row's logprob of its target, that target's rank, and the row's
-    top `top_k[seq]` (one host copy at the end)."""
+    """Per request: each row's target logprob and rank, and its top `top_k[seq]`."""
     dev = hidden.device
     k_max = max(top_k[i] for i in set(owners))
     target = to_device(targets, torch.int64, dev)

@@ -1,11 +1,5 @@
-"""The runner's persistent per-request state, and one step's host inputs built from it.
-
-A request gets a row when the runner first sees it (``NewRequest``) and keeps it until
-it finishes or is preempted. The row holds its block table (a numpy array, extended by
-each plan's new block ids), its sampling parameters and how many more samples must ban
-EOS and stop tokens. A step's inputs are then gathered with array operations: host
-work per step is O(the step's tokens + new blocks), never O(context).
-"""
+"""The runner's per-request rows (block table, sampling parameters, EOS ban) and a step's host
+inputs gathered from them in O(step tokens + new blocks)."""
 
 from __future__ import annotations
 
@@ -23,15 +17,15 @@ class StepInputs:
 
     seqs: list[ScheduledSeq]  # in the step's order
     rows: np.ndarray  # [B] the seqs' rows
-    token_ids: np.ndarray  # [T] int64 (placeholders where a token comes from the previous step)
+    token_ids: np.ndarray  # [T] int64
     positions: np.ndarray  # [T] int64
     slot_mapping: np.ndarray  # [T] int64
     query_start_loc: np.ndarray  # [B + 1] int32
     seq_lens: np.ndarray  # [B] int32, context after this step
     block_tables: np.ndarray  # [B, width] int32, padded with 0
     num_decodes: int
-    sampling: np.ndarray  # indices of the seqs that sample, in the step's order
-    from_previous: np.ndarray  # indices of the seqs whose input token is on the device
+    sampling: np.ndarray  # seqs that sample
+    from_previous: np.ndarray  # seqs whose input token is on the device
     num_spec: np.ndarray  # [B] proposals among each seq's tokens (speculative decoding; its last ones)
 
     @property
@@ -51,14 +45,14 @@ class RequestRows:
         self.num_banned_samples = [0] * max_rows
 
     def apply(self, plan: StepPlan) -> StepInputs:
-        """Forget, take in, then gather the step's inputs (the plan's order of application)."""
+        """Forget, take in, then gather the step's inputs."""
         for rid in plan.finished_request_ids:
             self._remove(rid)
         for rid in plan.preempted_request_ids:
             self._remove(rid)
         for new in plan.new_requests:
             self._add(new)
-        # decodes (one query token) first: the attention backends batch them
+        # decodes first: the backends batch them
         seqs = sorted(plan.seqs, key=lambda s: len(s.token_ids) != 1)
         return self._gather(seqs)
 
@@ -116,8 +110,7 @@ class RequestRows:
             num_spec=num_spec)
 
     def sampling_rows(self, inputs: StepInputs) -> tuple[list[SamplingParams], list[tuple[int, ...]]]:
-        """Parameters and banned tokens of the sampling seqs; counts this sample against
-        each row's `min_tokens` ban."""
+        """The sampling seqs' parameters and banned tokens; counts down `min_tokens` bans."""
         params, banned = [], []
         for i in inputs.sampling:
             row = inputs.rows[i]

@@ -1,8 +1,5 @@
-"""Batched sampling with vLLM's meanings (temperature 0 = greedy, top_k, top_p, min_p).
-
-Random choice is an exponential race: argmax(p / E) with E ~ Exp(1) picks token i with
-probability p_i. A request with a `seed` draws E from its own generator, one vector per
-token it samples, so its tokens do not depend on what else is in the batch.
+"""Batched sampling with vLLM's meanings. Random choice is an exponential race, argmax(p / E)
+with E ~ Exp(1); a seeded request draws E from its own generator, whatever the batch.
 """
 
 from __future__ import annotations
@@ -22,10 +19,12 @@ class SamplingBatch:
     params: list[SamplingParams]
     banned: list[tuple[int, ...]]  # per row: token ids it may not sample now
     generators: list[torch.Generator | None]  # per row; None = the engine's shared generator
-    # structured outputs: int32 [rows, ceil(vocab / 32)] of allowed tokens (-1: all); None: no row constrained
+    # int32 [rows, ceil(vocab / 32)] of allowed tokens
     bitmask: np.ndarray | None = None
-    # presence/frequency/repetition penalties, in place on the logits (runner/penalties.py); None: none
+    # runner/penalties.py
     penalize: Callable[[torch.Tensor], None] | None = None
+    # bad words, in place on the logits (runner/bad_words.py); None: none
+    ban_words: Callable[[torch.Tensor], None] | None = None
 
 
 class Sampler:
@@ -37,14 +36,13 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch
                  ) -> tuple[torch.Tensor, list[dict[int, float]] | None]:
         """logits [B, V] float32 -> (token ids [B] on the device, per-row logprobs or None).
-
-        Every decision about which work to do is made from host-side parameters, so the
-        only device->host transfer is the caller reading the sampled ids (and logprobs,
-        when asked for)."""
+        Decided from host-side parameters: no host sync."""
         dev = logits.device
         apply_token_controls(logits, batch.params)
         if batch.penalize is not None:
             batch.penalize(logits)
+        if batch.ban_words is not None:
+            batch.ban_words(logits)
         if batch.bitmask is not None:
             apply_token_bitmask(logits, to_device(batch.bitmask, torch.int32, dev))
         banned = [(i, t) for i, toks in enumerate(batch.banned) for t in toks]
@@ -76,8 +74,7 @@ class Sampler:
 
     @staticmethod
     def _logprobs(lp: torch.Tensor, batch: SamplingBatch) -> list[dict[int, float] | None]:
-        """Top-`logprobs` entries of the model's distribution (log_softmax of the logits, before
-        temperature and filters). One host copy of the [B, k] top-k, sliced per row."""
+        """Top-`logprobs` entries of the raw distribution (before temperature and filters)."""
         wanted = [p.logprobs for p in batch.params]
         k_max = max(k for k in wanted if k is not None)
         if k_max:
@@ -95,8 +92,7 @@ class Sampler:
 
 
 def apply_token_controls(logits: torch.Tensor, params: list[SamplingParams]) -> None:
-    """``allowed_token_ids`` (every other token -inf) and ``logit_bias`` (added), in place; rows
-    without them untouched, and a batch without them costs nothing."""
+    """Apply ``allowed_token_ids`` and ``logit_bias`` in place."""
     rows, cols, values = [], [], []
     allowed_rows, allowed_cols = [], []
     for i, p in enumerate(params):
@@ -119,11 +115,11 @@ def apply_token_controls(logits: torch.Tensor, params: list[SamplingParams]) -> 
                           to_device(values, torch.float32, dev), accumulate=True)
 
 
-_BITS = {}  # device -> arange(32), the bit positions of a bitmask word
+_BITS = {}  # device -> arange(32)
 
 
 def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
-    """Set to -inf, in place, every logit whose bit is 0 (bit j of word w is token 32w + j)."""
+    """-inf, in place, where the bit is 0 (bit j of word w: token 32w + j)."""
     bits = _BITS.get(logits.device)
     if bits is None:
         bits = _BITS[logits.device] = torch.arange(32, dtype=torch.int32, device=logits.device)
@@ -132,8 +128,7 @@ def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
 
 
 def bitmask_rows(token_bitmask: np.ndarray, rows: list[int]) -> np.ndarray | None:
-    """The sampling rows' bitmask (``rows``: each one's row of the plan's, -1 for none); None
-    when no row is constrained."""
+    """The sampling rows' bitmask (``rows``: plan rows, -1 for none); None if none constrained."""
     if all(r < 0 for r in rows):
         return None
     out = np.full((len(rows), token_bitmask.shape[1]), -1, dtype=np.int32)
@@ -144,7 +139,7 @@ def bitmask_rows(token_bitmask: np.ndarray, rows: list[int]) -> np.ndarray | Non
 
 
 def filter_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
-    """Mask tokens outside top_k, top_p and min_p with -inf (rows without a filter untouched)."""
+    """-inf outside top_k, top_p and min_p."""
     top_k = [p.top_k for p in params]
     top_p = [p.top_p for p in params]
     min_p = [p.min_p for p in params]
@@ -157,7 +152,7 @@ def filter_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch.T
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         probs = sorted_logits.softmax(dim=-1)
         p = to_device(top_p, torch.float32, logits.device)
-        # keep the smallest prefix whose mass reaches top_p (the top token always stays)
+        # the smallest prefix reaching top_p
         drop |= (probs.cumsum(dim=-1) - probs) >= p[:, None]
         logits = torch.full_like(logits, float("-inf")).scatter(1, order, sorted_logits.masked_fill(drop, float("-inf")))
     if any(m > 0 for m in min_p):

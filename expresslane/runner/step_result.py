@@ -1,4 +1,4 @@
-"""StepResult: a launched step's sampled ids, on their way to the host."""
+"""StepResult: a launched step's sampled ids on their way to the host."""
 
 from __future__ import annotations
 
@@ -12,17 +12,14 @@ if TYPE_CHECKING:
 
 
 class StepResult:
-    """Sampled ids of a launched step, copied to the host without blocking the launch. With
-    `spec` (request ids, Verified): speculating requests' verified tokens. On CUDA `get()`
-    waits for the step's end even when it sampled nothing (prefill chunks only): otherwise the
-    host would launch such steps back to back without bound, and a request arriving next
-    would queue behind all of them."""
+    """`spec`: (request ids, Verified). On CUDA `get()` waits for the step's end even if it
+    sampled nothing: the pipeline stays one step deep."""
 
     def __init__(self, device: torch.device, request_ids: list[str], tokens: torch.Tensor | None,
                  logprobs: list[dict[int, float]] | None, spec: tuple[list[str], Verified] | None = None,
                  prompt_logprobs: dict[str, ScoredPrompt] | None = None):
         self.request_ids, self.logprobs = request_ids, logprobs
-        self.prompt_logprobs = prompt_logprobs  # on the host already (request id -> its positions scored)
+        self.prompt_logprobs = prompt_logprobs  # request id -> ScoredPrompt, on the host
         self.spec_ids, self._verified = spec if spec else ([], None)
         on_device = ([tokens] if tokens is not None else []) + (self._verified.tensors if spec else [])
         self._event = None

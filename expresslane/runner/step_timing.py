@@ -1,12 +1,5 @@
-"""Times synthetic steps on the engine's own hardware: the step-cost model's calibration.
-
-Run once at start-up, after the KV cache and the CUDA graphs exist and before any
-request: the steps go through ``ModelRunner.execute`` exactly as real ones (graphs,
-attention backend, sampler), on free KV blocks whose contents nobody reads afterwards.
-Three families of shapes separate the model's terms: single prefills of growing length
-(the linear part), decode batches at short and long contexts (KV reads), and decodes
-beside a prefill chunk far into a prompt (prefill attention, the mixed path).
-"""
+"""Calibration of the step-cost model: synthetic steps of each shape family timed through
+``ModelRunner.execute`` at start-up, on free KV blocks."""
 
 from __future__ import annotations
 
@@ -24,9 +17,7 @@ _GREEDY = SamplingParams(temperature=0.0, max_tokens=1)
 
 def calibration_steps(budget: int, max_seqs: int, num_blocks: int, block_size: int,
                       max_model_len: int, light: bool = False) -> list[list[tuple[int, int]]]:
-    """Steps as lists of (tokens already cached, tokens computed now), each fitting the
-    budget, the seats, the context and the KV blocks. `light`: a handful of small steps
-    (CPU, where nobody serves at scale and every engine start, tests included, pays for them)."""
+    """Steps as lists of (cached tokens, computed tokens) within the engine's limits; `light`: a few small ones."""
     capacity = num_blocks * block_size
     longest = max_model_len - 1
     top, batches, far, chunks = (256, (1, 8), 256, (64,)) if light else (8192, (1, 8, 32, 128), 4096, (64, 256, 1024))
@@ -48,7 +39,7 @@ def calibration_steps(budget: int, max_seqs: int, num_blocks: int, block_size: i
 
 
 def _run(runner, step: list[tuple[int, int]], block_size: int) -> None:
-    """One synthetic step through the runner, its requests new to it and forgotten after."""
+    """One synthetic step, its requests released after."""
     seqs, next_block = [], 0
     for i, (start, n) in enumerate(step):
         nblocks = -(-(start + n) // block_size)
@@ -62,9 +53,7 @@ def _run(runner, step: list[tuple[int, int]], block_size: int) -> None:
 
 @torch.inference_mode()
 def time_steps(runner, steps: list[list[tuple[int, int]]], repeats: int = 1) -> list[tuple[StepShape, float]]:
-    """The fastest of `repeats` timed runs of each step, after one untimed run (first-use costs:
-    kernel compilation, allocator growth). `get()` waits for the step's sampled tokens: the
-    whole step."""
+    """The fastest of `repeats` timed runs of each step, after one untimed warm-up run."""
     cuda = runner.device.type == "cuda"
     samples = []
     for step in steps:

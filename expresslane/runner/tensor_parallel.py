@@ -1,20 +1,5 @@
-"""Tensor parallelism, rank 0's side: the engine core's runner, spread over ranks.
-
-Rank 0 (the engine core's process) schedules; every rank holds its slice of the model
-and runs every step. Each runner call that touches the model is first broadcast to the
-workers as a command, then run by every rank alike::
-
-    engine core -> TPExecutor.execute(plan)
-                     broadcast ("execute", plan)   (pickled, over a gloo group: plain data)
-                     every rank: ModelRunner.execute(plan)   (collectives inside the layers)
-                     rank 0 samples; the sampled ids are broadcast on the device
-                     (each rank keeps them: a decode's next input is taken from there)
-
-Ranks: ``tensor_parallel_size / nnodes`` on each node, global rank = node_rank x that +
-local rank; local rank r uses cuda:r on GPU. Workers are separate processes (``python -m
-expresslane.runner.tp_worker``): the engine process may itself be a daemon, which
-multiprocessing forbids to have children.
-"""
+"""Tensor parallelism, rank 0's side: each model-touching call is broadcast to the workers
+(``runner/tp_worker.py``) over gloo and run by every rank; rank 0 samples and broadcasts the ids."""
 
 from __future__ import annotations
 
@@ -70,7 +55,7 @@ def device_type(config: EngineConfig) -> str:
 
 
 def rank_config(config: EngineConfig, local_rank: int) -> EngineConfig:
-    """This rank's config: on GPU, local rank r runs on cuda:r."""
+    """This rank's config (cuda:local_rank on GPU)."""
     if device_type(config) != "cuda":
         return config
     torch.cuda.set_device(local_rank)
@@ -78,7 +63,7 @@ def rank_config(config: EngineConfig, local_rank: int) -> EngineConfig:
 
 
 def init_group(rank: int, world_size: int, addr: str, dev_type: str) -> object:
-    """Join the ranks' default group; returns the control group (gloo, for pickled commands)."""
+    """Join the default group; returns the gloo control group."""
     backend = "nccl" if dev_type == "cuda" else "gloo"
     dist.init_process_group(backend, init_method=f"tcp://{addr}", rank=rank, world_size=world_size,
                             timeout=INIT_TIMEOUT)
@@ -95,8 +80,8 @@ def spawn_workers(ranks: list[tuple[int, int]], per_node: int, world_size: int, 
 
 
 def run_command(runner: ModelRunner, control, method: str, args: tuple):
-    """One command, run alike by every rank (results combined across ranks where asked)."""
-    if method == "profile_num_blocks":  # every rank must fit the cache: the smallest count
+    """One command, run by every rank."""
+    if method == "profile_num_blocks":  # the smallest count
         n = torch.tensor([runner.profile_num_blocks(*args)], dtype=torch.int64)
         dist.all_reduce(n, op=dist.ReduceOp.MIN, group=control)
         return int(n)
@@ -109,7 +94,7 @@ def run_command(runner: ModelRunner, control, method: str, args: tuple):
 
 
 class BroadcastingSampler:
-    """Rank 0 samples; the ids go to every rank, which needs them as next inputs."""
+    """Rank 0 samples and broadcasts the ids (every rank's next inputs)."""
 
     def __init__(self, inner, tp: TPGroup):
         self.inner, self.tp = inner, tp
@@ -131,8 +116,7 @@ class ReceivingSampler:
 
 
 class TPExecutor(Runner):
-    """Rank 0's ModelRunner, with every model-touching call broadcast to the workers first;
-    the facts (device, dtype, the model, graphs' sizes) are rank 0's."""
+    """Rank 0's ModelRunner, broadcasting each model-touching call to the workers first."""
 
     def __init__(self, config: EngineConfig, hf_config, model_dir: Path):
         p = config.parallel
@@ -199,17 +183,17 @@ class TPExecutor(Runner):
         self.runner.reset_expert_tokens()
 
     def weight_numel(self) -> list[dict[str, int]]:
-        """Per rank, the number of elements of each parameter it holds (measured, not derived)."""
+        """Per rank, the elements of each parameter it holds."""
         return self._call("weight_numel")
 
     def shutdown(self) -> None:
-        """Stop the workers and leave the group (idempotent; also at interpreter exit)."""
+        """Stop the workers and leave the group (idempotent)."""
         if self._closed:
             return
         self._closed = True
         try:
             dist.broadcast_object_list([("shutdown", ())], src=0, group=self._control)
-        except Exception:  # a worker already gone: the others stop when rank 0 leaves
+        except Exception:  # gone already
             log.warning("tensor parallel: could not tell the workers to stop", exc_info=True)
         self._stop_workers(kill=False)
 

@@ -1,6 +1,4 @@
-"""A tensor-parallel worker: one rank that is not rank 0. It joins the group, receives the
-engine config from rank 0, loads its slice of the model, then runs rank 0's commands
-(each step's plan) until told to stop or until rank 0 is gone.
+"""A tensor-parallel worker (a rank other than 0): loads its slice, then runs rank 0's commands.
 
     python -m expresslane.runner.tp_worker --rank R --local-rank L --local-world-size M --world-size N \\
         --init-addr HOST:PORT --device-type cpu|cuda

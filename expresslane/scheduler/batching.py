@@ -1,10 +1,7 @@
-"""Static and dynamic batching, and which scheduler a config gets (torch-free).
+"""Static and dynamic batching (flat-latency baselines), and which scheduler a config gets.
 
-They exist to reproduce flat latency side by side with continuous batching: a batch
-is admitted only when none runs, its prompts are prefilled whole in one step (no
-budget, no chunking), and it decodes until all members finish. ``static`` takes up to
-``max_batch_size`` waiting requests at once; ``dynamic`` waits up to
-``batch_timeout_ms`` for a full batch. Queue order is still the policy's.
+A batch starts only when none runs, prefills whole in one step and decodes until all members
+finish; ``dynamic`` waits up to ``batch_timeout_ms`` for a full batch.
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
-"""Paged KV-cache bookkeeping with prefix caching (torch-free).
-
-The runner owns the memory (one tensor per layer, indexed by block id); this module
-only decides which block ids a request uses. A request's blocks cover its tokens in
-order::
+"""Paged KV-cache bookkeeping with prefix caching (torch-free): which block ids a request uses.
 
     tokens   [t0 .. t15][t16 .. t31][t32 t33 _ _ ...]
     blocks   [   7     ][   2      ][   9  (partial)]
     hashes   [  h0     ][ h1=H(h0, t16..t31)]          full blocks only, chained
 
-Invariants:
-- a block is either referenced (``ref_cnt > 0``, held by requests) or in the free
-  list, never both; the free list is LRU ordered (front = evicted first);
-- a free block may still hold a cached prefix: it is evicted lazily, only when it is
-  allocated for something else;
-- a prefix-cache hit never covers a request's last token (its logits are needed).
+A block is referenced or in the LRU free list, never both; a free block keeps its cached prefix
+until reallocated; a prefix hit never covers a request's last token (its logits are needed).
 """
 
 from __future__ import annotations
@@ -137,13 +129,12 @@ class KVCacheManager:
             self.prefix_cache_hits += num_hit_tokens
 
     def allocate_slots(self, req: Request, num_new_tokens: int, cached: list[Block] = ()) -> bool:
-        """Make room for `num_new_tokens` more tokens after the request's computed ones
-        (and after `cached` hits, for a request being admitted). False if out of blocks."""
+        """Room for `num_new_tokens` after the computed tokens (and `cached` hits); False if out of blocks."""
         blocks = self._req_blocks.setdefault(req.request_id, [])
         num_computed = req.num_computed_tokens + len(cached) * self.block_size
         total = num_computed + num_new_tokens
         num_needed = -(-total // self.block_size) - len(blocks) - len(cached)
-        reviving = sum(1 for b in cached if b.ref_cnt == 0)  # free now, so not available twice
+        reviving = sum(1 for b in cached if b.ref_cnt == 0)
         if num_needed > self.pool.num_free - reviving:
             if not blocks:
                 del self._req_blocks[req.request_id]
@@ -152,12 +143,11 @@ class KVCacheManager:
         blocks.extend(cached)
         if num_needed > 0:
             blocks.extend(self.pool.allocate(num_needed))
-        if self.enable_prefix_caching:  # only blocks whose tokens are all known (not pending)
+        if self.enable_prefix_caching:  # blocks of known tokens only
             self._register_full_blocks(req, blocks, min(total, req.num_tokens) // self.block_size)
         return True
 
     def _register_full_blocks(self, req: Request, blocks: list[Block], num_full: int) -> None:
-        # Tokens are known when scheduled, and the step computes them before any reuse.
         start = self._req_num_registered.get(req.request_id, 0)
         if num_full <= start:
             return
@@ -167,7 +157,7 @@ class KVCacheManager:
         self._req_num_registered[req.request_id] = num_full
 
     def free(self, req: Request) -> None:
-        """Drop a request's blocks (finish, abort or preemption); tail blocks are evicted first."""
+        """Drop a request's blocks, tail first in eviction order."""
         blocks = self._req_blocks.pop(req.request_id, [])
         self.pool.release(blocks[::-1])
         self._req_num_registered.pop(req.request_id, None)

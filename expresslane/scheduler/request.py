@@ -1,4 +1,4 @@
-"""Request state inside the engine core (torch-free; the messages in and out are in contract.py)."""
+"""Request state inside the engine core (torch-free)."""
 
 from __future__ import annotations
 
@@ -35,29 +35,27 @@ class Request:
     eos_token_ids: frozenset[int]
     arrival_time: float
     priority: int
-    max_tokens: int  # resolved: never None here
+    max_tokens: int
     max_model_len: int
     lane: str
-    # prompt + generated tokens; KV exists for the first `num_computed_tokens` of them.
     all_token_ids: list[int] = field(default_factory=list)
-    num_computed_tokens: int = 0  # advanced when scheduled (the GPU computes them in order)
-    num_pending: int = 0  # sampled by a step in flight, not yet known here (0 or 1)
-    num_cached_tokens: int = -1  # prefix-cache hit at first scheduling; -1 until then
+    num_computed_tokens: int = 0  # advanced when scheduled
+    num_pending: int = 0  # tokens sampled by a step in flight (0 or 1)
+    num_cached_tokens: int = -1  # prefix-cache hit at first scheduling
     num_preemptions: int = 0
-    num_blocks_sent: int = 0  # KV block ids the runner has (0: it does not know the request)
+    num_blocks_sent: int = 0  # block ids the runner has
     num_draft_computed: int = 0  # tokens a draft model's cache holds (speculative decoding)
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: str | None = None
     stop_reason: int | None = None
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
-    ttft_deadline: float | None = None  # the deadline policy's rank, computed once (scheduler/policy.py)
-    request_prompt_tokens: int = 0  # of the frontend request it is part of (EngineCoreRequest); 0: its own
-    # prompt logprobs: positions scheduled so far (position i scores prompt token i + 1; they survive
-    # preemption, so a recompute scores none twice) and those landed, sent with the first token
+    ttft_deadline: float | None = None  # DeadlinePolicy.deadline
+    request_prompt_tokens: int = 0  # of the whole frontend request; 0: its own
+    # prompt positions scored so far (kept across preemption) and the scores, sent with the first token
     num_prompt_logprobs_scheduled: int = 0
     prompt_logprobs: ScoredPrompt | None = None
-    seq: int = field(default_factory=lambda: next(_arrival_counter))  # tie-break: arrival order
+    seq: int = field(default_factory=lambda: next(_arrival_counter))  # tie-break
 
     @classmethod
     def from_core_request(cls, req: EngineCoreRequest, max_model_len: int) -> "Request":
@@ -84,7 +82,7 @@ class Request:
 
     @property
     def needs_prompt_logprobs(self) -> bool:
-        """Prompt positions still to score: its prompt must be computed, not taken from the prefix cache."""
+        """Prompt positions are still to score (no prefix-cache hit then)."""
         return (self.sampling_params.prompt_logprobs is not None
                 and self.num_prompt_logprobs_scheduled < len(self.prompt_token_ids) - 1)
 
@@ -105,23 +103,22 @@ class Request:
         return len(self.all_token_ids) + self.num_pending
 
     def will_finish_by_length(self) -> bool:
-        """The pending token already reaches max_tokens or the context: nothing more to schedule."""
+        """The pending token reaches max_tokens or the context."""
         n_out = self.num_output_tokens + self.num_pending
         return n_out >= self.max_tokens or self.num_tokens_with_pending >= self.max_model_len
 
     def runner_state(self) -> NewRequest:
-        """What the runner keeps while the request runs. EOS and stop tokens are banned for
-        the samples before `min_tokens` (none is in flight when a request is admitted)."""
+        """What the runner keeps while the request runs."""
         sp = self.sampling_params
         left = sp.min_tokens - self.num_output_tokens - self.num_pending
-        n, known = len(self.prompt_token_ids), (list(self.all_token_ids) if sp.penalized else [])
+        n, known = len(self.prompt_token_ids), (list(self.all_token_ids) if sp.penalized or sp.bad_words_token_ids else [])
         if left <= 0:
             return NewRequest(self.request_id, sp, num_prompt_tokens=n, token_ids=known)
         return NewRequest(self.request_id, sp, tuple(sorted(self.eos_token_ids | set(sp.stop_token_ids))), left, n,
                           known)
 
     def append_token(self, token_id: int) -> None:
-        """Record a sampled token and decide whether the request is done."""
+        """Record a sampled token; sets finish_reason when done."""
         self.all_token_ids.append(token_id)
         if token_id in self.eos_token_ids:  # the sampler bans EOS before min_tokens
             self.finish_reason = "stop"

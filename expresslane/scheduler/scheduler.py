@@ -1,14 +1,6 @@
-"""Continuous batching: who runs this step, and how many tokens each (torch-free).
-
-One unified token budget per step (``max_num_batched_tokens``): running requests
-first (decodes and unfinished prompt chunks, in policy order), then waiting ones in
-policy order while budget, ``max_num_seqs`` and KV blocks allow. A prompt longer than
-what is left of the budget is chunked by clamping; prefill and decode share the step.
-When blocks run out, the lowest-ranked running request is preempted (its blocks are
-freed and it is recomputed later, helped by the prefix cache). The policy
-(scheduler/policy.py) decides the order, the step's budget, step-aside and victims;
-static and dynamic batching are a scheduler of their own (scheduler/batching.py).
-"""
+"""Continuous batching (torch-free): one token budget per step, running requests first, then
+waiting ones, in policy order (scheduler/policy.py); prompts are chunked to the budget, and the
+lowest-ranked running request is preempted when KV blocks run out."""
 
 from __future__ import annotations
 
@@ -34,20 +26,19 @@ class Scheduler:
         self.clock = clock
         self.policy = POLICIES[config.scheduling_policy](config, cost_model)
         self.requests: dict[str, Request] = {}
-        self.running: dict[str, Request] = {}  # insertion-ordered; O(1) removal
-        self._waiting: list[tuple[tuple, Request]] = []  # heap by policy key; aborted ones removed lazily
+        self.running: dict[str, Request] = {}
+        self._waiting: list[tuple[tuple, Request]] = []  # heap by policy key; aborted ones popped lazily
         self._num_waiting = 0
         self._waiting_by_lane = dict.fromkeys(LANES, 0)
-        self._finished_ids: list[str] = []  # for the runner: since the last plan it saw
+        self._finished_ids: list[str] = []  # since the last plan
         self._preempted_ids: list[str] = []
         self._step_ids = itertools.count()
-        self._in_flight: dict[int, list[tuple[Request, int]]] = {}  # step id -> its (request, tokens)
+        self._in_flight: dict[int, list[tuple[Request, int]]] = {}  # step id -> (request, tokens)
         self.num_preemptions = 0
         self.spec = spec
         self._proposals: dict[str, list[int]] = {}  # this plan's speculating requests: their proposals
         self._speculate: bool | None = None  # `speculating()`'s answer while nothing has changed since
 
-    # -- queue -------------------------------------------------------------------------
     def add_request(self, req: Request) -> None:
         if req.request_id in self.requests:
             raise ValueError(f"request id {req.request_id!r} is already in the engine")
@@ -62,7 +53,7 @@ class Scheduler:
 
     def _peek_waiting(self) -> Request | None:
         while self._waiting and self._waiting[0][1].is_finished:
-            heapq.heappop(self._waiting)  # aborted while waiting
+            heapq.heappop(self._waiting)
         return self._waiting[0][1] if self._waiting else None
 
     @property
@@ -76,12 +67,11 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 
-    # -- one step ------------------------------------------------------------------------
     def schedule(self) -> StepPlan:
         scheduled = self._schedule()
         plan = StepPlan(next(self._step_ids), [], sum(n for _, n in scheduled))
         if not scheduled:
-            return plan  # (an empty plan is not executed: the runner hears of finished ones later)
+            return plan  # not executed: finished ids wait for the next plan
         plan.finished_request_ids, self._finished_ids = self._finished_ids, []
         plan.preempted_request_ids, self._preempted_ids = self._preempted_ids, []
         for req, n in scheduled:
@@ -128,28 +118,27 @@ class Scheduler:
 
     def _schedule_running(self, budget: StepBudget, speculate: bool = False
                           ) -> tuple[list[tuple[Request, int]], bool]:
-        """Running requests in policy order; preempt from the lowest-ranked end when blocks run out.
-        With `speculate`, a decoding request with its last token known computes its proposals too."""
+        """Running requests in policy order, preempting from the lowest-ranked end for blocks."""
         scheduled: list[tuple[Request, int]] = []
         preempted = False
         now = self.clock()
         order = self.policy.order_running(self.running.values())
-        tail = len(order)  # order[i:tail] (after i += 1): not yet scheduled; victims come from the end
+        tail = len(order)  # order[i:tail]: not yet scheduled; victims come from the end
         i = 0
         while i < tail and budget.tokens > 0:
             req = order[i]
             i += 1
             if req.num_pending and req.will_finish_by_length():
-                continue  # its last token is being sampled now
+                continue
             if self.policy.steps_aside(req, budget, now):
                 continue
             wanted = req.num_tokens_with_pending - req.num_computed_tokens
             proposals = self._propose(req, budget) if speculate else []
             n = budget.take(req, wanted + len(proposals))
-            if wanted > 1:  # a prompt's chunk: the running prompts share what the policy gives them
+            if wanted > 1:
                 n = min(n, budget.running_prefill)
             if n == 0:
-                continue  # its lane's share of this step is spent
+                continue
             while not self.kv.allocate_slots(req, n):
                 if tail > i:
                     tail -= 1
@@ -174,24 +163,23 @@ class Scheduler:
         return self.spec.propose(req, k) if k > 0 else []
 
     def _admit(self, scheduled: list[tuple[Request, int]], budget: StepBudget, max_running: int) -> None:
-        """Waiting requests in policy order while budget, seats and blocks allow."""
         while budget.tokens > 0:
             req = self._peek_waiting()
             if req is None or req.num_pending:
-                break  # (a preempted request waits until its in-flight token has landed)
+                break  # a preempted request waits for its in-flight token
             if len(self.running) >= max_running:
                 if not self._make_room(req, scheduled, budget):
                     break
                 continue
-            # a cached prefix has no logits: a request that scores its prompt computes all of it
+            # a cached prefix has no logits to score
             cached = [] if req.needs_prompt_logprobs else self.kv.find_cached_prefix(req)
             num_cached = len(cached) * self.kv.block_size
             n = budget.take(req, req.num_tokens - num_cached)
             if n == 0:
-                break  # the head's lane has spent its share of this step
+                break
             if not self.kv.allocate_slots(req, n, cached):
                 if not self._make_room(req, scheduled, budget):
-                    break  # the head waits for blocks; later requests do not overtake it
+                    break  # later requests do not overtake the head
                 continue
             heapq.heappop(self._waiting)
             self._num_waiting -= 1
@@ -207,8 +195,7 @@ class Scheduler:
             budget.spend(req, n)
 
     def _make_room(self, req: Request, scheduled: list[tuple[Request, int]], budget: StepBudget) -> bool:
-        """Preempt the policy's victim for a waiting request, taking it out of this step if it
-        was in (its tokens go back to the budget). False when the policy names none."""
+        """Preempt the policy's victim for `req`, out of this step too; False if none."""
         victim = self.policy.victim(req, self.running.values())
         if victim is None:
             return False
@@ -248,7 +235,7 @@ class Scheduler:
             sample=start + n == req.num_tokens_with_pending,
             from_previous=len(known) < n,
         )
-        if req.needs_prompt_logprobs:  # positions [first, end) of this chunk score the prompt token after each
+        if req.needs_prompt_logprobs:  # positions [first, end) score the next prompt token
             first = max(start, req.num_prompt_logprobs_scheduled)
             end = min(start + n, req.num_prompt_tokens - 1)
             if end > first:
@@ -258,8 +245,7 @@ class Scheduler:
         return seq
 
     def _preempt(self, req: Request) -> None:
-        # Blocks may still be written by a step in flight; the GPU runs steps in order, so
-        # whoever gets them next writes after that step.
+        # a step in flight may still write the blocks: their next owner writes after it
         del self.running[req.request_id]
         self.kv.free(req)
         req.num_computed_tokens = req.num_draft_computed = 0
@@ -273,9 +259,7 @@ class Scheduler:
     def update(self, plan: StepPlan, sampled: dict[str, int],
                logprobs: dict[str, dict[int, float]] | None = None,
                prompt_logprobs: dict[str, ScoredPrompt] | None = None) -> list[EngineCoreOutput]:
-        """Apply a finished step's sampled tokens (and prompt logprobs: kept until the first
-        token). Later plans may already be in flight: a request finished or aborted since then
-        ignores its token, a preempted one keeps it."""
+        """Apply a landed step's tokens; a request finished since ignores its token."""
         self._speculate = None  # tokens land: who decodes, and at what acceptance, changes
         now = self.clock()
         outputs = []
@@ -288,7 +272,7 @@ class Scheduler:
                     req.prompt_logprobs.extend(scored)
             token = sampled.get(req.request_id)
             if token is None:
-                continue  # a prompt chunk that does not reach the end yet
+                continue
             req.num_pending -= 1
             if req.is_finished:
                 continue
@@ -307,7 +291,6 @@ class Scheduler:
             first = req.first_token_time is None
             if first:
                 req.first_token_time = now
-            # A step's logprobs has a row for every request, None where that request asked for none.
             lp = logprobs.get(req.request_id) if logprobs else None
             out = EngineCoreOutput(req.request_id, tokens, num_cached_tokens=req.num_cached_tokens,
                                    new_logprobs=None if lp is None else [lp])
@@ -340,7 +323,7 @@ class Scheduler:
         for rid in request_ids:
             req = self.requests.get(rid)
             if req is None:
-                continue  # already finished: aborting is idempotent
+                continue
             req.finish_reason = "abort"
             self._finish(req, now)
             outputs.append(EngineCoreOutput(rid, [], finish_reason="abort", finished_time=now,

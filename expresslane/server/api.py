@@ -55,7 +55,7 @@ from expresslane.server.serving import (
     prepare_completion,
     prepare_generate,
 )
-from expresslane.server.tools import tool_mode
+from expresslane.server.tools import template_tools, tool_mode
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +133,8 @@ def build_app(client: EngineClient, settings: ServerConfig, metrics: Metrics,
     app = FastAPI(title="expresslane", version=__version__)
     model_name = settings.served_model_name
     server_template = read_chat_template(settings.chat_template)
+    # a grammar starts after the thinking, unless it is to hold the thinking too
+    grammar_after = None if settings.structured_outputs_enable_in_reasoning else settings.reasoning_parser
     if settings.allowed_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.allowed_origins), allow_methods=["*"],
                            allow_headers=["*"], expose_headers=["x-request-id"])
@@ -265,7 +267,9 @@ def build_app(client: EngineClient, settings: ServerConfig, metrics: Metrics,
         client.check_accepting()
         template = req.chat_template or server_template or client.tokenizer.chat_template
         tools = tool_mode(req, settings.tool_call_parser, template)
-        return await run(request, req, functools.partial(prepare_chat, tools=tools, template=server_template),
+        shown = template_tools(req, settings.exclude_tools_when_tool_choice_none) if tools is None else None
+        return await run(request, req, functools.partial(prepare_chat, tools=tools, template=server_template,
+                                                          reasoning=grammar_after, shown_tools=shown),
                          functools.partial(endpoint, tools=tools, reasoning=settings.reasoning_parser,
                                            **endpoint_args), prefix, size)
 

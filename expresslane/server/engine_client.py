@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 from expresslane.config.flags import default_of
 from expresslane.config.server import ServerConfig
+from expresslane.engine.generation_config import sampling_defaults
 from expresslane.engine.inputs import InputProcessor
 from expresslane.lanes import resolve_lane
 from expresslane.models.model_dir import check_model_dir, default_model_path, read_config
@@ -49,6 +50,7 @@ class EngineClient:
                  profile_dir: str | None = None):
         self.state = "starting"
         self.model_dir: Path | None = None
+        self.sampling_defaults: dict = {}  # the generation config's (--generation-config)
         self.max_model_len: int | None = None
         self.metrics = metrics
         self.admission = AdmissionPolicy(limits)
@@ -97,6 +99,8 @@ class EngineClient:
         self.step_cost, self.max_num_batched_tokens = ready.step_cost, ready.max_num_batched_tokens
         self.scheduling_policy = ready.scheduling_policy
         self.inputs = InputProcessor(tokenizer, vocab_size, ready.max_model_len, eos)
+        self.sampling_defaults = await asyncio.to_thread(
+            sampling_defaults, self._engine_kwargs.get("generation_config", "auto"), self.model_dir)
         self.max_prompt_chars = ready.max_model_len * longest_token
         # Each token id's text (logprobs name tokens by it), decoded once at start: made lazily during a
         # large response, these long-lived strings pinned the allocator's arenas of its garbage (+20 MB RSS).

@@ -33,9 +33,8 @@ log = logging.getLogger(__name__)
 
 def engine_threads(environ: dict[str, str], cores: int) -> int | None:
     """Torch's CPU threads for the engine process: every core it may use but one, which the API
-    process needs (tokenizing, streaming); None when the user set OMP_NUM_THREADS. On the 2-core
-    machine, torch's default of 2 threads spun against the API process: a lone stream's
-    inter-token gap 11.2 ms against 5.1 ms with one thread, 8 streams 13.9 against 11.3 ms."""
+    process needs (tokenizing, streaming: torch's threads spinning against it lengthen every
+    inter-token gap); None when the user set OMP_NUM_THREADS."""
     if "OMP_NUM_THREADS" in environ:
         return None
     return max(1, cores - 1)

@@ -44,7 +44,6 @@ NOOP_FIELDS: dict[str, tuple] = {
         "function_call")},
     # OpenAI's own defaults, as its SDK's users send them
     "store": (None, False), "metadata": (None, {}), "service_tier": (None, "auto", "default"),
-    "bad_words": (None, []),
     "use_beam_search": (False,), "length_penalty": (1.0,), "spaces_between_special_tokens": (True,),
     "return_tokens_as_token_ids": (False,),
 }
@@ -125,6 +124,7 @@ class SamplingRequest(BaseModel):
     repetition_penalty: float = Field(1.0, gt=0.0, le=2.0)
     logit_bias: dict[str, float] | None = None  # token id (as OpenAI sends it, a string) -> bias
     allowed_token_ids: List[Annotated[int, Field(ge=0, le=INT32)]] | None = Field(None, min_length=1)
+    bad_words: List[str] | None = None  # vLLM's: words never generated
     user: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -205,21 +205,32 @@ class SamplingRequest(BaseModel):
             raise bad_request(f"give one way to constrain the output, not {[n for n, _ in given]}", given[1][0])
         return given[0][1] if given else None
 
+    @property
+    def sets_max_tokens(self) -> bool:
+        return any(getattr(self, name, None) is not None for name in {"max_tokens", "max_completion_tokens"}
+                   & self.model_fields_set)
+
     def sampling_params(self, max_tokens: int | None, logprobs: int | None,
-                        prompt_logprobs: int | None = None) -> SamplingParams:
-        """`prompt_logprobs`: what the engine computes (the field's, or more for `echo`)."""
+                        prompt_logprobs: int | None = None, defaults: dict | None = None) -> SamplingParams:
+        """`prompt_logprobs`: what the engine computes (the field's, or more for `echo`); `defaults`: the
+        generation config's (engine/generation_config.py), for the fields this request leaves out."""
+        given = self.model_fields_set
+        own = {name: getattr(self, name) for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")}
+        own.update((name, value) for name, value in (defaults or {}).items() if name in own and name not in given)
+        if defaults and "max_tokens" in defaults and not self.sets_max_tokens:  # vLLM's: the smaller one
+            max_tokens = defaults["max_tokens"] if max_tokens is None else min(max_tokens, defaults["max_tokens"])
         try:
             return SamplingParams(
                 prompt_logprobs=prompt_logprobs,
-                n=self.n, max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
-                min_p=self.min_p, seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids or [],
+                n=self.n, max_tokens=max_tokens, temperature=own["temperature"], top_p=own["top_p"],
+                top_k=own["top_k"], min_p=own["min_p"], seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids or [],
                 ignore_eos=self.ignore_eos, min_tokens=self.min_tokens, logprobs=logprobs,
                 skip_special_tokens=self.skip_special_tokens,
                 include_stop_str_in_output=self.include_stop_str_in_output, structured_outputs=self.structured(),
                 presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
-                repetition_penalty=self.repetition_penalty,
+                repetition_penalty=own["repetition_penalty"],
                 logit_bias={int(k): v for k, v in self.logit_bias.items()} if self.logit_bias else None,
-                allowed_token_ids=self.allowed_token_ids)
+                allowed_token_ids=self.allowed_token_ids, bad_words=self.bad_words or None)
         except SamplingParamError as e:
             raise bad_request(str(e), e.param) from None
 

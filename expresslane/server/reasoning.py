@@ -6,9 +6,17 @@
 - ``deepseek_r1``: the chat template opens the thinking in the prompt, so the output is
   reasoning up to ``</think>``, whether or not it repeats ``<think>`` first; with no ``</think>``
   (yet), all of it is reasoning.
+
+A grammar (structured outputs, a forced tool call) holds the answer only: it starts once the
+output has written ``</think>`` (``StructuredOutputs.after_token_ids``), unless the prompt has
+closed the thinking already (Qwen3's ``enable_thinking: false``).
 """
 
 from __future__ import annotations
+
+import dataclasses
+
+from expresslane.sampling_params import SamplingParams
 
 OPEN, CLOSE = "<think>", "</think>"
 PARSERS = ("qwen3", "deepseek_r1")
@@ -54,3 +62,17 @@ class ReasoningStream:
                 if tag.startswith(text[-k:]):
                     return k
         return 0
+
+
+def thinking_ended(prompt: str) -> bool:
+    """The prompt closed the thinking: its last tag is ``</think>`` (vLLM's check on the prompt)."""
+    return prompt.rfind(CLOSE) > prompt.rfind(OPEN) if CLOSE in prompt else False
+
+
+def grammar_after_thinking(params: SamplingParams, prompt: str, tokenizer) -> SamplingParams:
+    """``params`` whose grammar waits for the end of the thinking, unless the prompt ended it."""
+    so = params.structured_outputs
+    if so is None or thinking_ended(prompt):
+        return params
+    end = tokenizer.encode(CLOSE, add_special_tokens=False)
+    return dataclasses.replace(params, structured_outputs=dataclasses.replace(so, after_token_ids=end))

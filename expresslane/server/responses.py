@@ -330,8 +330,7 @@ def to_chat(req: ResponsesRequest, reasoning_parser: str | None) -> ChatCompleti
     forced = bool(req.tools) and (choice == "required" or isinstance(choice, FunctionChoice))
     body = {
         "model": req.model, "messages": _messages(req), "stream": bool(req.stream),
-        "temperature": 1.0 if req.temperature is None else req.temperature,
-        "top_p": 1.0 if req.top_p is None else req.top_p,
+        "temperature": req.temperature, "top_p": req.top_p,  # null: the chat default
         "max_completion_tokens": req.max_output_tokens, "user": req.user,
         "tools": [{"type": "function", "function": t.model_dump(exclude_none=True, exclude={"type", "defer_loading"})}
                   for t in req.tools] if req.tools else None,

@@ -27,7 +27,7 @@ from expresslane.server.echo import prompt_logprobs_field
 from expresslane.server.engine_client import EngineClient
 from expresslane.server.limits import RequestLimits, check_chars, check_counts
 from expresslane.server.memory import LARGE_ITEMS, trim_soon
-from expresslane.server.reasoning import ReasoningStream
+from expresslane.server.reasoning import ReasoningStream, grammar_after_thinking
 from expresslane.server.reasoning import split as split_reasoning
 from expresslane.server.tools import CallStream, ToolMode, call_id
 from expresslane.server.tracker import RequestGroup, TopLogprobs
@@ -63,13 +63,15 @@ def new_id(prefix: str) -> str:
 
 
 # -- requests -> engine work --------------------------------------------------------------------
-def check_prompt(client: EngineClient, ids: list[int], params: SamplingParams, param: str) -> None:
+def check_prompt(client: EngineClient, ids: list[int], params: SamplingParams, param: str,
+                 clamp: bool = False) -> None:
+    """``clamp``: max_tokens is a default (the generation config's): the engine stops at the context."""
     try:
         client.inputs.check(ids, params)
     except InputError as e:  # `param`: where the prompt came from (prompt, messages)
         raise errors.bad_request(str(e), param if e.param == "prompt" else e.param, e.code) from None
     limit = client.max_model_len
-    if params.max_tokens is not None and len(ids) + params.max_tokens > limit:
+    if params.max_tokens is not None and not clamp and len(ids) + params.max_tokens > limit:
         raise errors.context_too_long(
             f"this model's maximum context length is {limit} tokens; the request asks for "
             f"{len(ids) + params.max_tokens} ({len(ids)} in the prompt, {params.max_tokens} for the completion)",
@@ -92,14 +94,16 @@ def prepare_completion(client: EngineClient, req: CompletionRequest,
     if req.echo_only and req.min_tokens:
         raise errors.bad_request("'min_tokens' must be 0 with max_tokens 0", "min_tokens")
     # echo with max_tokens 0: the engine samples one token, which the response leaves out (server/echo.py)
-    params = req.sampling_params(1 if req.echo_only else req.max_tokens, req.logprobs, req.engine_prompt_logprobs)
+    params = req.sampling_params(1 if req.echo_only else req.max_tokens, req.logprobs, req.engine_prompt_logprobs,
+                                 client.sampling_defaults)
+    clamp = not req.sets_max_tokens and "max_tokens" in client.sampling_defaults
     prompts = []
     for p in raw:
         try:
             text, ids = client.inputs.tokenize(p)
         except InputError as e:
             raise errors.bad_request(str(e), "prompt", e.code) from None
-        check_prompt(client, ids, params, "prompt")
+        check_prompt(client, ids, params, "prompt", clamp)
         prompts.append((text, ids))
     return prompts, params
 
@@ -121,20 +125,27 @@ def chat_prompt(tokenizer, messages: list[ChatMessage], add_generation_prompt: b
 
 
 def prepare_chat(client: EngineClient, req: ChatCompletionRequest, limits: RequestLimits,
-                 tools: ToolMode | None = None, template: str | None = None) -> tuple[list[Prompt], SamplingParams]:
-    """``template``: the server's --chat-template (a request's own ``chat_template`` comes first)."""
+                 tools: ToolMode | None = None, template: str | None = None,
+                 reasoning: str | None = None, shown_tools: list[dict] | None = None
+                 ) -> tuple[list[Prompt], SamplingParams]:
+    """``template``: the server's --chat-template (a request's own ``chat_template`` comes first);
+    ``reasoning``: --reasoning-parser (a grammar then holds the answer after the thinking);
+    ``shown_tools``: the tools the template gets when ``tools`` calls for none (tool_choice none)."""
     check_counts(limits, stop=req.stop, n=req.n, num_prompts=1, logprobs=req.top_logprobs,
                  logprobs_param="top_logprobs")
     check_counts(limits, stop=None, n=1, num_prompts=1, logprobs=req.prompt_logprobs, logprobs_param="prompt_logprobs")
     check_chars([sum(len(m.text()) for m in req.messages)], _max_chars(client, limits), client.max_model_len,
                 "messages")
-    params = req.sampling_params(req.max_completion_tokens or req.max_tokens, req.num_logprobs, req.prompt_logprobs)
+    params = req.sampling_params(req.max_completion_tokens or req.max_tokens, req.num_logprobs, req.prompt_logprobs,
+                                 client.sampling_defaults)
     if tools is not None and (constraint := tools.constraint()) is not None:
         params = dataclasses.replace(params, structured_outputs=constraint)
     text, ids = chat_prompt(client.tokenizer, req.messages, req.add_generation_prompt,
-                            tools.tools if tools is not None else None, req.chat_template or template,
+                            tools.tools if tools is not None else shown_tools, req.chat_template or template,
                             req.chat_template_kwargs, req.continue_final_message)
-    check_prompt(client, ids, params, "messages")
+    if reasoning is not None:
+        params = grammar_after_thinking(params, text, client.tokenizer)
+    check_prompt(client, ids, params, "messages", not req.sets_max_tokens and "max_tokens" in client.sampling_defaults)
     return [(text, ids)], params
 
 
@@ -143,13 +154,13 @@ def prepare_generate(client: EngineClient, req: GenerateRequest,
     check_counts(limits, stop=req.stop, n=req.n, num_prompts=1, logprobs=None, logprobs_param="logprobs")
     if isinstance(req.prompt, str):
         check_chars([len(req.prompt)], _max_chars(client, limits), client.max_model_len, "prompt")
-    params = req.sampling_params(req.max_tokens, None)
+    params = req.sampling_params(req.max_tokens, None, defaults=client.sampling_defaults)
     p = req.prompt if isinstance(req.prompt, str) else {"prompt_token_ids": req.prompt}
     try:
         text, ids = client.inputs.tokenize(p)
     except InputError as e:
         raise errors.bad_request(str(e), "prompt", e.code) from None
-    check_prompt(client, ids, params, "prompt")
+    check_prompt(client, ids, params, "prompt", not req.sets_max_tokens and "max_tokens" in client.sampling_defaults)
     return [(text, ids)], params
 
 

@@ -9,9 +9,10 @@
   the text (``--tool-call-parser``; ``auto`` picks by the chat template): ``hermes``
   (``<tool_call>{...}</tool_call>``: Hermes, Qwen2.5, Qwen3), ``llama3_json`` (a JSON object
   with ``name`` and ``parameters``), ``mistral`` (``[TOOL_CALLS]`` and a JSON array).
-- ``none`` (or no tools): the text is the answer.
+- ``none`` (or no tools): the text is the answer; no calls are read out of it.
 
-Tools reach the chat template (``tools=``); history messages' calls go back to it too.
+Tools reach the chat template (``tools=``), with ``none`` too (vLLM's and OpenAI's; not with
+``--exclude-tools-when-tool-choice-none``); history messages' calls go back to it too.
 """
 
 from __future__ import annotations
@@ -126,6 +127,14 @@ class ToolMode:
             calls = [c for item in items if (c := _call(item, "parameters"))] if isinstance(items, list) else []
             return (None, calls) if calls else (text, [])
         return PARSERS[self.parser](text)
+
+
+def template_tools(req: ChatCompletionRequest, exclude_when_none: bool = False) -> list[dict] | None:
+    """The tools the chat template gets: the request's, unless ``tool_choice`` is none and the
+    server excludes them then."""
+    if not req.tools or (exclude_when_none and req.tool_choice == "none"):
+        return None
+    return [t.model_dump(exclude_none=True) for t in req.tools]
 
 
 def tool_mode(req: ChatCompletionRequest, parser: str, template: str | None) -> ToolMode | None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from expresslane.engine.core import HOLD_MARGIN_S
+from expresslane.config import SchedulerConfig
 from expresslane.cost_model.piecewise import PiecewiseStepCostModel
 
 STEP = 0.1
@@ -28,7 +28,7 @@ def test_the_next_step_is_planned_a_margin_before_the_one_running_ends(flat_sim)
     arriving just before that plan is in it (first token at 200 ms), one arriving just after waits
     for the step after (300 ms). Each of a request's tokens lands when its step ends."""
     fcfs = {"scheduling_policy": "fcfs"}
-    plan_at = STEP - HOLD_MARGIN_S
+    plan_at = STEP - SchedulerConfig().step_hold_margin_ms / 1e3
     sent = [flat_sim.request("a", 64, 3, 0.0), flat_sim.request("in", 16, 1, plan_at - 1e-4),
             flat_sim.request("late", 16, 1, plan_at + 1e-4)]
     times = flat_sim.simulate(fcfs, sent, FLAT)

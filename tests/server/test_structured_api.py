@@ -100,7 +100,25 @@ def test_logit_bias_changes_the_output_through_the_sdk(openai_client):
     assert forced.choices[0].text == ids.choices[0].text != plain.choices[0].text
 
 
+def test_bad_words_through_the_sdk(openai_client):
+    """The built-in model says " server" early and " server" "s" later: vLLM's bad_words ban both."""
+    kwargs = dict(model="tiny", prompt="Once upon a time", max_tokens=30, temperature=0)
+    plain = openai_client.completions.create(**kwargs).choices[0].text
+    assert " server" in plain and " servers" in plain
+    one = openai_client.completions.create(**kwargs, extra_body={"bad_words": ["server"]}).choices[0].text
+    two = openai_client.completions.create(**kwargs, extra_body={"bad_words": ["servers"]}).choices[0].text
+    assert "server" not in one
+    assert " servers" not in two and two.startswith(plain[:plain.index(" servers") + len(" server")])
+    chat = openai_client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=20, temperature=0)
+    words = chat.choices[0].message.content.split()[:2]
+    banned = openai_client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=20, temperature=0,
+                                                   extra_body={"bad_words": words})
+    assert not set(words) & set(banned.choices[0].message.content.split())
+
+
 @pytest.mark.parametrize("body, param", [({"logit_bias": {"abc": 1}}, "logit_bias"),
+                                         ({"bad_words": ["ok", ""]}, "bad_words"),
+                                         ({"bad_words": "server"}, "bad_words"),
                                          ({"logit_bias": {"1": 101}}, "logit_bias"),
                                          ({"logit_bias": {"99999999": 1}}, "logit_bias"),
                                          ({"allowed_token_ids": []}, "allowed_token_ids")])

@@ -1,17 +1,21 @@
 """Tool calling through the server with the openai SDK: forced (named and required) calls
 whose arguments validate against the tool's schema even from the built-in 9M model, plain
 and streamed; a multi-turn loop sent back with the SDK's own ``model_dump()``; the parsers
-for ``auto``."""
+for ``auto``; ``tool_choice: none`` (the tools reach the template, no calls are read)."""
 
 from __future__ import annotations
 
 import json
+import re
 
 import httpx
 import jsonschema
 import pytest
+from openai import OpenAI
 
 from expresslane.server.tools import CallStream, ToolMode, parse_hermes, parse_llama3_json, parse_mistral
+
+from .conftest import API_KEY, Server
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city.",
@@ -121,3 +125,36 @@ def test_auto_streaming_holds_a_call_until_it_closes():
             assert not deltas  # nothing of the call before it closes
     assert content.strip() == "Sure." and len(deltas) == 1
     assert json.loads(deltas[0]["function"]["arguments"]) == {"city": "Oslo"}
+
+
+# a template that shows the tools it gets: the prompt grows by their names
+TOOLS_TEMPLATE = ("{% for t in tools or [] %}tool {{ t.function.name }}\n{% endfor %}{% for m in messages %}"
+                  "<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}<|im_start|>assistant\n")
+CALL_TEXT = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris", "days": 1, "unit": "c"}}</tool_call>'
+
+
+def _prompt_tokens(client, **kw) -> int:
+    return client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=1, extra_body={
+        "chat_template": TOOLS_TEMPLATE}, **kw).usage.prompt_tokens
+
+
+def test_tool_choice_none_shows_the_tools_and_reads_no_calls(openai_client):
+    bare = _prompt_tokens(openai_client)
+    assert _prompt_tokens(openai_client, tools=[WEATHER, TIME], tool_choice="none") == \
+        _prompt_tokens(openai_client, tools=[WEATHER, TIME], tool_choice="auto") > bare
+    kw = dict(model="tiny", messages=MESSAGES, max_tokens=200, temperature=0, tools=[WEATHER], extra_body={"guided_regex": re.escape(
+        CALL_TEXT)})
+    none = openai_client.chat.completions.create(tool_choice="none", **kw).choices[0]
+    assert none.message.content == CALL_TEXT and not none.message.tool_calls and none.finish_reason == "stop"
+    auto = openai_client.chat.completions.create(tool_choice="auto", **kw).choices[0]
+    assert auto.finish_reason == "tool_calls" and auto.message.tool_calls[0].function.name == "get_weather"
+
+
+def test_the_flag_leaves_the_tools_out_with_none():
+    server = Server("--exclude-tools-when-tool-choice-none").wait_ready()
+    try:
+        client = OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=60)
+        assert _prompt_tokens(client, tools=[WEATHER], tool_choice="none") == _prompt_tokens(client) < \
+            _prompt_tokens(client, tools=[WEATHER])
+    finally:
+        server.stop()
