@@ -49,13 +49,12 @@ class DraftModelProposer(Proposer):
         self.mixed_graphs: MixedGraphs | None = None
         self.chain_graphs: DraftChainGraphs | None = None
 
-    # -- the scheduler's side --------------------------------------------------------------------
     @property
     def proposes_on_host(self) -> bool:
         return False
 
     def propose(self, token_ids: list[int], k: int) -> list[int]:
-        return [0] * k  # placeholders: the runner computes them in the verify step
+        return [0] * k  # placeholders, computed in the verify step
 
     def catch_up(self, token_ids: list[int], num_computed: int, start: int) -> list[int]:
         return token_ids[num_computed:start]
@@ -63,7 +62,6 @@ class DraftModelProposer(Proposer):
     def computed_after(self, num_computed: int, accepted: int, k: int) -> int:
         return num_computed + min(accepted, k - 1)  # it was fed proposals 1..k-1
 
-    # -- the runner's side -----------------------------------------------------------------------
     def cost_ratio(self, target_params: int) -> float:
         return self.num_params / target_params  # by parameter count
 

@@ -1,5 +1,4 @@
-"""Proposer: where speculative decoding's proposals come from; the scheduler's side on the host,
-the runner's in a verify step (docs/architecture.md, "Seams")."""
+"""Where speculative decoding's proposals come from (docs/architecture.md, "Seams")."""
 
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ if TYPE_CHECKING:
 
 
 class Proposer(ABC):
-    # -- the scheduler's side (host, torch-free) ---------------------------------------------------
+    # -- the scheduler's side (torch-free) ---------------------------------------------------------
     @property
     @abstractmethod
     def proposes_on_host(self) -> bool:
@@ -26,7 +25,7 @@ class Proposer(ABC):
 
     @abstractmethod
     def catch_up(self, token_ids: list[int], num_computed: int, start: int) -> list[int]:
-        """The tokens before ``start`` that its cache (holding ``num_computed``) lacks."""
+        """The tokens before ``start`` its cache lacks."""
 
     @abstractmethod
     def computed_after(self, num_computed: int, accepted: int, k: int) -> int:
@@ -50,5 +49,4 @@ class Proposer(ABC):
     @abstractmethod
     def step_proposals(self, runner: Any, inputs: StepInputs, spec: np.ndarray, ends: np.ndarray, k: np.ndarray,
                        params: list[SamplingParams], generator: torch.Generator) -> tuple[Any, Any, Any]:
-        """For the seqs ``spec`` of a verify step: (tokens [S, max k], their q [S, K, V] or None
-        for one-hot, a ``Patch`` of the input ids or None when the plan carries them)."""
+        """(tokens [S, max k], their q [S, K, V] or None: one-hot, the input ids' ``Patch`` or None)."""

@@ -1,5 +1,4 @@
-"""Whether a step speculates, with how many proposals each, and the acceptance rate that needs
-(torch-free; docs/architecture.md, "Speculative decoding")."""
+"""Whether a step speculates, and with how many proposals each (docs/architecture.md, "Speculative decoding")."""
 
 from __future__ import annotations
 
@@ -137,7 +136,7 @@ class SpecDecoder:
         req.num_draft_computed = self.proposer.computed_after(req.num_computed_tokens, accepted, proposed)
 
     def worth_it(self, decoding: list[Request]) -> bool:
-        """By batch size if `speculative_disable_by_batch_size`, else by the cost model or a probe."""
+        """By batch size if capped, else by the cost model or a probe."""
         if not decoding or not self.proposals(len(decoding)):
             return False
         limit = self.config.speculative_disable_by_batch_size
@@ -187,12 +186,12 @@ class SpecDecoder:
         return num_speculating.bit_length()
 
     def verify_scale(self, num_speculating: int) -> float:
-        """Of this bucket or the nearest smaller one measured; else 1."""
+        """This bucket's, else the nearest smaller one's, else 1."""
         measured = [b for b in self._verify_scales if b <= self._bucket(num_speculating)]
         return self._verify_scales[max(measured)] if measured else 1.0
 
     def observe(self, measured: float, seqs: list[tuple[int, int, int]]) -> None:
-        """A verify's time and seqs (cached tokens, tokens now, proposals)."""
+        """seqs: (cached tokens, tokens now, proposals)."""
         bucket = self._bucket(sum(1 for _, _, k in seqs if k))
         self._verifies_seen[bucket] = seen = self._verifies_seen.get(bucket, 0) + 1
         plain = self.cost_model.predict(StepShape.of((start, n - k) for start, n, k in seqs if n > k))
