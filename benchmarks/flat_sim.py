@@ -19,7 +19,8 @@ import numpy as np
 from expresslane.bench.arrivals import MIXED_SALT, load_arrivals
 from expresslane.config import SchedulerConfig
 from expresslane.contract import EngineCoreRequest
-from expresslane.cost_model import StepCostModel, StepShape
+from expresslane.cost_model.base import StepCostModel, StepShape
+from expresslane.cost_model.piecewise import PiecewiseStepCostModel
 from expresslane.scheduler.kv_cache import KVCacheManager
 from expresslane.scheduler.request import Request
 from expresslane.scheduler.scheduler import Scheduler
@@ -30,7 +31,7 @@ from expresslane.sampling_params import SamplingParams
 # through HTTP"): what the simulations since session 15 ran on. (Until then the default was the
 # model of 2026-12-01, before the mixed-step graphs and the attention padding fix.)
 with open(Path(__file__).with_name("flat_sim_h200.json")) as _f:
-    H200 = StepCostModel.from_dict(json.load(_f))
+    H200 = PiecewiseStepCostModel.from_dict(json.load(_f))
 
 # What the same steps would cost at the H200's floors (expresslane/bench/floors.py), 8B shape: the linear layers
 # read 15.0 GB of weights (3.51 ms at 4.27 TB/s) or compute 2 x 7.5e9 FLOP a token at 805
@@ -38,8 +39,8 @@ with open(Path(__file__).with_name("flat_sim_h200.json")) as _f:
 # token at 4.27 TB/s; 2^19 attention FLOP per prefill query-key pair at 75% of 805 TFLOP/s.
 # A planning aid ("would the policy meet the bars if the kernels did?"), not a measurement.
 _KNOTS = [1, 16, 32, 64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048]
-FLOOR = StepCostModel(_KNOTS, [max(3.51e-3, n * 18.6e-6) + 0.2e-3 for n in _KNOTS],
-                      k_decode=131072 / 4.27e12, k_prefill=2**19 / (0.75 * 805e12))
+FLOOR = PiecewiseStepCostModel(_KNOTS, [max(3.51e-3, n * 18.6e-6) + 0.2e-3 for n in _KNOTS],
+                               k_decode=131072 / 4.27e12, k_prefill=2**19 / (0.75 * 805e12))
 COSTS = {"h200": H200, "floor": FLOOR}
 
 
@@ -179,7 +180,7 @@ def main() -> None:
         model = COSTS[args.cost]
     else:
         with open(args.cost) as f:
-            model = StepCostModel.from_dict(json.load(f))
+            model = PiecewiseStepCostModel.from_dict(json.load(f))
     for name, config in args.config:
         b = beside_long(config, model)
         print(f"{name}: beside 8k: short TTFT {b['short_ttft_x']:.2f}x (alone {b['short_ttft_alone_ms']:.1f} ms), "

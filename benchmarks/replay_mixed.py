@@ -36,7 +36,7 @@ import flat_sim
 from expresslane import LLM, SamplingParams
 from expresslane.bench.arrivals import load_arrivals
 from expresslane.scheduler.request import RequestStatus
-from expresslane.cost_model import StepCostModel
+from expresslane.cost_model.piecewise import PiecewiseStepCostModel
 from expresslane.models.model_dir import DEFAULT_MODEL
 
 
@@ -102,7 +102,7 @@ def main() -> None:
     llm = LLM(args.model, dtype=args.dtype, **dict(args.flag))
     engine, core = llm.engine, llm.engine.core
     long_len = min(args.long_len, core.max_model_len - args.output_len - 1)
-    calibrated = StepCostModel.from_dict(core.cost_model.to_dict()) if core.cost_model else None
+    calibrated = PiecewiseStepCostModel.from_dict(core.cost_model.to_dict()) if core.cost_model else None
     sched_cfg = {f.name: getattr(core.config.scheduler, f.name) for f in dataclasses.fields(core.config.scheduler)}
     vocab = min(core.hf_config.vocab_size, 30000)
     rng = random.Random(args.seed)
@@ -154,7 +154,7 @@ def main() -> None:
     if calibrated is not None:  # the scheduler alone, same arrivals, this engine's start-up model
         flat_sim.SHAPE.update(short=args.short_len, long=long_len, out=args.output_len)
         # and with the model as the run left it (when a refit was kept): how much of a gap is the cost level
-        ended = StepCostModel.from_dict(core.cost_model.to_dict()) if host.kept else None
+        ended = PiecewiseStepCostModel.from_dict(core.cost_model.to_dict()) if host.kept else None
         models = {"simulated": calibrated, "simulated_refit": ended}
         for key, model in models.items():
             if model is not None:

@@ -5,7 +5,8 @@ import random
 import numpy as np
 import pytest
 
-from expresslane.cost_model import StepCostModel, StepShape
+from expresslane.cost_model.base import StepShape
+from expresslane.cost_model.piecewise import PiecewiseStepCostModel, NominalStepCostModel
 from expresslane.runner.step_timing import calibration_steps
 
 # The H200 8B shape's linear layers (issue #20): flat while memory-bound, then compute-bound.
@@ -49,7 +50,7 @@ def test_shape_counts_tokens_context_and_pairs():
 
 
 def test_fit_recovers_the_step_times_it_was_calibrated_on():
-    model = StepCostModel.fit(calibration(), max_tokens=2048)
+    model = PiecewiseStepCostModel.fit(calibration(), max_tokens=2048)
     for shape in random_shapes(random.Random(0), 300):
         assert model.predict(shape) == pytest.approx(h200_step(shape), rel=0.05)
     assert model.k_decode == pytest.approx(2e-9, rel=0.1)
@@ -58,7 +59,7 @@ def test_fit_recovers_the_step_times_it_was_calibrated_on():
 def test_linear_part_never_decreases_and_attention_terms_are_not_negative():
     rng = random.Random(1)
     noisy = [(s, t * rng.uniform(0.8, 1.25)) for s, t in calibration(lambda s: 1e-3 + 1e-6 * s.num_tokens)]
-    model = StepCostModel.fit(noisy, max_tokens=2048)
+    model = PiecewiseStepCostModel.fit(noisy, max_tokens=2048)
     assert np.all(np.diff(model.token_times) >= 0)
     assert model.k_decode >= 0 and model.k_prefill >= 0
     times = [model.predict(StepShape(n)) for n in range(1, 2049, 7)]
@@ -66,7 +67,7 @@ def test_linear_part_never_decreases_and_attention_terms_are_not_negative():
 
 
 def test_max_chunk_is_the_largest_chunk_within_the_target():
-    model = StepCostModel.fit(calibration(), max_tokens=2048)
+    model = PiecewiseStepCostModel.fit(calibration(), max_tokens=2048)
     decodes = StepShape.of([(1000, 1)] * 16)
     target = 4.6e-3  # a TPOT target a little above a 16-decode step's 3.9 ms + attention
     n = model.max_chunk(decodes, start=2000, limit=8192, target=target)
@@ -94,8 +95,8 @@ def test_a_step_with_prefill_costs_its_padded_bucket():
     where interpolating between knots under-predicted it; and the largest chunk within a target
     fills its bucket: the target pays for those tokens anyway."""
     samples = [(s, bucketed_step(s)) for s, _ in calibration()]
-    padded = StepCostModel.fit(samples, max_tokens=2048, padded=BUCKETS)
-    plain = StepCostModel.fit(samples, max_tokens=2048)
+    padded = PiecewiseStepCostModel.fit(samples, max_tokens=2048, padded=BUCKETS)
+    plain = PiecewiseStepCostModel.fit(samples, max_tokens=2048)
     decodes = StepShape.of([(100, 1)] * 8)
     for n in (9, 57, 129, 200, 247, 300, 700, 1500):  # 1500 + 8 tokens: past the buckets, unpadded
         shape = decodes.plus_chunk(0, n)
@@ -104,7 +105,7 @@ def test_a_step_with_prefill_costs_its_padded_bucket():
     assert padded.predict(decodes) == pytest.approx(h200_step(decodes), rel=0.02)  # decodes: unpadded
     target = bucketed_step(decodes.plus_chunk(0, 129)) * 1.001  # bucket 256's cost
     assert padded.max_chunk(decodes, 0, 8192, target) == 256 - 8
-    again = StepCostModel.from_dict(padded.to_dict())
+    again = PiecewiseStepCostModel.from_dict(padded.to_dict())
     assert again.padded == BUCKETS and again.predict(decodes.plus_chunk(0, 129)) == padded.predict(
         decodes.plus_chunk(0, 129))
 
@@ -125,7 +126,7 @@ def test_decodes_alone_keep_their_own_curve_under_a_mixed_load():
     constant, such refits moved 64 tokens from 6.3 to 8.1 ms on the H200.)"""
     rng = random.Random(3)
     samples = [(s, two_paths(s)) for s, _ in calibration()]
-    model = StepCostModel.fit(samples, max_tokens=2048, padded=BUCKETS)
+    model = PiecewiseStepCostModel.fit(samples, max_tokens=2048, padded=BUCKETS)
     model.refit_every = 256
     for _ in range(512):
         shape = StepShape.of([(rng.randint(60, 8000), 1) for _ in range(rng.randint(8, 16))]).plus_chunk(
@@ -137,7 +138,7 @@ def test_decodes_alone_keep_their_own_curve_under_a_mixed_load():
         assert model.predict(decodes) == pytest.approx(two_paths(decodes), rel=0.03)
     mixed = StepShape.of([(500, 1)] * 9).plus_chunk(3000, 247)
     assert model.predict(mixed) == pytest.approx(two_paths(mixed), rel=0.05)
-    again = StepCostModel.from_dict(model.to_dict())
+    again = PiecewiseStepCostModel.from_dict(model.to_dict())
     assert again.predict(mixed) == model.predict(mixed) and again.predict(decodes) == model.predict(decodes)
 
 
@@ -145,13 +146,13 @@ def test_a_model_of_one_curve_and_a_constant_is_two_curves():
     """A model written with one curve and a mixed-path constant (by hand, or published by an
     older engine: `c_mixed` in its dict) predicts as it always did."""
     old = {"knots": [1, 256], "token_times": [1e-3, 3e-3], "k_decode": 0.0, "k_prefill": 0.0, "c_mixed": 0.5e-3}
-    model = StepCostModel.from_dict(old)
+    model = PiecewiseStepCostModel.from_dict(old)
     assert model.predict(StepShape(128)) == pytest.approx(1e-3 + 2e-3 * 127 / 255)
     assert model.predict(StepShape(128, has_prefill=True)) == pytest.approx(model.predict(StepShape(128)) + 0.5e-3)
 
 
 def test_observed_steps_refine_the_model_toward_the_machine_it_runs_on():
-    model = StepCostModel.fit(calibration(), max_tokens=2048)
+    model = PiecewiseStepCostModel.fit(calibration(), max_tokens=2048)
     model.refit_every = 64
     rng = random.Random(2)
     probe = StepShape.of([(500, 1)] * 32)
@@ -165,7 +166,7 @@ def test_observed_steps_refine_the_model_toward_the_machine_it_runs_on():
 def test_a_refit_that_predicts_worse_is_not_kept():
     """Stalls (a step held up 100x by something else on the machine) are not the step's cost:
     the least-squares refit bends toward them, predicts the samples worse, and is dropped."""
-    model = StepCostModel.fit(calibration(), max_tokens=2048)
+    model = PiecewiseStepCostModel.fit(calibration(), max_tokens=2048)
     model.refit_every = 16
     probe = StepShape.of([(500, 1)] * 32)
     before = model.predict(probe)
@@ -179,14 +180,14 @@ def test_a_refit_that_predicts_worse_is_not_kept():
 def test_sizes_past_the_calibrated_ones_follow_the_last_segment():
     """A light (CPU) calibration stops at 256 tokens: bigger steps are not free."""
     samples = [(StepShape(n), 1e-3 + 1e-5 * n) for n in (1, 16, 64, 128, 256)]
-    model = StepCostModel.fit(samples, max_tokens=2048)
+    model = PiecewiseStepCostModel.fit(samples, max_tokens=2048)
     assert model.predict(StepShape(2048)) == pytest.approx(1e-3 + 1e-5 * 2048, rel=0.01)
     assert model.predict(StepShape(512)) > model.predict(StepShape(256))
 
 
 def test_fit_needs_samples():
     with pytest.raises(ValueError, match="no samples"):
-        StepCostModel.fit([])
+        PiecewiseStepCostModel.fit([])
 
 
 def test_calibration_steps_fit_the_engine_limits():
@@ -221,17 +222,17 @@ def test_engine_starts_with_a_tiny_kv_cache(llama_dir):
 
 
 def test_a_fixed_model_is_nominal_or_read_from_a_file_and_never_refits(tmp_path):
-    from expresslane.engine.core import step_cost_model
+    from expresslane.cost_model.registry import make_cost_model
 
     def calibrate():
         raise AssertionError("a fixed model times nothing")
 
-    nominal = step_cost_model("nominal", 2048, calibrate)
-    assert nominal.to_dict() == StepCostModel.nominal(2048).to_dict()
-    fitted = StepCostModel([1, 64, 512], [4e-3, 5e-3, 9e-3], k_decode=2e-9, k_prefill=1e-12)
+    nominal = make_cost_model("nominal", 2048, calibrate)
+    assert nominal.to_dict() == NominalStepCostModel(2048).to_dict()
+    fitted = PiecewiseStepCostModel([1, 64, 512], [4e-3, 5e-3, 9e-3], k_decode=2e-9, k_prefill=1e-12)
     path = tmp_path / "h200.json"
     path.write_text(__import__("json").dumps(fitted.to_dict()))
-    loaded = step_cost_model(str(path), 2048, calibrate)
+    loaded = make_cost_model(str(path), 2048, calibrate)
     assert loaded.to_dict() == fitted.to_dict()
     for model in (nominal, loaded):
         before = model.to_dict()
@@ -241,17 +242,27 @@ def test_a_fixed_model_is_nominal_or_read_from_a_file_and_never_refits(tmp_path)
 
 
 def test_a_step_cost_model_that_cannot_be_read_is_a_clear_error(tmp_path):
-    from expresslane.engine.core import step_cost_model
+    from expresslane.cost_model.registry import make_cost_model
 
     bad = tmp_path / "bad.json"
     bad.write_text('{"knots": [1]}')
     for choice in (str(tmp_path / "missing.json"), str(bad)):
         with pytest.raises(ValueError, match="--step-cost-model"):
-            step_cost_model(choice, 2048, lambda: None)
+            make_cost_model(choice, 2048, lambda: None)
 
 
 def test_the_engine_takes_the_configured_model_and_calibrates_only_when_asked(llama_dir):
     from expresslane import LLM
 
     llm = LLM(str(llama_dir), max_model_len=64, step_cost_model="nominal")
-    assert llm.engine.core.cost_model.to_dict() == StepCostModel.nominal(2048).to_dict()
+    assert llm.engine.core.cost_model.to_dict() == NominalStepCostModel(2048).to_dict()
+
+
+def test_the_engine_takes_a_model_handed_in(llama_dir):
+    """A cost model value (not a name) is the engine's as given: a test fixes its decisions."""
+    from expresslane import LLM
+
+    fixed = PiecewiseStepCostModel([1, 64, 512], [4e-3, 5e-3, 9e-3], k_decode=2e-9, k_prefill=1e-12)
+    llm = LLM(str(llama_dir), max_model_len=64, step_cost_model=fixed)
+    assert llm.engine.core.cost_model is fixed
+

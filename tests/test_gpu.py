@@ -63,7 +63,7 @@ def test_speculation_through_captured_graphs_keeps_greedy_output(llama_dir):
     llm = LLM(str(llama_dir), device="cuda", dtype="float32", num_kv_blocks=256, num_speculative_tokens=4,
               speculative_disable_by_batch_size=8, speculative_model=str(llama_dir))
     runner = llm.engine.core.runner
-    assert runner.mixed_graphs.graphs and runner.draft.chain_graphs.graphs  # captured
+    assert runner.mixed_graphs.graphs and runner.proposer.chain_graphs.graphs  # captured
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == want
     stats = llm.engine.core.stats()
     assert stats.spec_num_drafts > 0

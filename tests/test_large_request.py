@@ -3,7 +3,8 @@ it ranks by its whole work, it cannot hold every seat against a short request, a
 past the interactive budget while it runs (steps last what the cost model predicts)."""
 
 from expresslane.config import SchedulerConfig
-from expresslane.cost_model import StepCostModel, StepShape
+from expresslane.cost_model.base import StepShape
+from expresslane.cost_model.piecewise import PiecewiseStepCostModel
 from expresslane.scheduler.kv_cache import KVCacheManager
 from expresslane.scheduler.scheduler import Scheduler
 
@@ -75,7 +76,7 @@ def test_steps_beside_one_huge_request_stay_within_the_interactive_budget_and_sh
 
 # A small model on one CPU core: a decode's step 4 ms, each prompt token 0.6 ms more, so even
 # MIN_CHUNK prompt tokens beside a decode are over the lane's slack
-SLOW = StepCostModel([1, 16, 64, 2048], [4e-3, 13e-3, 41.8e-3, 1.232])
+SLOW = PiecewiseStepCostModel([1, 16, 64, 2048], [4e-3, 13e-3, 41.8e-3, 1.232])
 
 
 def test_where_no_prefill_fits_beside_a_decode_a_step_carries_one_min_chunk_in_all():

@@ -8,7 +8,8 @@ import pytest
 
 from expresslane.config import SchedulerConfig
 from expresslane.contract import EngineCoreRequest
-from expresslane.cost_model import StepCostModel, StepShape
+from expresslane.cost_model.base import StepShape
+from expresslane.cost_model.piecewise import PiecewiseStepCostModel
 from expresslane.scheduler.kv_cache import KVCacheManager
 from expresslane.scheduler.request import Request
 from expresslane.scheduler.scheduler import Scheduler
@@ -18,7 +19,7 @@ MIN_CHUNK = SchedulerConfig().min_prefill_chunk
 PREFILL_STRETCH = SchedulerConfig().prefill_stretch
 
 # Issue #20's H200 linear-layer times of the 8B shape, plus attention terms
-H200 = StepCostModel([1, 16, 64, 128, 160, 256, 512, 2048],
+H200 = PiecewiseStepCostModel([1, 16, 64, 128, 160, 256, 512, 2048],
                      [3.9e-3, 3.9e-3, 4.2e-3, 4.4e-3, 4.7e-3, 5.6e-3, 9.5e-3, 9.5e-3 + 1536 * 15.2e-6],
                      k_decode=2e-9, k_prefill=1e-12, c_mixed=0.2e-3)
 TPOT, SLACK, TTFT = 0.025, 0.2, 0.2
@@ -279,10 +280,12 @@ def test_proposals_of_decodes_are_not_eaten_by_a_prefill_ranked_first():
     decode beside it still verifies its proposals (the CI run on a loaded machine where a
     deadline-policy engine never speculated)."""
     from expresslane.config import SpeculativeConfig
+    from expresslane.runner.ngram import NgramProposer
     from expresslane.scheduler.spec_decode import SpecDecoder
 
     now = [0.0]
-    spec = SpecDecoder(SpeculativeConfig(speculative_method="ngram", speculative_disable_by_batch_size=2), H200)
+    spec = SpecDecoder(SpeculativeConfig(speculative_method="ngram", speculative_disable_by_batch_size=2), H200,
+                       NgramProposer(2, 4))
     config = SchedulerConfig(max_num_batched_tokens=2048, max_num_seqs=256, scheduling_policy="deadline",
                              lane_slo=f"interactive:ttft={TTFT * 1e3:g}ms,tpot={TPOT * 1e3:g}ms,slack={SLACK}")
     sched = Scheduler(config, KVCacheManager(40_000, 16), clock=lambda: now[0], cost_model=H200, spec=spec)

@@ -8,7 +8,7 @@ import torch
 
 from expresslane import LLM, SamplingParams
 from expresslane.bench.code_corpus import stdlib_files
-from expresslane.scheduler.spec_decode import ngram_propose
+from expresslane.runner.ngram import ngram_propose
 from expresslane.models.model_dir import DEFAULT_DRAFT_MODEL
 from expresslane.runner.spec_verify import verify
 
@@ -211,7 +211,7 @@ def test_verify_steps_through_the_graph_input_path(tmp_path):
     for extra in ({}, dict(speculative_model=model, num_speculative_tokens=3, speculative_disable_by_batch_size=8)):
         llm = LLM(model, **engine, **extra)
         llm.engine.core.runner.build_graphs(128, capture=False)
-        draft = llm.engine.core.runner.draft
+        draft = llm.engine.core.runner.proposer
         if draft is not None:  # count the chain's replays
             run_chain = draft.chain_graphs.run_chain
             draft.chain_graphs.run_chain = lambda *a: (chains.append(a[2].copy()), run_chain(*a))[1]
@@ -254,12 +254,12 @@ def test_the_draft_chain_writes_only_the_slots_of_the_proposals_a_seq_makes(tmp_
 
     from expresslane.contract import ScheduledSeq
     from expresslane.runner.cuda_graphs import DraftChainGraphs, Patch
-    from expresslane.runner.draft_model import DraftModel
+    from expresslane.runner.draft_model import DraftModelProposer
     from expresslane.runner.request_rows import StepInputs
 
     model_dir = build_model("llama", tmp_path / "m")
     cpu = torch.device("cpu")
-    draft = DraftModel(model_dir, 512, cpu, torch.float32, "triton")
+    draft = DraftModelProposer(model_dir, 512, cpu, torch.float32, "triton", 3)
     draft.allocate_kv_cache(8, 16, torch.float32)
     logits_out = torch.empty(4, 512)
     chain = DraftChainGraphs(draft.model, draft.backend, 4, 64, cpu, logits_out, steps=2, block_size=16)

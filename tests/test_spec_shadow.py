@@ -3,30 +3,46 @@ time (a shadow proposal checked against the tokens decoded plainly), so the step
 can turn speculation on once it pays (simulated steps, no model)."""
 
 import random
+from pathlib import Path
 
 import pytest
+import torch
 
+import expresslane
 from expresslane.config import SchedulerConfig, SpeculativeConfig
 from expresslane.contract import EngineCoreRequest
-from expresslane.cost_model import StepCostModel
+from expresslane.cost_model.base import StepCostModel
+from expresslane.cost_model.piecewise import PiecewiseStepCostModel
 from expresslane.scheduler.kv_cache import KVCacheManager
 from expresslane.scheduler.request import Request
 from expresslane.scheduler.scheduler import Scheduler
-from expresslane.scheduler.spec_decode import (PRIOR_ACCEPTANCE, PRIOR_UNTIL, PROBE_EVERY, PROBE_EVERY_MEASURED,
-                                           WARMUP_VERIFIES, SpecDecoder)
+from expresslane.runner.proposer_registry import make_proposer
+from expresslane.scheduler.spec_decode import SpecDecoder
 from expresslane.sampling_params import SamplingParams
 
+_TUNING = SpeculativeConfig()
+PRIOR_ACCEPTANCE, PRIOR_UNTIL = _TUNING.speculative_prior_acceptance, _TUNING.speculative_prior_until
+PROBE_EVERY, PROBE_EVERY_MEASURED = _TUNING.speculative_probe_every, _TUNING.speculative_probe_every_measured
+WARMUP_VERIFIES = _TUNING.speculative_warmup_verifies
+DRAFT = Path(expresslane.__file__).parent / "models" / "data" / "stdlib-llama-2m-draft"
 PATTERN = [11, 12, 13, 14, 15, 16]
 # a plain step 1 ms; a verify step of 1 + 4 tokens 1.9 ms (the mixed-step constant): at the prior
 # acceptance (0.5: 1.94 tokens a verify) speculating costs 0.98 ms a token, more than 0.9 x plain;
 # at an acceptance of 1 (5 tokens a verify) 0.38 ms
-COSTS = StepCostModel([1, 16], [1e-3, 1e-3], c_mixed=0.9e-3)
+COSTS = PiecewiseStepCostModel([1, 16], [1e-3, 1e-3], c_mixed=0.9e-3)
+
+
+def spec_decoder(costs: StepCostModel = COSTS, **kwargs) -> SpecDecoder:
+    """The scheduler's side of speculative decoding with the proposer the engine builds (a draft
+    model: the built-in one, on the CPU)."""
+    config = SpeculativeConfig(**kwargs)
+    return SpecDecoder(config, costs, make_proposer(config, 8192, torch.device("cpu"), torch.float32, "torch"))
 
 
 def run(next_token, steps: int, prompt=PATTERN * 4, pipelined: bool = False):
     """`pipelined`: as the engine on a GPU, each plan is made while the step before is in flight
     (its token not yet known), except when a speculative step is involved."""
-    spec = SpecDecoder(SpeculativeConfig(speculative_method="ngram", num_speculative_tokens=4), COSTS)
+    spec = spec_decoder(speculative_method="ngram", num_speculative_tokens=4)
     sched = Scheduler(SchedulerConfig(max_num_batched_tokens=256, max_num_seqs=8), KVCacheManager(1000, 16),
                       clock=lambda: 0.0, cost_model=COSTS, spec=spec)
     req = Request.from_core_request(EngineCoreRequest(
@@ -91,7 +107,7 @@ def test_a_verify_steps_first_use_cost_does_not_keep_speculation_off():
     verify shapes); a moving average turned speculation off for good after it. Sustained slow
     verifies still do."""
     def decoder(ratios):
-        spec = SpecDecoder(SpeculativeConfig(speculative_method="ngram", num_speculative_tokens=4), COSTS)
+        spec = spec_decoder(speculative_method="ngram", num_speculative_tokens=4)
         spec.shadow_proposed = spec.shadow_accepted = 100  # every proposal right: speculating pays
         for r in ratios:
             spec.observe(r * 1.9e-3, [(5, 5, 4)])  # one seq verifying 4 proposals: predicted 1.9 ms
@@ -109,7 +125,7 @@ def test_verify_cost_is_measured_per_batch_size():
     (eager there): one scale for both kept speculating at 64 for 160 verify steps (0.45x plain).
     Slow verifies at batch 64 turn it off at 64 and not at 1; an unmeasured size takes the nearest
     smaller measured one's scale."""
-    spec = SpecDecoder(SpeculativeConfig(speculative_method="ngram", num_speculative_tokens=4), COSTS)
+    spec = spec_decoder(speculative_method="ngram", num_speculative_tokens=4)
     spec.shadow_proposed = spec.shadow_accepted = 100
     for _ in range(8):
         spec.observe(1.9e-3, [(5, 5, 4)])
@@ -122,8 +138,8 @@ def test_verify_cost_is_measured_per_batch_size():
 def test_a_verify_step_is_predicted_no_cheaper_than_the_plain_step_it_extends():
     """A mixed-step constant fitted negative (host-bound GPU runs fitted -0.95 ms) made a 5-token
     step's prediction 0: speculating looked free, and its measurements (over 0) were dropped."""
-    costs = StepCostModel([1, 16], [1e-3, 1.1e-3], c_mixed=-2e-3)
-    spec = SpecDecoder(SpeculativeConfig(speculative_method="ngram", num_speculative_tokens=4), costs)
+    costs = PiecewiseStepCostModel([1, 16], [1e-3, 1.1e-3], c_mixed=-2e-3)
+    spec = spec_decoder(costs, speculative_method="ngram", num_speculative_tokens=4)
     spec.shadow_proposed = spec.shadow_accepted = 100
     plain, speculating = spec.predicted_costs([5])
     assert plain == 1e-3 and speculating == 1e-3 / 5  # the plain step's time, over 5 tokens a verify
@@ -137,7 +153,7 @@ def test_a_draft_model_probes_while_its_acceptance_is_the_prior():
     speculating does not pay, one step in PROBE_EVERY speculates anyway, the same answer both
     times a step asks; once PRIOR_UNTIL tokens were proposed the model decides, with a probe in
     PROBE_EVERY_MEASURED steps where speculating would pay at full acceptance."""
-    spec = SpecDecoder(SpeculativeConfig(speculative_model="draft", num_speculative_tokens=4), COSTS)
+    spec = spec_decoder(speculative_model=str(DRAFT), num_speculative_tokens=4)
     decoding = _decoding(1)
     decisions = []
     for _ in range(3 * PROBE_EVERY):
@@ -180,8 +196,7 @@ def run_batch(num_requests: int, max_rows: int | None, steps: int = 40) -> list[
     """`num_requests` requests that speculate whenever allowed (`speculative_disable_by_batch_size`
     above their number), their verify steps' logits rows capped at `max_rows` (the mixed graphs'
     as the engine sets it; None: no graphs). Each plan's proposals per speculating seq."""
-    spec = SpecDecoder(SpeculativeConfig(speculative_method="ngram", num_speculative_tokens=4,
-                                         speculative_disable_by_batch_size=64), COSTS)
+    spec = spec_decoder(speculative_method="ngram", num_speculative_tokens=4, speculative_disable_by_batch_size=64)
     spec.max_rows = max_rows
     sched, reqs = _scheduler(spec, num_requests, 400, budget=512, max_seqs=32, blocks=2000)
     by_id = {r.request_id: r for r in reqs}
@@ -216,7 +231,7 @@ def test_the_decision_is_made_once_until_something_changes():
     """Every held engine call asks `speculating()` (up to 1 kHz while a long step runs), the
     engine asks it before planning and the plan again: one evaluation serves them all until a
     step lands (tokens change who decodes and the acceptance rate) or a request is aborted."""
-    spec = SpecDecoder(SpeculativeConfig(speculative_method="ngram", num_speculative_tokens=4), COSTS)
+    spec = spec_decoder(speculative_method="ngram", num_speculative_tokens=4)
     sched, _ = _scheduler(spec, 2, 50, budget=256, max_seqs=8, blocks=1000)
     asked, real = [], spec.worth_it
     spec.worth_it = lambda decoding: asked.append(len(decoding)) or real(decoding)
@@ -239,7 +254,7 @@ def test_a_draft_models_probe_speculates_with_one_request_in_turn():
     probes of all 64 requests of a batch cost ~10x a step each (each request's draft first
     caught up on its tokens), and the run went at 0.72x of no speculation. Now one request
     speculates in a probe step, each in turn, with the proposals one request may make."""
-    spec = SpecDecoder(SpeculativeConfig(speculative_model="draft", num_speculative_tokens=4), COSTS)
+    spec = spec_decoder(speculative_model=str(DRAFT), num_speculative_tokens=4)
     sched, _ = _scheduler(spec, 4, 400, budget=512, max_seqs=8, blocks=2000)
     probes = []
     for step in range(4 * PROBE_EVERY + 5):

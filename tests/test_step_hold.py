@@ -6,7 +6,7 @@ import pytest
 from expresslane.contract import StepPlan
 from expresslane.config import SchedulerConfig
 from expresslane.engine.core import _InFlight
-from expresslane.cost_model import StepShape
+from expresslane.cost_model.base import StepShape
 
 
 class OnGpu:

@@ -15,10 +15,13 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from expresslane.config.flags import _knob, add_args, check_choices, given
 from expresslane.lanes import DEFAULT_LANE_SLO, Lanes
+
+if TYPE_CHECKING:
+    from expresslane.cost_model.base import StepCostModel
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,11 +82,12 @@ class SchedulerConfig:
     batch_timeout_ms: float = _knob(50.0, "dynamic batching: longest wait for a full batch")
     # The default comes from the environment so that a test suite can fix it for every engine it
     # starts, servers included (tests/conftest.py); a flag or keyword wins.
-    step_cost_model: str = _knob(
+    # (in code also a StepCostModel value, used as given: cost_model/registry.py)
+    step_cost_model: str | StepCostModel = _knob(
         os.environ.get("EXPRESSLANE_STEP_COST_MODEL", "calibrate"),
         "the step-cost model the deadline policy sizes steps with: calibrate (time steps at start-up, then "
         "refine from the steps run); nominal (fixed, by a step's shape alone: the same decisions on any "
-        "machine, for tests); or a JSON file of a fitted model, fixed (StepCostModel.to_dict, as GET /load "
+        "machine, for tests); or a JSON file of a fitted model, fixed (its to_dict, as GET /load "
         "publishes it); default: $EXPRESSLANE_STEP_COST_MODEL, else calibrate")
     min_prefill_chunk: int = _knob(16, "deadline: prefill tokens a step may always carry, whatever the step-cost "
                                    "model says (tokens)")
@@ -155,6 +159,26 @@ class SpeculativeConfig:
     speculative_disable_by_batch_size: int | None = _knob(
         None, "speculate only while at most this many requests decode; default: whenever the step-cost model "
         "predicts less time per generated token (off at high batch)")
+    # how the step-cost model's decision to speculate is made and measured (none of these change tokens)
+    speculative_prior_acceptance: float = _knob(
+        0.5, "acceptance rate (accepted over proposed tokens, 0..1) assumed until the engine has measured its own")
+    speculative_prior_until: int = _knob(
+        64, "proposed tokens (verified or shadowed) after which the measured acceptance rate replaces the prior")
+    speculative_probe_every: int = _knob(
+        8, "draft_model, while on the prior: one planned step in this many speculates to measure acceptance "
+        "(else a prior that says no would hold for good)")
+    speculative_probe_every_measured: int = _knob(
+        64, "draft_model, past the prior: one planned step in this many speculates where full acceptance "
+        "would pay (a rate measured on a few verifies is not final)")
+    speculative_gain_margin: float = _knob(
+        0.9, "speculate only when the predicted time per generated token is below this fraction of plain "
+        "decoding's")
+    speculative_warmup_verifies: int = _knob(
+        4, "verify steps of each batch-size bucket whose times are ignored (first-use costs of the verify "
+        "shapes' kernels)")
+    speculative_verify_window: int = _knob(
+        16, "verify steps of each batch-size bucket whose median measured over predicted time scales the "
+        "prediction of the next")
 
     @property
     def method(self) -> str | None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass
@@ -11,7 +10,9 @@ from pathlib import Path
 from expresslane.config import EngineConfig
 from expresslane.scheduler.batching import make_scheduler
 from expresslane.contract import EngineCoreOutput, EngineCoreRequest, StepPlan, StepStats
-from expresslane.cost_model import StepCostModel, StepShape
+from expresslane.cost_model.base import StepCostModel, StepShape
+from expresslane.cost_model.piecewise import PiecewiseStepCostModel
+from expresslane.cost_model.registry import make_cost_model
 from expresslane.scheduler.kv_cache import KVCacheManager
 from expresslane.scheduler.request import Request, check_prompt_length
 from expresslane.scheduler.spec_decode import SpecDecoder
@@ -39,22 +40,6 @@ def resolve_model_dir(model: str | None) -> Path:
         from expresslane.models.presets import default_model_dir
         return default_model_dir()
     return check_model_dir(model)
-
-
-def step_cost_model(choice: str, max_tokens: int, calibrate) -> StepCostModel:
-    """`calibrate()`'s fit (refined as steps run), or the nominal or a JSON file's model (fixed)."""
-    if choice == "calibrate":
-        return calibrate()
-    if choice == "nominal":
-        model = StepCostModel.nominal(max_tokens)
-    else:
-        try:
-            model = StepCostModel.from_dict(json.loads(Path(choice).read_text()))
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise ValueError(f"--step-cost-model {choice!r}: not calibrate, nominal or a readable JSON file of a "
-                             f"step-cost model ({type(e).__name__}: {e})") from None
-    model.refit_every = 0
-    return model
 
 
 def resolve_max_model_len(requested: int | None, hf_config) -> int:
@@ -91,11 +76,13 @@ class EngineCore:
         def calibrate() -> StepCostModel:
             steps = calibration_steps(s.max_num_batched_tokens, s.max_num_seqs, num_blocks, bs,
                                       config.model.max_model_len, light=not cuda)
-            return StepCostModel.fit(time_steps(self.runner, steps, repeats=3 if cuda else 1),
-                                     s.max_num_batched_tokens, self.runner.padded_step_sizes)
+            return PiecewiseStepCostModel.fit(time_steps(self.runner, steps, repeats=3 if cuda else 1),
+                                              s.max_num_batched_tokens, self.runner.padded_step_sizes)
 
-        choice = "nominal" if self.runner.interpreted else s.step_cost_model
-        self.cost_model = step_cost_model(choice, s.max_num_batched_tokens, calibrate)
+        choice = s.step_cost_model
+        if self.runner.interpreted and isinstance(choice, str):
+            choice = "nominal"  # no device to time under the interpreter
+        self.cost_model = make_cost_model(choice, s.max_num_batched_tokens, calibrate)
         log.info("step cost model (%s): %s", self.runner.device, self.cost_model.describe())
         self.runner.reset_expert_tokens()  # calibration routed dummy tokens
         self._expert_copy = None
@@ -103,7 +90,8 @@ class EngineCore:
         self.expert_tokens: dict[int, list[int]] | None = None
         self.config = config.replace(num_kv_blocks=num_blocks)
         self.kv = KVCacheManager(num_blocks, bs, config.cache.enable_prefix_caching)
-        self.spec = None if config.speculative.method is None else SpecDecoder(config.speculative, self.cost_model)
+        proposer = self.runner.proposer
+        self.spec = None if proposer is None else SpecDecoder(config.speculative, self.cost_model, proposer)
         if self.spec is not None:
             self.spec.draft_cost_ratio = self.runner.draft_cost_ratio()
             self.spec.max_rows = self.runner.verify_rows()

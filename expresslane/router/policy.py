@@ -21,7 +21,8 @@ import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from expresslane.cost_model import StepCostModel, StepShape
+from expresslane.cost_model.base import StepCostModel, StepShape
+from expresslane.cost_model.piecewise import PiecewiseStepCostModel
 
 CHARS_PER_TOKEN = 4
 CHUNK_CHARS = 64
@@ -48,7 +49,8 @@ class Load:
         return cls(state=str(d.get("state", "unknown")), num_running=int(d.get("num_running", 0)),
                    num_waiting=int(d.get("num_waiting", 0)),
                    waiting_tokens={str(k): int(v) for k, v in (d.get("waiting_tokens") or {}).items()},
-                   prefill_rate=d.get("prefill_rate"), step_cost=StepCostModel.from_dict(cost) if cost else None,
+                   prefill_rate=d.get("prefill_rate"),
+                   step_cost=PiecewiseStepCostModel.from_dict(cost) if cost else None,
                    budget=int(d.get("max_num_batched_tokens") or 0))
 
 

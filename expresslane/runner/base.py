@@ -12,6 +12,7 @@ if TYPE_CHECKING:
 
     from expresslane.contract import StepPlan
     from expresslane.runner.expert_load import ExpertTokensCopy
+    from expresslane.runner.proposer import Proposer
     from expresslane.runner.step_result import StepResult
 
 
@@ -31,6 +32,7 @@ class Runner(ABC):
     kv_dtype: torch.dtype
     block_size: int
     model: nn.Module  # this rank's slice
+    proposer: Proposer | None  # None: speculation off
 
     # -- start-up, in this order -----------------------------------------------------------------
     @abstractmethod

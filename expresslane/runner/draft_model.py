@@ -1,20 +1,5 @@
-"""The draft model of speculative decoding (``speculative_method="draft_model"``).
-
-It shares the target's block tables: its own KV cache has as many blocks, and the
-scheduler's block ids index both. It runs only in steps that speculate (a step that does
-not costs nothing more than without it): first one forward over the speculating seqs, each
-with the tokens its cache lacks (`ScheduledSeq.draft_token_ids`, the scheduler keeps count:
-`Request.num_draft_computed`) and its last known token, which gives every proposal's first
-token; then one single-token forward per further proposal, feeding the previous proposal in
-on the device. Writes land in the request's own blocks: positions before its last known
-token (computed by the target, so allocated) and the slots allocated for its k + 1 tokens.
-A block shared through the prefix cache gets the same draft KV again (same tokens).
-
-On a GPU each forward replays a CUDA graph of the draft's own (``build_graphs``, the
-target's two families: one token per seq, or up to the mixed graphs' token budget), so a
-proposal costs a graph launch and its input copy, not the draft's kernel launches one by
-one; a forward that fits neither runs eagerly.
-"""
+"""A smaller model that proposes on the device in the steps that speculate, in the target's
+block ids (its own cache, as many blocks): docs/architecture.md, "Speculative decoding"."""
 
 from __future__ import annotations
 
@@ -31,14 +16,15 @@ from expresslane.models.loader import iter_weights
 from expresslane.models.model_dir import load_hf_config
 from expresslane.models.registry import model_class
 from expresslane.runner.cuda_graphs import DecodeGraphs, DraftChainGraphs, MixedGraphs, Patch
+from expresslane.runner.proposer import Proposer
 from expresslane.runner.request_rows import StepInputs
 from expresslane.runner.sampler import filter_logits
 from expresslane.sampling_params import SamplingParams
 
 
-class DraftModel:
+class DraftModelProposer(Proposer):
     def __init__(self, model_dir: str | Path, vocab_size: int, device: torch.device, dtype: torch.dtype,
-                 backend: str):
+                 backend: str, num_speculative_tokens: int):
         hf = load_hf_config(model_dir)
         if hf.vocab_size != vocab_size:
             raise ValueError(f"the draft model {str(model_dir)!r} has a vocabulary of {hf.vocab_size} tokens, the "
@@ -57,31 +43,44 @@ class DraftModel:
         self.model.load_weights(iter_weights(Path(model_dir), device))
         self.model.eval()
         self.device, self.dtype = device, dtype
+        self.num_speculative_tokens = num_speculative_tokens
         self.num_params = sum(p.numel() for p in self.model.parameters())
         self.decode_graphs: DecodeGraphs | None = None
         self.mixed_graphs: MixedGraphs | None = None
         self.chain_graphs: DraftChainGraphs | None = None
 
-    def build_graphs(self, max_num_seqs: int, mixed_tokens: int, max_blocks: int, pool, num_speculative_tokens: int,
-                     block_size: int) -> None:
-        """The draft's decode and mixed-step graphs and, for k > 1 proposals, the greedy chain of
-        proposals 2..k (static buffers of its own); captured into `pool` on a GPU, replayed eagerly
-        through the same buffers when `pool` is None (CPU tests)."""
+    @property
+    def proposes_on_host(self) -> bool:
+        return False
+
+    def propose(self, token_ids: list[int], k: int) -> list[int]:
+        return [0] * k  # placeholders, computed in the verify step
+
+    def catch_up(self, token_ids: list[int], num_computed: int, start: int) -> list[int]:
+        return token_ids[num_computed:start]
+
+    def computed_after(self, num_computed: int, accepted: int, k: int) -> int:
+        return num_computed + min(accepted, k - 1)  # it was fed proposals 1..k-1
+
+    def cost_ratio(self, target_params: int) -> float:
+        return self.num_params / target_params  # by parameter count
+
+    def build_graphs(self, max_num_seqs: int, mixed_tokens: int, max_blocks: int, pool, block_size: int) -> None:
+        """Its decode and mixed-step graphs and, for k > 1, the greedy chain of proposals 2..k."""
         logits_out = torch.empty(max_num_seqs, self.model.config.vocab_size, dtype=torch.float32, device=self.device)
         self.decode_graphs = DecodeGraphs(self.model, self.backend, max_num_seqs, max_blocks, self.device, logits_out)
         self.mixed_graphs = MixedGraphs(self.model, self.backend, mixed_tokens, max_num_seqs, max_blocks, self.device,
                                         logits_out)
         families = [self.decode_graphs, self.mixed_graphs]
-        if num_speculative_tokens > 1:
+        if self.num_speculative_tokens > 1:
             self.chain_graphs = DraftChainGraphs(self.model, self.backend, max_num_seqs, max_blocks, self.device,
-                                                 logits_out, num_speculative_tokens - 1, block_size)
+                                                 logits_out, self.num_speculative_tokens - 1, block_size)
             families.append(self.chain_graphs)
         if pool is not None:
             for graphs in families:
                 graphs.capture(pool)
 
     def _forward(self, runner, step: StepInputs, patch: Patch | None) -> torch.Tensor:
-        """Logits at each seq's last token of `step`, [num_seqs, vocab], through the draft's own graphs."""
         return runner.forward_logits(self.model, self.backend, self.decode_graphs, self.mixed_graphs, step, patch)
 
     def kv_block_bytes(self, block_size: int, kv_dtype: torch.dtype) -> int:
@@ -94,13 +93,21 @@ class DraftModel:
         for layer in self.model.layers:
             layer.self_attn.kv_cache = kv_zeros(shape, kv_dtype, self.device)
 
-    def propose(self, runner, inputs: StepInputs, spec: np.ndarray, params: list[SamplingParams],
-                generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Proposals of the speculating seqs (`spec`: their indices in the step): tokens [S, K]
-        and, when one samples, the draft's distributions q [S, K, V] they were drawn from."""
+    def step_proposals(self, runner, inputs: StepInputs, spec: np.ndarray, ends: np.ndarray, k: np.ndarray,
+                       params: list[SamplingParams], generator: torch.Generator
+                       ) -> tuple[torch.Tensor, torch.Tensor | None, Patch]:
+        tokens, probs = self._propose(runner, inputs, spec, params, generator)
+        fill = np.concatenate([np.arange(e - n, e) for e, n in zip(ends, k)])  # the placeholders
+        cols = np.concatenate([np.arange(n) for n in k])
+        owner = np.repeat(np.arange(len(spec)), k)
+        return tokens, probs, Patch(fill, owner * tokens.shape[1] + cols, tokens.reshape(-1))
+
+    def _propose(self, runner, inputs: StepInputs, spec: np.ndarray, params: list[SamplingParams],
+                 generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Tokens [S, K] and, when one samples, the q [S, K, V] they were drawn from."""
         counts = inputs.num_spec[spec]
         width = int(counts.max())
-        # pass 0: each speculating seq's catch-up and last known token (its blocks are in the table already)
+        # each seq's catch-up and last known token: every first proposal
         seqs = [inputs.seqs[i] for i in spec]
         first = [ScheduledSeq(s.request_id, [*s.draft_token_ids, s.token_ids[0]], s.start_pos - len(s.draft_token_ids),
                               [], True) for s in seqs]
@@ -115,17 +122,17 @@ class DraftModel:
         chain = self.chain_graphs
         for j in range(width):
             if j == 1 and probs is None and chain is not None and chain.fits(len(seqs), len(seqs)):
-                # greedy: proposals 2..width in one replay (each fed the argmax before it on the device)
+                # greedy: proposals 2..width in one replay
                 step = runner.batch._gather([ScheduledSeq(s.request_id, [0], s.start_pos + 1, [], True) for s in seqs])
                 patch = Patch(np.arange(len(seqs)), np.arange(len(seqs)), tokens[:, 0])
                 tokens[:, 1:] = chain.run_chain(step, patch, counts)[:, :width - 1]
                 break
-            if j:  # feed proposal j (1-based) at its position, for the seqs that propose more than j
+            if j:  # proposal j fed in, for the seqs that propose more
                 live = np.flatnonzero(counts > j)
                 step = runner.batch._gather([ScheduledSeq(seqs[i].request_id, [0], seqs[i].start_pos + j, [], True)
                                              for i in live])
                 patch = Patch(np.arange(len(live)), live, tokens[:, j - 1])
-                rows = np.full(len(spec), 0, dtype=np.int64)  # (seqs done proposing: any row, unused)
+                rows = np.full(len(spec), 0, dtype=np.int64)  # (done: any row, unused)
                 rows[live] = np.arange(len(live))
                 logits = self._forward(runner, step, patch)[to_device(rows, torch.int64, self.device)]
             tokens[:, j], q = _choose(logits, params, generator)
@@ -136,7 +143,7 @@ class DraftModel:
 
 def _choose(logits: torch.Tensor, params: list[SamplingParams], generator: torch.Generator
             ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Greedy rows: the argmax; the others: a draw from q (temperature and filters applied)."""
+    """Greedy rows: the argmax; the others: a draw from q."""
     out = logits.argmax(dim=-1)
     if all(p.greedy for p in params):
         return out, None

@@ -28,6 +28,7 @@ from expresslane.runner.expert_load import ExpertTokensCopy, copy_expert_tokens,
 from expresslane.runner.request_rows import RequestRows, StepInputs
 from expresslane.runner.penalties import Penalties
 from expresslane.runner.prompt_logprobs import forward_scoring, scored_rows
+from expresslane.runner.proposer_registry import make_proposer
 from expresslane.runner.sampler import Sampler, SamplingBatch, bitmask_rows
 from expresslane.runner.spec_verify import Verified, verify
 from expresslane.runner.step_result import StepResult
@@ -90,12 +91,8 @@ class ModelRunner(Runner):
         self.model.eval()
         if config.device.fused_decode_layer:
             self._fuse_decode_layers()
-        sd = config.speculative
-        self.draft = None
-        if sd.method == "draft_model":
-            from expresslane.runner.draft_model import DraftModel
-            self.draft = DraftModel(sd.speculative_model, hf_config.vocab_size, self.device, self.dtype,
-                                    config.device.attention_backend)
+        self.proposer = make_proposer(config.speculative, hf_config.vocab_size, self.device, self.dtype,
+                                      config.device.attention_backend)
         log.info("loaded %s in %.1fs on %s (%s%s)", model_dir, time.monotonic() - t0, self.device, self.dtype,
                  f", {self.quant.name} weights" if self.quant else "")
         self.sampler = Sampler(self.device, config.model.seed)
@@ -128,8 +125,8 @@ class ModelRunner(Runner):
     def kv_block_bytes(self) -> int:
         attn = self.model.layers[0].self_attn
         per_layer = 2 * self.block_size * attn.num_kv_heads * attn.head_dim * self.kv_dtype.itemsize
-        draft = self.draft.kv_block_bytes(self.block_size, self.kv_dtype) if self.draft else 0
-        return per_layer * len(self.model.layers) + draft
+        proposer = self.proposer.kv_block_bytes(self.block_size, self.kv_dtype) if self.proposer else 0
+        return per_layer * len(self.model.layers) + proposer
 
     @torch.inference_mode()
     def profile_num_blocks(self, max_blocks: int) -> int:
@@ -172,8 +169,8 @@ class ModelRunner(Runner):
         self.kv_caches = [kv_zeros(shape, self.kv_dtype, self.device) for _ in self.model.layers]
         for layer, cache in zip(self.model.layers, self.kv_caches):
             layer.self_attn.kv_cache = cache
-        if self.draft is not None:
-            self.draft.allocate_kv_cache(num_blocks, self.block_size, self.kv_dtype)
+        if self.proposer is not None:
+            self.proposer.allocate_kv_cache(num_blocks, self.block_size, self.kv_dtype)
 
     def build_graphs(self, max_model_len: int, capture: bool = True) -> None:
         """The library prefill's plans, then decode and mixed-step graphs where allowed."""
@@ -198,9 +195,8 @@ class ModelRunner(Runner):
         if capture:
             self.decode_graphs.capture(pool)
             self.mixed_graphs.capture(pool)
-        if self.draft is not None:
-            self.draft.build_graphs(s.max_num_seqs, mixed_tokens, max_blocks, pool,
-                                    self.config.speculative.num_speculative_tokens, self.block_size)
+        if self.proposer is not None:
+            self.proposer.build_graphs(s.max_num_seqs, mixed_tokens, max_blocks, pool, self.block_size)
 
     @property
     def padded_step_sizes(self) -> tuple[int, ...]:
@@ -288,19 +284,9 @@ class ModelRunner(Runner):
         gens = [self._generator(rid, p) for rid, p in zip(ids, params)]
         spec_params = [params[i] for i in spec]  # (none seeded: seeded sampling does not speculate)
         k = counts[spec]
-        draft_probs = None
-        if self.draft is not None:  # proposals first: they are the verify step's inputs
-            drafts, draft_probs = self.draft.propose(self, inputs, sampling[spec], spec_params,
-                                                     self.sampler.generator)
-            fill = np.concatenate([np.arange(e - n, e) for e, n in zip(ends[spec], k)])
-            cols = np.concatenate([np.arange(n) for n in k])
-            owner = np.repeat(np.arange(len(spec)), k)
-            patch = Patch(fill, owner * drafts.shape[1] + cols, drafts.reshape(-1))
-        else:
-            drafts = np.full((len(spec), int(k.max())), -1, dtype=np.int64)
-            for j, i in enumerate(spec):
-                drafts[j, :k[j]] = inputs.seqs[sampling[i]].token_ids[1:]
-            patch = None
+        # proposals first: they are the verify step's inputs
+        drafts, draft_probs, patch = self.proposer.step_proposals(self, inputs, sampling[spec], ends[spec], k,
+                                                                  spec_params, self.sampler.generator)
         # logits rows: each plain seq's last token, then each speculating seq's last known token and
         # proposals, padded to the widest by repeating its last row (logits [S, width, V] as they come)
         width = int(k.max()) + 1
@@ -331,10 +317,9 @@ class ModelRunner(Runner):
         return self.mixed_graphs.max_seqs if self.mixed_graphs is not None else None
 
     def draft_cost_ratio(self) -> float:
-        """By parameter count."""
-        if self.draft is None:
+        if self.proposer is None:
             return 0.0
-        return self.draft.num_params / sum(p.numel() for p in self.model.parameters())
+        return self.proposer.cost_ratio(sum(p.numel() for p in self.model.parameters()))
 
     def _logits(self, inputs: StepInputs) -> tuple[torch.Tensor | None, dict | None]:
         """(logits of the sampling seqs, prompt logprobs), each None if no seq asks."""

@@ -1,23 +1,4 @@
-"""Verifying speculated tokens: one target step computed logits at a request's last token and
-at each of its k proposals; this keeps the longest accepted run of proposals and adds one
-token of the target's own, so every step yields 1 to k + 1 tokens.
-
-- Greedy (temperature 0): a proposal is accepted while it equals the target's argmax; the
-  token added is the argmax after the last accepted one. The output is exactly what
-  decoding one token at a time gives.
-- Sampling: speculative sampling (Leviathan et al. 2023; Chen et al. 2023). Proposal d drawn
-  from q is accepted with probability min(1, p(d) / q(d)), p being the target's distribution
-  after temperature, top_k, top_p and min_p; at the first rejection the token is drawn from
-  max(p - q, 0) renormalised, and after k acceptances from p at the last position. Each
-  token is then distributed exactly as p. Prompt lookup (ngram) proposals are deterministic:
-  q is one-hot, so d is accepted with probability p(d) and a rejection draws from p without d.
-  Draws come from the engine's generator (seeded sampling requests do not speculate).
-
-A verify step is not pipelined (its outcome shapes the next plan), so its host time is on the
-critical path. When every speculating seq is greedy, the device does one argmax and the
-acceptance is counted on the host once the argmaxes are copied (the ~20 small launches of the
-device path cost ~0.5 ms of host time a step on the H200, more than the 9M model's forward).
-"""
+"""Verifying proposals: the longest accepted run plus one token of the target's (1 to k + 1 tokens)."""
 
 from __future__ import annotations
 
@@ -32,21 +13,17 @@ from expresslane.sampling_params import SamplingParams
 
 
 class Verified:
-    """A verify step's outcome: `tensors` on the device (StepResult copies them to the host
-    without blocking), turned into each speculating seq's tokens by `tokens(host copies)`."""
+    """Device `tensors` and how they become each seq's tokens."""
 
     def __init__(self, tensors: list[torch.Tensor], finish: Callable[[list[np.ndarray]], list[list[int]]]):
         self.tensors, self._finish = tensors, finish
 
     def tokens(self, host: list[np.ndarray] | None = None) -> list[list[int]]:
-        """Each seq's accepted proposals and the target's own token (1 to k + 1 tokens)."""
         return self._finish([t.cpu().numpy() for t in self.tensors] if host is None else host)
 
 
 def accept_greedy(target: np.ndarray, drafts: np.ndarray, counts: np.ndarray) -> list[list[int]]:
-    """target [S, W]: the argmax at each seq's last known token and proposals; drafts [S, >= W - 1];
-    counts [S]: proposals per seq. The proposals up to the first that differs from the argmax
-    before it, then the argmax after the last accepted one."""
+    """The proposals while each equals the argmax before it (target [S, W]), then the next argmax."""
     width = target.shape[1]
     match = (drafts[:, :width - 1] == target[:, :-1]) & (np.arange(width - 1)[None, :] < counts[:, None])
     accepted = np.cumprod(match, axis=1).sum(axis=1)
@@ -55,10 +32,7 @@ def accept_greedy(target: np.ndarray, drafts: np.ndarray, counts: np.ndarray) ->
 
 def verify(logits: torch.Tensor, counts: np.ndarray, drafts: np.ndarray | torch.Tensor, params: list[SamplingParams],
            generator: torch.Generator, draft_probs: torch.Tensor | None = None) -> Verified:
-    """logits [S, W, V] float32, W = max(counts) + 1: each seq's rows at its last known token and
-    its proposals, padded by repeating its last row; counts [S] its k (>= 1); drafts [S, >= W - 1]
-    its proposals (padded), on the host (prompt lookup) or the device (a draft model);
-    draft_probs [S, K, V] the draft's q, or None (ngram)."""
+    """logits [S, k + 1, V] (padded by each seq's last row); draft_probs None: one-hot proposals."""
     num, width = len(counts), logits.shape[1]
     if all(p.greedy for p in params):
         target = logits.argmax(dim=-1)
@@ -69,17 +43,17 @@ def verify(logits: torch.Tensor, counts: np.ndarray, drafts: np.ndarray | torch.
     if not isinstance(drafts, torch.Tensor):
         drafts = to_device(drafts, torch.int64, dev)
     cols = np.arange(width)
-    valid = to_device(cols[None, :width - 1] < counts[:, None], torch.bool, dev)  # [S, K]
+    valid = to_device(cols[None, :width - 1] < counts[:, None], torch.bool, dev)
     drafts = drafts[:, :width - 1].clamp(min=0)
     greedy = [p.greedy for p in params]
-    target = logits.argmax(dim=-1)  # [S, K + 1]
+    target = logits.argmax(dim=-1)
     temps = to_device([p.temperature if p.temperature > 0 else 1.0 for p in params], torch.float32, dev)
     flat = filter_logits((logits / temps[:, None, None]).view(num * width, -1),
                          [p for p in params for _ in range(width)])
     probs = flat.softmax(dim=-1).view(num, width, -1)
     uniform = torch.rand(num, width - 1, device=dev, generator=generator)
     noise = torch.empty(num, probs.shape[-1], device=dev).exponential_(generator=generator)
-    p_draft = probs[:, :-1].gather(2, drafts[..., None]).squeeze(2)  # p(d) [S, K]
+    p_draft = probs[:, :-1].gather(2, drafts[..., None]).squeeze(2)  # p(d)
     if draft_probs is None:
         ratio = p_draft
     else:
@@ -87,9 +61,9 @@ def verify(logits: torch.Tensor, counts: np.ndarray, drafts: np.ndarray | torch.
         ratio = p_draft / q_draft.clamp(min=1e-30)
     is_greedy = to_device(greedy, torch.bool, dev)
     accept = torch.where(is_greedy[:, None], valid & (drafts == target[:, :-1]), valid & (uniform < ratio))
-    num_accepted = accept.int().cumprod(dim=1).sum(dim=1)  # [S]
+    num_accepted = accept.int().cumprod(dim=1).sum(dim=1)
     at = num_accepted[:, None]
-    p_at = probs.gather(1, at[..., None].expand(-1, -1, probs.shape[-1])).squeeze(1)  # [S, V]
+    p_at = probs.gather(1, at[..., None].expand(-1, -1, probs.shape[-1])).squeeze(1)
     rejected = num_accepted < to_device(counts, torch.int64, dev)
     if draft_probs is None:
         q_at = torch.zeros_like(p_at).scatter_(1, drafts.gather(1, at.clamp(max=width - 2)), 1.0)

@@ -7,7 +7,8 @@ import time
 
 import torch
 
-from expresslane.cost_model import DEFAULT_KNOTS, StepShape
+from expresslane.cost_model.base import StepShape
+from expresslane.cost_model.piecewise import DEFAULT_KNOTS
 from expresslane.contract import NewRequest, ScheduledSeq, StepPlan
 from expresslane.sampling_params import SamplingParams
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 
 from expresslane.config import SchedulerConfig
-from expresslane.cost_model import StepCostModel
+from expresslane.cost_model.base import StepCostModel
 from expresslane.scheduler.kv_cache import KVCacheManager
 from expresslane.scheduler.policy import StepBudget
 from expresslane.scheduler.request import Request

@@ -8,7 +8,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from expresslane.config import SchedulerConfig
-from expresslane.cost_model import StepCostModel, StepShape
+from expresslane.cost_model.base import StepCostModel, StepShape
 from expresslane.scheduler.request import Request
 from expresslane.lanes import LANES, Lanes
 

@@ -10,7 +10,7 @@ import time
 
 from expresslane.config import SchedulerConfig
 from expresslane.contract import EngineCoreOutput, ScheduledSeq, ScoredPrompt, StepPlan
-from expresslane.cost_model import StepCostModel
+from expresslane.cost_model.base import StepCostModel
 from expresslane.scheduler.kv_cache import KVCacheManager
 from expresslane.scheduler.policy import POLICIES, StepBudget
 from expresslane.scheduler.request import Request, RequestStatus
@@ -222,9 +222,8 @@ class Scheduler:
         if proposals:  # a decode with its last token known, and what may follow it
             new_blocks = self.kv.block_ids(req.request_id, req.num_blocks_sent)
             req.num_blocks_sent += len(new_blocks)
-            catch_up = [] if self.spec.proposes_on_host else req.all_token_ids[req.num_draft_computed:start]
             return ScheduledSeq(req.request_id, [req.all_token_ids[start], *proposals], start, new_blocks, True,
-                                num_spec_tokens=len(proposals), draft_token_ids=catch_up)
+                                num_spec_tokens=len(proposals), draft_token_ids=self.spec.catch_up(req, start))
         known = req.all_token_ids[start:start + n]
         new_blocks = self.kv.block_ids(req.request_id, req.num_blocks_sent)
         req.num_blocks_sent += len(new_blocks)
@@ -279,10 +278,7 @@ class Scheduler:
                 continue
             tokens = [token] if isinstance(token, int) else token  # a verified speculation: 1 to k + 1 tokens
             if req.request_id in proposed:
-                k = proposed[req.request_id]
-                self.spec.record(k, len(tokens) - 1)
-                # the draft fed its last known token and proposals 1..k-1: valid up to the accepted ones
-                req.num_draft_computed = req.num_computed_tokens + min(len(tokens) - 1, k - 1)
+                self.spec.verified(req, proposed[req.request_id], len(tokens) - 1)
             for i, token in enumerate(tokens):
                 req.append_token(token)
                 if req.finish_reason is not None:

@@ -1,33 +1,4 @@
-"""Speculative decoding, the scheduler's side (torch-free): who speculates, how many tokens,
-and prompt-lookup (n-gram) proposals.
-
-A decoding request that speculates computes ``1 + k`` tokens in one target step: its last
-token and ``k`` proposed ones; the runner verifies them (runner/spec_verify.py) and returns
-the accepted proposals plus one token of its own (1 to k + 1 tokens). Proposals come from
-the request's own prompt and output (``ngram``: the tokens that followed the latest earlier
-occurrence of its last n tokens) or from a draft model the runner runs (``draft_model``:
-the plan then carries placeholders). Whether a step speculates at all is decided once per
-step: by ``speculative_disable_by_batch_size`` when given, else by the step-cost model
-(speculate when the expected time per generated token is lower). A verify step runs another
-path than the steps the model was fitted on (not pipelined; eager where its logits rows do not
-fit a graph), so the prediction for it is scaled by what such steps measured against their
-prediction so far, per batch size (by powers of two); the proposals per request shrink so that a
-verify's logits rows fit the mixed graphs (`proposals`). The prediction is at least that of the
-plain step it extends (the mixed-step constant is fitted on prefill chunks).
-
-The acceptance rate that decision needs is measured by verify steps, but a model that never
-speculates would never measure it. So
-while prompt lookup is off, one decoding request at a time is shadowed: its proposal is
-taken as if it would speculate, and compared with the tokens it then decodes plainly. The
-leading matches are what a verify would have accepted (greedy: equal to the argmax; sampling:
-a one-hot proposal d is accepted with probability p(d), the chance the sampled token is d).
-Shadow counts feed ``acceptance()`` only, not the /metrics counters. A draft model has no
-shadow (its proposals cost a forward): while its rate is the prior, every PROBE_EVERY-th
-planned step speculates to measure it, and after that every PROBE_EVERY_MEASURED-th where
-speculating could pay at full acceptance. A probe speculates with one decoding request (in
-turn), whatever the batch: acceptance does not depend on it, and probing every request makes
-each one's draft catch up on its tokens first.
-"""
+"""Whether a step speculates, and with how many proposals each (docs/architecture.md, "Speculative decoding")."""
 
 from __future__ import annotations
 
@@ -37,110 +8,63 @@ from dataclasses import dataclass
 import numpy as np
 
 from expresslane.config import SpeculativeConfig
-from expresslane.cost_model import StepCostModel, StepShape
+from expresslane.cost_model.base import StepCostModel, StepShape
+from expresslane.runner.proposer import Proposer
 from expresslane.scheduler.request import Request
-
-PRIOR_ACCEPTANCE = 0.5  # per proposed token, until the engine has measured its own
-PRIOR_UNTIL = 64  # proposed tokens (verified or shadowed) before the measured rate replaces the prior
-# A draft model's acceptance is measured only by verify steps (no shadow: its proposals cost a
-# forward), so while its rate is the prior, one step in this many speculates to measure it
-# (else a prior that says no would hold for good, whatever the draft is worth).
-PROBE_EVERY = 8
-# Past the prior, probes go on at a lower rate where speculating could pay at all (at full
-# acceptance): a rate measured on a few early verifies is not final.
-PROBE_EVERY_MEASURED = 64
-GAIN_MARGIN = 0.9  # speculate only when the model predicts at least 10% less time per token
-# The first verify steps of a batch size pay first-use costs (the verify shapes' first kernels),
-# which would keep speculation off for good: they are not observed, and the scale is a median.
-WARMUP_VERIFIES = 4
-VERIFY_WINDOW = 16
-
-
-def ngram_propose(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
-    """Up to ``k`` tokens that followed the latest earlier occurrence of the last n tokens
-    (the longest n in max_n..min_n that occurs); [] when none does. One pass over the tokens
-    for the earlier places of the last token, then each place's match length backwards (one
-    scan, not a sliding window per n)."""
-    if k <= 0 or len(tokens) < min_n + 1:
-        return []
-    arr = np.asarray(tokens, dtype=np.int64)
-    longest = min(max_n, len(arr) - 1)
-    ends = np.flatnonzero(arr[:-1] == arr[-1])  # where an earlier n-gram may end
-    if not len(ends):
-        return []
-    length = np.ones(len(ends), dtype=np.int64)  # matched tokens backwards from each end
-    alive = np.ones(len(ends), dtype=bool)
-    for back in range(1, longest):
-        at = ends - back
-        alive &= at >= 0
-        alive[alive] = arr[at[alive]] == arr[-1 - back]
-        length += alive
-    for n in range(longest, min_n - 1, -1):
-        hits = np.flatnonzero(length >= n)
-        if len(hits):
-            start = int(ends[hits[-1]]) + 1
-            return arr[start:start + k].tolist()
-    return []
 
 
 @dataclass(slots=True)
 class SpecCounters:
-    """Cumulative, for /metrics (vLLM's spec_decode_* counters)."""
+    """For /metrics (vLLM's spec_decode_* counters)."""
 
-    num_drafts: int = 0  # verify steps of a request with at least one proposed token
+    num_drafts: int = 0  # verifies of a request with at least one proposal
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
 
 
 class SpecDecoder:
-    def __init__(self, config: SpeculativeConfig, cost_model: StepCostModel | None):
+    def __init__(self, config: SpeculativeConfig, cost_model: StepCostModel | None, proposer: Proposer):
         self.config = config
         self.cost_model = cost_model
+        self.proposer = proposer
         self.counters = SpecCounters()
-        self.draft_cost_ratio = 0.0  # a draft step's time over a target step's (the engine sets it)
-        # logits rows a verify step may have and still replay a mixed-step CUDA graph (the engine
-        # sets it; None: no graphs). Past it a verify runs eagerly, many times its prediction
-        self.max_rows: int | None = None
-        self.k = config.num_speculative_tokens  # proposals a request may make in this step (`decided`)
-        # per batch bucket (`_bucket`): verify steps' measured time over predicted, the last ones,
-        # and their median (kept here: the decision asks for it every step)
+        self.draft_cost_ratio = 0.0
+        self.max_rows: int | None = None  # a verify's logits rows that fit a graph
+        self.k = config.num_speculative_tokens  # this step's proposals per request
+        # per batch bucket: verify steps' measured over predicted time
         self._verify_ratios: dict[int, deque[float]] = {}
         self._verify_scales: dict[int, float] = {}
         self._verifies_seen: dict[int, int] = {}
-        self._shadow: tuple[Request, int, list[int]] | None = None  # (request, at token, proposal)
+        self._shadow: tuple[Request, int, list[int]] | None = None  # (request, at, proposal)
         self._shadow_turn = 0
         self.shadow_proposed = self.shadow_accepted = 0
-        self._probe: Request | None = None  # a probe step's one speculating request (`decided`)
+        self._probe: Request | None = None
         self._probe_turn = 0
-        self._steps_off = 0  # planned steps since the last one that speculated
+        self._steps_off = 0  # planned steps since one speculated
 
     @property
     def proposes_on_host(self) -> bool:
-        return self.config.method == "ngram"
+        return self.proposer.proposes_on_host
 
     def _on_prior(self) -> bool:
-        return self.counters.num_draft_tokens + self.shadow_proposed < PRIOR_UNTIL
+        return self.counters.num_draft_tokens + self.shadow_proposed < self.config.speculative_prior_until
 
     def acceptance(self) -> float:
-        """Accepted over proposed tokens, verified and shadowed; the prior below PRIOR_UNTIL proposed."""
+        """Accepted over proposed tokens, verified and shadowed, past the prior."""
         if self._on_prior():
-            return PRIOR_ACCEPTANCE
+            return self.config.speculative_prior_acceptance
         c = self.counters
         return (c.num_accepted_tokens + self.shadow_accepted) / (c.num_draft_tokens + self.shadow_proposed)
 
     def proposals(self, num_decoding: int) -> int:
-        """Proposals each of `num_decoding` requests may make: `num_speculative_tokens`, fewer
-        where their verify rows (the token and its proposals, each) would not fit `max_rows`;
-        0 (no speculation) past half of it."""
+        """Proposals per request that keep the verify rows within `max_rows`."""
         k = self.config.num_speculative_tokens
         if self.max_rows is not None:
             k = min(k, self.max_rows // max(1, num_decoding) - 1)
         return max(0, k)
 
     def decided(self, decoding: list[Request], speculate: bool) -> None:
-        """Once a planned step, after its `worth_it`: the step's proposals per request (`k`),
-        the steps off (a draft model's probes), a probe's one request and, off, a shadowed
-        request (prompt lookup)."""
+        """Once a planned step: its `k`, a probe's request, or else a shadow."""
         self._probe = None
         if speculate and self._is_probe(decoding):
             self._probe = decoding[self._probe_turn % len(decoding)]
@@ -153,23 +77,22 @@ class SpecDecoder:
         self.shadow(decoding)
 
     def shadow(self, decoding: list[Request]) -> None:
-        """A step that does not speculate: unless one is pending, take the next decoding
-        request's prompt-lookup proposal as if it would speculate (round robin)."""
+        """Off: take the next request's host proposal as if it speculated."""
         if not self.proposes_on_host or not decoding:
             return
         if self._shadow is not None:
             if not self._shadow[0].is_finished:
                 return
-            self._shadow = None  # finished or aborted before its tokens came
+            self._shadow = None
         req = decoding[self._shadow_turn % len(decoding)]
         self._shadow_turn += 1
-        k = self._allowed(req)  # a token in flight is fine: the proposal continues the known tokens
+        k = self._allowed(req)
         proposal = self.propose(req, k) if k > 0 else []
         if proposal:
             self._shadow = (req, req.num_tokens, proposal)
 
     def observe_tokens(self, req: Request) -> None:
-        """`req` got tokens: once the shadowed one has as many as its proposal, count the matches."""
+        """Count a shadow's matches once its tokens are in."""
         if self._shadow is None or self._shadow[0] is not req:
             return
         _, at, proposal = self._shadow
@@ -184,17 +107,12 @@ class SpecDecoder:
         self._shadow = None
 
     def max_tokens_for(self, req: Request) -> int:
-        """How many tokens ``req`` may propose now (0: it decodes plainly): it must be decoding
-        with its last token known (none in flight), and `_allowed` to."""
         if req.num_pending or req.num_computed_tokens != req.num_tokens - 1:
             return 0
         return self._allowed(req)
 
     def _allowed(self, req: Request) -> int:
-        """How many tokens ``req``'s sampling and room allow it to propose: it must want no
-        logprobs, be past min_tokens, and have room for the proposals and the target's own token.
-        A seeded sampling request never speculates: its tokens must not depend on the batch
-        (which steps speculate does). In a probe step only the probed request speculates."""
+        """None with logprobs, below min_tokens or seeded sampling."""
         if self._probe is not None and req is not self._probe:
             return 0
         sp = req.sampling_params
@@ -208,19 +126,17 @@ class SpecDecoder:
         return max(0, min(self.k, room))
 
     def propose(self, req: Request, k: int) -> list[int]:
-        """Proposals from the request's tokens (ngram), or ``k`` placeholders the runner's draft model fills."""
-        if not self.proposes_on_host:
-            return [0] * k
-        c = self.config
-        return ngram_propose(req.all_token_ids, k, c.prompt_lookup_min, c.prompt_lookup_max)
+        return self.proposer.propose(req.all_token_ids, k)
+
+    def catch_up(self, req: Request, start: int) -> list[int]:
+        return self.proposer.catch_up(req.all_token_ids, req.num_draft_computed, start)
+
+    def verified(self, req: Request, proposed: int, accepted: int) -> None:
+        self.record(proposed, accepted)
+        req.num_draft_computed = self.proposer.computed_after(req.num_computed_tokens, accepted, proposed)
 
     def worth_it(self, decoding: list[Request]) -> bool:
-        """Whether this step speculates: never when its verify rows could not fit `max_rows`
-        with one proposal each; else at most `speculative_disable_by_batch_size` decoding
-        requests when that is given; else when the step-cost model predicts less time per
-        generated token with k proposals each (at the acceptance rate measured so far), or for
-        a draft model's probe. No state changes (`Scheduler.speculating` keeps the answer for the
-        engine's question and the plan's until a step lands)."""
+        """By batch size if capped, else by the cost model or a probe."""
         if not decoding or not self.proposals(len(decoding)):
             return False
         limit = self.config.speculative_disable_by_batch_size
@@ -229,70 +145,61 @@ class SpecDecoder:
         if self.cost_model is None:
             return False
         contexts = [r.num_tokens - 1 for r in decoding]
-        # else a probe: the draft's acceptance is measured by verify steps alone
         return self._pays(contexts) or (not self.proposes_on_host and self._probe_due(contexts))
 
     def _pays(self, contexts: list[int]) -> bool:
         plain, spec = self.predicted_costs(contexts)
-        return spec < GAIN_MARGIN * plain
+        return spec < self.config.speculative_gain_margin * plain
 
     def _is_probe(self, decoding: list[Request]) -> bool:
-        """Whether a step `worth_it` said yes to speculates only to measure the draft's acceptance."""
+        """Speculating only to measure acceptance."""
         return (not self.proposes_on_host and self.cost_model is not None
                 and self.config.speculative_disable_by_batch_size is None
                 and not self._pays([r.num_tokens - 1 for r in decoding]))
 
     def _probe_due(self, contexts: list[int]) -> bool:
-        """A draft model's probe: every PROBE_EVERY steps off while on the prior, then every
-        PROBE_EVERY_MEASURED where full acceptance would pay."""
         if self._on_prior():
-            return self._steps_off >= PROBE_EVERY
-        if self._steps_off < PROBE_EVERY_MEASURED:
+            return self._steps_off >= self.config.speculative_probe_every
+        if self._steps_off < self.config.speculative_probe_every_measured:
             return False
         plain, best = self.predicted_costs(contexts, acceptance=1.0)
-        return best < GAIN_MARGIN * plain
+        return best < self.config.speculative_gain_margin * plain
 
     def predicted_costs(self, contexts: list[int], acceptance: float | None = None) -> tuple[float, float]:
-        """Predicted seconds per generated token (per request) of a step of decodes at these
-        context lengths: plain, and speculating k tokens each (with the draft's k steps, at the
-        acceptance rate measured so far or `acceptance`, scaled by what verify steps of this
-        batch size measured)."""
+        """Seconds per generated token of these decodes: plain, speculating."""
         k = self.proposals(len(contexts))
         a = self.acceptance() if acceptance is None else acceptance
-        expected = (1 - a ** (k + 1)) / (1 - a) if a < 1 else k + 1.0  # tokens per request per step
-        n, total = len(contexts), sum(contexts)  # (StepShape.of's sums, without a pass per shape)
+        expected = (1 - a ** (k + 1)) / (1 - a) if a < 1 else k + 1.0  # tokens per verify
+        n, total = len(contexts), sum(contexts)
         plain = self.cost_model.predict(StepShape(n, total + n))
         spec = self._verify_cost(StepShape(n * (1 + k), 0, (1 + k) * total + n * (1 + k) * (2 + k) // 2, True)
                                  if k else StepShape(n, total + n), plain, k)
         return plain, spec * self.verify_scale(len(contexts)) / expected
 
     def _verify_cost(self, shape: StepShape, plain: float, k: int) -> float:
-        """The model's time for a verify step of this shape, at least `plain` (the same step
-        without the proposals), with the draft's `k` steps."""
+        """At least `plain`, with the proposer's `k` steps."""
         predicted = max(self.cost_model.predict(shape), plain)
         return predicted * (1 + k * self.draft_cost_ratio)
 
     @staticmethod
     def _bucket(num_speculating: int) -> int:
-        return num_speculating.bit_length()  # 1 | 2-3 | 4-7 | 8-15 | ...
+        return num_speculating.bit_length()
 
     def verify_scale(self, num_speculating: int) -> float:
-        """Measured over predicted time of verify steps with this many speculating seqs: those of
-        its bucket, else of the nearest smaller bucket measured, else 1."""
+        """This bucket's, else the nearest smaller one's, else 1."""
         measured = [b for b in self._verify_scales if b <= self._bucket(num_speculating)]
         return self._verify_scales[max(measured)] if measured else 1.0
 
     def observe(self, measured: float, seqs: list[tuple[int, int, int]]) -> None:
-        """A verify step's time (completion to completion) and its seqs' (cached tokens, tokens
-        now, of them proposals)."""
+        """seqs: (cached tokens, tokens now, proposals)."""
         bucket = self._bucket(sum(1 for _, _, k in seqs if k))
         self._verifies_seen[bucket] = seen = self._verifies_seen.get(bucket, 0) + 1
         plain = self.cost_model.predict(StepShape.of((start, n - k) for start, n, k in seqs if n > k))
         predicted = self._verify_cost(StepShape.of((start, n) for start, n, _ in seqs), plain,
                                       max(k for _, _, k in seqs))
-        if predicted <= 0 or seen <= WARMUP_VERIFIES:
+        if predicted <= 0 or seen <= self.config.speculative_warmup_verifies:
             return
-        ratios = self._verify_ratios.setdefault(bucket, deque(maxlen=VERIFY_WINDOW))
+        ratios = self._verify_ratios.setdefault(bucket, deque(maxlen=self.config.speculative_verify_window))
         ratios.append(measured / predicted)
         self._verify_scales[bucket] = float(np.median(ratios))
 

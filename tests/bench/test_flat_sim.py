@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from expresslane.config import SchedulerConfig
-from expresslane.cost_model import StepCostModel
+from expresslane.cost_model.piecewise import PiecewiseStepCostModel
 
 STEP = 0.1
-FLAT = StepCostModel([1, 4096], [STEP, STEP])  # every step 100 ms, whatever it computes
+FLAT = PiecewiseStepCostModel([1, 4096], [STEP, STEP])  # every step 100 ms, whatever it computes
 
 
 @pytest.fixture(scope="module")

@@ -1,10 +1,10 @@
 """The routing policy on its own (no processes, no clock): lanes, predicted TTFT, prefix
 affinity, health."""
 
-from expresslane.cost_model import StepCostModel
+from expresslane.cost_model.piecewise import PiecewiseStepCostModel
 from expresslane.router.policy import CHUNK_CHARS, Load, Replica, choose, predict_ttft
 
-COST = StepCostModel([1, 256], [0.001, 0.0036])  # 1 ms a step + 10 us a token
+COST = PiecewiseStepCostModel([1, 256], [0.001, 0.0036])  # 1 ms a step + 10 us a token
 
 
 def replica(url: str, waiting: int = 0, batch: int = 0, running: int = 0, state: str = "ready") -> Replica:

@@ -1,87 +1,31 @@
-"""Step-cost model: how long a step takes, from what it computes (torch-free).
-
-A step's time, fitted on the engine's own hardware:
-
-    t = L(num_tokens) + k_decode * decode_context + k_prefill * prefill_pairs
-
-- ``L`` is piecewise linear over token-count knots: the linear layers. Flat while the
-  step is memory-bound (reading the weights dominates), steep once it is compute-bound;
-  where the bend lies is the hardware's, so it is measured, not assumed. It has two
-  curves: a step with a prefill chunk runs another path (mixed graphs, every sequence on the
-  prefill path) than a pure-decode step (decode graphs), so each has its own (``token_times``
-  and ``decode_times``): with one curve, refits under a mixed load bent it where pure decode
-  steps read it too.
-- ``decode_context``: KV tokens read by the step's decodes (memory-bound attention).
-- ``prefill_pairs``: query-key pairs of its prefill chunks (compute-bound attention);
-  a chunk of ``n`` tokens after ``s`` cached ones has ``n * (s + (n + 1) / 2)``.
-- ``padded``: the token counts that path computes (its graphs' buckets). A step with prefill
-  costs what its bucket costs, so ``num_tokens`` is read as its bucket in fitting and
-  predicting alike, and the largest chunk within a target fills its bucket (``max_chunk``).
-
-Calibration samples come from synthetic steps timed at start-up (``runner/step_timing``);
-``observe`` adds the steps the engine actually ran and refits every ``refit_every``
-observations, so the model follows what the machine does under load (host overheads
-included: that cadence is what a request's inter-token latency is made of). A refit is
-kept only if it predicts the samples (calibration and recent) better than the model in
-use: recent steps cluster on a few shapes, and a least-squares fit on them can bend the
-knots they do not reach. (docs/architecture.md, "Step-cost model", has the measurements.)
-"""
+"""t = L(num_tokens) + k_decode * decode_context + k_prefill * prefill_pairs, L piecewise linear
+with a curve for steps with prefill and one for decodes alone (docs/architecture.md, "Step-cost model")."""
 
 from __future__ import annotations
 
 import bisect
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 import numpy as np
+
+from expresslane.cost_model.base import StepCostModel, StepShape
 
 DEFAULT_KNOTS = (1, 16, 32, 64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 4096, 8192)
 
 
-@dataclass(frozen=True, slots=True)
-class StepShape:
-    num_tokens: int  # every token the step computes
-    decode_context: int = 0  # sum of the decodes' context lengths (KV tokens read)
-    prefill_pairs: int = 0  # query-key pairs of the prefill chunks
-    has_prefill: bool = False
-
-    @classmethod
-    def of(cls, chunks: Iterable[tuple[int, int]]) -> "StepShape":
-        """From (tokens already cached, tokens computed now) per sequence; one token is a decode."""
-        tokens = context = pairs = 0
-        prefill = False
-        for start, n in chunks:
-            tokens += n
-            if n == 1:
-                context += start + 1
-            else:
-                prefill = True
-                pairs += n * start + n * (n + 1) // 2
-        return cls(tokens, context, pairs, prefill)
-
-    def plus_chunk(self, start: int, n: int) -> "StepShape":
-        """This step with one more prefill chunk of ``n`` tokens after ``start`` cached ones."""
-        if n <= 0:
-            return self
-        return StepShape(self.num_tokens + n, self.decode_context,
-                         self.prefill_pairs + n * start + n * (n + 1) // 2, True)
-
-
 def padded_tokens(shape: StepShape, padded: tuple[int, ...]) -> int:
-    """The tokens the step computes: a step with prefill is padded to the smallest of `padded`
-    that holds it (none past the largest: those run unpadded)."""
+    """A step with prefill runs padded to the smallest of `padded` that holds it."""
     if shape.has_prefill and padded and shape.num_tokens <= padded[-1]:
         return padded[bisect.bisect_left(padded, shape.num_tokens)]
     return shape.num_tokens
 
 
 def _features(shapes: list[StepShape], knots: np.ndarray, padded: tuple[int, ...] = ()) -> np.ndarray:
-    """Rows of [mixed hat_0(T) .. hat_k(T), decode hat_0(T) .. hat_k(T), decode_context, prefill_pairs]:
-    a step's hats in its path's curve (T padded on the mixed path), zeros in the other's."""
+    """Rows of [mixed hats(T), decode hats(T), decode_context, prefill_pairs]."""
     t = np.array([padded_tokens(s, padded) for s in shapes], dtype=np.float64)
     hats = np.zeros((len(shapes), len(knots)))
-    # piecewise-linear interpolation weights; past the last knot, extrapolate its last segment
+    # interpolation weights; past the last knot, its last segment
     idx = np.clip(np.searchsorted(knots, t, side="right") - 1, 0, len(knots) - 2)
     lo, hi = knots[idx], knots[idx + 1]
     w = (t - lo) / (hi - lo)
@@ -95,7 +39,6 @@ def _features(shapes: list[StepShape], knots: np.ndarray, padded: tuple[int, ...
 
 def _design(samples: list[tuple[StepShape, float]], knots: np.ndarray,
             padded: tuple[int, ...] = ()) -> tuple[np.ndarray, np.ndarray]:
-    """(features, seconds) of the samples."""
     return (_features([s for s, _ in samples], knots, padded),
             np.array([t for _, t in samples], dtype=np.float64))
 
@@ -104,16 +47,14 @@ Params = tuple[np.ndarray, np.ndarray, float, float]  # (token_times, decode_tim
 
 
 def _error(x: np.ndarray, y: np.ndarray, params: Params) -> float:
-    """Mean relative error of a model's predictions over a design, in one product (the refit runs
-    in the step loop): the features interpolate exactly as `predict` does, clamped at 0 alike."""
+    """Mean relative error of the predictions, in one product (it runs in the step loop)."""
     token_times, decode_times, *attention = params
     predicted = np.maximum(x @ np.concatenate([token_times, decode_times, attention]), 0.0)
     return float(np.mean(np.abs(predicted - y) / y))
 
 
-class StepCostModel:
-    """Predicted seconds of a step; fit from (StepShape, seconds) samples. Built by hand with one
-    curve (`decode_times` None) and a mixed-path constant `c_mixed`, that is its two curves."""
+class PiecewiseStepCostModel(StepCostModel):
+    """Fitted, or by hand: one curve (`decode_times` None) and the mixed path's constant `c_mixed`."""
 
     def __init__(self, knots: Iterable[int], token_times: Iterable[float], k_decode: float = 0.0,
                  k_prefill: float = 0.0, c_mixed: float = 0.0, padded: Iterable[int] = (),
@@ -125,7 +66,7 @@ class StepCostModel:
         self.token_times = times + c_mixed  # steps with prefill (the mixed path)
         self.decode_times = times.copy() if decode_times is None else np.array(list(decode_times), dtype=np.float64)
         self.k_decode, self.k_prefill = k_decode, k_prefill
-        self.padded = tuple(sorted(padded))  # token counts a step with prefill is padded to
+        self.padded = tuple(sorted(padded))  # the mixed graphs' buckets
         self._calibration: list[tuple[StepShape, float]] = []
         self._recent: deque[tuple[StepShape, float]] = deque(maxlen=512)
         self._since_fit = 0
@@ -135,9 +76,8 @@ class StepCostModel:
     # -- fitting -----------------------------------------------------------------------
     @classmethod
     def fit(cls, samples: list[tuple[StepShape, float]], max_tokens: int | None = None,
-            padded: Iterable[int] = ()) -> "StepCostModel":
-        """Least squares over the samples; knots are the default ones within the sampled range
-        and the `padded` sizes (the buckets' costs are the ones the steps pay)."""
+            padded: Iterable[int] = ()) -> "PiecewiseStepCostModel":
+        """Least squares; knots: the default ones within the sampled range, and the buckets."""
         if not samples:
             raise ValueError("no samples to fit a step-cost model")
         top = max(max_tokens or 0, 2, max(s.num_tokens for s, _ in samples))
@@ -147,14 +87,6 @@ class StepCostModel:
         model._set(model._solve(*_design(model._calibration, model.knots, model.padded)))
         return model
 
-    @classmethod
-    def nominal(cls, max_tokens: int) -> "StepCostModel":
-        """A model by the step's shape alone, where timing says nothing of a device: Triton's
-        interpreter on CPU (tests), whose steps take seconds of Python. 1 ms a step, 10 us a
-        token, 10 ns per decode context token, 1 ns per prefill query-key pair."""
-        top = max(max_tokens, 2)
-        return cls([1, top], [1e-3 + 1e-5, 1e-3 + 1e-5 * top], k_decode=1e-8, k_prefill=1e-9)
-
     @property
     def params(self) -> Params:
         return self.token_times, self.decode_times, self.k_decode, self.k_prefill
@@ -163,7 +95,7 @@ class StepCostModel:
         self.token_times, self.decode_times, self.k_decode, self.k_prefill = params
 
     def _refit(self) -> None:
-        """Refit on calibration + recent samples; keep the result only if it predicts them better."""
+        """On calibration + recent samples, kept only if it predicts them better."""
         self._since_fit = 0
         x, y = _design(self._calibration + list(self._recent), self.knots, self.padded)
         new = self._solve(x, y)
@@ -172,7 +104,6 @@ class StepCostModel:
             self.refits += 1
 
     def _solve(self, x: np.ndarray, y: np.ndarray) -> Params:
-        """Least squares over the design (`_design`)."""
         n = len(self.knots)
         attention = (2 * n, 2 * n + 1)
         keep = list(range(2 * n + 2))
@@ -181,7 +112,7 @@ class StepCostModel:
             sol, *_ = np.linalg.lstsq(x[:, keep], y, rcond=None)
             coef[keep] = sol
             negative = [j for j in attention if j in keep and coef[j] < 0]
-            if not negative:  # attention costs are never negative; drop such a term and refit
+            if not negative:  # a negative attention term is dropped and the rest refitted
                 break
             keep.remove(negative[0])
         covered = np.abs(x[:, :2 * n]).sum(axis=0) > 0
@@ -190,11 +121,8 @@ class StepCostModel:
         return (decode.copy() if mixed is None else mixed), decode, float(coef[2 * n]), float(coef[2 * n + 1])
 
     def _curve(self, times: np.ndarray, covered: np.ndarray, beside: np.ndarray | None = None) -> np.ndarray:
-        """A curve's times at every knot from those its samples reach (at least one, or `beside`
-        is given). A knot between them is interpolated; past the last, the curve follows `beside`
-        (the decode curve: parallel to the mixed one, whose samples reach further) or else its
-        last sampled segment; with none reached, it is `beside`. More tokens never take less
-        time: the curve is non-decreasing."""
+        """A curve at every knot from those its samples reach: interpolated between them, past the
+        last parallel to `beside` or its last segment; non-decreasing."""
         if not covered.any():
             return beside.copy()
         k, t = self.knots[covered], times[covered]
@@ -212,7 +140,6 @@ class StepCostModel:
         return len(self._recent)
 
     def observe(self, shape: StepShape, seconds: float) -> None:
-        """A step the engine ran; refits every `refit_every` observations."""
         if seconds <= 0 or shape.num_tokens <= 0:
             return
         self._recent.append((shape, seconds))
@@ -222,11 +149,10 @@ class StepCostModel:
 
     # -- use -----------------------------------------------------------------------------
     def linear(self, shape: StepShape) -> float:
-        """The step's linear part: its path's curve at its (padded) token count."""
         times = self.token_times if shape.has_prefill else self.decode_times
         t = float(padded_tokens(shape, self.padded))
         k = self.knots
-        if t >= k[-1]:  # past the last knot: its last segment's slope
+        if t >= k[-1]:  # past the last knot: its last segment
             return float(times[-1] + (times[-1] - times[-2]) / (k[-1] - k[-2]) * (t - k[-1]))
         return float(np.interp(t, k, times))
 
@@ -236,33 +162,18 @@ class StepCostModel:
         return max(0.0, self.linear(shape) + self.k_decode * shape.decode_context
                    + self.k_prefill * shape.prefill_pairs)
 
-    def max_chunk(self, base: StepShape, start: int, limit: int, target: float) -> int:
-        """The most prefill tokens (<= limit) a chunk starting after ``start`` cached tokens may
-        add to ``base`` with the step predicted within ``target`` seconds (0 if none fits).
-        Binary search: the prediction grows with the chunk."""
-        lo, hi = 0, max(0, limit)
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if self.predict(base.plus_chunk(start, mid)) <= target:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
-
     def to_dict(self) -> dict:
-        """The fitted model as plain data (the engine publishes it; a router predicts with it)."""
         return {"knots": self.knots.tolist(), "token_times": self.token_times.tolist(),
                 "decode_times": self.decode_times.tolist(), "k_decode": self.k_decode, "k_prefill": self.k_prefill,
                 "padded": list(self.padded)}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "StepCostModel":
-        """From `to_dict`'s data, or an older model's (one curve and a mixed-path constant)."""
+    def from_dict(cls, d: dict) -> "PiecewiseStepCostModel":
+        """From `to_dict`'s data, or an older model's (one curve and `c_mixed`)."""
         return cls(d["knots"], d["token_times"], d["k_decode"], d["k_prefill"], d.get("c_mixed", 0.0),
                    d.get("padded", ()), d.get("decode_times"))
 
     def describe(self) -> str:
-        """One line for the start-up log: each path's linear part at a few sizes, and the attention terms."""
         top = self.knots[-1]
 
         def at(sizes, prefill: bool) -> str:
@@ -272,3 +183,16 @@ class StepCostModel:
                 f"{at((64, 128, 256, 512, 2048), True)}; +{self.k_decode * 1e9:.2f} ns per decode context token, "
                 f"+{self.k_prefill * 1e9:.4f} ns per prefill query-key pair "
                 f"({len(self._calibration)} calibration samples)")
+
+
+class NominalStepCostModel(PiecewiseStepCostModel):
+    """Fixed, by shape alone (tests, Triton's interpreter): 1 ms a step, 10 us a token, 10 ns a
+    decode context token, 1 ns a prefill query-key pair."""
+
+    def __init__(self, max_tokens: int):
+        top = max(max_tokens, 2)
+        super().__init__([1, top], [1e-3 + 1e-5, 1e-3 + 1e-5 * top], k_decode=1e-8, k_prefill=1e-9)
+        self.refit_every = 0
+
+    def observe(self, shape: StepShape, seconds: float) -> None:
+        pass
