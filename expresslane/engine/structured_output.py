@@ -162,7 +162,7 @@ class Grammars:
                 return
 
     def landed(self, outputs) -> None:
-        """Drop finished requests' matchers."""
+        """Advance matchers by the landed tokens; drop finished requests'."""
         if not self.needs_last_tokens:
             return
         for out in outputs:

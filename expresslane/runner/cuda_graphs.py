@@ -167,7 +167,7 @@ class DraftChainGraphs(DecodeGraphs):
         self.tokens = torch.zeros(self.max_size, steps, dtype=torch.int64, device=device)
 
     def _pieces(self, size: int) -> list:
-        [forward] = super()._pieces(size)  # one piece
+        [forward] = super()._pieces(size)
         ids, pos, lens, slots = (self.input_ids[:size], self.positions[:size], self.seq_lens[:size],
                                  self.slot_mapping[:size])
         table, counts, bs = self.block_tables[:size], self.counts[:size], self.block_size

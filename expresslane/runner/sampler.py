@@ -49,7 +49,7 @@ class Sampler:
             rows, cols = zip(*banned)
             logits[to_device(rows, torch.int64, dev), to_device(cols, torch.int64, dev)] = float("-inf")
         wants_logprobs = any(p.logprobs is not None for p in batch.params)
-        lp = torch.log_softmax(logits, dim=-1) if wants_logprobs else None  # once: the top-k and the chosen
+        lp = torch.log_softmax(logits, dim=-1) if wants_logprobs else None  # once, for top-k and chosen
         logprobs = self._logprobs(lp, batch) if wants_logprobs else None
         greedy = [p.greedy for p in batch.params]
         if all(greedy):

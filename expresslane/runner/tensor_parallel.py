@@ -55,7 +55,7 @@ def device_type(config: EngineConfig) -> str:
 
 
 def rank_config(config: EngineConfig, local_rank: int) -> EngineConfig:
-    """cuda:local_rank on GPU."""
+    """This rank's config (cuda:local_rank on GPU)."""
     if device_type(config) != "cuda":
         return config
     torch.cuda.set_device(local_rank)
@@ -183,11 +183,11 @@ class TPExecutor(Runner):
         self.runner.reset_expert_tokens()
 
     def weight_numel(self) -> list[dict[str, int]]:
-        """Per rank."""
+        """Per rank: name -> elements."""
         return self._call("weight_numel")
 
     def shutdown(self) -> None:
-        """Stop the workers and leave the group (idempotent)."""
+        """Stop the workers, leave the group (idempotent)."""
         if self._closed:
             return
         self._closed = True

@@ -71,7 +71,7 @@ class BlockPool:
                 self._free[block.block_id] = block
 
     def register(self, block: Block, block_hash: bytes) -> None:
-        """For reuse; first writer wins."""
+        """Publish a full block for reuse; first writer wins."""
         if block.block_hash is None and block_hash not in self._cached:
             block.block_hash = block_hash
             self._cached[block_hash] = block
@@ -151,7 +151,7 @@ class KVCacheManager:
         self._req_num_registered[req.request_id] = num_full
 
     def free(self, req: Request) -> None:
-        """Tail first in eviction order."""
+        """Drop the blocks, tail first in eviction order."""
         blocks = self._req_blocks.pop(req.request_id, [])
         self.pool.release(blocks[::-1])
         self._req_num_registered.pop(req.request_id, None)

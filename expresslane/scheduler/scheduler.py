@@ -193,7 +193,7 @@ class Scheduler:
             budget.spend(req, n)
 
     def _make_room(self, req: Request, scheduled: list[tuple[Request, int]], budget: StepBudget) -> bool:
-        """Out of this step too; False if no victim."""
+        """Preempt the policy's victim for `req`, out of this step too; False if none."""
         victim = self.policy.victim(req, self.running.values())
         if victim is None:
             return False
