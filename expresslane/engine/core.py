@@ -1,4 +1,4 @@
-"""EngineCore: the step loop (schedule -> execute -> update) on token ids, for LLM and serve alike."""
+"""The step loop (schedule -> execute -> update) on token ids, for LLM and serve alike."""
 
 from __future__ import annotations
 
@@ -141,7 +141,7 @@ class EngineCore:
         return req.max_tokens - req.num_output_tokens, req.max_tokens
 
     def take_rejected(self) -> dict[str, str]:
-        """{request id: why} refused since the last call."""
+        """{request id: why}, since the last call."""
         rejected, self._rejected = self._rejected, {}
         return rejected
 
@@ -164,7 +164,7 @@ class EngineCore:
         measured = predicted = 0.0
         prev_done: float | None = None
         speculative = prev is not None and (prev.speculative or self.scheduler.speculating())
-        # a grammar mask needs the last token: forward, land the previous step, fill masks, sample
+        # a mask needs the last token: forward, land, fill masks, sample
         late = prev is not None and not speculative and self.grammars.needs_last_tokens
         if speculative or (late and not self.runner.samples_late):
             # a speculative step's outcome (how many tokens) shapes the next plan: no pipelining
@@ -202,7 +202,7 @@ class EngineCore:
         return outputs
 
     def hold(self, step: _InFlight | None, now: float) -> float:
-        """Seconds until `step` is predicted to end within the hold margin (0 once it has ended)."""
+        """Seconds until `step` is predicted within the hold margin of its end (0: ended)."""
         if step is None or not step.ends or step.speculative or self.scheduler.speculating():
             return 0.0
         s = self.config.scheduler
@@ -224,7 +224,7 @@ class EngineCore:
         return stats
 
     def _land(self, step: _InFlight) -> tuple[list[EngineCoreOutput], float, float]:
-        """Wait for a step's tokens and apply them; (outputs, its time, its prediction)."""
+        """(outputs, the step's time, its prediction)."""
         outputs = self.scheduler.update(step.plan, *step.result.get(), step.result.prompt_logprobs)
         self.grammars.landed(outputs)
         if not self._sync_launch:
@@ -232,8 +232,7 @@ class EngineCore:
         return (outputs, *self._time_step(step))
 
     def _expert_load(self, stepped: bool) -> dict[int, list[int]] | None:
-        """The per-expert counters if a copy landed this call; copied every `expert_load_interval`
-        steps without waiting, and waited for when idle."""
+        """Counters if a copy landed; copied every `expert_load_interval` steps, waited for when idle."""
         self._steps_since_copy += stepped
         idle = self._in_flight is None and not self.scheduler.has_unfinished()
         if self._steps_since_copy and (idle or (self._expert_copy is None
@@ -248,7 +247,7 @@ class EngineCore:
         return self.expert_tokens
 
     def _time_step(self, step: _InFlight) -> tuple[float, float]:
-        """(time, prediction) of a step that ran right behind the one before, else zeros."""
+        """(time, prediction) of a step right behind the one before, else zeros."""
         last, self._last_done = self._last_done, (step.done, step.index)
         if last is None or last[1] != step.index - 1:
             return 0.0, 0.0

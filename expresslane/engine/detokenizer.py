@@ -1,9 +1,6 @@
-"""Incremental detokenization and stop strings (frontend side, per completion).
-
-Text is emitted once stable: `ids[prefix:]` is decoded and what lies beyond `ids[prefix:read]`'s
-text is new unless it ends in an incomplete UTF-8 sequence. `tokenizers`' `DecodeStream` runs
-the same algorithm in Rust where it gives the same text.
-"""
+"""Incremental detokenization and stop strings, per completion. New text: the decoding of
+`ids[prefix:]` past that of `ids[prefix:read]`, held while it ends in an incomplete UTF-8
+sequence; `tokenizers`' `DecodeStream` runs it in Rust where it gives the same text."""
 
 from __future__ import annotations
 
@@ -14,7 +11,7 @@ _CONTEXT_TOKENS = 5  # prompt tokens decoded as context
 
 
 class StopStrings:
-    """Stop strings, matched in O(new characters × distinct lengths) per step."""
+    """Matched in O(new characters × distinct lengths) per step."""
 
     def __init__(self, stop: list[str]):
         self.rank: dict[str, int] = {}  # string -> first position (ties: the earlier wins)
@@ -23,7 +20,7 @@ class StopStrings:
         self.lengths = sorted({len(s) for s in self.rank}, reverse=True)
 
     def find(self, text: str, new_from: int) -> tuple[int, str] | None:
-        """The earliest-starting stop string in ``text`` that ends after ``text[:new_from]``."""
+        """The earliest-starting stop string ending after ``text[:new_from]``."""
         best: tuple[int, int, str] | None = None  # (start, rank, string)
         for end in range(new_from + 1, len(text) + 1):
             for n in self.lengths:
@@ -58,7 +55,7 @@ class IncrementalDetokenizer:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
 
     def add(self, token_ids: list[int]) -> str | None:
-        """Append tokens; return the stop string if one now appears (text is cut there)."""
+        """The stop string if one now appears (text is cut there)."""
         if self._stream is not None:
             backend, stream = self._stream
             for tok in token_ids:

@@ -1,5 +1,5 @@
 """``--generation-config``: sampling defaults from a model's ``generation_config.json``, as vLLM
-applies them to requests that do not set those fields (torch-free: the API process reads it)."""
+applies them to requests that leave those fields unset."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-# generation_config.json's key -> the SamplingParams field it sets a default for (vLLM's list)
+# file key -> SamplingParams field (vLLM's list)
 FIELDS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
           "repetition_penalty": "repetition_penalty", "max_new_tokens": "max_tokens"}
 
 
 def sampling_defaults(choice: str, model_dir: Path | str) -> dict[str, Any]:
-    """``choice``: ``auto`` (the model directory's file), ``vllm`` or ``none`` (no defaults: ours), or
-    a directory holding a generation_config.json. Keys of a missing file or field are left out."""
+    """``choice``: ``auto`` (the model's file), ``vllm``/``none`` (no defaults), or a directory
+    holding one. Missing keys are left out."""
     if choice in ("vllm", "none"):
         return {}
     folder = Path(model_dir if choice == "auto" else choice)

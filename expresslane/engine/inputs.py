@@ -1,4 +1,4 @@
-"""Prompts -> token ids, checked against the model (torch-free: offline engine and API process)."""
+"""Prompts -> token ids, checked against the model."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ Prompt = str | dict
 
 
 class InputError(ValueError):
-    """A prompt that does not fit the model; ``param``: the field at fault, ``code``: OpenAI's code."""
+    """``param``: the field at fault, ``code``: OpenAI's code."""
 
     def __init__(self, message: str, param: str, code: str = "invalid_value"):
         super().__init__(message)
@@ -23,7 +23,7 @@ class InputProcessor:
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.eos = eos
-        # the Rust encoder directly: `tokenizer.encode`'s ids without transformers' per-call wrapping
+        # the Rust encoder: no transformers per-call wrapping
         backend = getattr(tokenizer, "backend_tokenizer", None)
         self.encode = (lambda text: backend.encode(text).ids) if backend is not None else tokenizer.encode
 

@@ -1,4 +1,4 @@
-"""LLMEngine: an in-process frontend around EngineCore (tokenize, step, detokenize)."""
+"""An in-process frontend around EngineCore (tokenize, step, detokenize)."""
 
 from __future__ import annotations
 

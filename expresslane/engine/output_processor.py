@@ -1,8 +1,6 @@
-"""Frontend bookkeeping: core token outputs -> RequestOutputs with text.
-
-An ``n > 1`` request runs as n child requests (``{id}#{i}``, seed ``seed + i``), gathered here.
-A stop string found here finishes the child; the caller aborts it in the core (``to_abort``).
-"""
+"""Core token outputs -> RequestOutputs with text. An ``n > 1`` request runs as n children
+(``{id}#{i}``, seed ``seed + i``); a stop string found here finishes one, the caller aborts it
+in the core (``to_abort``)."""
 
 from __future__ import annotations
 
@@ -22,14 +20,14 @@ def child_request_ids(request_id: str, n: int) -> list[str]:
 
 
 def child_params(params: SamplingParams, index: int) -> SamplingParams:
-    """Child `index`'s params: n=1, its own seed; only the first scores the prompt."""
+    """n=1, its own seed; only the first child scores the prompt."""
     seed = None if params.seed is None else params.seed + index
     return dataclasses.replace(params, n=1, seed=seed, prompt_logprobs=params.prompt_logprobs if index == 0 else None)
 
 
 @dataclass(slots=True)
 class _Child:
-    parent_id: str  # not the parent: no reference cycle, so outputs are freed by refcount
+    parent_id: str  # not the parent: no reference cycle
     output: CompletionOutput
     detok: IncrementalDetokenizer
 
@@ -54,7 +52,7 @@ class _Parent:
 
 
 def prompt_logprobs_of(prompt_token_ids: list[int], scored: ScoredPrompt, text) -> list:
-    """vLLM's shape: None, then per position the prompt token's Logprob and the top-k's."""
+    """vLLM's shape: None, then per position the token's and the top-k's Logprob."""
     out: list = [None]
     for j, tok in enumerate(prompt_token_ids[1:1 + len(scored.logprobs)]):
         entry = {tok: Logprob(scored.logprobs[j], scored.ranks[j], text(tok))}
@@ -76,7 +74,7 @@ class OutputProcessor:
 
     def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
                     params: SamplingParams, arrival_time: float) -> list[str]:
-        """Register a request; returns its core (child) request ids."""
+        """Returns its core (child) request ids."""
         if request_id in self._parents:
             raise ValueError(f"request id {request_id!r} is already in use")
         parent = _Parent(request_id, prompt, prompt_token_ids, RequestMetrics(arrival_time))
@@ -154,7 +152,7 @@ class OutputProcessor:
         return results, to_abort
 
     def abort(self, request_id: str) -> RequestOutput | None:
-        """Finish a request as aborted here; the caller aborts its children in the core."""
+        """Finish as aborted here; the caller aborts its children in the core."""
         parent = self._parents.get(request_id)
         if parent is None:
             return None

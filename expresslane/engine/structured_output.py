@@ -1,7 +1,5 @@
-"""Structured outputs (xgrammar, imported on first use): grammars compiled off the step loop,
-a matcher per sequence, each step's allowed tokens as a bitmask. Near its budget's end a JSON
-sequence is steered to close (EOS, then ``CLOSERS``) wherever its grammar allows. A request with
-``after_token_ids`` (a reasoning model's ``</think>``) samples freely until its output ends with them."""
+"""Structured outputs (xgrammar, imported on first use): docs/architecture.md, "Structured
+outputs"."""
 
 from __future__ import annotations
 
@@ -30,7 +28,7 @@ def _choice_grammar(choices: list[str]) -> str:
 
 
 class Grammars:
-    """Compilation, and one matcher per constrained sequence."""
+    """Compilation, and a matcher per constrained sequence."""
 
     def __init__(self, load_tokenizer: Callable[[], tuple[object, tuple[int, ...]]], vocab_size: int,
                  config: StructuredOutputConfig):
@@ -43,7 +41,7 @@ class Grammars:
         self._cache: collections.OrderedDict[tuple, Future] = collections.OrderedDict()
         self._waiting: dict[str, tuple[object, Future, float]] = {}  # id -> (request, compiled, since)
         self.matchers: dict[str, object] = {}
-        # id -> (the tokens that end its thinking, its last output tokens, its matcher)
+        # id -> (thinking's end tokens, last output tokens, matcher)
         self._thinking: dict[str, tuple[tuple[int, ...], list[int], object]] = {}
         self._json: set[str] = set()  # ids whose output must be JSON
 
@@ -88,7 +86,7 @@ class Grammars:
         self._waiting[req.request_id] = (req, self.compiled(req.sampling_params.structured_outputs), time.monotonic())
 
     def ready(self, now: float) -> tuple[list, dict[str, str]]:
-        """(requests now ready, with matchers; {request id: why} of those refused)."""
+        """(requests ready, with matchers; {request id: why} refused)."""
         if not self._waiting:
             return [], {}
         import xgrammar
@@ -120,8 +118,7 @@ class Grammars:
 
     @property
     def needs_last_tokens(self) -> bool:
-        """A step's masks depend on the tokens the step before sampled (a thinking request's too:
-        they may end its thinking)."""
+        """A step's masks depend on the previous step's tokens (which may end a request's thinking)."""
         return bool(self.matchers or self._thinking)
 
     def forget(self, request_ids) -> None:
@@ -132,7 +129,7 @@ class Grammars:
             self._json.discard(rid)
 
     def fill(self, plan: StepPlan, tokens_left: Callable[[str], tuple[int, int]]) -> None:
-        """A row of allowed tokens per constrained sampling seq. ``tokens_left(id) -> (left, budget)``."""
+        """A row per constrained sampling seq. ``tokens_left(id) -> (left, budget)``."""
         if not self.matchers:
             return
         import torch
@@ -180,8 +177,8 @@ class Grammars:
                 self.forget([out.request_id])
 
     def _think(self, rid: str, tokens: list[int]) -> list[int]:
-        """Follow a thinking request's output; once it ends with its end tokens, start its matcher
-        and return the tokens after them (for the matcher), else none."""
+        """Once the output ends with the end tokens, start the matcher; returns the tokens after
+        them."""
         end, tail, matcher = self._thinking[rid]
         for k, t in enumerate(tokens):
             tail.append(t)

@@ -1,10 +1,5 @@
-"""vLLM's ``bad_words``: a word's last token is -inf whenever the row's last output tokens are
-the rest of the word (a one-token word: always).
-
-Rows with a longer word keep their last output tokens on the device (``history``, -1 where the
-output is shorter), shifted as each token is sampled: no host sync. Nothing is allocated or run
-until a request has bad words.
-"""
+"""vLLM's ``bad_words``: a word's last token is -inf when the row's last output tokens are the
+rest of the word. ``history`` keeps those tokens on the device: no host sync."""
 
 from __future__ import annotations
 
@@ -18,7 +13,7 @@ class BadWords:
     def __init__(self, max_rows: int, device: torch.device):
         self.max_rows, self.device = max_rows, device
         self.words: dict[int, list[list[int]]] = {}  # row -> its words' token ids
-        self.history: torch.Tensor | None = None  # [rows, width] int64: each row's last output tokens
+        self.history: torch.Tensor | None = None  # [rows, width] int64, -1 padded
         self.width = 0
 
     def add(self, row: int, new: NewRequest) -> None:
@@ -45,7 +40,7 @@ class BadWords:
             self.words.pop(row, None)
 
     def sampled(self, rows: list[int], tokens: torch.Tensor) -> None:
-        """Shift the tokens just sampled (on the device) into the history of the rows that keep one."""
+        """Shift the sampled tokens into the rows' histories."""
         if self.history is None or not self.words:
             return
         pick = [i for i, row in enumerate(rows) if row in self.words]
@@ -56,7 +51,7 @@ class BadWords:
         self.history[r] = torch.cat([self.history[r, 1:], t[:, None].to(torch.int64)], dim=1)
 
     def apply(self, logits: torch.Tensor, rows: list[int]) -> None:
-        """-inf, in place, on each banned token of the rows among ``rows`` (logits' rows, in order)."""
+        """-inf, in place, on banned tokens (``rows``: the logits' rows)."""
         if not self.words:
             return
         always_i, always_t = [], []  # (logits row, token): banned whatever came before
@@ -78,6 +73,6 @@ class BadWords:
             want = to_device(prefixes, torch.int64, dev)
             match = ((self.history[to_device(cond_r, torch.int64, dev)] == want) | (want == -2)).all(dim=1)
             flat = to_device(cond_i, torch.int64, dev) * logits.shape[1] + to_device(cond_t, torch.int64, dev)
-            # add -inf (matched) or 0: one word's miss can't undo another's ban of the same token
+            # add, not set: one word's miss can't undo another's ban
             ban = torch.zeros(len(cond_i), dtype=logits.dtype, device=dev).masked_fill_(match, float("-inf"))
             logits.view(-1).scatter_add_(0, flat, ban)

@@ -1,4 +1,4 @@
-"""Runner: all the engine may call on what holds the model (``ModelRunner``, ``TPExecutor``)."""
+"""All the engine may call on what holds the model (``ModelRunner``, ``TPExecutor``)."""
 
 from __future__ import annotations
 
@@ -18,11 +18,11 @@ if TYPE_CHECKING:
 
 @dataclass(slots=True)
 class Forward:
-    """A step whose forward is launched, not yet its sampling."""
+    """Forward launched, sampling not yet."""
 
     plan: StepPlan
     inputs: Any  # the runner's own
-    logits: Any  # on the device; None when no seq samples
+    logits: Any  # None: no seq samples
     prompt_logprobs: Any = None  # request id -> ScoredPrompt, on the host
 
 
@@ -34,36 +34,36 @@ class Runner(ABC):
     model: nn.Module  # this rank's slice
     proposer: Proposer | None  # None: speculation off
 
-    # -- start-up, in this order -----------------------------------------------------------------
+    # start-up, in this order
     @abstractmethod
     def profile_num_blocks(self, max_blocks: int) -> int:
-        """KV blocks that fit on every rank, at most ``max_blocks``."""
+        """Fitting every rank, at most ``max_blocks``."""
 
     @abstractmethod
     def allocate_kv_cache(self, num_blocks: int) -> None: ...
 
     @abstractmethod
     def build_graphs(self, max_model_len: int, capture: bool = True) -> None:
-        """CUDA graphs where allowed; ``capture=False`` runs their buffers eagerly (CPU tests)."""
+        """``capture=False``: run the graphs' buffers eagerly (CPU tests)."""
 
     @abstractmethod
     def kv_block_bytes(self) -> int:
-        """Bytes of one KV block here, the draft model's included."""
+        """The draft model's included."""
 
     @property
     @abstractmethod
     def padded_step_sizes(self) -> tuple[int, ...]:
-        """Token counts a step with prefill is padded to (empty when eager)."""
+        """Token counts prefill steps pad to (empty: eager)."""
 
     @property
     @abstractmethod
     def interpreted(self) -> bool:
-        """Kernels run under Triton's interpreter (step times mean nothing)."""
+        """Under Triton's interpreter (step times mean nothing)."""
 
-    # -- steps ---------------------------------------------------------------------------------
+    # steps
     @abstractmethod
     def execute(self, plan: StepPlan) -> StepResult:
-        """Launch one step; sampled ids stay on the device until ``StepResult.get()``."""
+        """Sampled ids stay on the device until ``StepResult.get()``."""
 
     @property
     def samples_late(self) -> bool:
@@ -71,7 +71,7 @@ class Runner(ABC):
         return False
 
     def forward(self, plan: StepPlan) -> Forward:
-        """Launch the forward only; ``plan.token_bitmask`` may be filled before ``sample``."""
+        """``plan.token_bitmask`` may be filled before ``sample``."""
         raise NotImplementedError(f"{type(self).__name__} samples with its forward (samples_late is False)")
 
     def sample(self, step: Forward) -> StepResult:
@@ -81,19 +81,19 @@ class Runner(ABC):
     def release(self, request_ids: list[str]) -> None:
         """Forget these requests' rows without a step."""
 
-    # -- speculative decoding ------------------------------------------------------------------
+    # speculative decoding
     @abstractmethod
     def verify_rows(self) -> int | None:
-        """The most logits rows a verify step may have and still replay a graph (None: eager)."""
+        """Most logits rows a verify step may replay a graph with (None: eager)."""
 
     @abstractmethod
     def draft_cost_ratio(self) -> float:
-        """A draft step's cost relative to a target step (0 without a draft model)."""
+        """Draft step cost / target step cost (0: no draft model)."""
 
-    # -- mixture-of-experts load ---------------------------------------------------------------
+    # mixture-of-experts load
     @abstractmethod
     def copy_expert_tokens(self) -> ExpertTokensCopy | None:
-        """Start copying the per-expert token counters to the host (None: not MoE)."""
+        """Start copying per-expert token counts to the host (None: not MoE)."""
 
     @abstractmethod
     def reset_expert_tokens(self) -> None: ...

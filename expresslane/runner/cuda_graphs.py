@@ -1,6 +1,4 @@
-"""CUDA graphs, by bucketed size, fed through static buffers: decode graphs (one token a seq) by
-batch size, mixed graphs (any composition, on the prefill path) by token count. Padding tokens
-write no KV (slot -1); padding seqs have no query and no context."""
+"""CUDA graphs over static buffers: decode graphs by batch size, mixed graphs by token count."""
 
 from __future__ import annotations
 
@@ -25,21 +23,20 @@ def bucket_sizes(limit: int, small: tuple[int, ...] = (1, 2, 4, 8), step: int = 
 
 
 def piece_bounds(num_layers: int, pieces: int) -> list[int]:
-    """Boundaries of `pieces` layer ranges sized 1 : 3 : 5 : ..., from 0 to num_layers."""
+    """Layer-range bounds sized 1 : 3 : 5 : ..."""
     total = pieces * pieces
     return [num_layers * i * i // total for i in range(pieces + 1)]
 
 
 class _Graphs:
-    """Static buffers, capture, replay. A bucket is `num_pieces` graphs of growing layer ranges,
-    so the GPU starts the first while the host launches the rest."""
+    """A bucket is `num_pieces` graphs of growing layer ranges."""
 
     num_pieces = 1
 
     def __init__(self, model, backend, sizes: list[int], max_tokens: int, max_seqs: int, max_blocks: int,
                  device: torch.device, logits_out: torch.Tensor):
         self.model, self.backend, self.sizes = model, backend, sizes
-        self.logits_out = logits_out  # [rows, vocab] float32, shared by every graph
+        self.logits_out = logits_out  # shared by every graph
         self.device = device
         self.input_ids = torch.zeros(max_tokens, dtype=torch.int64, device=device)
         self.positions = torch.zeros(max_tokens, dtype=torch.int64, device=device)
@@ -61,8 +58,7 @@ class _Graphs:
         raise NotImplementedError
 
     def _pieces(self, size: int) -> list:
-        """Bucket `size`'s forward as `num_pieces` callables passing hidden states in `carry`;
-        the last returns the logits."""
+        """`num_pieces` callables; the last returns the logits."""
         model, meta, carry = self.model, self._meta(size), {}
         n = len(model.layers)
         bounds = piece_bounds(n, self.num_pieces)
@@ -105,8 +101,7 @@ class _Graphs:
                  self.sizes[0], self.sizes[-1], self.num_pieces, time.monotonic() - t0)
 
     def _load(self, fields: list[tuple[torch.Tensor, np.ndarray, int]], patch: Patch | None) -> None:
-        """One host->device copy of `fields` ((buffer view, values, padding fill)) and the patch's
-        indices, then device copies into the buffers."""
+        """`fields`: (buffer view, values, pad fill); one host->device copy."""
         parts = [(values, buffer.numel(), fill) for buffer, values, fill in fields]
         staged = stage(parts + (list(patch.indices) if patch else []), self.device)
         for (buffer, _, _), values in zip(fields, staged):
@@ -115,7 +110,7 @@ class _Graphs:
             patch.apply(self.input_ids, *staged[len(fields):])
 
     def _token_fields(self, inputs: StepInputs, padded: int, num_seqs: int) -> list:
-        """Tokens, context lengths and block tables, padded to `padded` tokens and `num_seqs` seqs."""
+        """Padded to `padded` tokens and `num_seqs` seqs."""
         t, (b, width) = inputs.num_tokens, inputs.block_tables.shape
         return [(self.input_ids[:t], inputs.token_ids, 0), (self.positions[:padded], inputs.positions, 0),
                 (self.slot_mapping[:padded], inputs.slot_mapping, -1), (self.seq_lens[:num_seqs], inputs.seq_lens, 0),
@@ -126,11 +121,11 @@ class _Graphs:
             for graph in self.graphs[size]:
                 graph.replay()
             return self.logits_out[:rows]
-        return self._forward(size)[:rows]  # not captured (CPU tests): same buffers, run eagerly
+        return self._forward(size)[:rows]  # not captured (CPU tests): eager
 
 
 class DecodeGraphs(_Graphs):
-    """Batches where every seq computes exactly one token (split-KV decode attention)."""
+    """Every seq computes one token."""
 
     def __init__(self, model, backend, max_num_seqs: int, max_blocks: int, device: torch.device,
                  logits_out: torch.Tensor):
@@ -143,7 +138,7 @@ class DecodeGraphs(_Graphs):
             slot_mapping=self.slot_mapping[:size], block_tables=self.block_tables[:size],
             seq_lens=self.seq_lens[:size], query_start_loc=self.query_start_loc[:size + 1], num_decodes=size,
             seq_lens_cpu=[0] * size, query_start_loc_cpu=list(range(size + 1)), max_decode_seq_len=0)
-        self.backend.prepare(meta)  # split count: a function of the batch size alone
+        self.backend.prepare(meta)  # split count depends on batch size only
         return meta
 
     def _num_logit_rows(self, size: int) -> int:
@@ -155,15 +150,14 @@ class DecodeGraphs(_Graphs):
     def run(self, inputs: StepInputs, patch: Patch | None) -> torch.Tensor:
         n = inputs.num_tokens
         size = next(s for s in self.sizes if s >= n)
-        # padding seqs: no context (query_start_loc stays 0..size: one padding token each)
+        # padding seqs: no context, one token each
         self._load(self._token_fields(inputs, size, size), patch)
         return self._replay(size, n)
 
 
 class DraftChainGraphs(DecodeGraphs):
-    """A greedy draft's proposals 2..k in one replay: `steps` single-token forwards, each fed the
-    argmax of the one before. A seq advances and writes KV only while `counts` > forward + 1,
-    then stays on its last slot with slot -1; outputs past its count are padding."""
+    """Greedy draft proposals 2..k in one replay; a seq writes KV only while `counts` > forward
+    + 1."""
 
     def __init__(self, model, backend, max_num_seqs: int, max_blocks: int, device: torch.device,
                  logits_out: torch.Tensor, steps: int, block_size: int):
@@ -173,15 +167,15 @@ class DraftChainGraphs(DecodeGraphs):
         self.tokens = torch.zeros(self.max_size, steps, dtype=torch.int64, device=device)
 
     def _pieces(self, size: int) -> list:
-        [forward] = super()._pieces(size)  # one piece: logits at every seq
+        [forward] = super()._pieces(size)
         ids, pos, lens, slots = (self.input_ids[:size], self.positions[:size], self.seq_lens[:size],
                                  self.slot_mapping[:size])
         table, counts, bs = self.block_tables[:size], self.counts[:size], self.block_size
 
         def run():
             for j in range(self.steps):
-                live = counts > j + 1  # feeds its proposal j + 1: it proposes more than that
-                if j:  # the live seqs move on; the others stay on their last slot (no write)
+                live = counts > j + 1  # it proposes past j + 1
+                if j:  # live seqs advance; the others keep their last slot
                     ids.copy_(self.tokens[:size, j - 1])
                     pos.add_(live)
                     lens.add_(live)
@@ -192,26 +186,25 @@ class DraftChainGraphs(DecodeGraphs):
         return [run]
 
     def run_chain(self, inputs: StepInputs, patch: Patch, counts: np.ndarray) -> torch.Tensor:
-        """Proposals 2..steps + 1 of the step's seqs, [num_seqs, steps] on the device."""
+        """Proposals 2..steps + 1, [num_seqs, steps] on the device."""
         n = inputs.num_tokens
         size = next(s for s in self.sizes if s >= n)
         self._load(self._token_fields(inputs, size, size) + [(self.counts[:size], counts, 0)], patch)
-        self._replay(size, n)  # (its outputs are the proposals in `tokens`)
+        self._replay(size, n)  # fills `tokens`
         return self.tokens[:n]
 
 
 class MixedGraphs(_Graphs):
-    """Steps of at most `max_tokens` tokens of any composition, on the prefill path."""
+    """Any composition up to `max_tokens` tokens (prefill path)."""
 
     num_pieces = 4
 
     def __init__(self, model, backend, max_tokens: int, max_num_seqs: int, max_blocks: int, device: torch.device,
                  logits_out: torch.Tensor):
-        # every 64 tokens up to 512, where SLO-sized steps live, then every 128
+        # SLO-sized steps: dense to 512
         sizes = bucket_sizes(max_tokens, small=(8, 16, 32, 64, 192, 320, 448), step=128)
         self.max_seqs = min(sizes[-1], max_num_seqs)
         super().__init__(model, backend, sizes, sizes[-1], self.max_seqs + 1, max_blocks, device, logits_out)
-        # one work list, as long as the largest bucket needs
         self.work = torch.zeros(max(backend.max_prefill_work(s, self._seqs(s)) for s in sizes), 5, dtype=torch.int32,
                                 device=device)
         self.work[:, 3] = 1  # valid items for the capture's warm-up
@@ -235,7 +228,7 @@ class MixedGraphs(_Graphs):
         return num_tokens <= self.max_size and num_seqs <= self._seqs(num_tokens)
 
     def fits_rows(self, num_tokens: int, num_seqs: int, num_rows: int) -> bool:
-        """Whether a step fits that wants logits at `num_rows` tokens of its choice (a verify step)."""
+        """A verify step: logits at `num_rows` chosen tokens."""
         return self.fits(num_tokens, num_seqs) and num_rows <= self.max_seqs
 
     def run(self, inputs: StepInputs, patch: Patch | None, rows: np.ndarray | None = None) -> torch.Tensor:

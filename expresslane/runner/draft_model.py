@@ -1,5 +1,5 @@
-"""A smaller model that proposes on the device in the steps that speculate, in the target's
-block ids (its own cache, as many blocks): docs/architecture.md, "Speculative decoding"."""
+"""A smaller model proposing on the device, in the target's block ids (its own cache):
+docs/architecture.md, "Speculative decoding"."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ class DraftModelProposer(Proposer):
         return self.num_params / target_params  # by parameter count
 
     def build_graphs(self, max_num_seqs: int, mixed_tokens: int, max_blocks: int, pool, block_size: int) -> None:
-        """Its decode and mixed-step graphs and, for k > 1, the greedy chain of proposals 2..k."""
+        """Decode and mixed-step graphs and, for k > 1, the greedy chain."""
         logits_out = torch.empty(max_num_seqs, self.model.config.vocab_size, dtype=torch.float32, device=self.device)
         self.decode_graphs = DecodeGraphs(self.model, self.backend, max_num_seqs, max_blocks, self.device, logits_out)
         self.mixed_graphs = MixedGraphs(self.model, self.backend, mixed_tokens, max_num_seqs, max_blocks, self.device,
@@ -104,10 +104,10 @@ class DraftModelProposer(Proposer):
 
     def _propose(self, runner, inputs: StepInputs, spec: np.ndarray, params: list[SamplingParams],
                  generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Tokens [S, K] and, when one samples, the q [S, K, V] they were drawn from."""
+        """Tokens [S, K] and, if one samples, their q [S, K, V]."""
         counts = inputs.num_spec[spec]
         width = int(counts.max())
-        # each seq's catch-up and last known token: every first proposal
+        # catch-up and last known token: first proposals
         seqs = [inputs.seqs[i] for i in spec]
         first = [ScheduledSeq(s.request_id, [*s.draft_token_ids, s.token_ids[0]], s.start_pos - len(s.draft_token_ids),
                               [], True) for s in seqs]
@@ -122,12 +122,12 @@ class DraftModelProposer(Proposer):
         chain = self.chain_graphs
         for j in range(width):
             if j == 1 and probs is None and chain is not None and chain.fits(len(seqs), len(seqs)):
-                # greedy: proposals 2..width in one replay
+                # greedy: the rest in one replay
                 step = runner.batch._gather([ScheduledSeq(s.request_id, [0], s.start_pos + 1, [], True) for s in seqs])
                 patch = Patch(np.arange(len(seqs)), np.arange(len(seqs)), tokens[:, 0])
                 tokens[:, 1:] = chain.run_chain(step, patch, counts)[:, :width - 1]
                 break
-            if j:  # proposal j fed in, for the seqs that propose more
+            if j:  # feed proposal j to the seqs proposing more
                 live = np.flatnonzero(counts > j)
                 step = runner.batch._gather([ScheduledSeq(seqs[i].request_id, [0], seqs[i].start_pos + j, [], True)
                                              for i in live])

@@ -1,4 +1,4 @@
-"""Per-expert token counters of a mixture of experts, copied to the host without waiting."""
+"""A mixture of experts' per-expert token counters, copied to the host without waiting."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from torch import nn
 
 
 class ExpertTokensCopy:
-    """Counters on their way to the host: per sparse layer, tokens per expert."""
+    """Per sparse layer, tokens per expert."""
 
     def __init__(self, layers: list[int], counts: torch.Tensor):
         self.layers = layers
@@ -32,7 +32,7 @@ def _sparse_blocks(model: nn.Module) -> list[tuple[int, nn.Module]]:
 
 
 def copy_expert_tokens(model: nn.Module) -> ExpertTokensCopy | None:
-    """Start a copy of every sparse layer's counters (None for a dense model)."""
+    """None for a dense model."""
     blocks = _sparse_blocks(model)
     if not blocks:
         return None

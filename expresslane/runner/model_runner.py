@@ -1,4 +1,4 @@
-"""ModelRunner: loads the model, owns the KV-cache memory, executes a StepPlan (no policy)."""
+"""Loads the model, owns the KV-cache memory, executes a StepPlan (no policy)."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def resolve_dtype(name: str, hf_config, device: torch.device) -> torch.dtype:
 
 class ModelRunner(Runner):
     def __init__(self, config: EngineConfig, hf_config, model_dir: Path, tp: TPGroup | None = None):
-        """`tp`: this rank's group; the runner then holds its slice of the model."""
+        """`tp`: this rank's group; the runner holds its slice of the model."""
         self.config = config
         self.tp = tp or TPGroup.single()
         self.device = resolve_device(config.device.device)
@@ -103,13 +103,13 @@ class ModelRunner(Runner):
         longest = max(config.model.max_model_len or 0, s.max_num_batched_tokens)  # (the profiling step's)
         self.batch = RequestRows(s.max_num_seqs, -(-longest // self.block_size), self.block_size)
         self.kv_caches: list[torch.Tensor] = []
-        self._prev_tokens: torch.Tensor | None = None  # ids sampled by the last launched step
+        self._prev_tokens: torch.Tensor | None = None  # the last launched step's
         self._prev_rows: dict[str, int] = {}
         self.decode_graphs: DecodeGraphs | None = None
         self.mixed_graphs: MixedGraphs | None = None
 
     def _fuse_decode_layers(self) -> None:
-        """``fused_decode_layer``: fold the norms into the weights where valid, else log why not."""
+        """Fold the norms into the weights where valid, else log why not."""
         why = self.model.fused_decode_refusal()
         if not self.attn_backend.fused_ops:
             why = "the triton attention backend only"
@@ -130,7 +130,7 @@ class ModelRunner(Runner):
 
     @torch.inference_mode()
     def profile_num_blocks(self, max_blocks: int) -> int:
-        """KV blocks in the CPU budget, or in GPU memory left after a worst-case step."""
+        """In the CPU budget, or the GPU memory left after a worst-case step."""
         if self.config.cache.num_kv_blocks is not None:
             return self.config.cache.num_kv_blocks
         if self.device.type == "cpu":
@@ -173,7 +173,7 @@ class ModelRunner(Runner):
             self.proposer.allocate_kv_cache(num_blocks, self.block_size, self.kv_dtype)
 
     def build_graphs(self, max_model_len: int, capture: bool = True) -> None:
-        """The library prefill's plans, then decode and mixed-step graphs where allowed."""
+        """The library prefill's plans, then the graphs where allowed."""
         t0 = time.monotonic()
         if n := self.attn_backend.warm_library(self.dtype, self.device, max_model_len,
                                                self.config.scheduler.max_num_batched_tokens):
@@ -247,7 +247,7 @@ class ModelRunner(Runner):
     def _sample(self, inputs: StepInputs, logits: torch.Tensor | None, prompt: dict | None,
                 plan: StepPlan) -> StepResult:
         if logits is None:
-            self._prev_rows = {}  # nothing sampled: no next-step input comes from this step
+            self._prev_rows = {}  # nothing sampled: no next-step input from here
             return StepResult(self.device, [], None, None, prompt_logprobs=prompt)
         ids = [inputs.seqs[i].request_id for i in inputs.sampling]
         params, banned = self.batch.sampling_rows(inputs)
@@ -272,23 +272,22 @@ class ModelRunner(Runner):
         self.batch.apply(StepPlan(-1, [], 0, finished_request_ids=request_ids))
 
     def _execute_spec(self, inputs: StepInputs) -> StepResult:
-        """A step that verifies proposals: logits at each speculating seq's last token
-        and proposals, at the other sampling seqs' last token; the core lands it before the
-        next plan, so no later step takes an input token from it on the device."""
+        """The core lands a verify step before the next plan: no later step takes an input token
+        from it on the device."""
         sampling = inputs.sampling
-        ends = inputs.query_start_loc[1:][sampling].astype(np.int64)  # one past each sampling seq's last token
+        ends = inputs.query_start_loc[1:][sampling].astype(np.int64)  # one past each sampling seq's end
         counts = inputs.num_spec[sampling]
         spec, plain = np.flatnonzero(counts > 0), np.flatnonzero(counts == 0)
         ids = [inputs.seqs[i].request_id for i in sampling]
         params, banned = self.batch.sampling_rows(inputs)
         gens = [self._generator(rid, p) for rid, p in zip(ids, params)]
-        spec_params = [params[i] for i in spec]  # (none seeded: seeded sampling does not speculate)
+        spec_params = [params[i] for i in spec]  # (seeded sampling does not speculate)
         k = counts[spec]
-        # proposals first: they are the verify step's inputs
+        # proposals: the verify step's inputs
         drafts, draft_probs, patch = self.proposer.step_proposals(self, inputs, sampling[spec], ends[spec], k,
                                                                   spec_params, self.sampler.generator)
-        # logits rows: each plain seq's last token, then each speculating seq's last known token and
-        # proposals, padded to the widest by repeating its last row (logits [S, width, V] as they come)
+        # logits rows: plain seqs' last token, then each speculating seq's last known token and
+        # proposals, padded to `width` by repeating its last row
         width = int(k.max()) + 1
         spec_rows = (ends[spec] - k - 1)[:, None] + np.minimum(np.arange(width)[None, :], k[:, None])
         rows = np.concatenate([ends[plain] - 1, spec_rows.reshape(-1)])
@@ -303,7 +302,7 @@ class ModelRunner(Runner):
         return StepResult(self.device, [ids[i] for i in plain], plain_tokens, logprobs, ([ids[i] for i in spec], verified))
 
     def _logits_at(self, inputs: StepInputs, patch: Patch | None, rows: np.ndarray) -> torch.Tensor:
-        """Logits at the step's tokens `rows`: a mixed-step graph when the step fits one, else eager."""
+        """Logits at token indices `rows`, by mixed-step graph if it fits, else eager."""
         graphs = self.mixed_graphs
         if (graphs is not None and graphs.fits_rows(inputs.num_tokens, len(inputs.seqs), len(rows))
                 and not self.attn_backend.eager_step(inputs.query_start_loc, inputs.seq_lens, inputs.num_decodes)):
@@ -322,7 +321,7 @@ class ModelRunner(Runner):
         return self.proposer.cost_ratio(sum(p.numel() for p in self.model.parameters()))
 
     def _logits(self, inputs: StepInputs) -> tuple[torch.Tensor | None, dict | None]:
-        """(logits of the sampling seqs, prompt logprobs), each None if no seq asks."""
+        """(sampling seqs' logits, prompt logprobs), each None if no seq asks."""
         patch = self._previous_tokens_patch(inputs)
         scored = scored_rows(inputs)
         if scored is None:
@@ -333,15 +332,15 @@ class ModelRunner(Runner):
 
     def forward_logits(self, model, backend, decode_graphs, mixed_graphs, inputs: StepInputs, patch: Patch | None,
                        seqs: np.ndarray | None = None) -> torch.Tensor | None:
-        """One forward of `model` (target or draft), by graph when one fits, else eager: logits at
-        the last token of `seqs` (ascending; None: all), or None when `seqs` is empty."""
+        """Target or draft, by graph if one fits, else eager: logits at the last token of `seqs`
+        (ascending; None: all; empty: None)."""
         num_tokens, num_seqs = inputs.num_tokens, len(inputs.seqs)
         if decode_graphs is not None and decode_graphs.fits(num_tokens, num_seqs):
             logits = decode_graphs.run(inputs, patch)
         elif (mixed_graphs is not None and mixed_graphs.fits(num_tokens, num_seqs)
               and not backend.eager_step(inputs.query_start_loc, inputs.seq_lens, inputs.num_decodes)):
             logits = mixed_graphs.run(inputs, patch)
-        else:  # eager: the logits of those rows only
+        else:  # eager: those rows only
             input_ids, positions, meta = self._prepare(inputs, patch, backend)
             hidden = model(input_ids, positions, meta)
             if seqs is not None and not len(seqs):
@@ -356,7 +355,7 @@ class ModelRunner(Runner):
         return logits[to_device(seqs, torch.int64, self.device)]
 
     def _previous_tokens_patch(self, inputs: StepInputs) -> Patch | None:
-        """The previous step's sampled ids, copied on the device."""
+        """The previous step's sampled ids, on the device."""
         if not len(inputs.from_previous):
             return None
         src = np.array([self._prev_rows[inputs.seqs[i].request_id] for i in inputs.from_previous], dtype=np.int64)
@@ -372,7 +371,7 @@ class ModelRunner(Runner):
         return gen
 
     def _prepare(self, inputs: StepInputs, patch: Patch | None = None, backend=None):
-        """Eager-path tensors and attention metadata, in one host->device copy."""
+        """Eager inputs and attention metadata, in one host->device copy."""
         arrays = [inputs.token_ids, inputs.positions, inputs.slot_mapping, inputs.block_tables, inputs.seq_lens,
                   inputs.query_start_loc]
         staged = stage(arrays + (list(patch.indices) if patch else []), self.device)

@@ -1,4 +1,4 @@
-"""Prompt lookup: proposals from the request's own tokens, on the host."""
+"""Prompt lookup: proposals from the request's own tokens."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from expresslane.runner.proposer import Proposer
 
 
 def ngram_propose(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
-    """Up to ``k`` tokens after the latest earlier occurrence of the longest suffix (max_n..min_n)."""
+    """Up to ``k`` tokens after the latest earlier match of the longest suffix (max_n..min_n)."""
     if k <= 0 or len(tokens) < min_n + 1:
         return []
     arr = np.asarray(tokens, dtype=np.int64)
@@ -32,7 +32,7 @@ def ngram_propose(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int
 
 
 class NgramProposer(Proposer):
-    """No cache, no device work: the plan carries the proposals (one-hot)."""
+    """No cache, no device work: the plan carries the proposals."""
 
     def __init__(self, min_n: int, max_n: int):
         self.min_n, self.max_n = min_n, max_n

@@ -1,5 +1,5 @@
-"""Presence, frequency and repetition penalties (vLLM's meanings) from per-row token counts kept
-on the device, allocated at the first request that asks for one."""
+"""Presence, frequency and repetition penalties (vLLM's meanings) from per-row token counts on
+the device."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ class Penalties:
             self.params.pop(row, None)
 
     def sampled(self, rows: list[int], tokens: torch.Tensor) -> None:
-        """Count the tokens just sampled for the penalized rows among ``rows``."""
+        """Count the sampled tokens of the penalized rows."""
         if not self.params:
             return
         pick = [i for i, row in enumerate(rows) if row in self.params]
@@ -47,12 +47,12 @@ class Penalties:
             return
         r = to_device([rows[i] for i in pick], torch.int64, self.device)
         t = tokens[to_device(pick, torch.int64, self.device)]
-        flat = r * self.vocab_size + t  # scatter_add_, not index_put_(accumulate=True): no host sync on CUDA
+        flat = r * self.vocab_size + t  # not index_put_(accumulate=True): no host sync
         self.counts.view(-1).scatter_add_(0, flat, torch.ones(len(pick), dtype=torch.int32, device=self.device))
         self.seen.view(-1).scatter_(0, flat, 1)
 
     def apply(self, logits: torch.Tensor, rows: list[int]) -> None:
-        """Penalize, in place, the logits of the penalized rows among ``rows``."""
+        """In place, the penalized rows' logits."""
         if not self.params:
             return
         pick = [i for i, row in enumerate(rows) if row in self.params]

@@ -1,5 +1,4 @@
-"""The penalties in one pass over the penalized rows' logits (CUDA; ``runner/penalties.py``'s
-torch ops elsewhere)."""
+"""The penalties in one pass over the penalized rows' logits (CUDA)."""
 
 from __future__ import annotations
 
@@ -31,7 +30,7 @@ def _penalize(logits_ptr, counts_ptr, seen_ptr, logit_rows_ptr, state_rows_ptr, 
 
 def penalize(logits: torch.Tensor, counts: torch.Tensor, seen: torch.Tensor, logit_rows: torch.Tensor,
              state_rows: torch.Tensor, rep: torch.Tensor, freq: torch.Tensor, pres: torch.Tensor) -> None:
-    """In place on ``logits`` [B, vocab] float32: rows ``logit_rows``, with the counts of ``state_rows``."""
+    """In place on rows ``logit_rows``, with the counts of ``state_rows``."""
     vocab = logits.shape[1]
     grid = (len(logit_rows), triton.cdiv(vocab, BLOCK))
     _penalize[grid](logits, counts, seen, logit_rows, state_rows, rep, freq, pres, vocab, logits.stride(0),

@@ -1,5 +1,4 @@
-"""Prompt logprobs: log-softmax at a prompt's positions against the next prompt token, in eager
-steps, a slice of rows at a time."""
+"""Prompt logprobs, in eager steps, a slice of rows at a time."""
 
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ ROWS_PER_SLICE = 256  # positions whose full-vocabulary logits exist at once
 
 
 def scored_rows(inputs: StepInputs) -> tuple[np.ndarray, list[int], list[int]] | None:
-    """(token indices that score, their targets, each row's seq); None when no seq asks."""
+    """(scoring token indices, their targets, each row's seq); None if no seq asks."""
     rows, targets, owners = [], [], []
     for i, seq in enumerate(inputs.seqs):
         if seq.prompt_logprob_targets:
@@ -30,7 +29,7 @@ def scored_rows(inputs: StepInputs) -> tuple[np.ndarray, list[int], list[int]] |
 def forward_scoring(model, input_ids: torch.Tensor, positions: torch.Tensor, meta, inputs: StepInputs,
                     scored: tuple[np.ndarray, list[int], list[int]], top_k: list[int]
                     ) -> tuple[torch.Tensor | None, dict[str, ScoredPrompt]]:
-    """Eager forward: (logits of the sampling seqs or None, prompt logprobs by request)."""
+    """(sampling seqs' logits or None, prompt logprobs by request)."""
     hidden = model(input_ids, positions, meta)
     last = (inputs.query_start_loc[1:] - 1)[inputs.sampling]
     logits = model.compute_logits(hidden[to_device(last, torch.int64, hidden.device)]) if len(last) else None
@@ -39,7 +38,7 @@ def forward_scoring(model, input_ids: torch.Tensor, positions: torch.Tensor, met
 
 def score(model, hidden: torch.Tensor, rows: np.ndarray, targets: list[int], owners: list[int],
           top_k: list[int], seq_ids: list[str]) -> dict[str, ScoredPrompt]:
-    """Per request: each row's target logprob and rank, and its top `top_k[seq]`."""
+    """Per request: each row's target logprob, rank and top `top_k[seq]`."""
     dev = hidden.device
     k_max = max(top_k[i] for i in set(owners))
     target = to_device(targets, torch.int64, dev)
@@ -49,7 +48,7 @@ def score(model, hidden: torch.Tensor, rows: np.ndarray, targets: list[int], own
         lp = torch.log_softmax(model.compute_logits(hidden[where[s:s + ROWS_PER_SLICE]]), dim=-1)
         mine = lp.gather(1, target[s:s + ROWS_PER_SLICE, None])
         chosen.append(mine.squeeze(1))
-        ranks.append((lp >= mine).sum(dim=-1))  # vLLM's rank: tokens at least as likely, itself included
+        ranks.append((lp >= mine).sum(dim=-1))  # vLLM's rank: tokens at least as likely
         if k_max:
             top = lp.topk(k_max, dim=-1)
             top_v.append(top.values)

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 
 class Proposer(ABC):
-    # -- the scheduler's side (torch-free) ---------------------------------------------------------
+    # the scheduler's side (torch-free)
     @property
     @abstractmethod
     def proposes_on_host(self) -> bool:
@@ -29,9 +29,9 @@ class Proposer(ABC):
 
     @abstractmethod
     def computed_after(self, num_computed: int, accepted: int, k: int) -> int:
-        """What its cache holds after a verify kept ``accepted`` of ``k``."""
+        """Its cache after a verify kept ``accepted`` of ``k``."""
 
-    # -- the runner's side -----------------------------------------------------------------------
+    # the runner's side
     @abstractmethod
     def kv_block_bytes(self, block_size: int, kv_dtype: torch.dtype) -> int: ...
 
@@ -49,4 +49,4 @@ class Proposer(ABC):
     @abstractmethod
     def step_proposals(self, runner: Any, inputs: StepInputs, spec: np.ndarray, ends: np.ndarray, k: np.ndarray,
                        params: list[SamplingParams], generator: torch.Generator) -> tuple[Any, Any, Any]:
-        """(tokens [S, max k], their q [S, K, V] or None: one-hot, the input ids' ``Patch`` or None)."""
+        """(tokens [S, max k], q [S, K, V] or None (one-hot), input ids' ``Patch`` or None)."""

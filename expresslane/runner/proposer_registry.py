@@ -1,4 +1,4 @@
-"""Which Proposer speculative decoding gets: prompt lookup or a draft model (none: it is off)."""
+"""Speculative decoding's Proposer: prompt lookup, a draft model, or none."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Which Runner the engine gets: one process's ModelRunner, or rank 0 of a tensor-parallel group."""
+"""The engine's Runner: a ModelRunner, or rank 0 of a tensor-parallel group."""
 
 from __future__ import annotations
 

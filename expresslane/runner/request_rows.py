@@ -1,5 +1,5 @@
-"""The runner's per-request rows (block table, sampling parameters, EOS ban) and a step's host
-inputs gathered from them in O(step tokens + new blocks)."""
+"""The runner's per-request rows and a step's host inputs, gathered in O(step tokens + new
+blocks)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from expresslane.sampling_params import SamplingParams
 
 @dataclass(slots=True)
 class StepInputs:
-    """One step's flattened inputs (decodes first), as numpy arrays."""
+    """Flattened, decodes first."""
 
     seqs: list[ScheduledSeq]  # in the step's order
     rows: np.ndarray  # [B] the seqs' rows
@@ -21,12 +21,12 @@ class StepInputs:
     positions: np.ndarray  # [T] int64
     slot_mapping: np.ndarray  # [T] int64
     query_start_loc: np.ndarray  # [B + 1] int32
-    seq_lens: np.ndarray  # [B] int32, context after this step
+    seq_lens: np.ndarray  # [B] int32, context after the step
     block_tables: np.ndarray  # [B, width] int32, padded with 0
     num_decodes: int
     sampling: np.ndarray  # seqs that sample
     from_previous: np.ndarray  # seqs whose input token is on the device
-    num_spec: np.ndarray  # [B] proposals among each seq's tokens (speculative decoding; its last ones)
+    num_spec: np.ndarray  # [B] proposals: each seq's last tokens
 
     @property
     def num_tokens(self) -> int:
@@ -110,7 +110,7 @@ class RequestRows:
             num_spec=num_spec)
 
     def sampling_rows(self, inputs: StepInputs) -> tuple[list[SamplingParams], list[tuple[int, ...]]]:
-        """The sampling seqs' parameters and banned tokens; counts down `min_tokens` bans."""
+        """Sampling seqs' parameters and banned tokens; counts down `min_tokens`."""
         params, banned = [], []
         for i in inputs.sampling:
             row = inputs.rows[i]

@@ -1,6 +1,5 @@
-"""Batched sampling with vLLM's meanings. Random choice is an exponential race, argmax(p / E)
-with E ~ Exp(1); a seeded request draws E from its own generator, whatever the batch.
-"""
+"""Batched sampling, vLLM's meanings. A draw is argmax(p / E), E ~ Exp(1); a seeded request
+draws E from its own generator."""
 
 from __future__ import annotations
 
@@ -17,13 +16,13 @@ from expresslane.sampling_params import SamplingParams
 @dataclass(slots=True)
 class SamplingBatch:
     params: list[SamplingParams]
-    banned: list[tuple[int, ...]]  # per row: token ids it may not sample now
-    generators: list[torch.Generator | None]  # per row; None = the engine's shared generator
-    # int32 [rows, ceil(vocab / 32)] of allowed tokens
+    banned: list[tuple[int, ...]]  # per row: tokens it may not sample now
+    generators: list[torch.Generator | None]  # None: the shared generator
+    # int32 [rows, ceil(vocab / 32)], allowed tokens
     bitmask: np.ndarray | None = None
     # runner/penalties.py
     penalize: Callable[[torch.Tensor], None] | None = None
-    # bad words, in place on the logits (runner/bad_words.py); None: none
+    # runner/bad_words.py
     ban_words: Callable[[torch.Tensor], None] | None = None
 
 
@@ -35,8 +34,8 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch
                  ) -> tuple[torch.Tensor, list[dict[int, float]] | None]:
-        """logits [B, V] float32 -> (token ids [B] on the device, per-row logprobs or None).
-        Decided from host-side parameters: no host sync."""
+        """logits [B, V] float32 -> (token ids [B] on the device, per-row logprobs or None);
+        no host sync."""
         dev = logits.device
         apply_token_controls(logits, batch.params)
         if batch.penalize is not None:
@@ -50,7 +49,7 @@ class Sampler:
             rows, cols = zip(*banned)
             logits[to_device(rows, torch.int64, dev), to_device(cols, torch.int64, dev)] = float("-inf")
         wants_logprobs = any(p.logprobs is not None for p in batch.params)
-        lp = torch.log_softmax(logits, dim=-1) if wants_logprobs else None  # once: the top-k and the chosen
+        lp = torch.log_softmax(logits, dim=-1) if wants_logprobs else None  # once, for top-k and chosen
         logprobs = self._logprobs(lp, batch) if wants_logprobs else None
         greedy = [p.greedy for p in batch.params]
         if all(greedy):
@@ -60,7 +59,7 @@ class Sampler:
             probs = filter_logits(logits / temps[:, None], batch.params).softmax(dim=-1)
             noise = torch.empty_like(probs).exponential_(generator=self.generator)
             for i, gen in enumerate(batch.generators):
-                if gen is not None:  # seeded: its own stream, whatever the batch
+                if gen is not None:  # seeded: its own stream
                     noise[i].exponential_(generator=gen)
             sampled = (probs / noise).argmax(dim=-1)
             out = sampled if not any(greedy) else torch.where(to_device(greedy, torch.bool, dev),
@@ -74,7 +73,7 @@ class Sampler:
 
     @staticmethod
     def _logprobs(lp: torch.Tensor, batch: SamplingBatch) -> list[dict[int, float] | None]:
-        """Top-`logprobs` entries of the raw distribution (before temperature and filters)."""
+        """Top `logprobs` of the raw distribution (before temperature, filters)."""
         wanted = [p.logprobs for p in batch.params]
         k_max = max(k for k in wanted if k is not None)
         if k_max:
@@ -119,7 +118,7 @@ _BITS = {}  # device -> arange(32)
 
 
 def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
-    """-inf, in place, where the bit is 0 (bit j of word w: token 32w + j)."""
+    """-inf, in place, where the bit is 0 (token 32w + j: bit j of word w)."""
     bits = _BITS.get(logits.device)
     if bits is None:
         bits = _BITS[logits.device] = torch.arange(32, dtype=torch.int32, device=logits.device)
@@ -128,7 +127,7 @@ def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
 
 
 def bitmask_rows(token_bitmask: np.ndarray, rows: list[int]) -> np.ndarray | None:
-    """The sampling rows' bitmask (``rows``: plan rows, -1 for none); None if none constrained."""
+    """``rows``: plan rows, -1 for none; None if none constrained."""
     if all(r < 0 for r in rows):
         return None
     out = np.full((len(rows), token_bitmask.shape[1]), -1, dtype=np.int32)

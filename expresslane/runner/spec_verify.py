@@ -1,4 +1,4 @@
-"""Verifying proposals: the longest accepted run plus one token of the target's (1 to k + 1 tokens)."""
+"""Verifying proposals: the longest accepted run plus one target token."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from expresslane.sampling_params import SamplingParams
 
 
 class Verified:
-    """Device `tensors` and how they become each seq's tokens."""
+    """Device `tensors` and how they become tokens."""
 
     def __init__(self, tensors: list[torch.Tensor], finish: Callable[[list[np.ndarray]], list[list[int]]]):
         self.tensors, self._finish = tensors, finish
@@ -23,7 +23,7 @@ class Verified:
 
 
 def accept_greedy(target: np.ndarray, drafts: np.ndarray, counts: np.ndarray) -> list[list[int]]:
-    """The proposals while each equals the argmax before it (target [S, W]), then the next argmax."""
+    """Proposals while each equals the target argmax (target [S, W]), then the next argmax."""
     width = target.shape[1]
     match = (drafts[:, :width - 1] == target[:, :-1]) & (np.arange(width - 1)[None, :] < counts[:, None])
     accepted = np.cumprod(match, axis=1).sum(axis=1)
@@ -32,7 +32,7 @@ def accept_greedy(target: np.ndarray, drafts: np.ndarray, counts: np.ndarray) ->
 
 def verify(logits: torch.Tensor, counts: np.ndarray, drafts: np.ndarray | torch.Tensor, params: list[SamplingParams],
            generator: torch.Generator, draft_probs: torch.Tensor | None = None) -> Verified:
-    """logits [S, k + 1, V] (padded by each seq's last row); draft_probs None: one-hot proposals."""
+    """logits [S, k + 1, V], padded by each seq's last row; draft_probs None: one-hot."""
     num, width = len(counts), logits.shape[1]
     if all(p.greedy for p in params):
         target = logits.argmax(dim=-1)

@@ -1,4 +1,4 @@
-"""StepResult: a launched step's sampled ids on their way to the host."""
+"""A launched step's sampled ids on their way to the host."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ if TYPE_CHECKING:
 
 
 class StepResult:
-    """`spec`: (request ids, Verified). On CUDA `get()` waits for the step's end even if it
-    sampled nothing: the pipeline stays one step deep."""
+    """`spec`: (request ids, Verified). On CUDA `get()` waits for the step's end even if
+    nothing was sampled: the pipeline stays one step deep."""
 
     def __init__(self, device: torch.device, request_ids: list[str], tokens: torch.Tensor | None,
                  logprobs: list[dict[int, float]] | None, spec: tuple[list[str], Verified] | None = None,
@@ -32,7 +32,7 @@ class StepResult:
             self._event.record()
 
     def ready(self) -> bool:
-        """Whether the step has ended (`get` would not wait)."""
+        """The step has ended (`get` won't wait)."""
         return self._event is None or self._event.query()
 
     def get(self) -> tuple[dict[str, int | list[int]], dict[str, dict[int, float]] | None]:

@@ -1,5 +1,5 @@
-"""Calibration of the step-cost model: synthetic steps of each shape family timed through
-``ModelRunner.execute`` at start-up, on free KV blocks."""
+"""Calibrating the step-cost model: synthetic steps timed through ``ModelRunner.execute`` at
+start-up."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ _GREEDY = SamplingParams(temperature=0.0, max_tokens=1)
 
 def calibration_steps(budget: int, max_seqs: int, num_blocks: int, block_size: int,
                       max_model_len: int, light: bool = False) -> list[list[tuple[int, int]]]:
-    """Steps as lists of (cached tokens, computed tokens) within the engine's limits; `light`: a few small ones."""
+    """Steps as lists of (cached tokens, computed tokens); `light`: a few small ones."""
     capacity = num_blocks * block_size
     longest = max_model_len - 1
     top, batches, far, chunks = (256, (1, 8), 256, (64,)) if light else (8192, (1, 8, 32, 128), 4096, (64, 256, 1024))
@@ -39,7 +39,7 @@ def calibration_steps(budget: int, max_seqs: int, num_blocks: int, block_size: i
 
 
 def _run(runner, step: list[tuple[int, int]], block_size: int) -> None:
-    """One synthetic step, its requests released after."""
+    """Its requests released after."""
     seqs, next_block = [], 0
     for i, (start, n) in enumerate(step):
         nblocks = -(-(start + n) // block_size)
@@ -53,7 +53,7 @@ def _run(runner, step: list[tuple[int, int]], block_size: int) -> None:
 
 @torch.inference_mode()
 def time_steps(runner, steps: list[list[tuple[int, int]]], repeats: int = 1) -> list[tuple[StepShape, float]]:
-    """The fastest of `repeats` timed runs of each step, after one untimed warm-up run."""
+    """The fastest of `repeats` runs of each step, after a warm-up."""
     cuda = runner.device.type == "cuda"
     samples = []
     for step in steps:

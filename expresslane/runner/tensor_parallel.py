@@ -1,5 +1,5 @@
-"""Tensor parallelism, rank 0's side: each model-touching call is broadcast to the workers
-(``runner/tp_worker.py``) over gloo and run by every rank; rank 0 samples and broadcasts the ids."""
+"""Tensor parallelism, rank 0's side: model-touching calls broadcast over gloo, run by every
+rank."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ INIT_TIMEOUT = timedelta(minutes=10)  # ranks on other nodes may start later tha
 
 
 def check_splits(config: EngineConfig, hf_config) -> None:
-    """Refuse a model the ranks cannot split, before any process starts."""
+    """Refuse a model the ranks cannot split."""
     p = config.parallel
     size = p.tensor_parallel_size
     heads = hf_config.num_attention_heads
@@ -63,7 +63,7 @@ def rank_config(config: EngineConfig, local_rank: int) -> EngineConfig:
 
 
 def init_group(rank: int, world_size: int, addr: str, dev_type: str) -> object:
-    """Join the default group; returns the gloo control group."""
+    """Returns the gloo control group."""
     backend = "nccl" if dev_type == "cuda" else "gloo"
     dist.init_process_group(backend, init_method=f"tcp://{addr}", rank=rank, world_size=world_size,
                             timeout=INIT_TIMEOUT)
@@ -94,7 +94,7 @@ def run_command(runner: ModelRunner, control, method: str, args: tuple):
 
 
 class BroadcastingSampler:
-    """Rank 0 samples and broadcasts the ids (every rank's next inputs)."""
+    """Rank 0 samples and broadcasts the ids."""
 
     def __init__(self, inner, tp: TPGroup):
         self.inner, self.tp = inner, tp
@@ -116,7 +116,7 @@ class ReceivingSampler:
 
 
 class TPExecutor(Runner):
-    """Rank 0's ModelRunner, broadcasting each model-touching call to the workers first."""
+    """Rank 0's ModelRunner, broadcasting to the workers."""
 
     def __init__(self, config: EngineConfig, hf_config, model_dir: Path):
         p = config.parallel
@@ -183,11 +183,11 @@ class TPExecutor(Runner):
         self.runner.reset_expert_tokens()
 
     def weight_numel(self) -> list[dict[str, int]]:
-        """Per rank, the elements of each parameter it holds."""
+        """Per rank: name -> elements."""
         return self._call("weight_numel")
 
     def shutdown(self) -> None:
-        """Stop the workers and leave the group (idempotent)."""
+        """Stop the workers, leave the group (idempotent)."""
         if self._closed:
             return
         self._closed = True

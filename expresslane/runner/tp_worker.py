@@ -1,4 +1,4 @@
-"""A tensor-parallel worker (a rank other than 0): loads its slice, then runs rank 0's commands.
+"""A tensor-parallel rank other than 0: loads its slice, runs rank 0's commands.
 
     python -m expresslane.runner.tp_worker --rank R --local-rank L --local-world-size M --world-size N \\
         --init-addr HOST:PORT --device-type cpu|cuda
@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 @torch.inference_mode()
 def run_worker(rank: int, local_rank: int, local_world_size: int, world_size: int, init_addr: str,
                dev_type: str) -> None:
-    ignore_stop_signals()  # the engine process stops its workers (child_process.py)
+    ignore_stop_signals()  # the engine stops it
     exit_with_parent()
     if dev_type == "cpu":  # the node's ranks share its cores
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world_size))

@@ -1,8 +1,5 @@
-"""Static and dynamic batching (flat-latency baselines), and which scheduler a config gets.
-
-A batch starts only when none runs, prefills whole in one step and decodes until all members
-finish; ``dynamic`` waits up to ``batch_timeout_ms`` for a full batch.
-"""
+"""Static and dynamic batching (flat-latency baselines): a batch starts when none runs, prefills
+in one step, decodes until all finish; ``dynamic`` waits up to ``batch_timeout_ms`` to fill."""
 
 from __future__ import annotations
 
@@ -29,7 +26,7 @@ class FixedBatchScheduler(Scheduler):
         return scheduled
 
     def _make_room(self, req: Request, scheduled: list[tuple[Request, int]], budget: StepBudget) -> bool:
-        return False  # a batch is fixed: no request takes a member's seat
+        return False  # a batch is fixed
 
     def _batch_ready(self) -> bool:
         head = self._peek_waiting()

@@ -1,12 +1,6 @@
-"""Paged KV-cache bookkeeping with prefix caching (torch-free): which block ids a request uses.
-
-    tokens   [t0 .. t15][t16 .. t31][t32 t33 _ _ ...]
-    blocks   [   7     ][   2      ][   9  (partial)]
-    hashes   [  h0     ][ h1=H(h0, t16..t31)]          full blocks only, chained
-
-A block is referenced or in the LRU free list, never both; a free block keeps its cached prefix
-until reallocated; a prefix hit never covers a request's last token (its logits are needed).
-"""
+"""Paged KV-cache bookkeeping with prefix caching: which block ids a request uses. Full blocks
+only are hashed, chained: h1 = H(h0, t16..t31). A block is referenced or in the LRU free list,
+never both; a free block keeps its cached prefix until reallocated."""
 
 from __future__ import annotations
 
@@ -62,7 +56,7 @@ class BlockPool:
         return out
 
     def touch(self, blocks: list[Block]) -> None:
-        """Take a reference on prefix-cache hits (reviving free ones)."""
+        """Reference prefix-cache hits (reviving free ones)."""
         for block in blocks:
             if block.ref_cnt == 0:
                 del self._free[block.block_id]
@@ -77,7 +71,7 @@ class BlockPool:
                 self._free[block.block_id] = block
 
     def register(self, block: Block, block_hash: bytes) -> None:
-        """Publish a full block's contents for reuse (first writer wins)."""
+        """Publish a full block for reuse; first writer wins."""
         if block.block_hash is None and block_hash not in self._cached:
             block.block_hash = block_hash
             self._cached[block_hash] = block
@@ -99,7 +93,7 @@ class KVCacheManager:
         return 1.0 - self.pool.num_free / self.pool.num_blocks
 
     def block_ids(self, request_id: str, start: int = 0) -> list[int]:
-        """The request's block ids from its `start`-th block on."""
+        """From the `start`-th block on."""
         return [b.block_id for b in self._req_blocks.get(request_id, ())[start:]]
 
     def _block_hashes(self, req: Request) -> list[bytes]:
@@ -111,7 +105,7 @@ class KVCacheManager:
         return hashes
 
     def find_cached_prefix(self, req: Request) -> list[Block]:
-        """Longest chain of cached full blocks at the start of a request with no KV yet."""
+        """Longest cached prefix of full blocks, for a request with no KV yet."""
         if not self.enable_prefix_caching:
             return []
         max_blocks = (req.num_tokens - 1) // self.block_size
@@ -129,7 +123,7 @@ class KVCacheManager:
             self.prefix_cache_hits += num_hit_tokens
 
     def allocate_slots(self, req: Request, num_new_tokens: int, cached: list[Block] = ()) -> bool:
-        """Room for `num_new_tokens` after the computed tokens (and `cached` hits); False if out of blocks."""
+        """Room for `num_new_tokens` more (after `cached` hits); False if out of blocks."""
         blocks = self._req_blocks.setdefault(req.request_id, [])
         num_computed = req.num_computed_tokens + len(cached) * self.block_size
         total = num_computed + num_new_tokens
@@ -157,7 +151,7 @@ class KVCacheManager:
         self._req_num_registered[req.request_id] = num_full
 
     def free(self, req: Request) -> None:
-        """Drop a request's blocks, tail first in eviction order."""
+        """Drop the blocks, tail first in eviction order."""
         blocks = self._req_blocks.pop(req.request_id, [])
         self.pool.release(blocks[::-1])
         self._req_num_registered.pop(req.request_id, None)

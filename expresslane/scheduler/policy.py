@@ -1,5 +1,5 @@
-"""Scheduling policies (torch-free): queue order, each step's budget, step-aside and victims.
-docs/architecture.md, "Budget", has the rules and the simulations behind them."""
+"""Scheduling policies: queue order, step budget, step-aside, victims (docs/architecture.md,
+"Budget")."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ class StepBudget:
         return cls(n, n, dict.fromkeys(LANES, n))
 
     def take(self, req: Request, wanted: int) -> int:
-        """How many of `wanted` tokens `req` may have now (0: none)."""
+        """Of `wanted` tokens, what `req` may have now."""
         return max(0, min(wanted, self.tokens, self.prefill_cap, self.lanes[req.lane]))
 
     def spend(self, req: Request, n: int) -> None:
@@ -39,7 +39,7 @@ class StepBudget:
 
 
 class SchedulingPolicy:
-    """fcfs: arrival order; a long prompt is capped beside others, then topped up."""
+    """Arrival order; a long prompt is capped beside others, then topped up."""
 
     def __init__(self, config: SchedulerConfig, cost_model: StepCostModel | None = None):
         self.config = config
@@ -79,7 +79,7 @@ class PriorityPolicy(SchedulingPolicy):
 
 
 class DeadlinePolicy(SchedulingPolicy):
-    """Lanes: earliest TTFT deadline first; steps sized by the SLO; batch takes its share."""
+    """Earliest TTFT deadline first; steps sized by the SLO; batch takes its share."""
 
     def __init__(self, config: SchedulerConfig, cost_model: StepCostModel | None = None):
         super().__init__(config, cost_model)
@@ -89,7 +89,7 @@ class DeadlinePolicy(SchedulingPolicy):
         return (self.deadline(req), req.seq)
 
     def deadline(self, req: Request) -> float:
-        """Arrival + lane TTFT target + `prefill_stretch` x the whole frontend request's prefill alone."""
+        """Arrival + TTFT target + `prefill_stretch` x the frontend request's lone prefill."""
         if req.ttft_deadline is None:
             work = 0.0
             if self.cost_model is not None and req.num_prompt_tokens > 1:
@@ -144,7 +144,7 @@ class DeadlinePolicy(SchedulingPolicy):
         limit = top - base.num_tokens
         room = max(min(self.config.min_prefill_chunk, limit), self.cost_model.max_chunk(base, start, limit, target), 1)
         if not pace:
-            if head is None:  # lone prompts: chunks up to double what is computed, in bounded steps
+            if head is None:  # lone prompts: chunks up to double what is computed
                 room = max(room, min(start, self.cost_model.max_chunk(base, start, limit, slo.ttft / self.config.lone_step_share)))
                 return top, room, room
             if idle and self.prefill_alone(head.num_tokens) <= slo.ttft / 4:
@@ -154,7 +154,7 @@ class DeadlinePolicy(SchedulingPolicy):
             return step, room, room
         if head is None or head.lane != "interactive":
             return min(top, base.num_tokens + room), room, room
-        # the head's first chunk goes in first; running prompts share the rest
+        # the head's first chunk first; running prompts share the rest
         starting = min(head.num_tokens, room)
         rest = self.cost_model.max_chunk(base.plus_chunk(0, starting), start, limit - starting, target)
         rest = max(rest, min(self.config.min_prefill_chunk - starting, limit - starting))  # the floor is the step's, shared
@@ -168,7 +168,7 @@ class DeadlinePolicy(SchedulingPolicy):
         return sorted(running, key=rank)
 
     def steps_aside(self, req: Request, budget: StepBudget, now: float) -> bool:
-        """A long interactive prompt skips the step that admits a short one, until its deadline."""
+        """A long interactive prompt skips a step that admits a short one, until its deadline."""
         if not budget.short_first or req.lane != "interactive":
             return False
         if req.num_tokens - req.num_computed_tokens <= budget.prefill_cap:
@@ -176,7 +176,7 @@ class DeadlinePolicy(SchedulingPolicy):
         return now < self.deadline(req)
 
     def victim(self, req: Request, running: Collection[Request]) -> Request | None:
-        """For an interactive request: the lowest-ranked batch request, else a later-ranked prefill."""
+        """The lowest-ranked batch request, else a later-ranked prefill."""
         if req.lane != "interactive":
             return None
         batch = [r for r in running if r.lane == "batch"]

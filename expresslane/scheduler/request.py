@@ -40,7 +40,7 @@ class Request:
     lane: str
     all_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0  # advanced when scheduled
-    num_pending: int = 0  # tokens sampled by a step in flight (0 or 1)
+    num_pending: int = 0  # sampled by a step in flight (0 or 1)
     num_cached_tokens: int = -1  # prefix-cache hit at first scheduling
     num_preemptions: int = 0
     num_blocks_sent: int = 0  # block ids the runner has
@@ -52,7 +52,7 @@ class Request:
     first_token_time: float | None = None
     ttft_deadline: float | None = None  # DeadlinePolicy.deadline
     request_prompt_tokens: int = 0  # of the whole frontend request; 0: its own
-    # prompt positions scored so far (kept across preemption) and the scores, sent with the first token
+    # prompt positions scored (kept across preemption); scores go with the first token
     num_prompt_logprobs_scheduled: int = 0
     prompt_logprobs: ScoredPrompt | None = None
     seq: int = field(default_factory=lambda: next(_arrival_counter))  # tie-break
@@ -82,7 +82,7 @@ class Request:
 
     @property
     def needs_prompt_logprobs(self) -> bool:
-        """Prompt positions are still to score (no prefix-cache hit then)."""
+        """Prompt positions still to score (so no prefix-cache hit)."""
         return (self.sampling_params.prompt_logprobs is not None
                 and self.num_prompt_logprobs_scheduled < len(self.prompt_token_ids) - 1)
 
@@ -118,7 +118,7 @@ class Request:
                           known)
 
     def append_token(self, token_id: int) -> None:
-        """Record a sampled token; sets finish_reason when done."""
+        """Sets finish_reason when done."""
         self.all_token_ids.append(token_id)
         if token_id in self.eos_token_ids:  # the sampler bans EOS before min_tokens
             self.finish_reason = "stop"

@@ -1,6 +1,5 @@
-"""Continuous batching (torch-free): one token budget per step, running requests first, then
-waiting ones, in policy order (scheduler/policy.py); prompts are chunked to the budget, and the
-lowest-ranked running request is preempted when KV blocks run out."""
+"""Continuous batching: a token budget per step, running requests then waiting ones, in policy
+order; prompts chunked to the budget; the lowest-ranked preempted when KV blocks run out."""
 
 from __future__ import annotations
 
@@ -27,7 +26,7 @@ class Scheduler:
         self.policy = POLICIES[config.scheduling_policy](config, cost_model)
         self.requests: dict[str, Request] = {}
         self.running: dict[str, Request] = {}
-        self._waiting: list[tuple[tuple, Request]] = []  # heap by policy key; aborted ones popped lazily
+        self._waiting: list[tuple[tuple, Request]] = []  # heap; aborted ones popped lazily
         self._num_waiting = 0
         self._waiting_by_lane = dict.fromkeys(LANES, 0)
         self._finished_ids: list[str] = []  # since the last plan
@@ -36,8 +35,8 @@ class Scheduler:
         self._in_flight: dict[int, list[tuple[Request, int]]] = {}  # step id -> (request, tokens)
         self.num_preemptions = 0
         self.spec = spec
-        self._proposals: dict[str, list[int]] = {}  # this plan's speculating requests: their proposals
-        self._speculate: bool | None = None  # `speculating()`'s answer while nothing has changed since
+        self._proposals: dict[str, list[int]] = {}  # this plan's proposals
+        self._speculate: bool | None = None  # `speculating()`'s answer, until a change
 
     def add_request(self, req: Request) -> None:
         if req.request_id in self.requests:
@@ -71,14 +70,14 @@ class Scheduler:
         scheduled = self._schedule()
         plan = StepPlan(next(self._step_ids), [], sum(n for _, n in scheduled))
         if not scheduled:
-            return plan  # not executed: finished ids wait for the next plan
+            return plan  # not executed: finished ids wait
         plan.finished_request_ids, self._finished_ids = self._finished_ids, []
         plan.preempted_request_ids, self._preempted_ids = self._preempted_ids, []
         for req, n in scheduled:
             if req.num_blocks_sent == 0:
                 plan.new_requests.append(req.runner_state())
             plan.seqs.append(self._describe(req, n))
-            # the step will compute them: later plans build on that (proposals count once accepted)
+            # later plans build on them (proposals count once accepted)
             req.num_computed_tokens += n - len(self._proposals.get(req.request_id, ()))
             if req.num_computed_tokens == req.num_tokens_with_pending:
                 req.num_pending += 1
@@ -87,12 +86,11 @@ class Scheduler:
         return plan
 
     def speculating(self, decoding: list[Request] | None = None) -> bool:
-        """Whether the next step speculates (the engine then lands the step in flight before
-        planning it: proposals need each request's last token here). Decoding requests are
-        those with every known token computed or but one."""
+        """If so the engine lands the step in flight first: proposals need each last token.
+        Decoding: every known token computed, or all but one."""
         if self.spec is None:
             return False
-        if self._speculate is None:  # asked by every held call too: kept until the plan or a landed step
+        if self._speculate is None:  # kept until the plan or a landed step
             self._speculate = self.spec.worth_it(self._decoding() if decoding is None else decoding)
         return self._speculate
 
@@ -103,7 +101,7 @@ class Scheduler:
         head = self._peek_waiting()
         speculate = False
         if self.spec is not None:
-            decoding = self._decoding()  # once a step: the decision, then what it records
+            decoding = self._decoding()  # once a step
             speculate = self.speculating(decoding)
             self._speculate = None
             self.spec.decided(decoding, speculate)  # off: a shadow keeps the acceptance rate measured
@@ -118,12 +116,12 @@ class Scheduler:
 
     def _schedule_running(self, budget: StepBudget, speculate: bool = False
                           ) -> tuple[list[tuple[Request, int]], bool]:
-        """Running requests in policy order, preempting from the lowest-ranked end for blocks."""
+        """Running requests in policy order, preempting from the lowest-ranked end."""
         scheduled: list[tuple[Request, int]] = []
         preempted = False
         now = self.clock()
         order = self.policy.order_running(self.running.values())
-        tail = len(order)  # order[i:tail]: not yet scheduled; victims come from the end
+        tail = len(order)  # order[i:tail]: not yet scheduled
         i = 0
         while i < tail and budget.tokens > 0:
             req = order[i]
@@ -219,7 +217,7 @@ class Scheduler:
     def _describe(self, req: Request, n: int) -> ScheduledSeq:
         start = req.num_computed_tokens
         proposals = self._proposals.get(req.request_id, [])
-        if proposals:  # a decode with its last token known, and what may follow it
+        if proposals:  # a decode with its last token known
             new_blocks = self.kv.block_ids(req.request_id, req.num_blocks_sent)
             req.num_blocks_sent += len(new_blocks)
             return ScheduledSeq(req.request_id, [req.all_token_ids[start], *proposals], start, new_blocks, True,
@@ -245,7 +243,7 @@ class Scheduler:
         return seq
 
     def _preempt(self, req: Request) -> None:
-        # a step in flight may still write the blocks: their next owner writes after it
+        # a step in flight may still write them: the next owner writes after
         del self.running[req.request_id]
         self.kv.free(req)
         req.num_computed_tokens = req.num_draft_computed = 0
@@ -259,8 +257,8 @@ class Scheduler:
     def update(self, plan: StepPlan, sampled: dict[str, int],
                logprobs: dict[str, dict[int, float]] | None = None,
                prompt_logprobs: dict[str, ScoredPrompt] | None = None) -> list[EngineCoreOutput]:
-        """Apply a landed step's tokens; a request finished since ignores its token."""
-        self._speculate = None  # tokens land: who decodes, and at what acceptance, changes
+        """A request finished since ignores its token."""
+        self._speculate = None  # who decodes, and acceptance, change
         now = self.clock()
         outputs = []
         proposed = {s.request_id: s.num_spec_tokens for s in plan.seqs if s.num_spec_tokens}
@@ -286,7 +284,7 @@ class Scheduler:
                     break
             if self.spec is not None:
                 self.spec.observe_tokens(req)
-            # accepted proposals' KV is in the cache; a rejected one's slot is overwritten by the next step
+            # accepted proposals' KV is cached; a rejected one's slot is overwritten next step
             req.num_computed_tokens += len(tokens) - 1
             first = req.first_token_time is None
             if first:

@@ -1,4 +1,4 @@
-"""Whether a step speculates, and with how many proposals each (docs/architecture.md, "Speculative decoding")."""
+"""Whether a step speculates, with how many proposals each."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ class SpecDecoder:
         self.draft_cost_ratio = 0.0
         self.max_rows: int | None = None  # a verify's logits rows that fit a graph
         self.k = config.num_speculative_tokens  # this step's proposals per request
-        # per batch bucket: verify steps' measured over predicted time
+        # per batch bucket: verify time measured / predicted
         self._verify_ratios: dict[int, deque[float]] = {}
         self._verify_scales: dict[int, float] = {}
         self._verifies_seen: dict[int, int] = {}
@@ -64,7 +64,7 @@ class SpecDecoder:
         return max(0, k)
 
     def decided(self, decoding: list[Request], speculate: bool) -> None:
-        """Once a planned step: its `k`, a probe's request, or else a shadow."""
+        """Its `k`, a probe's request, or a shadow."""
         self._probe = None
         if speculate and self._is_probe(decoding):
             self._probe = decoding[self._probe_turn % len(decoding)]
@@ -77,7 +77,7 @@ class SpecDecoder:
         self.shadow(decoding)
 
     def shadow(self, decoding: list[Request]) -> None:
-        """Off: take the next request's host proposal as if it speculated."""
+        """Off: take a request's host proposal as if speculating."""
         if not self.proposes_on_host or not decoding:
             return
         if self._shadow is not None:
@@ -136,7 +136,7 @@ class SpecDecoder:
         req.num_draft_computed = self.proposer.computed_after(req.num_computed_tokens, accepted, proposed)
 
     def worth_it(self, decoding: list[Request]) -> bool:
-        """By batch size if capped, else by the cost model or a probe."""
+        """By batch size if capped, else cost model or probe."""
         if not decoding or not self.proposals(len(decoding)):
             return False
         limit = self.config.speculative_disable_by_batch_size
@@ -186,7 +186,7 @@ class SpecDecoder:
         return num_speculating.bit_length()
 
     def verify_scale(self, num_speculating: int) -> float:
-        """This bucket's, else the nearest smaller one's, else 1."""
+        """This bucket's, else the nearest smaller's, else 1."""
         measured = [b for b in self._verify_scales if b <= self._bucket(num_speculating)]
         return self._verify_scales[max(measured)] if measured else 1.0
 
