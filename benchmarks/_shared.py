@@ -14,6 +14,15 @@ import time
 import urllib.request
 
 
+def rss_mb(pid: int) -> float:
+    """A process's resident set, MB (Linux)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
 def emit(out: str | None, **row) -> None:
     """Print one result as a JSON line, and append it to `out` when given."""
     line = json.dumps(row)

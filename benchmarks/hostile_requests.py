@@ -30,7 +30,7 @@ import tempfile
 import time
 
 import httpx
-from _shared import emit
+from _shared import emit, rss_mb
 
 KINDS = {
     "prompt10mb": {"prompt": "word " * 2_000_000, "max_tokens": 4},
@@ -42,14 +42,6 @@ KINDS = {
     "ids256x2047run": {"prompt": [[(i * 7919 + j) % 2000 + 10 for i in range(2047)] for j in range(256)],
                        "max_tokens": 1},
 }
-
-
-def rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def _quantile(xs: list[float], q: float) -> float:

@@ -19,17 +19,9 @@ import tempfile
 import time
 
 import httpx
-from _shared import emit, start_server, stop_server
+from _shared import emit, rss_mb, start_server, stop_server
 
 CLIENTS = 8
-
-
-def rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 async def send(url: str, n: int, rng: random.Random | None) -> None:
