@@ -54,7 +54,7 @@ class RequestRows:
             self._add(new)
         # decodes first: the backends batch them
         seqs = sorted(plan.seqs, key=lambda s: len(s.token_ids) != 1)
-        return self._gather(seqs)
+        return self.gather(seqs)
 
     def _add(self, new: NewRequest) -> None:
         if new.request_id in self.rows:
@@ -71,7 +71,8 @@ class RequestRows:
             self.params[row] = None
             self._free_rows.append(row)
 
-    def _gather(self, seqs: list[ScheduledSeq]) -> StepInputs:
+    def gather(self, seqs: list[ScheduledSeq]) -> StepInputs:
+        """The step inputs of requests already in the rows (the draft model gathers its own steps)."""
         num = len(seqs)
         rows = np.empty(num, dtype=np.int64)
         counts = np.empty(num, dtype=np.int64)
