@@ -7,6 +7,7 @@ import torch
 
 from expresslane.contract import NewRequest
 from expresslane.device import to_device
+from expresslane.runner.penalties import tracked_samples
 
 
 class BadWords:
@@ -43,11 +44,10 @@ class BadWords:
         """Shift the sampled tokens into the rows' histories."""
         if self.history is None or not self.words:
             return
-        pick = [i for i, row in enumerate(rows) if row in self.words]
-        if not pick:
+        picked = tracked_samples(rows, tokens, self.words, self.device)
+        if picked is None:
             return
-        r = to_device([rows[i] for i in pick], torch.int64, self.device)
-        t = tokens[to_device(pick, torch.int64, self.device)]
+        r, t = picked
         self.history[r] = torch.cat([self.history[r, 1:], t[:, None].to(torch.int64)], dim=1)
 
     def apply(self, logits: torch.Tensor, rows: list[int]) -> None:

@@ -9,6 +9,15 @@ from expresslane.device import to_device
 from expresslane.contract import NewRequest
 from expresslane.sampling_params import SamplingParams
 
+def tracked_samples(rows: list[int], tokens: torch.Tensor, tracked, device: torch.device
+                    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(rows, their sampled tokens) on the device for the rows in ``tracked``; None if none is."""
+    pick = [i for i, row in enumerate(rows) if row in tracked]
+    if not pick:
+        return None
+    return to_device([rows[i] for i in pick], torch.int64, device), tokens[to_device(pick, torch.int64, device)]
+
+
 
 class Penalties:
     def __init__(self, max_rows: int, vocab_size: int, device: torch.device):
@@ -42,13 +51,12 @@ class Penalties:
         """Count the sampled tokens of the penalized rows."""
         if not self.params:
             return
-        pick = [i for i, row in enumerate(rows) if row in self.params]
-        if not pick:
+        picked = tracked_samples(rows, tokens, self.params, self.device)
+        if picked is None:
             return
-        r = to_device([rows[i] for i in pick], torch.int64, self.device)
-        t = tokens[to_device(pick, torch.int64, self.device)]
+        r, t = picked
         flat = r * self.vocab_size + t  # not index_put_(accumulate=True): no host sync
-        self.counts.view(-1).scatter_add_(0, flat, torch.ones(len(pick), dtype=torch.int32, device=self.device))
+        self.counts.view(-1).scatter_add_(0, flat, torch.ones(len(r), dtype=torch.int32, device=self.device))
         self.seen.view(-1).scatter_(0, flat, 1)
 
     def apply(self, logits: torch.Tensor, rows: list[int]) -> None:
