@@ -99,6 +99,8 @@ class Scheduler:
 
     def _schedule(self) -> list[tuple[Request, int]]:
         head = self._peek_waiting()
+        if head is not None and not self._can_seat(head):
+            head = None  # it cannot start this step: size the step for the running requests
         speculate = False
         if self.spec is not None:
             decoding = self._decoding()  # once a step
@@ -191,6 +193,9 @@ class Scheduler:
             self.running[req.request_id] = req
             scheduled.append((req, n))
             budget.spend(req, n)
+
+    def _can_seat(self, req: Request) -> bool:
+        return len(self.running) < self.config.max_num_seqs or self.policy.victim(req, self.running.values()) is not None
 
     def _make_room(self, req: Request, scheduled: list[tuple[Request, int]], budget: StepBudget) -> bool:
         """Preempt the policy's victim for `req`, out of this step too; False if none."""
