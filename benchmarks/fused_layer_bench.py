@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import time
 
@@ -149,6 +150,13 @@ def layer_bench(args, out) -> None:
                 got = got.float()
                 if not smoke:
                     timings["on"] = measure(on)
+                    for most in args.fused_splits:  # the one-launch attention with fewer splits to combine
+                        base = dataclasses.replace(backend.decode_tile(batch), fused_reduce=False)
+                        backend._fused_reduce_tiles[base] = dataclasses.replace(base, fused_reduce=True,
+                                                                                max_splits=most)
+                        backend.prepare(meta)
+                        timings[f"on_splits{most}"] = measure(on)
+                        del backend._fused_reduce_tiles[base]
                     backend.fused_reduce_rows = 0  # the fused GEMVs beside today's attention (+ a reduce kernel)
                     backend.prepare(meta)
                     timings["on_split_reduce"] = measure(on)
@@ -234,6 +242,8 @@ def main() -> None:
     ap.add_argument("--batches", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8])
     ap.add_argument("--contexts", type=lambda s: [int(x) for x in s.split(",")], default=[1024, 32768],
                     help="tokens of context each decoding seq of the one-layer part has")
+    ap.add_argument("--fused-splits", type=lambda s: [int(x) for x in s.split(",") if x], default=[],
+                    help="also time the one-launch attention with at most these many splits")
     ap.add_argument("--smoke", action="store_true", help="CPU (Triton's interpreter), a tiny layer: on vs off only")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
