@@ -61,7 +61,7 @@ def main() -> None:
             blocks = list(range(-(-len(ids) // runner.block_size)))  # the engine is idle: any blocks will do
             plan = StepPlan(0, [ScheduledSeq("agree", ids, 0, blocks, False)], len(ids),
                             [NewRequest("agree", SamplingParams())])
-            input_ids, positions, meta = runner._prepare(runner.batch.apply(plan))
+            input_ids, positions, meta = runner._prepare(runner.rows.apply(plan))
             runner.release(["agree"])
             ours = runner.model.compute_logits(runner.model(input_ids, positions, meta))
             same = ours.argmax(-1) == ref.argmax(-1)

@@ -57,7 +57,7 @@ def main() -> None:
         originals = []
         for obj, name, key in ((core, "step", "core_step"), (core.scheduler, "schedule", "schedule"),
                                (core.scheduler, "update", "update"), (core.runner, "execute", "execute"),
-                               (core.runner.batch, "apply", "batch_apply"), (core.runner, "_logits_at", "verify_forward"),
+                               (core.runner.rows, "apply", "rows_apply"), (core.runner, "_logits_at", "verify_forward"),
                                (llm.engine.outputs, "process", "output_process"),
                                (model_runner, "verify", "verify_accept"), (model_runner.StepResult, "get", "result_get")):
             originals.append((obj, name, getattr(obj, name)))

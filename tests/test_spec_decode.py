@@ -292,7 +292,7 @@ def test_step_phases_benchmark_times_the_verify_phases(tmp_path):
                    cwd=root / "benchmarks", check=True, capture_output=True, timeout=600)
     none, ngram = [json.loads(line) for line in out.read_text().splitlines()]
     assert none["method"] == "none" and ngram["method"] == "ngram"
-    common = {"core_step", "schedule", "update", "execute", "batch_apply", "output_process", "result_get"}
+    common = {"core_step", "schedule", "update", "execute", "rows_apply", "output_process", "result_get"}
     assert common <= set(none["phases"]) and not {"verify_forward", "verify_accept"} & set(none["phases"])
     assert {"verify_forward", "verify_accept"} <= set(ngram["phases"]) and ngram["steps"] < none["steps"]
     assert all(p["calls"] > 0 and p["mean_us"] > 0 for r in (none, ngram) for p in r["phases"].values())
