@@ -210,6 +210,14 @@ class ModelRunner(Runner):
     def samples_late(self) -> bool:
         return True
 
+    def apply_model(self, func):
+        return [func(self.model)]
+
+    @property
+    def cuda_graph_sizes(self) -> dict[str, tuple[int, ...]]:
+        return {name: () if graphs is None else tuple(sorted(graphs.graphs))
+                for name, graphs in (("decode", self.decode_graphs), ("mixed", self.mixed_graphs))}
+
     def copy_expert_tokens(self) -> ExpertTokensCopy | None:
         return copy_expert_tokens(self.model)
 
