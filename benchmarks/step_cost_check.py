@@ -83,7 +83,7 @@ def main() -> None:
     p.add_argument("--out", default=None)
     args = p.parse_args()
     llm = LLM(args.model, dtype=args.dtype, max_model_len=args.max_model_len)
-    core = llm.engine.core
+    core, runner = llm.engine.core, llm.engine.runner  # timed as the start-up calibration times it
     model, max_len = core.cost_model, core.max_model_len
     long = min(args.long, max_len - 1)
     errors = {}
@@ -92,7 +92,7 @@ def main() -> None:
     steps = {"mixed": lambda: shapes(long, max_len), "throughput": lambda: throughput_shapes(640, budget),
              "prompts": lambda: [[(0, n)] for n in (16, 64, 128, 256, 512, 2048) if n < max_len]}[args.shapes]()
     for step in steps:
-        [(shape, seconds)] = time_steps(core.runner, [step], repeats=args.repeats)
+        [(shape, seconds)] = time_steps(runner, [step], repeats=args.repeats)
         predicted = model.predict(shape)
         error = (predicted - seconds) / seconds
         decodes = [c for c, n in step if n == 1]
@@ -103,8 +103,8 @@ def main() -> None:
              chunk=n, chunks=len(chunks), measured_ms=1e3 * seconds, predicted_ms=1e3 * predicted, error=error)
         print(f"{len(decodes):3d} x {context:6d} | {n:4d} after {start:6d} | {1e3 * seconds:8.2f} | "
               f"{1e3 * predicted:8.2f} | {100 * error:+6.1f}%")
-        if args.shapes != "mixed" and core.runner.device.type == "cuda":
-            profile(core.runner, step)
+        if args.shapes != "mixed" and runner.device.type == "cuda":
+            profile(runner, step)
     print("mean error of the start-up model's prediction, by decodes x context (negative: under-predicts):")
     for (decodes, context), errs in errors.items():
         print(f"  {decodes} x {context:6d}: {100 * statistics.mean(errs):+6.1f}% over {len(errs)} steps")

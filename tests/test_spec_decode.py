@@ -210,8 +210,8 @@ def test_verify_steps_through_the_graph_input_path(tmp_path):
     runs, chains = [], []
     for extra in ({}, dict(speculative_model=model, num_speculative_tokens=3, speculative_disable_by_batch_size=8)):
         llm = LLM(model, **engine, **extra)
-        llm.engine.core.runner.build_graphs(128, capture=False)
-        draft = llm.engine.core.runner.proposer
+        llm.engine.runner.build_graphs(128, capture=False)
+        draft = llm.engine.runner.proposer
         if draft is not None:  # count the chain's replays
             run_chain = draft.chain_graphs.run_chain
             draft.chain_graphs.run_chain = lambda *a: (chains.append(a[2].copy()), run_chain(*a))[1]
