@@ -1,8 +1,5 @@
-"""Issue #20: does the step-cost model the engine calibrates at start-up predict the steps a
-mixed load really runs? On the H200 the replay's refits moved it (the constant of a step with
-prefill −0.5 → +1 to +2.5 ms; a 256-token step 10.5 → 11.5-13.8 ms), and with the refitted
-model the simulation predicted the measured long-prompt TTFT where the start-up model
-predicted half of it (docs/performance.md, "Flat latency through HTTP", session 11).
+"""Does the step-cost model the engine calibrates at start-up predict the steps a mixed load
+really runs (the load of `gpu.sh flat`, docs/performance.md "Flat latency through HTTP")?
 
     python benchmarks/step_cost_check.py [--model DIR] [--dtype bfloat16] [--out results.jsonl]
 
@@ -10,8 +7,9 @@ Times, as the start-up calibration does (`runner.step_timing.time_steps`: alone,
 --repeats after one untimed run), the shapes of that load's steps: 1, 3 or 5 decodes at a
 short (128) or long (--long) context, beside one prefill chunk of 16-512 tokens after 0 to
 --long cached keys; and prints each against the start-up model's prediction. Where these
-isolated steps match the model, the refits' higher costs come from running steps back to
-back (the host, the pipeline); where they do not, from a shape the calibration never times.
+isolated steps match the model but a served load's steps cost more (a server's refits at run
+time), the difference comes from running steps back to back (the host, the pipeline); where
+they do not, from a shape the calibration never times.
 """
 
 from __future__ import annotations
