@@ -92,8 +92,8 @@ def run_command(runner: ModelRunner, control, method: str, args: tuple):
 
 
 def apply_on_rank(model, control, payload: bytes) -> list[tuple[bool, bytes | str]]:
-    """Every rank: the pickled function on its model; per rank (True, pickled result) or (False,
-    the error), so that a rank that fails does not leave the others waiting."""
+    """The function on this rank's model; every rank's (True, pickled result) or (False, error),
+    gathered: a rank that fails leaves none waiting."""
     try:
         out = (True, cloudpickle.dumps(cloudpickle.loads(payload)(model)))
     except Exception as e:
@@ -193,8 +193,7 @@ class TPExecutor(Runner):
         self.runner.reset_expert_tokens()
 
     def apply_model(self, func):
-        """``func`` travels by cloudpickle (a lambda, a closure, or a function the workers can
-        import); its results come back pickled."""
+        """``func`` travels by cloudpickle; results come back pickled."""
         try:
             payload = cloudpickle.dumps(func)
         except Exception as e:
