@@ -130,7 +130,7 @@ class DraftModelProposer(Proposer):
             if j:  # feed proposal j to the seqs proposing more
                 live = np.flatnonzero(counts > j)
                 step = runner.rows.gather([ScheduledSeq(seqs[i].request_id, [0], seqs[i].start_pos + j, [], True)
-                                             for i in live])
+                                            for i in live])
                 patch = Patch(np.arange(len(live)), live, tokens[:, j - 1])
                 rows = np.full(len(spec), 0, dtype=np.int64)  # (done: any row, unused)
                 rows[live] = np.arange(len(live))
