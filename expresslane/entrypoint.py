@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import itertools
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeVar
 
 from expresslane.config import EngineConfig
 from expresslane.engine.llm_engine import LLMEngine, Prompt
 from expresslane.outputs import RequestOutput
 from expresslane.sampling_params import SamplingParams
 
+if TYPE_CHECKING:
+    from torch import nn
+
+R = TypeVar("R")
 _TQDM_MIN_PROMPTS = 8  # a progress bar for batches, not for single prompts
 
 
@@ -17,6 +21,7 @@ class LLM:
     def __init__(self, model: str | None = None, **config: Any):
         self.engine = LLMEngine(EngineConfig.from_kwargs(model=model, **config))
         self._ids = itertools.count()
+        self._shut_down = False
 
     @property
     def tokenizer(self):
@@ -30,10 +35,37 @@ class LLM:
         """vLLM's: the generation config's defaults (--generation-config), for ``generate`` without params."""
         return SamplingParams(**self.engine.sampling_defaults)
 
+    def apply_model(self, func: Callable[[nn.Module], R]) -> list[R]:
+        """vLLM's: ``func(model)`` on each rank's model, rank 0 first: one result in one process (the
+        object ``func`` returned), one per rank with ``tensor_parallel_size`` > 1. Those ranks get
+        ``func`` by cloudpickle (a lambda, a closure or a function they can import) and return its
+        result pickled; a rank that fails raises ``RuntimeError`` naming it."""
+        self._check_open("apply_model")
+        return self.engine.runner.apply_model(func)
+
+    @property
+    def cuda_graph_sizes(self) -> dict[str, tuple[int, ...]]:
+        """The sizes with a captured CUDA graph, by family: ``decode`` (sequences in a decode
+        step) and ``mixed`` (tokens in a step of prefill chunks and decodes). Empty: eager (CPU,
+        ``enforce_eager``, or a backend without graphs)."""
+        return self.engine.runner.cuda_graph_sizes
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel workers and leave their process group (idempotent); the engine
+        takes no request after it. An engine in one process holds no worker: nothing to stop."""
+        if not self._shut_down:
+            self._shut_down = True
+            self.engine.runner.shutdown()
+
+    def _check_open(self, what: str) -> None:
+        if self._shut_down:
+            raise RuntimeError(f"{what}: this LLM was shut down")
+
     def generate(self, prompts: Prompt | Sequence[Prompt], sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  *, priority: int | Sequence[int] | None = None, lane: str | Sequence[str] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
         """`lane`: interactive or batch (lanes.py); by default picked by priority."""
+        self._check_open("generate")
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         prompts = list(prompts)

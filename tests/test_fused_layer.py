@@ -231,7 +231,7 @@ def test_the_engine_keeps_todays_path_where_the_switch_does_not_apply(llama_dir,
 
     with caplog.at_level("WARNING", logger="expresslane.runner.model_runner"):
         llm = LLM(str(llama_dir), max_model_len=64, num_kv_blocks=8, fused_decode_layer=True, **engine)
-    model = llm.engine.core.runner.model
+    [(fused_rows, reduce_rows)] = llm.apply_model(lambda model: (
+        [layer.fused_rows for layer in model.layers], model.layers[0].self_attn.backend.fused_reduce_rows))
     assert "fused_decode_layer is off" in caplog.text
-    assert all(layer.fused_rows == 0 for layer in model.layers)
-    assert llm.engine.core.runner.attn_backend.fused_reduce_rows == 0
+    assert fused_rows and not any(fused_rows) and reduce_rows == 0

@@ -88,7 +88,8 @@ class EngineCore:
         self._expert_copy = None
         self._steps_since_copy = 0
         self.expert_tokens: dict[int, list[int]] | None = None
-        self.config = config.replace(num_kv_blocks=num_blocks)
+        self.config = config.replace(num_kv_blocks=num_blocks, device=str(self.runner.device),
+                                     dtype=str(self.runner.dtype).removeprefix("torch."))  # "auto" resolved
         self.kv = KVCacheManager(num_blocks, bs, config.cache.enable_prefix_caching)
         proposer = self.runner.proposer
         self.spec = None if proposer is None else SpecDecoder(config.speculative, self.cost_model, proposer)

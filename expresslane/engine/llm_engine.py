@@ -12,6 +12,7 @@ from expresslane.engine.inputs import InputProcessor, Prompt
 from expresslane.engine.output_processor import OutputProcessor, child_params
 from expresslane.lanes import resolve_lane
 from expresslane.outputs import RequestOutput
+from expresslane.runner.base import Runner
 from expresslane.sampling_params import SamplingParams
 from expresslane.tokenizer import eos_token_ids, load_tokenizer
 
@@ -25,6 +26,12 @@ class LLMEngine:
         self.inputs = InputProcessor(self.tokenizer, self.core.hf_config.vocab_size, self.core.max_model_len, eos)
         self.outputs = OutputProcessor(self.tokenizer)
         self.sampling_defaults = sampling_defaults(config.model.generation_config, self.core.model_dir)
+
+    @property
+    def runner(self) -> Runner:
+        """The one place tests and benchmarks of the runner itself take it from; everything else
+        goes through ``LLM``'s methods."""
+        return self.core.runner
 
     def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams, priority: int = 0,
                     arrival_time: float | None = None, lane: str | None = None) -> None:

@@ -101,7 +101,7 @@ class ModelRunner(Runner):
         self._generators: dict[str, torch.Generator] = {}
         s = config.scheduler
         longest = max(config.model.max_model_len or 0, s.max_num_batched_tokens)  # (the profiling step's)
-        self.batch = RequestRows(s.max_num_seqs, -(-longest // self.block_size), self.block_size)
+        self.rows = RequestRows(s.max_num_seqs, -(-longest // self.block_size), self.block_size)
         self.kv_caches: list[torch.Tensor] = []
         self._prev_tokens: torch.Tensor | None = None  # the last launched step's
         self._prev_rows: dict[str, int] = {}
@@ -210,6 +210,14 @@ class ModelRunner(Runner):
     def samples_late(self) -> bool:
         return True
 
+    def apply_model(self, func):
+        return [func(self.model)]
+
+    @property
+    def cuda_graph_sizes(self) -> dict[str, tuple[int, ...]]:
+        return {name: () if graphs is None else tuple(sorted(graphs.graphs))
+                for name, graphs in (("decode", self.decode_graphs), ("mixed", self.mixed_graphs))}
+
     def copy_expert_tokens(self) -> ExpertTokensCopy | None:
         return copy_expert_tokens(self.model)
 
@@ -236,12 +244,12 @@ class ModelRunner(Runner):
         for rid in plan.finished_request_ids:
             self._generators.pop(rid, None)
         for rid in (*plan.finished_request_ids, *plan.preempted_request_ids):
-            self.penalties.remove(self.batch.rows.get(rid))
-            self.bad_words.remove(self.batch.rows.get(rid))
-        inputs = self.batch.apply(plan)
+            self.penalties.remove(self.rows.row_of.get(rid))
+            self.bad_words.remove(self.rows.row_of.get(rid))
+        inputs = self.rows.apply(plan)
         for new in plan.new_requests:
-            self.penalties.add(self.batch.rows[new.request_id], new)
-            self.bad_words.add(self.batch.rows[new.request_id], new)
+            self.penalties.add(self.rows.row_of[new.request_id], new)
+            self.bad_words.add(self.rows.row_of[new.request_id], new)
         return inputs
 
     def _sample(self, inputs: StepInputs, logits: torch.Tensor | None, prompt: dict | None,
@@ -250,7 +258,7 @@ class ModelRunner(Runner):
             self._prev_rows = {}  # nothing sampled: no next-step input from here
             return StepResult(self.device, [], None, None, prompt_logprobs=prompt)
         ids = [inputs.seqs[i].request_id for i in inputs.sampling]
-        params, banned = self.batch.sampling_rows(inputs)
+        params, banned = self.rows.sampling_rows(inputs)
         bitmask = None if plan.token_bitmask is None else bitmask_rows(
             plan.token_bitmask, [inputs.seqs[i].bitmask_row for i in inputs.sampling])
         penalized, words = bool(self.penalties.params), bool(self.bad_words.words)
@@ -269,7 +277,7 @@ class ModelRunner(Runner):
     def release(self, request_ids: list[str]) -> None:
         for rid in request_ids:
             self._generators.pop(rid, None)
-        self.batch.apply(StepPlan(-1, [], 0, finished_request_ids=request_ids))
+        self.rows.apply(StepPlan(-1, [], 0, finished_request_ids=request_ids))
 
     def _execute_spec(self, inputs: StepInputs) -> StepResult:
         """The core lands a verify step before the next plan: no later step takes an input token
@@ -279,7 +287,7 @@ class ModelRunner(Runner):
         counts = inputs.num_spec[sampling]
         spec, plain = np.flatnonzero(counts > 0), np.flatnonzero(counts == 0)
         ids = [inputs.seqs[i].request_id for i in sampling]
-        params, banned = self.batch.sampling_rows(inputs)
+        params, banned = self.rows.sampling_rows(inputs)
         gens = [self._generator(rid, p) for rid, p in zip(ids, params)]
         spec_params = [params[i] for i in spec]  # (seeded sampling does not speculate)
         k = counts[spec]
@@ -327,7 +335,7 @@ class ModelRunner(Runner):
         if scored is None:
             return self.forward_logits(self.model, self.attn_backend, self.decode_graphs, self.mixed_graphs, inputs,
                                        patch, inputs.sampling), None
-        top_k = [self.batch.params[r].prompt_logprobs or 0 for r in inputs.rows]
+        top_k = [self.rows.params[r].prompt_logprobs or 0 for r in inputs.rows]
         return forward_scoring(self.model, *self._prepare(inputs, patch), inputs, scored, top_k)
 
     def forward_logits(self, model, backend, decode_graphs, mixed_graphs, inputs: StepInputs, patch: Patch | None,

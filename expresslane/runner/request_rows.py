@@ -38,7 +38,7 @@ class RequestRows:
         self.block_size = block_size
         self.block_table = np.zeros((max_rows, max_blocks), dtype=np.int32)
         self.num_blocks = np.zeros(max_rows, dtype=np.int64)
-        self.rows: dict[str, int] = {}
+        self.row_of: dict[str, int] = {}  # request id -> row
         self._free_rows = list(range(max_rows - 1, -1, -1))
         self.params: list[SamplingParams | None] = [None] * max_rows
         self.banned: list[tuple[int, ...]] = [()] * max_rows
@@ -57,16 +57,16 @@ class RequestRows:
         return self.gather(seqs)
 
     def _add(self, new: NewRequest) -> None:
-        if new.request_id in self.rows:
+        if new.request_id in self.row_of:
             raise RuntimeError(f"request {new.request_id!r} is already in the runner")
-        row = self.rows[new.request_id] = self._free_rows.pop()
+        row = self.row_of[new.request_id] = self._free_rows.pop()
         self.num_blocks[row] = 0
         self.params[row] = new.sampling_params
         self.banned[row] = new.banned_token_ids
         self.num_banned_samples[row] = new.num_banned_samples
 
     def _remove(self, request_id: str) -> None:
-        row = self.rows.pop(request_id, None)
+        row = self.row_of.pop(request_id, None)
         if row is not None:
             self.params[row] = None
             self._free_rows.append(row)
@@ -82,7 +82,7 @@ class RequestRows:
         num_spec = np.zeros(num, dtype=np.int64)
         num_decodes = 0
         for i, s in enumerate(seqs):
-            row = rows[i] = self.rows[s.request_id]
+            row = rows[i] = self.row_of[s.request_id]
             n = counts[i] = len(s.token_ids)
             starts[i] = s.start_pos
             token_ids += s.token_ids
