@@ -41,6 +41,10 @@ class EngineCoreRequest:
     pooling_params: PoolingParams | None = None
 
 
+# the sampling parameters a pooling request carries: its last chunk's "sample" is its vector
+POOLING_SAMPLING = SamplingParams(temperature=0.0, max_tokens=1)
+
+
 @dataclass(slots=True)
 class ScoredPrompt:
     """A prompt's scored positions, as the engine sends them: for prompt tokens 1, 2, ... (token 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from expresslane.config import EngineConfig
-from expresslane.contract import EngineCoreRequest
+from expresslane.contract import POOLING_SAMPLING, EngineCoreRequest
 from expresslane.engine.core import EngineCore
 from expresslane.engine.generation_config import sampling_defaults
 from expresslane.engine.inputs import InputProcessor, Prompt
@@ -14,9 +14,8 @@ from expresslane.lanes import resolve_lane
 from expresslane.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestMetrics, RequestOutput
 from expresslane.pooling_params import PoolingParams
 from expresslane.sampling_params import SamplingParams
-
-POOLING_SAMPLING = SamplingParams(temperature=0.0, max_tokens=1)  # what a pooling request's one "sample" asks
 from expresslane.tokenizer import eos_token_ids, load_tokenizer
+
 
 class LLMEngine:
     def __init__(self, config: EngineConfig):
