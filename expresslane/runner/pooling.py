@@ -1,15 +1,6 @@
-"""Embeddings: pooling requests' final hidden states, over the chunks of their prefill.
-
-A pooling request's seqs run in eager steps (a CUDA graph keeps no hidden states). Each of its
-chunks adds to its running state here; its last chunk (``ScheduledSeq.sample``) makes its vector:
-
-    LAST  the last prompt token's hidden state (a prefix-cache hit is fine: it is always computed)
-    MEAN  the sum over every chunk / the prompt length (the request took no prefix-cache hit)
-    CLS   the first token's, kept from the chunk at position 0 (no hit either)
-
-then the first ``dimensions`` values (Matryoshka), L2-normalised when asked. A request forgotten
-(finished, preempted) drops its state: a preempted one starts again from token 0.
-"""
+"""Embeddings: each pooling request's vector from its chunks' final hidden states (LAST: the last
+token's; MEAN: their sum over the prompt length; CLS: the first token's), then `dimensions` and
+normalisation (docs/architecture.md, data flow)."""
 
 from __future__ import annotations
 
@@ -21,7 +12,7 @@ from expresslane.runner.request_rows import StepInputs
 
 
 class PooledVectors:
-    """A step's finished vectors, on the device: row i is request_ids[i]'s, its first lengths[i] values."""
+    """Row i: request_ids[i]'s vector, its first lengths[i] values."""
 
     def __init__(self, request_ids: list[str], vectors: torch.Tensor, lengths: list[int]):
         self.request_ids, self.vectors, self.lengths = request_ids, vectors, lengths
@@ -33,14 +24,14 @@ class PooledVectors:
 
 class Pooler:
     def __init__(self) -> None:
-        self._partial: dict[str, torch.Tensor] = {}  # request id -> MEAN's running sum / CLS's first state
+        self._partial: dict[str, torch.Tensor] = {}  # MEAN's running sum, CLS's first state
 
     def forget(self, request_ids) -> None:
         for rid in request_ids:
             self._partial.pop(rid, None)
 
     def pool(self, hidden: torch.Tensor, inputs: StepInputs, params: list[PoolingParams | None]) -> PooledVectors | None:
-        """Take this step's share of each pooling seq (`inputs.pooling`); `params` by row."""
+        """`params` by row."""
         qsl = inputs.query_start_loc
         ids, vectors, lengths = [], [], []
         for i in inputs.pooling:
@@ -74,7 +65,7 @@ class Pooler:
 
 
 def finish(vector: torch.Tensor, params: PoolingParams) -> torch.Tensor:
-    """Truncate to `dimensions`, then normalise (OpenAI's order: the kept values have unit norm)."""
+    """Truncate, then normalise (OpenAI's order)."""
     if params.dimensions is not None:
         vector = vector[:params.dimensions]
     return F.normalize(vector, dim=-1) if params.normalize else vector

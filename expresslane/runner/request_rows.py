@@ -26,7 +26,7 @@ class StepInputs:
     block_tables: np.ndarray  # [B, width] int32, padded with 0
     num_decodes: int
     sampling: np.ndarray  # seqs that sample
-    pooling: np.ndarray  # seqs of pooling requests (every chunk; one with `sample` finishes the vector)
+    pooling: np.ndarray  # seqs of pooling requests (not in `sampling`)
     from_previous: np.ndarray  # seqs whose input token is on the device
     num_spec: np.ndarray  # [B] proposals: each seq's last tokens
 

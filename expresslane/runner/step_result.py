@@ -20,7 +20,7 @@ class StepResult:
                  logprobs: list[dict[int, float]] | None, spec: tuple[list[str], Verified] | None = None,
                  prompt_logprobs: dict[str, ScoredPrompt] | None = None, pooled: PooledVectors | None = None):
         self.request_ids, self.logprobs = request_ids, logprobs
-        self._pooled = pooled  # copied with the tokens; its host copy is the last of `_host`
+        self._pooled = pooled  # its host copy: the last of `_host`
         self.prompt_logprobs = prompt_logprobs  # request id -> ScoredPrompt, on the host
         self.spec_ids, self._verified = spec if spec else ([], None)
         on_device = (([tokens] if tokens is not None else []) + (self._verified.tensors if spec else [])
@@ -53,5 +53,5 @@ class StepResult:
         return sampled, (dict(zip(self.request_ids, self.logprobs)) if self.logprobs is not None else None)
 
     def pooled(self) -> dict[str, list[float]] | None:
-        """Each finished pooling request's vector (after ``get``)."""
+        """Request id -> vector (after ``get``)."""
         return None if self._pooled is None else self._pooled.to_host(self._host[-1])
