@@ -350,7 +350,8 @@ def build_app(client: EngineClient, settings: ServerConfig, metrics: Metrics,
                            "/v1/responses": ResponsesRequest,
                            "/generate": GenerateRequest, "/tokenize": TokenizeRequest,
                            "/detokenize": DetokenizeRequest, "/v1/embeddings": EmbeddingRequest,
-                           "/pooling": PoolingRequest, "/score": ScoreRequest, "/rerank": RerankRequest})
+                           "/pooling": PoolingRequest, "/score": ScoreRequest, "/v1/score": ScoreRequest,
+                           "/rerank": RerankRequest, "/v1/rerank": RerankRequest, "/v2/rerank": RerankRequest})
     return app
 
 
