@@ -3,7 +3,7 @@ blocks)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -26,9 +26,9 @@ class StepInputs:
     block_tables: np.ndarray  # [B, width] int32, padded with 0
     num_decodes: int
     sampling: np.ndarray  # seqs that sample
-    pooling: np.ndarray  # seqs of pooling requests (not in `sampling`)
     from_previous: np.ndarray  # seqs whose input token is on the device
     num_spec: np.ndarray  # [B] proposals: each seq's last tokens
+    pooling: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # pooling requests' seqs
 
     @property
     def num_tokens(self) -> int:
