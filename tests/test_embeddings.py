@@ -71,18 +71,21 @@ def embed(llm: LLM, prompts, **kw):
 
 @pytest.mark.parametrize("pooling", ["LAST", "MEAN", "CLS"])
 def test_chunked_prefill_and_prefix_cache(model_dir, pooling):
-    # fcfs with 16-token steps: the prompts run in order, chunked, and the later ones sharing the
-    # 70-token prefix find its blocks cached
-    llm = LLM(str(model_dir), runner="pooling", max_num_batched_tokens=16, scheduling_policy="fcfs",
+    # 16-token steps: every prompt longer than that is chunked
+    llm = LLM(str(model_dir), runner="pooling", max_num_batched_tokens=16,
               pooler_config=json.dumps({"pooling_type": pooling}))
     outs = embed(llm, PROMPTS)
     check(model_dir, outs, PROMPTS, pooling)
-    hits = [o.num_cached_tokens for o in outs[-3:]]
-    if pooling == "LAST":
-        assert hits[1:] == [64, 64]  # its last token is always computed: a hit changes nothing
-    else:
-        assert hits == [0, 0, 0]  # every hidden state is needed: no hit taken
     assert not llm.engine.has_unfinished() and llm.engine.core.kv.usage == 0.0  # no KV held after
+    # the 70-token prefix's 4 blocks are cached now: new prompts behind it find them
+    rng = random.Random(8)
+    later = [PROMPTS[-1][:70] + [rng.randrange(500) for _ in range(n)] for n in (1, 30)]
+    again = embed(llm, later)
+    check(model_dir, again, later, pooling)
+    hits = [o.num_cached_tokens for o in again]
+    # LAST: its last token is always computed, so a hit changes nothing; MEAN and CLS need every
+    # hidden state: no hit taken
+    assert hits == ([64, 64] if pooling == "LAST" else [0, 0])
 
 
 def test_batched_default_policy_and_a_repeat(model_dir):

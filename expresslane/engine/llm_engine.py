@@ -31,6 +31,9 @@ class LLMEngine:
 
     def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams, priority: int = 0,
                     arrival_time: float | None = None, lane: str | None = None) -> None:
+        if self.core.pooler is not None:
+            raise ValueError("this engine runs pooling (runner): generation needs runner generate; LLM.embed "
+                             "serves embeddings")
         lane = resolve_lane(lane, priority)
         text, ids = self.inputs.tokenize(prompt)
         self.inputs.check(ids, params)

@@ -59,11 +59,11 @@ def base64_floats(vector: list[float]) -> str:
     return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
 
 
-def field_names(param: str, value: str | list, offset: int = 0) -> list[str]:
+def field_names(param: str, value: str | list) -> list[str]:
     """Each input's name in errors: `input`, or `input[i]` for a list."""
     if isinstance(value, str) or (value and isinstance(value[0], int)):
         return [param]
-    return [f"{param}[{i + offset}]" for i in range(len(value))]
+    return [f"{param}[{i}]" for i in range(len(value))]
 
 
 def cosine(a: list[float], b: list[float]) -> float:
