@@ -55,7 +55,8 @@ class LLM:
             raise
         return self._run(ids, use_tqdm and len(ids) >= _TQDM_MIN_PROMPTS)
 
-    def embed(self, prompts: Prompt | Sequence[Prompt], *, pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+    def embed(self, prompts: Prompt | Sequence[Prompt], *,
+              pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
               priority: int | Sequence[int] | None = None, lane: str | Sequence[str] | None = None,
               use_tqdm: bool = True) -> list[EmbeddingRequestOutput]:
         """vLLM's: each prompt's pooled final hidden state (``runner="pooling"`` or ``task="embed"``).

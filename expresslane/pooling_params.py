@@ -48,7 +48,8 @@ class PoolingParams:
 
     def resolved(self, pooler: PoolerConfig, hidden_size: int) -> PoolingParams:
         """A copy with every field set; ValueError naming the field when it does not fit the model."""
-        if self.dimensions is not None and not (isinstance(self.dimensions, int) and 1 <= self.dimensions <= hidden_size):
+        dims = self.dimensions
+        if dims is not None and not (isinstance(dims, int) and 1 <= dims <= hidden_size):
             raise ValueError(f"dimensions: must be an integer in [1, {hidden_size}] (the model's hidden size), "
                              f"got {self.dimensions!r}")
         return replace(self, normalize=pooler.normalize if self.normalize is None else bool(self.normalize),

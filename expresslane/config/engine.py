@@ -45,7 +45,8 @@ class ModelConfig:
         "none (the API's own defaults); or a directory holding a generation_config.json")
     runner: str = _knob("auto", "generate (sample tokens) or pooling (embeddings: a request's pooled final hidden "
                         "states, /v1/embeddings and LLM.embed); auto = pooling for a *Model architecture or a "
-                        "sentence-transformers directory (modules.json), else generate", ("auto", "generate", "pooling"))
+                        "sentence-transformers directory (modules.json), else generate",
+                        ("auto", "generate", "pooling"))
     task: str | None = _knob(None, "vLLM's older name for --runner: embed = pooling, generate = generate",
                              (None, "generate", "embed"))
     pooler_config: str | None = _knob(

@@ -30,7 +30,8 @@ class Pooler:
         for rid in request_ids:
             self._partial.pop(rid, None)
 
-    def pool(self, hidden: torch.Tensor, inputs: StepInputs, params: list[PoolingParams | None]) -> PooledVectors | None:
+    def pool(self, hidden: torch.Tensor, inputs: StepInputs,
+             params: list[PoolingParams | None]) -> PooledVectors | None:
         """`params` by row."""
         qsl = inputs.query_start_loc
         ids, vectors, lengths = [], [], []

@@ -236,7 +236,7 @@ def build_app(client: EngineClient, settings: ServerConfig, metrics: Metrics,
     async def run(request: Request, req: SamplingRequest, prepare, endpoint, prefix: str, size: int) -> Response:
         check_model(req.model)
         client.check_accepting()
-        if client.runner == "pooling":
+        if client.runner_type == "pooling":
             raise generation_refused()
         if size > _INLINE_BYTES:  # tokenization and chat templates of a large input: off the event loop
             await _let_others_run()  # after its validation

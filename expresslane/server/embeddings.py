@@ -104,7 +104,7 @@ class PoolingRoutes:
         client = self.client
         self.check_model(req.model)
         client.check_accepting()
-        if client.runner != "pooling":
+        if client.runner_type != "pooling":
             raise not_pooling()
         if params.dimensions is not None and params.dimensions > client.hidden_size:
             raise errors.bad_request(f"'dimensions' must be at most {client.hidden_size} (the model's hidden size), "
@@ -183,8 +183,8 @@ def add_pooling_routes(app: FastAPI, routes: PoolingRoutes, body, auth) -> None:
         pairs = [(0 if len(first) == 1 else j, len(first) + j) for j in range(len(second))]
 
         def answer(outs: list[EmbeddingRequestOutput]) -> dict:
-            data = [{"index": j, "object": "score", "score": cosine(outs[a].outputs.embedding, outs[b].outputs.embedding)}
-                    for j, (a, b) in enumerate(pairs)]
+            vecs = [o.outputs.embedding for o in outs]
+            data = [{"index": j, "object": "score", "score": cosine(vecs[a], vecs[b])} for j, (a, b) in enumerate(pairs)]
             return {**routes.header("score", outs), "data": data}
 
         names = field_names("text_1", req.text_1) + field_names("text_2", req.text_2)

@@ -53,7 +53,7 @@ class EngineClient:
         self.model_dir: Path | None = None
         self.sampling_defaults: dict = {}  # the generation config's (--generation-config)
         self.max_model_len: int | None = None
-        self.runner = "generate"  # the engine's (Ready): generate or pooling
+        self.runner_type = "generate"  # the engine's (Ready): generate or pooling
         self.metrics = metrics
         self.admission = AdmissionPolicy(limits)
         self.engine_restarts = engine_restarts
@@ -100,7 +100,7 @@ class EngineClient:
         self.num_kv_blocks = ready.num_kv_blocks
         self.step_cost, self.max_num_batched_tokens = ready.step_cost, ready.max_num_batched_tokens
         self.scheduling_policy = ready.scheduling_policy
-        self.runner, self.hidden_size = ready.runner, ready.hidden_size
+        self.runner_type, self.hidden_size = ready.runner_type, ready.hidden_size
         self.inputs = InputProcessor(tokenizer, vocab_size, ready.max_model_len, eos)
         self.sampling_defaults = await asyncio.to_thread(
             sampling_defaults, self._engine_kwargs.get("generation_config", "auto"), self.model_dir)
