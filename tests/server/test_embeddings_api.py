@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from models import build_model
 from openai import BadRequestError, OpenAI
 
-from .conftest import API_KEY, Server
+from .conftest import API_KEY, Server, metric
 
 TOL = 1e-5
 TEXTS = ["the quick brown fox", "jumps over the lazy dog", "a", "pack my box with five dozen liquor jugs"]
@@ -86,6 +86,19 @@ def test_openai_sdk_equals_transformers(embed_server, client, model_dir):
     assert all(close(m.embedding, f.embedding) for m, f in zip(many, floats.data))
     small = client.embeddings.create(model="tiny", input=TEXTS[1], dimensions=8).data[0].embedding
     assert close(small, reference(model_dir, ids[1], 8)) and abs(math.fsum(x * x for x in small) - 1) < 1e-5
+
+
+def test_metrics_count_embeddings(embed_server, client):
+    before = embed_server.metrics()
+    client.embeddings.create(model="tiny", input=TEXTS[:3])
+    after = embed_server.metrics()
+
+    def grew(name: str, **labels) -> float:
+        return metric(after, name, **labels) - metric(before, name, **labels)
+
+    assert grew("expresslane:request_success_total", finished_reason="stop") == 3
+    assert grew("expresslane:time_to_first_token_seconds_count") == 3
+    assert grew("expresslane:prompt_tokens_total") == sum(len(token_ids(embed_server, t)) for t in TEXTS[:3])
 
 
 def test_base64_is_little_endian_float32(embed_server):
