@@ -180,3 +180,14 @@ def test_bad_config_names_the_field(kwargs, match):
 
     with pytest.raises(ValueError, match=match):
         EngineConfig.from_kwargs(**kwargs)
+
+
+def test_triton_backend(model_dir):
+    """The GPU kernels' path (Triton's interpreter on CPU, one architecture): chunked MEAN pooling."""
+    pytest.importorskip("triton")
+    if not model_dir.name.startswith("qwen2"):
+        pytest.skip("one architecture is enough for the kernels' path (the interpreter is slow)")
+    llm = LLM(str(model_dir), runner="pooling", attention_backend="triton", max_num_batched_tokens=32,
+              pooler_config='{"pooling_type": "MEAN"}')
+    prompts = PROMPTS[-3:]
+    check(model_dir, embed(llm, prompts), prompts, "MEAN")
