@@ -76,6 +76,8 @@ def test_chunked_prefill_and_prefix_cache(model_dir, pooling):
               pooler_config=json.dumps({"pooling_type": pooling}))
     outs = embed(llm, PROMPTS)
     check(model_dir, outs, PROMPTS, pooling)
+    raw = embed(llm, PROMPTS, pooling_params=PoolingParams(normalize=False))  # the scale shows too
+    check(model_dir, raw, PROMPTS, pooling, normalize=False)
     assert not llm.engine.has_unfinished() and llm.engine.core.kv.usage == 0.0  # no KV held after
     # the 70-token prefix's 4 blocks are cached now: new prompts behind it find them
     rng = random.Random(8)
