@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeVar
 
 from expresslane.config import EngineConfig
 from expresslane.engine.llm_engine import LLMEngine, Prompt
-from expresslane.outputs import RequestOutput
+from expresslane.outputs import EmbeddingRequestOutput, RequestOutput
+from expresslane.pooling_params import PoolingParams
 from expresslane.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -86,12 +87,40 @@ class LLM:
             raise
         return self._run(ids, use_tqdm and len(ids) >= _TQDM_MIN_PROMPTS)
 
-    def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
-        done: dict[str, RequestOutput] = {}
+    def embed(self, prompts: Prompt | Sequence[Prompt], *,
+              pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+              priority: int | Sequence[int] | None = None, lane: str | Sequence[str] | None = None,
+              use_tqdm: bool = True) -> list[EmbeddingRequestOutput]:
+        """vLLM's: each prompt's pooled final hidden state (``runner="pooling"`` or ``task="embed"``).
+        ``pooling_params``: ``dimensions`` and ``normalize`` (default: the pooler config's)."""
+        if self.engine.core.pooler is None:
+            raise ValueError("embed: this LLM runs a generation model; start it with runner='pooling' "
+                             "(or task='embed') for embeddings")
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        params = _per_prompt(pooling_params if pooling_params is not None else PoolingParams(), len(prompts),
+                             "pooling_params")
+        prios = _per_prompt(priority if priority is not None else 0, len(prompts), "priority")
+        lanes = _per_prompt(lane if isinstance(lane, (list, tuple)) else [lane] * len(prompts), len(prompts), "lane")
+        ids = []
+        try:
+            for prompt, pp, prio, ln in zip(prompts, params, prios, lanes):
+                rid = str(next(self._ids))
+                self.engine.add_pooling_request(rid, prompt, PoolingParams(pp.dimensions, pp.normalize), prio, lane=ln)
+                ids.append(rid)
+        except Exception:
+            for rid in ids:
+                self.engine.abort(rid)
+            raise
+        return self._run(ids, use_tqdm and len(ids) >= _TQDM_MIN_PROMPTS, "embed")
+
+    def _run(self, ids: list[str], use_tqdm: bool, what: str = "generate") -> list:
+        done: dict[str, RequestOutput | EmbeddingRequestOutput] = {}
         bar = None
         if use_tqdm:
             from tqdm import tqdm
-            bar = tqdm(total=len(ids), desc="generate", unit="req", dynamic_ncols=True)
+            bar = tqdm(total=len(ids), desc=what, unit="req", dynamic_ncols=True)
         try:
             while len(done) < len(ids):
                 for out in self.engine.step():

@@ -30,6 +30,7 @@ class Forward:
     inputs: Any  # the runner's own
     logits: Any  # None: no seq samples
     prompt_logprobs: Any = None  # request id -> ScoredPrompt, on the host
+    pooled: Any = None  # runner/pooling.py's PooledVectors
 
 
 class Runner(ABC):

@@ -27,6 +27,7 @@ from expresslane.runner.cuda_graphs import DecodeGraphs, MixedGraphs, Patch
 from expresslane.runner.expert_load import ExpertTokensCopy, copy_expert_tokens, reset_expert_tokens
 from expresslane.runner.request_rows import RequestRows, StepInputs
 from expresslane.runner.penalties import Penalties
+from expresslane.runner.pooling import Pooler
 from expresslane.runner.prompt_logprobs import forward_scoring, scored_rows
 from expresslane.runner.proposer_registry import make_proposer
 from expresslane.runner.sampler import Sampler, SamplingBatch, bitmask_rows
@@ -99,6 +100,7 @@ class ModelRunner(Runner):
         self.penalties = Penalties(config.scheduler.max_num_seqs, hf_config.vocab_size, self.device)
         self.bad_words = BadWords(config.scheduler.max_num_seqs, self.device)
         self._generators: dict[str, torch.Generator] = {}
+        self.pooler = Pooler()
         s = config.scheduler
         longest = max(config.model.max_model_len or 0, s.max_num_batched_tokens)  # (the profiling step's)
         self.rows = RequestRows(s.max_num_seqs, -(-longest // self.block_size), self.block_size)
@@ -238,11 +240,13 @@ class ModelRunner(Runner):
 
     @torch.inference_mode()
     def sample(self, step: Forward) -> StepResult:
-        return self._sample(step.inputs, step.logits, step.prompt_logprobs, step.plan)
+        return self._sample(step.inputs, step.logits, step.prompt_logprobs, step.pooled, step.plan)
 
     def _apply(self, plan: StepPlan) -> StepInputs:
         for rid in plan.finished_request_ids:
             self._generators.pop(rid, None)
+        self.pooler.forget(plan.finished_request_ids)
+        self.pooler.forget(plan.preempted_request_ids)
         for rid in (*plan.finished_request_ids, *plan.preempted_request_ids):
             self.penalties.remove(self.rows.row_of.get(rid))
             self.bad_words.remove(self.rows.row_of.get(rid))
@@ -253,10 +257,10 @@ class ModelRunner(Runner):
         return inputs
 
     def _sample(self, inputs: StepInputs, logits: torch.Tensor | None, prompt: dict | None,
-                plan: StepPlan) -> StepResult:
+                pooled, plan: StepPlan) -> StepResult:
         if logits is None:
             self._prev_rows = {}  # nothing sampled: no next-step input from here
-            return StepResult(self.device, [], None, None, prompt_logprobs=prompt)
+            return StepResult(self.device, [], None, None, prompt_logprobs=prompt, pooled=pooled)
         ids = [inputs.seqs[i].request_id for i in inputs.sampling]
         params, banned = self.rows.sampling_rows(inputs)
         bitmask = None if plan.token_bitmask is None else bitmask_rows(
@@ -272,11 +276,12 @@ class ModelRunner(Runner):
         if words:
             self.bad_words.sampled(rows, tokens)
         self._prev_tokens, self._prev_rows = tokens, {rid: i for i, rid in enumerate(ids)}
-        return StepResult(self.device, ids, tokens, logprobs, prompt_logprobs=prompt)
+        return StepResult(self.device, ids, tokens, logprobs, prompt_logprobs=prompt, pooled=pooled)
 
     def release(self, request_ids: list[str]) -> None:
         for rid in request_ids:
             self._generators.pop(rid, None)
+        self.pooler.forget(request_ids)
         self.rows.apply(StepPlan(-1, [], 0, finished_request_ids=request_ids))
 
     def _execute_spec(self, inputs: StepInputs) -> StepResult:
@@ -328,15 +333,20 @@ class ModelRunner(Runner):
             return 0.0
         return self.proposer.cost_ratio(sum(p.numel() for p in self.model.parameters()))
 
-    def _logits(self, inputs: StepInputs) -> tuple[torch.Tensor | None, dict | None]:
-        """(sampling seqs' logits, prompt logprobs), each None if no seq asks."""
+    def _logits(self, inputs: StepInputs):
+        """(sampling seqs' logits, prompt logprobs, pooled vectors), each None if no seq asks."""
         patch = self._previous_tokens_patch(inputs)
         scored = scored_rows(inputs)
-        if scored is None:
+        if scored is None and not len(inputs.pooling):
             return self.forward_logits(self.model, self.attn_backend, self.decode_graphs, self.mixed_graphs, inputs,
-                                       patch, inputs.sampling), None
-        top_k = [self.rows.params[r].prompt_logprobs or 0 for r in inputs.rows]
-        return forward_scoring(self.model, *self._prepare(inputs, patch), inputs, scored, top_k)
+                                       patch, inputs.sampling), None, None
+        if not len(inputs.pooling):
+            top_k = [self.rows.params[r].prompt_logprobs or 0 for r in inputs.rows]
+            return *forward_scoring(self.model, *self._prepare(inputs, patch), inputs, scored, top_k), None
+        hidden = self.model(*self._prepare(inputs, patch))
+        last = (inputs.query_start_loc[1:] - 1)[inputs.sampling]
+        logits = self.model.compute_logits(hidden[to_device(last, torch.int64, self.device)]) if len(last) else None
+        return logits, None, self.pooler.pool(hidden, inputs, self.rows.pooling)
 
     def forward_logits(self, model, backend, decode_graphs, mixed_graphs, inputs: StepInputs, patch: Patch | None,
                        seqs: np.ndarray | None = None) -> torch.Tensor | None:

@@ -3,11 +3,12 @@ blocks)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from expresslane.contract import NewRequest, ScheduledSeq, StepPlan
+from expresslane.pooling_params import PoolingParams
 from expresslane.sampling_params import SamplingParams
 
 
@@ -27,6 +28,7 @@ class StepInputs:
     sampling: np.ndarray  # seqs that sample
     from_previous: np.ndarray  # seqs whose input token is on the device
     num_spec: np.ndarray  # [B] proposals: each seq's last tokens
+    pooling: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # pooling requests' seqs
 
     @property
     def num_tokens(self) -> int:
@@ -43,6 +45,7 @@ class RequestRows:
         self.params: list[SamplingParams | None] = [None] * max_rows
         self.banned: list[tuple[int, ...]] = [()] * max_rows
         self.num_banned_samples = [0] * max_rows
+        self.pooling: list[PoolingParams | None] = [None] * max_rows
 
     def apply(self, plan: StepPlan) -> StepInputs:
         """Forget, take in, then gather the step's inputs."""
@@ -64,11 +67,13 @@ class RequestRows:
         self.params[row] = new.sampling_params
         self.banned[row] = new.banned_token_ids
         self.num_banned_samples[row] = new.num_banned_samples
+        self.pooling[row] = new.pooling
 
     def _remove(self, request_id: str) -> None:
         row = self.row_of.pop(request_id, None)
         if row is not None:
             self.params[row] = None
+            self.pooling[row] = None
             self._free_rows.append(row)
 
     def gather(self, seqs: list[ScheduledSeq]) -> StepInputs:
@@ -78,7 +83,7 @@ class RequestRows:
         counts = np.empty(num, dtype=np.int64)
         starts = np.empty(num, dtype=np.int64)
         token_ids: list[int] = []
-        sampling, from_previous = [], []
+        sampling, from_previous, pooling = [], [], []
         num_spec = np.zeros(num, dtype=np.int64)
         num_decodes = 0
         for i, s in enumerate(seqs):
@@ -91,7 +96,9 @@ class RequestRows:
                 have = self.num_blocks[row]
                 self.block_table[row, have:have + len(s.new_block_ids)] = s.new_block_ids
                 self.num_blocks[row] = have + len(s.new_block_ids)
-            if s.sample:
+            if self.pooling[row] is not None:
+                pooling.append(i)
+            elif s.sample:
                 sampling.append(i)
             if s.from_previous:
                 from_previous.append(i)
@@ -107,7 +114,8 @@ class RequestRows:
             seqs=seqs, rows=rows, token_ids=np.array(token_ids, dtype=np.int64), positions=positions,
             slot_mapping=slots, query_start_loc=qsl, seq_lens=(starts + counts).astype(np.int32),
             block_tables=self.block_table[rows, :width], num_decodes=num_decodes,
-            sampling=np.array(sampling, dtype=np.int64), from_previous=np.array(from_previous, dtype=np.int64),
+            sampling=np.array(sampling, dtype=np.int64), pooling=np.array(pooling, dtype=np.int64),
+            from_previous=np.array(from_previous, dtype=np.int64),
             num_spec=num_spec)
 
     def sampling_rows(self, inputs: StepInputs) -> tuple[list[SamplingParams], list[tuple[int, ...]]]:

@@ -172,7 +172,7 @@ class Scheduler:
                     break
                 continue
             # a cached prefix has no logits to score
-            cached = [] if req.needs_prompt_logprobs else self.kv.find_cached_prefix(req)
+            cached = self.kv.find_cached_prefix(req) if req.takes_prefix_hit else []
             num_cached = len(cached) * self.kv.block_size
             n = budget.take(req, req.num_tokens - num_cached)
             if n == 0:
@@ -261,8 +261,9 @@ class Scheduler:
 
     def update(self, plan: StepPlan, sampled: dict[str, int],
                logprobs: dict[str, dict[int, float]] | None = None,
-               prompt_logprobs: dict[str, ScoredPrompt] | None = None) -> list[EngineCoreOutput]:
-        """A request finished since ignores its token."""
+               prompt_logprobs: dict[str, ScoredPrompt] | None = None,
+               pooled: dict[str, list[float]] | None = None) -> list[EngineCoreOutput]:
+        """A request finished since ignores its token. A pooling request finishes with its vector."""
         self._speculate = None  # who decodes, and acceptance, change
         now = self.clock()
         outputs = []
@@ -273,6 +274,11 @@ class Scheduler:
                     req.prompt_logprobs = scored
                 else:
                     req.prompt_logprobs.extend(scored)
+            if pooled and (vector := pooled.get(req.request_id)) is not None:
+                req.num_pending -= 1
+                if not req.is_finished:
+                    outputs.append(self._pooled(req, vector, now))
+                continue
             token = sampled.get(req.request_id)
             if token is None:
                 continue
@@ -306,6 +312,14 @@ class Scheduler:
                 out.finish_reason, out.stop_reason, out.finished_time = req.finish_reason, req.stop_reason, now
             outputs.append(out)
         return outputs
+
+    def _pooled(self, req: Request, vector: list[float], now: float) -> EngineCoreOutput:
+        req.first_token_time = now
+        req.finish_reason = "stop"
+        self._finish(req, now)
+        return EngineCoreOutput(req.request_id, [], "stop", num_cached_tokens=req.num_cached_tokens,
+                                first_scheduled_time=req.first_scheduled_time, first_token_time=now,
+                                finished_time=now, pooled=vector)
 
     def _finish(self, req: Request, now: float) -> None:
         was_running = req.status is RequestStatus.RUNNING

@@ -28,6 +28,7 @@ from expresslane.server.api_keys import KeyRing, token_cost
 from expresslane.server.batch_routes import BatchService
 from expresslane.server.completions import Completions
 from expresslane.server.echo import Echo
+from expresslane.server.embeddings import PoolingRoutes, add_pooling_routes, generation_refused
 from expresslane.server.engine_client import EngineClient
 from expresslane.server.http_middleware import HeadAndRequestId
 from expresslane.server.limits import check_chars, check_tokens, precheck, read_body
@@ -44,6 +45,7 @@ from expresslane.server.protocol import (
     decode,
     parse,
 )
+from expresslane.server.pooling_protocol import EmbeddingRequest, PoolingRequest, RerankRequest, ScoreRequest
 from expresslane.server.response_events import Responses
 from expresslane.server.responses import ResponsesRequest, in_responses_terms, parse_responses, to_chat
 from expresslane.server.serving import (
@@ -234,6 +236,8 @@ def build_app(client: EngineClient, settings: ServerConfig, metrics: Metrics,
     async def run(request: Request, req: SamplingRequest, prepare, endpoint, prefix: str, size: int) -> Response:
         check_model(req.model)
         client.check_accepting()
+        if client.runner_type == "pooling":
+            raise generation_refused()
         if size > _INLINE_BYTES:  # tokenization and chat templates of a large input: off the event loop
             await _let_others_run()  # after its validation
             prompts, params = await asyncio.to_thread(prepare, client, req, settings.limits)
@@ -339,12 +343,15 @@ def build_app(client: EngineClient, settings: ServerConfig, metrics: Metrics,
             raise errors.bad_request(f"token ids must be in [0, {vocab})", "tokens")
         return {"prompt": client.tokenizer.decode(req.tokens)}
 
+    add_pooling_routes(app, PoolingRoutes(client, settings, model_name, check_model, _unless_client_gone), body, auth)
     if batches is not None:
         app.include_router(batches.router(auth))
     _describe_bodies(app, {"/v1/completions": CompletionRequest, "/v1/chat/completions": ChatCompletionRequest,
                            "/v1/responses": ResponsesRequest,
                            "/generate": GenerateRequest, "/tokenize": TokenizeRequest,
-                           "/detokenize": DetokenizeRequest})
+                           "/detokenize": DetokenizeRequest, "/v1/embeddings": EmbeddingRequest,
+                           "/pooling": PoolingRequest, "/score": ScoreRequest, "/v1/score": ScoreRequest,
+                           "/rerank": RerankRequest, "/v1/rerank": RerankRequest, "/v2/rerank": RerankRequest})
     return app
 
 
