@@ -21,6 +21,22 @@ from expresslane.sampling_params import SamplingParams
 
 
 # -- messages in and out of the engine core -----------------------------------------------
+@dataclass(slots=True, frozen=True)
+class LoRARequest:
+    """A LoRA adapter, as vLLM names it: a name (the API's `model`), an id unique among the
+    engine's adapters (> 0; 0 is the base model) and a PEFT adapter directory."""
+
+    lora_name: str
+    lora_int_id: int
+    lora_path: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.lora_int_id, int) or self.lora_int_id < 1:
+            raise ValueError(f"lora_int_id must be a positive integer, got {self.lora_int_id!r}")
+        if not self.lora_name:
+            raise ValueError("lora_name must not be empty")
+
+
 @dataclass(slots=True)
 class EngineCoreRequest:
     """A tokenized request, as a frontend (offline LLM or the API server) hands it to the core."""
@@ -35,6 +51,7 @@ class EngineCoreRequest:
     # prompt tokens of the whole frontend request it is part of (its sibling prompts too: one
     # HTTP request may carry 256 prompts); 0: its own. The deadline policy ranks by this work.
     request_prompt_tokens: int = 0
+    lora_request: LoRARequest | None = None  # None: the base model
 
 
 @dataclass(slots=True)
@@ -95,6 +112,12 @@ class StepStats:
     # mixtures of experts, now and then (when a copy of the device counters has landed; else None):
     # per sparse layer index, the tokens routed to each expert since start (cumulative)
     expert_tokens: dict[int, list[int]] | None = None
+    # LoRA adapters (None: enable_lora is off): the names of those running and waiting (comma-joined,
+    # sorted), the slots, and the adapters loaded (read and checked) since start, cumulative
+    lora_running: str | None = None
+    lora_waiting: str | None = None
+    max_loras: int = 0
+    lora_loads: int = 0
 
 
 # -- the step plan: scheduler -> runner -------------------------------------------------------
@@ -114,6 +137,7 @@ class NewRequest:
     # or bad words
     num_prompt_tokens: int = 0
     token_ids: list[int] = field(default_factory=list)
+    lora_id: int = 0  # its LoRA adapter's id (0: the base model); the runner holds the adapter already
 
 
 @dataclass(slots=True)
