@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from expresslane.config import EngineConfig
-from expresslane.contract import EngineCoreRequest
+from expresslane.contract import EngineCoreRequest, LoRARequest
 from expresslane.engine.core import EngineCore
 from expresslane.engine.generation_config import sampling_defaults
 from expresslane.engine.inputs import InputProcessor, Prompt
@@ -27,15 +27,30 @@ class LLMEngine:
         self.sampling_defaults = sampling_defaults(config.model.generation_config, self.core.model_dir)
 
     def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams, priority: int = 0,
-                    arrival_time: float | None = None, lane: str | None = None) -> None:
+                    arrival_time: float | None = None, lane: str | None = None,
+                    lora_request: LoRARequest | None = None) -> None:
         lane = resolve_lane(lane, priority)
         text, ids = self.inputs.tokenize(prompt)
         self.inputs.check(ids, params)
         arrival = time.monotonic() if arrival_time is None else arrival_time
         child_ids = self.outputs.add_request(request_id, text, ids, params, arrival)
-        for i, cid in enumerate(child_ids):
-            sp = params if params.n == 1 else child_params(params, i)
-            self.core.add_request(EngineCoreRequest(cid, ids, sp, self.inputs.eos, arrival, priority, lane))
+        try:
+            for i, cid in enumerate(child_ids):
+                sp = params if params.n == 1 else child_params(params, i)
+                self.core.add_request(EngineCoreRequest(cid, ids, sp, self.inputs.eos, arrival, priority, lane,
+                                                        lora_request=lora_request))
+        except Exception:  # refused by the core (its adapter, say): no trace of it stays
+            self.abort(request_id)
+            raise
+
+    def add_lora(self, lora_request: LoRARequest) -> None:
+        self.core.add_lora(lora_request)
+
+    def remove_lora(self, lora_id: int) -> bool:
+        return self.core.remove_lora(lora_id)
+
+    def list_loras(self) -> set[int]:
+        return {lora.lora_int_id for lora in self.core.list_loras()}
 
     def abort(self, request_id: str) -> RequestOutput | None:
         self.core.abort(self.outputs.child_ids(request_id))

@@ -55,6 +55,9 @@ class Request:
     # prompt positions scored (kept across preemption); scores go with the first token
     num_prompt_logprobs_scheduled: int = 0
     prompt_logprobs: ScoredPrompt | None = None
+    lora_id: int = 0  # its LoRA adapter (0: the base model)
+    # starts its prefix-cache keys: different salts (adapters) share no KV block
+    cache_salt: bytes | None = None
     seq: int = field(default_factory=lambda: next(_arrival_counter))  # tie-break
 
     @classmethod
@@ -74,6 +77,7 @@ class Request:
             lane=req.lane,
             all_token_ids=list(req.prompt_token_ids),
             request_prompt_tokens=req.request_prompt_tokens,
+            lora_id=req.lora_request.lora_int_id if req.lora_request else 0,
         )
 
     @property
@@ -113,9 +117,9 @@ class Request:
         left = sp.min_tokens - self.num_output_tokens - self.num_pending
         n, known = len(self.prompt_token_ids), (list(self.all_token_ids) if sp.penalized or sp.bad_words_token_ids else [])
         if left <= 0:
-            return NewRequest(self.request_id, sp, num_prompt_tokens=n, token_ids=known)
+            return NewRequest(self.request_id, sp, num_prompt_tokens=n, token_ids=known, lora_id=self.lora_id)
         return NewRequest(self.request_id, sp, tuple(sorted(self.eos_token_ids | set(sp.stop_token_ids))), left, n,
-                          known)
+                          known, self.lora_id)
 
     def append_token(self, token_id: int) -> None:
         """Sets finish_reason when done."""
