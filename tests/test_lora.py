@@ -183,6 +183,34 @@ def test_a_request_waiting_for_a_slot_blocks_no_one():
     assert not sched.has_unfinished(), "the second adapter's request ran once the first's finished"
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_random_workloads_never_plan_more_adapters_than_slots(seed):
+    """Random arrivals over four adapters and the base model, two slots, a small KV cache
+    (preemptions): every plan holds at most two adapters, and every request finishes."""
+    rng = random.Random(seed)
+    kv = KVCacheManager(20, 4)
+    sched = Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=32, scheduling_policy="fcfs"), kv,
+                      max_loras=2)
+    added = 0
+    for step in range(3000):
+        if added < 60 and rng.random() < 0.3:
+            lora_id = rng.randrange(5)
+            lora = LoRARequest(f"l{lora_id}", lora_id, "/x") if lora_id else None
+            sp = SamplingParams(temperature=0.0, max_tokens=rng.randint(1, 12))
+            prompt = [rng.randrange(1, 50) for _ in range(rng.randint(1, 40))]
+            sched.add_request(Request.from_core_request(EngineCoreRequest(str(added), prompt, sp, (0,), 0.0,
+                                                                          lora_request=lora), 128))
+            added += 1
+        plan = sched.schedule()
+        loras = {sched.requests[s.request_id].lora_id for s in plan.seqs} - {0}
+        assert len(loras) <= 2, (step, loras)
+        sched.update(plan, {s.request_id: rng.randrange(1, 50) for s in plan.seqs if s.sample})
+        if added == 60 and not sched.has_unfinished():
+            break
+    assert not sched.has_unfinished() and kv.num_held_blocks() == 0
+    assert sched.num_preemptions > 0
+
+
 def test_unload_waits_for_its_requests_and_leaks_no_slot(llama_dir, adapters, references):
     llm = LLM(str(llama_dir), enable_lora=True, max_loras=2, max_lora_rank=16, max_cpu_loras=3)
     engine, slots = llm.engine, llm.engine.core.runner.lora
