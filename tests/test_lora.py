@@ -141,6 +141,26 @@ def test_triton_kernels_and_graph_buffers_match_transformers(llama_dir, adapters
     assert any(loaded), "the steps ran through the graphs' buffers"
 
 
+def test_tensor_parallel_matches_transformers(llama_dir, adapters, references):
+    """TP=2 over gloo: column-parallel projections keep their rows of B, row-parallel ones their
+    columns of A, the delta summed with the partial products."""
+    llm = LLM(str(llama_dir), tensor_parallel_size=2, enable_lora=True, max_loras=2, max_lora_rank=16,
+              max_num_batched_tokens=64, scheduling_policy="fcfs")
+    try:
+        jobs = [(name, i) for i in (1, 3, 6) for name in (None, *adapters)]
+        outs = llm.generate([{"prompt_token_ids": PROMPTS[i]} for _, i in jobs], GREEDY, use_tqdm=False,
+                            lora_request=[adapters.get(n) if n else None for n, _ in jobs])
+        with pytest.raises(AdapterError, match="no such directory"):  # refused on rank 0, before the workers
+            llm.engine.add_lora(LoRARequest("bad", 7, "/nonexistent/adapter"))
+        assert llm.engine.remove_lora(adapters["mlp4"].lora_int_id)
+        again = llm.generate([{"prompt_token_ids": PROMPTS[0]}], GREEDY, use_tqdm=False, lora_request=adapters["qv16"])
+    finally:
+        llm.engine.core.runner.shutdown()
+    mismatched = [job for job, o in zip(jobs, outs) if o.outputs[0].token_ids != references[job[0]][job[1]]]
+    assert not mismatched
+    assert again[0].outputs[0].token_ids == references["qv16"][0]
+
+
 def test_prefix_cache_keys_include_the_adapter():
     kv = KVCacheManager(64, 4)
     sp = SamplingParams(temperature=0.0, max_tokens=2)

@@ -321,8 +321,6 @@ class EngineConfig:
         parse_lora_modules(lo.lora_modules)
         if not lo.enable_lora:
             return
-        if self.parallel.tensor_parallel_size > 1:
-            raise ValueError("enable_lora runs with tensor_parallel_size 1 only (for now)")
         if self.speculative.method is not None:
             raise ValueError("enable_lora is not combined with speculative decoding (for now)")
         if self.device.fused_decode_layer:

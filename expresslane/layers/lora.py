@@ -21,6 +21,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from expresslane.distributed.layers import RowParallelLinear
+
 
 @dataclass(slots=True)
 class LoRAStep:
@@ -76,38 +78,52 @@ class LoRAState:
 
 
 class LoRALinear(nn.Module):
-    """A projection (merged or not) with its adapters' slots beside it."""
+    """A projection (merged or not) with its adapters' slots beside it. Under tensor parallelism
+    a column-parallel base keeps rows `b_rows[i]` of slice i's B, a row-parallel one columns
+    `a_cols` of every A, its delta joining the partial sum before the reduction."""
 
-    def __init__(self, base: nn.Module, in_features: int, slices: list[tuple[int, int]], state: LoRAState):
+    def __init__(self, base: nn.Module, slices: list[tuple[int, int]], full_sizes: list[int], full_in: int,
+                 state: LoRAState, b_rows: list[tuple[int, int]] | None = None,
+                 a_cols: tuple[int, int] | None = None):
         super().__init__()
         self.base = base
-        self.slices = slices  # (output offset, size) of each adapted projection
+        self.slices = slices  # (output offset, size) of each adapted projection, on this rank
+        self.full_sizes, self.full_in = full_sizes, full_in  # the checkpoint's (an adapter's) shapes
+        self.b_rows = b_rows or [(0, size) for _, size in slices]
+        self.a_cols = a_cols or (0, full_in)
+        self.row_parallel = isinstance(base, RowParallelLinear)
         self.state = state
         out = sum(size for _, size in slices)
         device = next(base.parameters()).device
-        self.register_buffer("lora_a", torch.zeros(state.num_slots, len(slices) * state.max_rank, in_features,
+        self.register_buffer("lora_a", torch.zeros(state.num_slots, len(slices) * state.max_rank, self.a_cols[1],
                                                    dtype=state.dtype, device=device), persistent=False)
         self.register_buffer("lora_b", torch.zeros(state.num_slots, out, state.max_rank, dtype=state.dtype,
                                                    device=device), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.base(x)
         step = self.state.step
         if step is None:
-            return y
-        return add_lora(y, x, self.lora_a, self.lora_b, self.slices, step, self.state.use_triton)
+            return self.base(x)
+        if self.row_parallel:
+            return self.base(x, add=self._add)
+        return self._add(self.base(x), x)
+
+    def _add(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return add_lora(y, x, self.lora_a, self.lora_b, self.slices, self.state.step, self.state.use_triton)
 
     def load_slot(self, slot: int, parts: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """Write an adapter into `slot`: `parts` by slice index (A [r, in], B [size, r]); the
-        slices it does not adapt, and the ranks past its own, become zeros."""
+        """Write an adapter into `slot`: `parts` by slice index (A [r, in], B [size, r], the full
+        checkpoint shapes); the slices it does not adapt, and the ranks past its own, become zeros."""
         r_max = self.state.max_rank
         self.lora_a[slot].zero_()
         self.lora_b[slot].zero_()
+        col, cols = self.a_cols
         for i, (a, b) in parts.items():
             offset, size = self.slices[i]
+            row, rows = self.b_rows[i]
             r = a.shape[0]
-            self.lora_a[slot, i * r_max:i * r_max + r].copy_(a, non_blocking=True)
-            self.lora_b[slot, offset:offset + size, :r].copy_(b, non_blocking=True)
+            self.lora_a[slot, i * r_max:i * r_max + r].copy_(a[:, col:col + cols], non_blocking=True)
+            self.lora_b[slot, offset:offset + size, :r].copy_(b[row:row + rows], non_blocking=True)
 
 
 def add_lora(y: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor,

@@ -132,26 +132,33 @@ def attach_lora(model, state: LoRAState) -> dict[tuple[int, str], LoRALinear]:
     """Wrap every projection an adapter may target (the dense layers' MLPs, every layer's
     attention) in a LoRALinear sharing `state`; returns them by (layer, module). Called after
     the weights are loaded (the checkpoint's names stay those of the bare projections)."""
+    from expresslane.distributed.layers import ColumnParallelLinear, RowParallelLinear
     from expresslane.models.llama import MLP
 
+    cfg = model.config
     model.lora_state = state
     wrapped = {}
     for index, layer in enumerate(model.layers):
         attn = layer.self_attn
-        q, kv = attn.q_size, attn.kv_size
-        owners = [(attn, "qkv_proj", "self_attn.qkv_proj", [(0, q), (q, kv), (q + kv, kv)]),
-                  (attn, "o_proj", "self_attn.o_proj", [(0, model.config.hidden_size)])]
+        q, kv, d = attn.q_size, attn.kv_size, attn.head_dim
+        full_q, full_kv = cfg.num_attention_heads * d, (cfg.num_key_value_heads or cfg.num_attention_heads) * d
+        # (owner, attribute, our name, this rank's slices, the full slices, the full input)
+        owners = [(attn, "qkv_proj", "self_attn.qkv_proj", [(0, q), (q, kv), (q + kv, kv)],
+                   [full_q, full_kv, full_kv], cfg.hidden_size),
+                  (attn, "o_proj", "self_attn.o_proj", [(0, cfg.hidden_size)], [cfg.hidden_size], full_q)]
         if isinstance(layer.mlp, MLP):
-            inter = model.config.intermediate_size
-            owners += [(layer.mlp, "gate_up_proj", "mlp.gate_up_proj", [(0, inter), (inter, inter)]),
-                       (layer.mlp, "down_proj", "mlp.down_proj", [(0, model.config.hidden_size)])]
-        for owner, attr, name, slices in owners:
+            inter = layer.mlp.gate_up_proj.out_features // 2
+            owners += [(layer.mlp, "gate_up_proj", "mlp.gate_up_proj", [(0, inter), (inter, inter)],
+                        [cfg.intermediate_size] * 2, cfg.hidden_size),
+                       (layer.mlp, "down_proj", "mlp.down_proj", [(0, cfg.hidden_size)], [cfg.hidden_size],
+                        cfg.intermediate_size)]
+        for owner, attr, name, slices, full_sizes, full_in in owners:
             base = getattr(owner, attr)
             if takes_fp8_input(base):
                 raise ValueError("enable_lora: FP8-quantized projections are not served with adapters (yet)")
-            in_features = q if attr == "o_proj" else (
-                model.config.intermediate_size if attr == "down_proj" else model.config.hidden_size)
-            module = LoRALinear(base, in_features, slices, state)
+            b_rows = list(base.ranges) if isinstance(base, ColumnParallelLinear) else None
+            a_cols = (base.in_start, base.in_features) if isinstance(base, RowParallelLinear) else None
+            module = LoRALinear(base, slices, full_sizes, full_in, state, b_rows, a_cols)
             setattr(owner, attr, module)
             wrapped[index, name] = module
     return wrapped
@@ -165,9 +172,8 @@ def check_fits(adapter: LoRAAdapter, modules: dict[tuple[int, str], LoRALinear])
         if module is None:
             raise AdapterError(f"LoRA adapter {weights_file!r}: layer {layer} {name} is not served (no such layer, or "
                                "a mixture-of-experts block)")
-        size = module.slices[part][1]
-        in_features = module.lora_a.shape[-1]
-        if a.shape[1] != in_features or b.shape[0] != size:
+        size = module.full_sizes[part]
+        if a.shape[1] != module.full_in or b.shape[0] != size:
             raise AdapterError(f"LoRA adapter {weights_file!r}: layer {layer} {name} slice {part}: lora_A "
-                               f"{tuple(a.shape)} and lora_B {tuple(b.shape)} do not fit the model ({in_features} "
+                               f"{tuple(a.shape)} and lora_B {tuple(b.shape)} do not fit the model ({module.full_in} "
                                f"in, {size} out)")
