@@ -34,9 +34,8 @@ def emit(out: str | None, **row) -> None:
 
 def prompts_of(n: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
     """n random prompts of `length` tokens. The seed is drawn with the length, so prompts of
-    different lengths never share a prefix (with one seed for all, gpu_bench's 8k TTFT prompt
-    began with its 2k one's 2,048 tokens, which the prefix cache served: sessions 1-16's 8k TTFT
-    computed 6,142 tokens)."""
+    different lengths never share a prefix (the prefix cache would serve it, and a TTFT would
+    time fewer tokens than its length)."""
     import random
 
     from expresslane.bench.inprocess import random_prompts

@@ -457,7 +457,7 @@ def main() -> None:
         p_cases = [("chunk", 2048, 32768), ("prompt", 32768, 32768), ("chunk", 2048, 8192)] + [
             ("prompt", n, n) for n in (16384, 4096, 512)]
         # batch 64 at 1k as well: the split count is fixed per batch size, and more splits that win
-        # at 8k cost the engine's 1k-context decode (session 6: 8 splits, +1.1 ms a step)
+        # at 8k cost the engine's 1k-context decode
         d_cases = [(1, 32768), (64, 8192), (1, 8192), (64, 1024), (256, 1024)]
     p_cases = p_cases if args.prefill_cases is None else [
         (c[0], int(c[1]), int(c[-1])) for c in args.prefill_cases]  # a prompt's context is its tokens

@@ -38,7 +38,7 @@ def main() -> None:
     from expresslane.sampling_params import SamplingParams
 
     llm = LLM(args.model, dtype="bfloat16", gpu_memory_utilization=0.3, enforce_eager=True)
-    runner = llm.engine.core.runner
+    runner = llm.engine.runner  # one forward through its own input path
     hf = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16).cuda().eval()
     hf32 = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).cuda().eval()
     hf_vs_32 = ours_vs_32 = 0
@@ -61,7 +61,7 @@ def main() -> None:
             blocks = list(range(-(-len(ids) // runner.block_size)))  # the engine is idle: any blocks will do
             plan = StepPlan(0, [ScheduledSeq("agree", ids, 0, blocks, False)], len(ids),
                             [NewRequest("agree", SamplingParams())])
-            input_ids, positions, meta = runner._prepare(runner.batch.apply(plan))
+            input_ids, positions, meta = runner._prepare(runner.rows.apply(plan))
             runner.release(["agree"])
             ours = runner.model.compute_logits(runner.model(input_ids, positions, meta))
             same = ours.argmax(-1) == ref.argmax(-1)

@@ -62,7 +62,7 @@ def decode_profile(llm, batch: int, context: int, out) -> None:
     torch.cuda.synchronize()
     step_ms = (time.perf_counter() - t0) / steps * 1e3
 
-    graphs = core.runner.decode_graphs
+    graphs = eng.runner.decode_graphs  # the runner's own: replayed alone
     size = min(s for s in graphs.sizes if s >= batch)
     pieces = graphs.graphs[size]  # re-running the in-flight step's graph rewrites the same KV slots
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -82,7 +82,7 @@ def decode_profile(llm, batch: int, context: int, out) -> None:
         torch.cuda.synchronize()
         wall_us = (time.perf_counter() - w0) * 1e6
     ks = kernel_intervals(prof)
-    weight_bytes = decode_weight_bytes(core.runner.model, batch)  # a mixture of experts: the routed share
+    [weight_bytes] = llm.apply_model(lambda model: decode_weight_bytes(model, batch))  # MoE: the routed share
     by_kind, by_name = defaultdict(float), defaultdict(lambda: [0.0, 0])
     for s, e, name in ks:
         by_kind[kind_of(name)] += (e - s) / n / 1e3

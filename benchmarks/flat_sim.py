@@ -1,7 +1,14 @@
-"""Issue #20's scenarios in simulated time: the real scheduler and policy, each step lasting
-what a step-cost model predicts for it (default: one shaped on the H200's measured 8B-shape
-figures). Compares scheduling configurations without a GPU; the GPU run (`gpu.sh flat`) is
-the measurement, this is the quick way to see what a policy change does before spending one.
+"""The flat-latency scenarios in simulated time: the real scheduler and policy, each step
+lasting what a step-cost model predicts for it (`--cost`; default: one calibrated on an H200,
+Llama-3-8B shape). Compares scheduling configurations without a GPU; the GPU run (`gpu.sh
+flat`) is the measurement, this is the quick way to see what a policy change does before
+spending one.
+
+Per configuration (`--config`, SchedulerConfig fields) it prints: 16 short prompts sent just
+after one long prompt, against each alone; the TTFT of a lone prompt of 128, 2048 and the long
+length; throughput of 256 requests sent at once; and for each rate, the mixed load of
+`expresslane bench scenarios` (the same seeded arrivals) with its short TTFT and ITL p99, long
+TTFT p50 and goodput.
 
     python benchmarks/flat_sim.py --config default= --config fcfs=scheduling_policy:fcfs
 """
@@ -27,9 +34,7 @@ from expresslane.scheduler.scheduler import Scheduler
 from expresslane.sampling_params import SamplingParams
 
 # The step-cost model the engine calibrated at start-up on one H200 (Llama-3-8B shape, bf16, CUDA
-# graphs, main b1bae41), as session 13's replay published it (docs/performance.md, "Flat latency
-# through HTTP"): what the simulations since session 15 ran on. (Until then the default was the
-# model of 2026-12-01, before the mixed-step graphs and the attention padding fix.)
+# graphs), as a server publishes it at /load; its run: docs/performance.md, "Flat latency through HTTP".
 with open(Path(__file__).with_name("flat_sim_h200.json")) as _f:
     H200 = PiecewiseStepCostModel.from_dict(json.load(_f))
 

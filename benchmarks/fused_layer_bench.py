@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import time
 
@@ -149,6 +150,13 @@ def layer_bench(args, out) -> None:
                 got = got.float()
                 if not smoke:
                     timings["on"] = measure(on)
+                    for most in args.fused_splits:  # the one-launch attention with fewer splits to combine
+                        base = dataclasses.replace(backend.decode_tile(batch), fused_reduce=False)
+                        backend._fused_reduce_tiles[base] = dataclasses.replace(base, fused_reduce=True,
+                                                                                max_splits=most)
+                        backend.prepare(meta)
+                        timings[f"on_splits{most}"] = measure(on)
+                        del backend._fused_reduce_tiles[base]
                     backend.fused_reduce_rows = 0  # the fused GEMVs beside today's attention (+ a reduce kernel)
                     backend.prepare(meta)
                     timings["on_split_reduce"] = measure(on)
@@ -181,7 +189,7 @@ def engine_run(args, fused: bool, bw: float, out) -> tuple[list[int], dict]:
     llm = LLM(args.model, dtype="bfloat16", max_num_seqs=8, gpu_memory_utilization=0.85,
               load_format=args.load_format, fused_decode_layer=fused)
     eng, core = llm.engine, llm.engine.core
-    runner, vocab = core.runner, core.hf_config.vocab_size
+    vocab = core.hf_config.vocab_size
     llm.generate([{"prompt_token_ids": prompts_of(1, 128, vocab, 5)[0]}], greedy(32), use_tqdm=False)  # warm-up
     [o] = llm.generate([{"prompt_token_ids": prompts_of(1, 128, vocab, 1)[0]}], greedy(257), use_tqdm=False)
     per_tok = (o.metrics.finished_time - o.metrics.first_token_time) / 256
@@ -198,15 +206,16 @@ def engine_run(args, fused: bool, bw: float, out) -> tuple[list[int], dict]:
         torch.cuda.synchronize()
     while eng.has_unfinished():
         eng.step()
-    layers = runner.model.layers
-    floor_ms = decode_weight_bytes(runner.model, 1) / bw * 1e3
-    row = dict(bench="fused_layer_model", model=args.model, fused=fused, applied=all(x.fused_rows for x in layers),
+    [(weight_bytes, fused_rows)] = llm.apply_model(
+        lambda model: (decode_weight_bytes(model, 1), [layer.fused_rows for layer in model.layers]))
+    floor_ms = weight_bytes / bw * 1e3
+    row = dict(bench="fused_layer_model", model=args.model, fused=fused, applied=all(fused_rows),
                tokens_per_s=1 / per_tok, ms_per_token=per_tok * 1e3, floor_ms=floor_ms,
                pct_of_floor=100 * floor_ms / (per_tok * 1e3), kernels_per_step=len(kernel_intervals(prof)) / steps,
-               layers=len(layers))
+               layers=len(fused_rows))
     emit(out, **row)
     tokens = list(o.outputs[0].token_ids)
-    del llm, eng, core, runner, layers
+    del llm, eng, core
     gc.collect()
     torch.cuda.empty_cache()
     return tokens, row
@@ -234,6 +243,8 @@ def main() -> None:
     ap.add_argument("--batches", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8])
     ap.add_argument("--contexts", type=lambda s: [int(x) for x in s.split(",")], default=[1024, 32768],
                     help="tokens of context each decoding seq of the one-layer part has")
+    ap.add_argument("--fused-splits", type=lambda s: [int(x) for x in s.split(",") if x], default=[],
+                    help="also time the one-launch attention with at most these many splits")
     ap.add_argument("--smoke", action="store_true", help="CPU (Triton's interpreter), a tiny layer: on vs off only")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()

@@ -9,6 +9,9 @@
 #   layer:   issue #42 item 1, the fused decode layer (--fused-decode-layer) off vs on: its kernel tests in
 #            bf16, one 8B layer at batch 1 and 8 (us and launches per layer vs the weight-read floor), then
 #            llama-3-8b batch-1 decode in the engine (tok/s, kernels per step, greedy tokens' first divergence)
+#   fusedgemv: issue #42: the fused layer's four GEMVs (norm / residual / SiLU folded in) one by one against
+#            the kernels they replace, tiles and splits swept at batch 1, the best at 1 and 8 (fused_gemv_sweep.py;
+#            FUSED_GEMV_QUICK=1: two tiles); ~3 min
 #   lanes:   issue #6's scenario (16 short requests arriving while an 8k prompt and 32
 #            batch requests run) under static, continuous and continuous-lanes, 8B
 #            shape, with the long prompt interactive and then in the batch lane
@@ -158,7 +161,10 @@ for section in $SECTIONS; do
       python3 -m pytest -q tests/test_fused_layer.py -p no:cacheprovider 2>&1 | tee -a "$OUT/gpu-tests.log" \
         | tail -3 || status=1
       echo "== the fused decode layer off vs on: one layer (8B shape) at batch 1 and 8, then llama-3-8b batch-1 decode"
-      run python3 benchmarks/fused_layer_bench.py --model "$MODELS/llama-3-8b" ;;
+      run python3 benchmarks/fused_layer_bench.py --model "$MODELS/llama-3-8b" ${FUSED_SPLITS:+--fused-splits $FUSED_SPLITS} ;;
+    fusedgemv)
+      echo "== the fused layer's GEMVs against the kernels they replace, tiles swept (8B shapes)"
+      run python3 benchmarks/fused_gemv_sweep.py ${FUSED_GEMV_QUICK:+--quick} ;;
     lanes)
       model llama-3-8b
       for lane in interactive batch; do

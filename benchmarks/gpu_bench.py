@@ -49,11 +49,12 @@ def engine_benchmarks(args, out) -> None:
               prefill_attention=args.prefill_attention)
     core = llm.engine.core
     cfg, vocab = core.hf_config, core.hf_config.vocab_size
-    wbytes = decode_weight_bytes(core.runner.model)
+    [(wbytes, backend)] = llm.apply_model(
+        lambda model: (decode_weight_bytes(model), type(model.layers[0].self_attn.backend).__name__))
     floor_ms = wbytes / PEAK_BW * 1e3
     common = dict(engine="expresslane", model=args.model.rstrip("/").split("/")[-1], policy=args.scheduling_policy,
                   prefill_attention=args.prefill_attention,
-                  backend=type(core.runner.attn_backend).__name__, cuda_graphs=core.runner.decode_graphs is not None)
+                  backend=backend, cuda_graphs=bool(llm.cuda_graph_sizes["decode"]))
     greedy = lambda n: SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)  # noqa: E731
     llm.generate([{"prompt_token_ids": p} for p in prompts_of(4, 64, vocab)], greedy(8), use_tqdm=False)  # warm-up
 
@@ -106,7 +107,8 @@ def engine_benchmarks(args, out) -> None:
             eng.abort(rid)
         while eng.has_unfinished():
             eng.step()
-        step_floor_s = decode_weight_bytes(core.runner.model, batch) / PEAK_BW  # weights only (not the KV reads)
+        [weight_bytes] = llm.apply_model(lambda model: decode_weight_bytes(model, batch))
+        step_floor_s = weight_bytes / PEAK_BW  # weights only (not the KV reads)
         emit(out, **common, bench="decode_throughput", batch=batch, context=1024, step_ms=wall / steps * 1e3,
              tokens_per_s=sum(seqs) / wall, fewest_seqs=min(seqs), weight_floor_tokens_per_s=batch / step_floor_s,
              gpu_busy_fraction=kernel_s / (wall / steps),

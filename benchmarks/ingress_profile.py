@@ -115,10 +115,10 @@ def stages(n: int, tokenizer, repeats: int) -> dict[str, float]:
     steps = plans()
 
     def runner_inputs():
-        batch = RequestRows(8, CONTEXT // 16 + 1, 16)
+        rows = RequestRows(8, CONTEXT // 16 + 1, 16)
         for plan in steps:
             plan.new_requests = plan.new_requests or []
-            batch.apply(plan)
+            rows.apply(plan)
     steps[0].new_requests = steps[0].new_requests or [NewRequest("r", params)]
     out["runner inputs"] = best_us(runner_inputs, repeats)
     return out

@@ -4,11 +4,10 @@ Llama-3-8B shape (32 query heads, 8 KV heads, head dim 128, pages of 16) at batc
 `Clock`) and the KV bytes read per second, for the tile the table picks and a sweep of
 decode tiles.
 
-Why the sweep: the FP8 cache reads half the bytes yet ran 6% slower than bf16 with the bf16
-tile (SASS shows its 8-bit operands read from shared memory a byte at a time, `LDS.U8`).
-Fewer pipeline stages did not fix that (2026-12-02: 505-729 us at 1 stage); 128-key tiles
-over 8 warps at 2 stages did (472 against 544 us), and are now the FP8 table's tile from
-batch 32 (triton_tiles.FP8_DECODE_TILES). Every tile's output is checked against the table
+Why the sweep: with the bf16 tile the FP8 cache, which reads half the bytes, is slower than
+bf16 (its 8-bit operands are read from shared memory a byte at a time, `LDS.U8`); the sweep
+shows which tile pays (the FP8 table's from batch 32, triton_tiles.FP8_DECODE_TILES; the runs:
+docs/performance.md, "Quantization"). Every tile's output is checked against the table
 tile's (same cache) before it is timed.
 
     python benchmarks/kv_attention_bench.py [--out results.jsonl] [--batch 64] [--context 8144]

@@ -87,12 +87,13 @@ def run_engine(args, name: str, out, fp8_peak: float, texts, ref_logits, **engin
               gpu_memory_utilization=0.88, **engine_kwargs)
     load_s = time.perf_counter() - t0
     core = llm.engine.core
-    cfg, vocab, runner = core.hf_config, core.hf_config.vocab_size, core.runner
-    wbytes = decode_weight_bytes(runner.model)
+    cfg, vocab = core.hf_config, core.hf_config.vocab_size
+    [wbytes] = llm.apply_model(decode_weight_bytes)
     common = dict(engine=name, model=Path(args.model).name)
     kv_tokens = core.config.cache.num_kv_blocks * core.config.cache.block_size
     emit(out, **common, bench="quant_engine", load_s=load_s, weight_gb=wbytes / 1e9, kv_tokens=kv_tokens,
-         kv_dtype=str(runner.kv_dtype).removeprefix("torch."), cuda_graphs=runner.decode_graphs is not None)
+         kv_dtype=str(llm.engine.runner.kv_dtype).removeprefix("torch."),
+         cuda_graphs=bool(llm.cuda_graph_sizes["decode"]))
     llm.generate([{"prompt_token_ids": p} for p in prompts_of(4, 64, vocab, 0)], greedy(8), use_tqdm=False)
 
     want = args.measures
@@ -151,7 +152,7 @@ def run_engine(args, name: str, out, fp8_peak: float, texts, ref_logits, **engin
     logits = None
     if "accuracy" in want:
         texts, logits = accuracy(llm, common, out, args, texts, ref_logits)
-    del llm, core, runner
+    del llm, core
     gc.collect()
     torch.cuda.empty_cache()
     return texts, logits
@@ -172,7 +173,7 @@ def accuracy(llm, common: dict, out, args, texts, ref_logits):
         texts = [p + list(o.outputs[0].token_ids) for p, o in zip(ps, outs)]
     logits = [sequence_logits(llm, t).cpu() for t in texts]  # (1 GB for 8 x 256 x 128k)
     if ref_logits is not None:
-        dev = llm.engine.core.runner.device
+        dev = llm.config.device.device
         rows = [compare(r.to(dev), q.to(dev), t) for r, q, t in zip(ref_logits, logits, texts)]
 
         def mean_se(key):

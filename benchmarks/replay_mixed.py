@@ -16,8 +16,8 @@ beyond their predicted time, with what ran on the host meanwhile
 (a cost-model refit, Python's garbage collector, Triton compiling a kernel).
 
 Where the server's tails match this replay, they come from the engine; where the replay
-matches the simulation, from the host or HTTP. On the 2-core CPU (2026-12-02) the replay
-matched the server, not the simulation: see docs/performance.md, "Flat latency through HTTP".
+matches the simulation, from the host or HTTP (the runs: docs/performance.md, "Flat latency
+through HTTP").
 """
 
 from __future__ import annotations

@@ -110,11 +110,11 @@ def main() -> None:
                         after.spec_num_accepted_tokens - before.spec_num_accepted_tokens,
                         after.spec_num_drafts - before.spec_num_drafts, core._calls - calls)))
             for method in methods:
-                core = engines[method].engine.core
+                config = engines[method].config  # device and dtype as resolved
                 row = {"bench": "spec_decode", "method": method, "workload": name, "batch": batch,
                        "requests": len(ps), "rounds": args.rounds,
                        "decode_tok_s_per_request": round(statistics.median(rates[method]), 1),
-                       "device": str(core.runner.device), "dtype": str(core.runner.dtype).removeprefix("torch.")}
+                       "device": config.device.device, "dtype": config.model.dtype}
                 drafts, accepted, verifies, steps = counts[method]
                 if method != "none":
                     row |= {"acceptance_rate": round(accepted / drafts, 3) if drafts else None,

@@ -8,8 +8,8 @@ it at a time. Timed in CUDA graphs cycling over enough layers' caches that L2 ho
 microseconds, KV TB/s and % of the H200's copy bandwidth; each output first checked against
 float32 attention; TFLOP/s too (a chunk of a few hundred tokens is compute-bound). ``--tiles``:
 instead, chunks of 24-1024 tokens after 8k / 32k keys, the default split under other tiles (rows,
-keys per loop step, warps, pipeline stages): is a program's slow walk over its keys (~1-3 GB/s
-each, session 11) the tile's, and which tile suits a lone long prompt's bounded chunks?
+keys per loop step, warps, pipeline stages): is a program's slow walk over its keys the
+tile's, and which tile suits a lone long prompt's bounded chunks?
 
     python benchmarks/split_prefill_bench.py [--tiles] [--out results.jsonl]
 """

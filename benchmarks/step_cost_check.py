@@ -1,8 +1,5 @@
-"""Issue #20: does the step-cost model the engine calibrates at start-up predict the steps a
-mixed load really runs? On the H200 the replay's refits moved it (the constant of a step with
-prefill −0.5 → +1 to +2.5 ms; a 256-token step 10.5 → 11.5-13.8 ms), and with the refitted
-model the simulation predicted the measured long-prompt TTFT where the start-up model
-predicted half of it (docs/performance.md, "Flat latency through HTTP", session 11).
+"""Does the step-cost model the engine calibrates at start-up predict the steps a mixed load
+really runs (the load of `gpu.sh flat`, docs/performance.md "Flat latency through HTTP")?
 
     python benchmarks/step_cost_check.py [--model DIR] [--dtype bfloat16] [--out results.jsonl]
 
@@ -10,8 +7,9 @@ Times, as the start-up calibration does (`runner.step_timing.time_steps`: alone,
 --repeats after one untimed run), the shapes of that load's steps: 1, 3 or 5 decodes at a
 short (128) or long (--long) context, beside one prefill chunk of 16-512 tokens after 0 to
 --long cached keys; and prints each against the start-up model's prediction. Where these
-isolated steps match the model, the refits' higher costs come from running steps back to
-back (the host, the pipeline); where they do not, from a shape the calibration never times.
+isolated steps match the model but a served load's steps cost more (a server's refits at run
+time), the difference comes from running steps back to back (the host, the pipeline); where
+they do not, from a shape the calibration never times.
 """
 
 from __future__ import annotations
@@ -83,7 +81,7 @@ def main() -> None:
     p.add_argument("--out", default=None)
     args = p.parse_args()
     llm = LLM(args.model, dtype=args.dtype, max_model_len=args.max_model_len)
-    core = llm.engine.core
+    core, runner = llm.engine.core, llm.engine.runner  # timed as the start-up calibration times it
     model, max_len = core.cost_model, core.max_model_len
     long = min(args.long, max_len - 1)
     errors = {}
@@ -92,7 +90,7 @@ def main() -> None:
     steps = {"mixed": lambda: shapes(long, max_len), "throughput": lambda: throughput_shapes(640, budget),
              "prompts": lambda: [[(0, n)] for n in (16, 64, 128, 256, 512, 2048) if n < max_len]}[args.shapes]()
     for step in steps:
-        [(shape, seconds)] = time_steps(core.runner, [step], repeats=args.repeats)
+        [(shape, seconds)] = time_steps(runner, [step], repeats=args.repeats)
         predicted = model.predict(shape)
         error = (predicted - seconds) / seconds
         decodes = [c for c, n in step if n == 1]
@@ -103,8 +101,8 @@ def main() -> None:
              chunk=n, chunks=len(chunks), measured_ms=1e3 * seconds, predicted_ms=1e3 * predicted, error=error)
         print(f"{len(decodes):3d} x {context:6d} | {n:4d} after {start:6d} | {1e3 * seconds:8.2f} | "
               f"{1e3 * predicted:8.2f} | {100 * error:+6.1f}%")
-        if args.shapes != "mixed" and core.runner.device.type == "cuda":
-            profile(core.runner, step)
+        if args.shapes != "mixed" and runner.device.type == "cuda":
+            profile(runner, step)
     print("mean error of the start-up model's prediction, by decodes x context (negative: under-predicts):")
     for (decodes, context), errs in errors.items():
         print(f"  {decodes} x {context:6d}: {100 * statistics.mean(errs):+6.1f}% over {len(errs)} steps")

@@ -50,14 +50,14 @@ def main() -> None:
         spec = {} if method == "none" else {"speculative_method": "ngram", "num_speculative_tokens": 4,
                                             "speculative_disable_by_batch_size": 256}
         llm = LLM(args.model, dtype=args.dtype, max_model_len=2048, **spec)
-        core = llm.engine.core
+        core, runner = llm.engine.core, llm.engine.runner  # its internals are timed
         prompts = workloads(llm.engine.tokenizer, args.prompts, 384)["edit"]
         run(llm, prompts[:2], 1, 8)  # warm-up
         times: dict[str, list[float]] = defaultdict(list)
         originals = []
         for obj, name, key in ((core, "step", "core_step"), (core.scheduler, "schedule", "schedule"),
-                               (core.scheduler, "update", "update"), (core.runner, "execute", "execute"),
-                               (core.runner.batch, "apply", "batch_apply"), (core.runner, "_logits_at", "verify_forward"),
+                               (core.scheduler, "update", "update"), (runner, "execute", "execute"),
+                               (runner.rows, "apply", "rows_apply"), (runner, "_logits_at", "verify_forward"),
                                (llm.engine.outputs, "process", "output_process"),
                                (model_runner, "verify", "verify_accept"), (model_runner.StepResult, "get", "result_get")):
             originals.append((obj, name, getattr(obj, name)))
@@ -70,8 +70,8 @@ def main() -> None:
                 setattr(obj, name, fn)
         tokens = sum(len(o.outputs[0].token_ids) for o in outs)
         steps = core._calls - calls
-        emit(args.out, bench="step_phases", method=method, dtype=str(core.runner.dtype).removeprefix("torch."),
-             device=str(core.runner.device), tokens=tokens, steps=steps, us_per_token=round(1e6 * wall / tokens, 1),
+        emit(args.out, bench="step_phases", method=method, dtype=llm.config.model.dtype,
+             device=llm.config.device.device, tokens=tokens, steps=steps, us_per_token=round(1e6 * wall / tokens, 1),
              us_per_step=round(1e6 * wall / steps, 1),
              phases={k: {"calls": len(v), "mean_us": round(1e6 * statistics.fmean(v), 1)} for k, v in times.items()})
         del llm

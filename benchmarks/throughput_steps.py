@@ -48,11 +48,10 @@ def main() -> None:
     gc.collect()
     gc.freeze()  # as the server's engine process does after start-up
 
-    model = core.runner.model
-    weights = decode_weight_bytes(model)
-    params = sum(p.numel() for p in model.parameters())
+    [(weights, params)] = llm.apply_model(
+        lambda model: (decode_weight_bytes(model), sum(p.numel() for p in model.parameters())))
     head_dim = cfg.hidden_size // cfg.num_attention_heads
-    kv_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * core.runner.kv_dtype.itemsize
+    kv_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * engine.runner.kv_dtype.itemsize
     attn_flop = 4 * cfg.num_hidden_layers * cfg.num_attention_heads * head_dim  # a query-key pair
 
     sp = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)

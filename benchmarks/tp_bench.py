@@ -95,7 +95,7 @@ def engine_bench(model: str, tp: int, dtype: str = "bfloat16", new_tokens: int =
     from expresslane.bench.inprocess import random_prompts
 
     llm = LLM(model, tensor_parallel_size=tp, dtype=dtype, max_model_len=max_model_len)
-    vocab = llm.engine.core.runner.model.config.vocab_size
+    vocab = llm.engine.core.hf_config.vocab_size
     rng = random.Random(0)
 
     def greedy(n: int) -> SamplingParams:
@@ -122,8 +122,7 @@ def engine_bench(model: str, tp: int, dtype: str = "bfloat16", new_tokens: int =
         outs = run(prompts, 256)
         row["throughput_256x512_256_out_tok_s"] = sum(len(o.outputs[0].token_ids) for o in outs) / (
             time.perf_counter() - t0)
-    if tp > 1:
-        llm.engine.core.runner.shutdown()
+    llm.shutdown()
     del llm  # its weights and KV cache, before the next engine takes the GPUs
     gc.collect()
     torch.cuda.empty_cache()

@@ -1,5 +1,5 @@
 """The engine core's contracts, as plain data (torch-free, a leaf: imports nothing of ours
-but `SamplingParams`).
+but `SamplingParams` and `PoolingParams`).
 
 - Messages in and out of the core: ``EngineCoreRequest`` (a tokenized request from a
   frontend), ``EngineCoreOutput`` (a request's new tokens after a step) and ``StepStats``
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from expresslane.pooling_params import PoolingParams
 from expresslane.sampling_params import SamplingParams
 
 
@@ -51,7 +52,14 @@ class EngineCoreRequest:
     # prompt tokens of the whole frontend request it is part of (its sibling prompts too: one
     # HTTP request may carry 256 prompts); 0: its own. The deadline policy ranks by this work.
     request_prompt_tokens: int = 0
+    # an embeddings request (a pooling engine): its prefill ends with the pooled hidden state,
+    # nothing is sampled (`sampling_params` asks for one token)
+    pooling_params: PoolingParams | None = None
     lora_request: LoRARequest | None = None  # None: the base model
+
+
+# the sampling parameters a pooling request carries: its last chunk's "sample" is its vector
+POOLING_SAMPLING = SamplingParams(temperature=0.0, max_tokens=1)
 
 
 @dataclass(slots=True)
@@ -86,6 +94,7 @@ class EngineCoreOutput:
     finished_time: float | None = None
     new_logprobs: list[dict[int, float]] | None = None
     prompt_logprobs: ScoredPrompt | None = None  # the whole prompt's, with the first token only
+    pooled: list[float] | None = None  # a pooling request's embedding (its only output; finish_reason set)
 
 
 @dataclass(slots=True)
@@ -137,6 +146,9 @@ class NewRequest:
     # or bad words
     num_prompt_tokens: int = 0
     token_ids: list[int] = field(default_factory=list)
+    # a pooling request (resolved: every field set): its seqs' hidden states are pooled, its
+    # last chunk's `sample` pools instead of sampling
+    pooling: PoolingParams | None = None
     lora_id: int = 0  # its LoRA adapter's id (0: the base model); the runner holds the adapter already
 
 

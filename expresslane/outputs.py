@@ -1,4 +1,4 @@
-"""What `LLM.generate` returns."""
+"""What `LLM.generate` and `LLM.embed` return."""
 
 from __future__ import annotations
 
@@ -53,3 +53,27 @@ class RequestOutput:
     metrics: RequestMetrics
     num_cached_tokens: int = 0
     prompt_logprobs: PromptLogprobs | None = None  # with SamplingParams.prompt_logprobs
+
+
+@dataclass(slots=True)
+class EmbeddingOutput:
+    """vLLM's: one input's pooled vector (normalised and truncated as asked)."""
+
+    embedding: list[float]
+
+    @property
+    def hidden_size(self) -> int:
+        return len(self.embedding)
+
+
+@dataclass(slots=True)
+class EmbeddingRequestOutput:
+    """vLLM's `EmbeddingRequestOutput` (a `PoolingRequestOutput` of an `EmbeddingOutput`)."""
+
+    request_id: str
+    outputs: EmbeddingOutput
+    prompt_token_ids: list[int]
+    finished: bool
+    metrics: RequestMetrics
+    prompt: str | None = None
+    num_cached_tokens: int = 0

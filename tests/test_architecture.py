@@ -39,6 +39,7 @@ TIERS = {
     "expresslane.config": (0, "leaf"),
     "expresslane.lanes": (0, "leaf"),
     "expresslane.sampling_params": (0, "leaf"),
+    "expresslane.pooling_params": (0, "leaf"),  # embeddings: the pooler config, a request's pooling parameters
     "expresslane.outputs": (0, "leaf"),
     "expresslane.device": (0, "leaf"),
     "expresslane.tokenizer": (0, "leaf"),

@@ -102,7 +102,7 @@ def test_library_prefill_matches_transformers(model_dirs, references, monkeypatc
     picked = [0, 9, 14]  # 1, 128 and 300 tokens
     llm = LLM(str(model_dirs[arch]), attention_backend="triton", prefill_attention=library, max_num_batched_tokens=96,
               max_model_len=384, num_kv_blocks=64, scheduling_policy="fcfs")
-    llm.engine.core.runner.build_graphs(llm.config.model.max_model_len, capture=False)
+    llm.engine.runner.build_graphs(llm.config.model.max_model_len, capture=False)
     outs = llm.generate([{"prompt_token_ids": PROMPTS[i]} for i in picked], GREEDY, use_tqdm=False)
     mismatched = [i for i, o in zip(picked, outs) if o.outputs[0].token_ids != references[arch][i]]
     assert not mismatched, f"prompts {mismatched} differ from transformers"
@@ -127,7 +127,7 @@ def test_graph_input_path_matches_transformers(model_dirs, references, monkeypat
     picked = [5, 16] if split else [0, 2, 3, 5, 8, 16, 17]  # (split: the kernel path, fewer prompts)
     llm = LLM(str(model_dirs[arch]), attention_backend="triton", max_num_batched_tokens=48, max_num_seqs=6,
               max_model_len=384, num_kv_blocks=64)
-    runner = llm.engine.core.runner
+    runner = llm.engine.runner
     tiles = ((0, PrefillTile(rows=16, block_n=16)), (16, PrefillTile(rows=32, block_n=32)),
              (48, PrefillTile(rows=64, block_n=16)))  # head dim 32, group 2; buckets 8, 16, 32, 48
     runner.attn_backend.prefill_tiles = {32: tiles}
@@ -181,7 +181,7 @@ def test_fused_moe_matches_transformers(model_dirs, references, arch):
     picked = [0, 2, 5, 9, 16, 17, 19]
     llm = LLM(str(model_dirs[arch]), attention_backend="triton", max_num_batched_tokens=48, max_num_seqs=6,
               max_model_len=384, num_kv_blocks=24)
-    llm.engine.core.runner.build_graphs(llm.config.model.max_model_len, capture=False)
+    llm.engine.runner.build_graphs(llm.config.model.max_model_len, capture=False)
     outs = llm.generate([{"prompt_token_ids": PROMPTS[i]} for i in picked], GREEDY, use_tqdm=False)
     mismatched = [i for i, o in zip(picked, outs) if o.outputs[0].token_ids != references[arch][i]]
     assert not mismatched, f"prompts {mismatched} differ from transformers"
@@ -202,11 +202,11 @@ def test_fused_decode_layer_matches_transformers(model_dirs, references, monkeyp
     picked = [0, 4, 9, 16, 17]
     llm = LLM(str(model_dirs[arch]), attention_backend="triton", max_num_batched_tokens=48, max_num_seqs=6,
               max_model_len=384, num_kv_blocks=48, fused_decode_layer=True)
-    llm.engine.core.runner.build_graphs(llm.config.model.max_model_len, capture=False)
+    llm.engine.runner.build_graphs(llm.config.model.max_model_len, capture=False)
     outs = llm.generate([{"prompt_token_ids": PROMPTS[i]} for i in picked], GREEDY, use_tqdm=False)
     mismatched = [i for i, o in zip(picked, outs) if o.outputs[0].token_ids != references[arch][i]]
     assert not mismatched, f"prompts {mismatched} differ from transformers"
-    assert fused and all(layer.fused_rows for layer in llm.engine.core.runner.model.layers)
+    assert fused and llm.apply_model(lambda model: all(layer.fused_rows for layer in model.layers)) == [True]
 
 
 @pytest.mark.parametrize("layers", [1, 2, 9, 28, 32, 48, 80])

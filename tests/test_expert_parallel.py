@@ -4,7 +4,7 @@ them by all-to-all; greedy tokens equal one process's, through chunked prefill, 
 hits and preemptions."""
 
 import pytest
-from test_tensor_parallel import CASE, PICKED, _generate
+from test_tensor_parallel import CASE, PICKED, _generate, weight_numel
 
 from expresslane import LLM
 
@@ -13,15 +13,15 @@ from expresslane import LLM
 def test_ep2_matches_ep1(model_dirs, arch):
     one = LLM(str(model_dirs[arch]), **CASE)
     expected = _generate(one)
-    full = {n: p.shape for n, p in one.engine.core.runner.model.named_parameters()}
+    [full] = one.apply_model(lambda model: {name: p.shape for name, p in model.named_parameters()})
     llm = LLM(str(model_dirs[arch]), tensor_parallel_size=2, enable_expert_parallel=True, **CASE)
     try:
         got = _generate(llm)
-        per_rank = llm.engine.core.runner.weight_numel()
+        per_rank = weight_numel(llm)
         core = llm.engine.core
         assert core.scheduler.num_preemptions > 0 and core.kv.prefix_cache_hits > 0
     finally:
-        llm.engine.core.runner.shutdown()
+        llm.shutdown()
     mismatched = [PICKED[i] for i, (g, r) in enumerate(zip(got, expected)) if g != r]
     assert not mismatched, f"EP=2: prompts {mismatched} differ from EP=1"
     stacked = [n for n in full if n.endswith(("mlp.w13", "mlp.w2"))]

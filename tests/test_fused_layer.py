@@ -6,7 +6,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from expresslane.layers.fused_gemv import fused_gemv  # noqa: E402
+from expresslane.layers.fused_gemv import fused_config, fused_gemv  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # the interpreter's dots have no 16-bit floats: float32 there (exact-precision dot), bf16 on a GPU
@@ -84,12 +84,13 @@ def test_silu_and_mul_in_the_prologue(m, split):
 
 
 def test_default_tiles_split_and_agree_with_one_program():
-    """The default split (several K-slices, from gemv_config) against SPLIT = 1 on the same inputs."""
+    """down's default split (several K-slices, from fused_config) against SPLIT = 1 on the same inputs."""
     k, n = 1024, 64
-    x, w, _, res = _tensors(3, k, n, seed=50)
-    args = (x.to(DEVICE, DTYPE), w.to(DEVICE, DTYPE))
-    one = fused_gemv(*args, norm_eps=1e-6, residual=res.to(DEVICE, DTYPE), split=1)
-    many = fused_gemv(*args, norm_eps=1e-6, residual=res.to(DEVICE, DTYPE))
+    gate_up, w, _, res = _tensors(3, 2 * k, n, seed=50)
+    args = (gate_up.to(DEVICE, DTYPE), w[:, :k].contiguous().to(DEVICE, DTYPE))
+    assert fused_config(n, silu=True)["split"] is None and fused_config(n, silu=False)["split"] == 1
+    one = fused_gemv(*args, silu=True, residual=res.to(DEVICE, DTYPE), split=1)
+    many = fused_gemv(*args, silu=True, residual=res.to(DEVICE, DTYPE))
     _check(many, one.float().cpu(), one.float().cpu().abs())
     _counters_clear()
 
@@ -179,7 +180,7 @@ def test_fused_decode_layer_matches_the_unfused_one(model_dirs, monkeypatch, arc
     the tiny model runs split over K (2 to 4 programs a tile)."""
     from expresslane.layers import fused_gemv as fg
 
-    monkeypatch.setattr(fg, "gemv_config", lambda n, fp8: dict(block_n=32, block_k=32, stages=1, programs=264))
+    monkeypatch.setattr(fg, "fused_config", lambda n, silu: dict(block_n=32, block_k=32, stages=1, split=None))
     plain, backend, head_dim = _tiny_model(model_dirs[arch], seed=1)
     fused, fused_backend, _ = _tiny_model(model_dirs[arch], seed=1)
     fused.enable_fused_decode()
@@ -230,7 +231,7 @@ def test_the_engine_keeps_todays_path_where_the_switch_does_not_apply(llama_dir,
 
     with caplog.at_level("WARNING", logger="expresslane.runner.model_runner"):
         llm = LLM(str(llama_dir), max_model_len=64, num_kv_blocks=8, fused_decode_layer=True, **engine)
-    model = llm.engine.core.runner.model
+    [(fused_rows, reduce_rows)] = llm.apply_model(lambda model: (
+        [layer.fused_rows for layer in model.layers], model.layers[0].self_attn.backend.fused_reduce_rows))
     assert "fused_decode_layer is off" in caplog.text
-    assert all(layer.fused_rows == 0 for layer in model.layers)
-    assert llm.engine.core.runner.attn_backend.fused_reduce_rows == 0
+    assert fused_rows and not any(fused_rows) and reduce_rows == 0

@@ -34,9 +34,9 @@ def test_cuda_graphs_and_eager_agree(llama_dir):
     prompts = [{"prompt_token_ids": p} for p in PROMPTS[:5]]  # 5 seqs: replayed in the batch-8 graph
     sp = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     graphs = LLM(str(llama_dir), device="cuda", dtype="float32", num_kv_blocks=256)
-    assert graphs.engine.core.runner.decode_graphs is not None and graphs.engine.core.runner.mixed_graphs is not None
+    assert 8 in graphs.cuda_graph_sizes["decode"] and graphs.cuda_graph_sizes["mixed"]
     eager = LLM(str(llama_dir), device="cuda", dtype="float32", num_kv_blocks=256, enforce_eager=True)
-    assert eager.engine.core.runner.decode_graphs is None
+    assert eager.cuda_graph_sizes == {"decode": (), "mixed": ()}
     a = [o.outputs[0].token_ids for o in graphs.generate(prompts, sp, use_tqdm=False)]
     b = [o.outputs[0].token_ids for o in eager.generate(prompts, sp, use_tqdm=False)]
     assert a == b
@@ -62,8 +62,7 @@ def test_speculation_through_captured_graphs_keeps_greedy_output(llama_dir):
     del plain
     llm = LLM(str(llama_dir), device="cuda", dtype="float32", num_kv_blocks=256, num_speculative_tokens=4,
               speculative_disable_by_batch_size=8, speculative_model=str(llama_dir))
-    runner = llm.engine.core.runner
-    assert runner.mixed_graphs.graphs and runner.proposer.chain_graphs.graphs  # captured
+    assert llm.cuda_graph_sizes["mixed"] and llm.engine.runner.proposer.chain_graphs.graphs  # captured
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == want
     stats = llm.engine.core.stats()
     assert stats.spec_num_drafts > 0

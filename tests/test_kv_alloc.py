@@ -32,7 +32,7 @@ def test_a_host_kv_cache_is_zero_and_uncommitted(dtype):
 def test_an_engine_start_does_not_commit_its_cpu_kv_budget():
     before = rss()
     llm = LLM(device="cpu", cpu_kv_cache_space_gb=1.0)  # the built-in model: 256 x 2048 tokens would need 4.5 GiB
-    cache_bytes = sum(c.numel() * c.element_size() for c in llm.engine.core.runner.kv_caches)
+    [cache_bytes] = llm.apply_model(lambda model: sum(layer.self_attn.kv_cache.nbytes for layer in model.layers))
     assert cache_bytes > 900 * MiB
     assert rss() - before < cache_bytes / 4  # the model, its calibration steps: far less than the cache
     out = llm.generate(["hello"], use_tqdm=False)[0]  # and it serves

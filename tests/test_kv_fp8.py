@@ -28,8 +28,8 @@ def test_fp8_kv_doubles_the_capacity_reported_at_start_up(llama_dir, caplog):
         line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("KV cache:"))
         assert line.startswith(f"KV cache: {blocks[kv_dtype]} blocks of 16 tokens (0.00 GiB")
         assert line.endswith("float8_e4m3fn)" if kv_dtype == "fp8" else "bfloat16)")
-        assert llm.engine.core.runner.kv_caches[0].dtype == (torch.float8_e4m3fn if kv_dtype == "fp8"
-                                                             else torch.bfloat16)
+        assert llm.apply_model(lambda model: model.layers[0].self_attn.kv_cache.dtype) == [
+            torch.float8_e4m3fn if kv_dtype == "fp8" else torch.bfloat16]
     assert blocks["fp8"] == 2 * blocks["auto"] > 0
 
 

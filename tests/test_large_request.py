@@ -102,3 +102,29 @@ def test_where_no_prefill_fits_beside_a_decode_a_step_carries_one_min_chunk_in_a
     assert beside > 1000
     assert all(sim.first_scheduled_step[f"s{k}"] == sim.added_before_step[f"s{k}"] for k in range(1, 6))
     assert any(sim.first_token.get(f"big{i}") for i in range(PROMPTS))  # a sibling's prefill completed
+
+
+def test_a_waiting_prompt_without_a_seat_does_not_take_the_running_prompts_chunk():
+    """Every seat held (the stream and 8 of a request's 16 prompts) and no victim for the next of
+    them: the step is sized for the running requests, so the running prompts still get their
+    MIN_CHUNK beside the stream's decode in every step, and one completes its prefill."""
+    now = [0.0]
+    cfg = SchedulerConfig(max_num_batched_tokens=2048, max_num_seqs=9, scheduling_policy="deadline",
+                          lane_slo=f"interactive:ttft={TTFT * 1e3:g}ms,tpot={TPOT * 1e3:g}ms")
+    sched = Scheduler(cfg, KVCacheManager(40_000, 16), clock=lambda: now[0], cost_model=SLOW)
+    sched.add_request(request("stream", 16, 100_000, 0.0))
+    land(sched, sched.schedule())
+    for i in range(16):
+        sched.add_request(sibling(i, prompts=16))
+    steps = 0
+    while sched.num_waiting == 8 or len(sched.running) < 9:  # until a prompt finishes and frees its seat
+        plan = sched.schedule()
+        if len(sched.running) == 9:
+            assert sched.policy.victim(sched._peek_waiting(), sched.running.values()) is None
+            prefill = sum(len(s.token_ids) for s in plan.seqs if s.request_id != "stream")
+            assert prefill == MIN_CHUNK and "stream" in {s.request_id for s in plan.seqs}, \
+                {s.request_id: len(s.token_ids) for s in plan.seqs}
+            steps += 1
+        land(sched, plan)
+        now[0] += SLOW.predict(shape_of(plan))
+    assert sched.num_waiting == 7 and steps > LEN // MIN_CHUNK - 16

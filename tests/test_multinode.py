@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 from test_equivalence import GREEDY, LENGTHS, PROMPTS
+from test_tensor_parallel import weight_numel
 
 from expresslane import LLM
 from expresslane.runner.tensor_parallel import free_port
@@ -30,9 +31,9 @@ def test_two_nodes_over_loopback_match_one_process(model_dirs):
         llm = LLM(model, tensor_parallel_size=2, nnodes=2, node_rank=0, dist_init_addr=addr, **CASE)
         try:
             got = _generate(llm)
-            held = llm.engine.core.runner.weight_numel()
+            held = weight_numel(llm)
         finally:
-            llm.engine.core.runner.shutdown()
+            llm.shutdown()
         assert node1.wait(timeout=60) == 0, node1.stdout.read().decode(errors="replace")[-3000:]
     finally:
         if node1.poll() is None:

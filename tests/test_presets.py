@@ -215,7 +215,7 @@ def test_quantized_moe_preset_written_and_dummy_agree(preset, fmt, tmp_path, mon
     greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     prompt = [5, 77, 300, 12, 9, 400, 31]
     llm = LLM(str(path))
-    assert isinstance(llm.engine.core.runner.model.layers[0].mlp.w13, Int4Experts)
+    assert llm.apply_model(lambda model: isinstance(model.layers[0].mlp.w13, Int4Experts)) == [True]
     [out] = llm.generate([{"prompt_token_ids": prompt}], greedy, use_tqdm=False)
     bare = make_model("shrunk", tmp_path / "bare", quantization=fmt, weights=False)
     [again] = LLM(str(bare), load_format="dummy").generate([{"prompt_token_ids": prompt}], greedy, use_tqdm=False)

@@ -73,13 +73,14 @@ def test_equal_transformers_in_one_step(model_dir):
 def test_chunked_prefill_scores_across_chunk_boundaries(model_dir, monkeypatch):
     llm = LLM(str(model_dir), max_num_batched_tokens=16, scheduling_policy="fcfs")
     chunks: list[tuple[int, int, int]] = []  # (start, tokens, positions scored) of each chunk
-    execute = llm.engine.core.runner.execute
+    runner = llm.engine.runner
+    execute = runner.execute
 
     def spy(plan):
         chunks.extend((s.start_pos, len(s.token_ids), len(s.prompt_logprob_targets)) for s in plan.seqs)
         return execute(plan)
 
-    monkeypatch.setattr(llm.engine.core.runner, "execute", spy)
+    monkeypatch.setattr(runner, "execute", spy)
     p = prompt(61, 7)
     [out] = llm.generate([{"prompt_token_ids": p}], SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=0),
                          use_tqdm=False)
@@ -164,5 +165,5 @@ def test_tensor_parallel(model_dir):
         [out] = llm.generate([{"prompt_token_ids": p}], SamplingParams(temperature=0, max_tokens=3, prompt_logprobs=2),
                              use_tqdm=False)
     finally:
-        llm.engine.core.runner.shutdown()
+        llm.shutdown()
     check(model_dir, p, out.prompt_logprobs, 2)

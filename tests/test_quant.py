@@ -58,7 +58,7 @@ def _merged(refs: dict[str, torch.Tensor], layer: str, parts: list[str]) -> torc
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_loader_matches_float32_reference(quant_dirs, references, fmt):
     llm = LLM(str(quant_dirs[fmt]), num_kv_blocks=64)
-    model = llm.engine.core.runner.model
+    [model] = llm.apply_model(lambda model: model)
     refs = references[fmt]
     checked = 0
     for i, layer in enumerate(model.layers):
@@ -131,8 +131,8 @@ def test_engine_greedy_matches_dequantized_transformers(llama_dir, quant_dirs, r
 def test_fp8_at_load_equals_the_fp8_checkpoint(llama_dir, quant_dirs):
     """--quantization fp8 on the float model builds the same weights as the per-channel checkpoint
     (whose scales are stored in the model dtype, float32 here)."""
-    a = LLM(str(llama_dir), quantization="fp8", num_kv_blocks=64).engine.core.runner.model
-    b = LLM(str(quant_dirs["fp8"]), quantization="fp8", num_kv_blocks=64).engine.core.runner.model
+    [a] = LLM(str(llama_dir), quantization="fp8", num_kv_blocks=64).apply_model(lambda model: model)
+    [b] = LLM(str(quant_dirs["fp8"]), quantization="fp8", num_kv_blocks=64).apply_model(lambda model: model)
     for (na, pa), (nb, pb) in zip(a.named_parameters(), b.named_parameters(), strict=True):
         assert na == nb and pa.dtype == pb.dtype and torch.equal(pa.float(), pb.float()), na
     assert a.layers[0].mlp.down_proj.weight.dtype == torch.float8_e4m3fn
@@ -234,7 +234,7 @@ def test_fp8_fold_keeps_the_greedy_tokens(llama_dir):
 
     llm = LLM(str(llama_dir), quantization="fp8", attention_backend="triton", max_num_batched_tokens=16,
               max_num_seqs=2, max_model_len=64, num_kv_blocks=16)
-    model = llm.engine.core.runner.model
+    [model] = llm.apply_model(lambda model: model)
     assert all(_folds(model))
     seen = {}
     for name, module in model.named_modules():

@@ -64,7 +64,7 @@ def _dequantized_dir(qdir: Path, fmt: str, dst: Path) -> Path:
 def test_experts_load_the_checkpoint_exactly(moe_quant, arch, fmt):
     qdir, _ = moe_quant[arch, fmt]
     refs = _references(qdir, fmt)
-    model = LLM(str(qdir), num_kv_blocks=64).engine.core.runner.model
+    [model] = LLM(str(qdir), num_kv_blocks=64).apply_model(lambda model: model)
     gate, up, down = ("w1", "w3", "w2") if arch == "mixtral" else ("gate_proj", "up_proj", "down_proj")
     block = "block_sparse_moe" if arch == "mixtral" else "mlp"
     checked = 0

@@ -42,6 +42,17 @@ def test_the_engine_uses_only_the_runner_interface():
     assert not outside, f"the engine reaches past Runner: {outside}"
 
 
+def test_the_offline_api_and_the_bench_tools_use_only_the_runner_interface():
+    """``LLM``'s inspection methods and ``expresslane bench`` reach the runner through
+    ``LLMEngine.runner`` and the Runner interface, not its internals."""
+    package = Path(expresslane.__file__).parent
+    modules = [package / "entrypoint.py", *sorted((package / "bench").glob("*.py"))]
+    used = {(p.name, attr) for p in modules for attr in _runner_attributes(p)}
+    assert {("entrypoint.py", "apply_model"), ("entrypoint.py", "shutdown")} <= used  # the walk finds them
+    outside = sorted((module, attr) for module, attr in used if attr not in _interface())
+    assert not outside, f"past Runner: {outside}"
+
+
 def test_every_runner_implements_the_interface():
     for cls in (ModelRunner, TPExecutor):
         assert issubclass(cls, Runner)

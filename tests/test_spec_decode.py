@@ -210,8 +210,8 @@ def test_verify_steps_through_the_graph_input_path(tmp_path):
     runs, chains = [], []
     for extra in ({}, dict(speculative_model=model, num_speculative_tokens=3, speculative_disable_by_batch_size=8)):
         llm = LLM(model, **engine, **extra)
-        llm.engine.core.runner.build_graphs(128, capture=False)
-        draft = llm.engine.core.runner.proposer
+        llm.engine.runner.build_graphs(128, capture=False)
+        draft = llm.engine.runner.proposer
         if draft is not None:  # count the chain's replays
             run_chain = draft.chain_graphs.run_chain
             draft.chain_graphs.run_chain = lambda *a: (chains.append(a[2].copy()), run_chain(*a))[1]
@@ -292,7 +292,7 @@ def test_step_phases_benchmark_times_the_verify_phases(tmp_path):
                    cwd=root / "benchmarks", check=True, capture_output=True, timeout=600)
     none, ngram = [json.loads(line) for line in out.read_text().splitlines()]
     assert none["method"] == "none" and ngram["method"] == "ngram"
-    common = {"core_step", "schedule", "update", "execute", "batch_apply", "output_process", "result_get"}
+    common = {"core_step", "schedule", "update", "execute", "rows_apply", "output_process", "result_get"}
     assert common <= set(none["phases"]) and not {"verify_forward", "verify_accept"} & set(none["phases"])
     assert {"verify_forward", "verify_accept"} <= set(ngram["phases"]) and ngram["steps"] < none["steps"]
     assert all(p["calls"] > 0 and p["mean_us"] > 0 for r in (none, ngram) for p in r["phases"].values())

@@ -24,6 +24,9 @@ class OnGpu:
     def get(self):
         return {}, None
 
+    def pooled(self):
+        return None
+
 
 def in_flight(ended: bool, ends: float, speculative: bool = False) -> _InFlight:
     return _InFlight(StepPlan(-1, [], 0), OnGpu(ended), StepShape(2048, has_prefill=True), 0, ends=ends,

@@ -23,13 +23,17 @@ def _generate(llm: LLM) -> list[list[int]]:
     return [o.outputs[0].token_ids for o in outs]
 
 
+def weight_numel(llm: LLM) -> list[dict[str, int]]:
+    """Per rank: parameter name -> elements it holds."""
+    return llm.apply_model(lambda model: {name: p.numel() for name, p in model.named_parameters()})
+
+
 @pytest.fixture(scope="module")
 def tp1(model_dirs):
     out = {}
     for arch, d in model_dirs.items():
         llm = LLM(str(d), **CASE)
-        out[arch] = (_generate(llm), {n: p.numel() for n, p in llm.engine.core.runner.model.named_parameters()},
-                     llm.engine.core.hf_config)
+        out[arch] = (_generate(llm), weight_numel(llm)[0], llm.engine.core.hf_config)
     return out
 
 
@@ -50,12 +54,12 @@ def test_tp_matches_tp1(model_dirs, tp1, arch, tp):
     llm = LLM(str(model_dirs[arch]), tensor_parallel_size=tp, **CASE)
     try:
         got = _generate(llm)
-        per_rank = llm.engine.core.runner.weight_numel()
+        per_rank = weight_numel(llm)
         core = llm.engine.core
         assert core.scheduler.num_preemptions > 0, "the small KV cache should have forced preemptions"
         assert core.kv.prefix_cache_hits > 0
     finally:
-        llm.engine.core.runner.shutdown()
+        llm.shutdown()
     mismatched = [PICKED[i] for i, (g, r) in enumerate(zip(got, tokens)) if g != r]
     assert not mismatched, f"TP={tp}: prompts {mismatched} differ from TP=1"
     assert len(per_rank) == tp

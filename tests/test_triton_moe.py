@@ -82,7 +82,7 @@ def test_engine_counts_real_tokens_only(model_dirs):
 
     llm = LLM(str(model_dirs["mixtral"]), attention_backend="triton", max_num_batched_tokens=48, max_num_seqs=6,
               max_model_len=256, num_kv_blocks=64, enable_prefix_caching=False)
-    runner = llm.engine.core.runner
+    runner = llm.engine.runner
     runner.build_graphs(llm.config.model.max_model_len, capture=False)
     padded = []
     real_run = runner.decode_graphs.run

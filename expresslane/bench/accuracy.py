@@ -39,20 +39,24 @@ DEFAULTS = dict(num_texts=8, text_len=256, prompt_len=16, trials=3)
 def sequence_logits(llm, token_ids: list[int]) -> torch.Tensor:
     """float32 logits [T, vocab] of one sequence, prefilled at once into an idle engine's KV
     blocks 0.. (the engine must run without prefix caching: the blocks are overwritten)."""
-    runner = llm.engine.core.runner
-    bs, n, dev = runner.block_size, len(token_ids), runner.device
-    blocks = -(-n // bs)
-    if blocks > runner.kv_caches[0].shape[1]:
-        raise ValueError(f"a text of {n} tokens needs {blocks} KV blocks; the engine has {runner.kv_caches[0].shape[1]}")
+    bs, n, dev = llm.config.cache.block_size, len(token_ids), torch.device(llm.config.device.device)
+    blocks, have = -(-n // bs), llm.config.cache.num_kv_blocks
+    if blocks > have:
+        raise ValueError(f"a text of {n} tokens needs {blocks} KV blocks; the engine has {have}")
     meta = AttentionMetadata(
         slot_mapping=torch.arange(n, device=dev), block_tables=torch.arange(blocks, dtype=torch.int32, device=dev)[None],
         seq_lens=torch.tensor([n], dtype=torch.int32, device=dev),
         query_start_loc=torch.tensor([0, n], dtype=torch.int32, device=dev),
         num_decodes=0, seq_lens_cpu=[n], query_start_loc_cpu=[0, n], max_decode_seq_len=0)
-    runner.attn_backend.prepare(meta)
-    with torch.inference_mode():
-        hidden = runner.model(torch.tensor(token_ids, device=dev), torch.arange(n, device=dev), meta)
-        return runner.model.compute_logits(hidden).float()
+
+    @torch.inference_mode()
+    def forward(model) -> torch.Tensor:
+        model.layers[0].self_attn.backend.prepare(meta)
+        hidden = model(torch.tensor(token_ids, device=dev), torch.arange(n, device=dev), meta)
+        return model.compute_logits(hidden).float()
+
+    [logits] = llm.apply_model(forward)
+    return logits
 
 
 def compare(base_logits: torch.Tensor, quant_logits: torch.Tensor, token_ids: list[int]) -> dict:
@@ -92,11 +96,11 @@ def _mean_se(values: list[float]) -> dict:
 
 def memory_report(llm) -> dict:
     """Bytes of weights and KV cache (per token, and allocated) of an engine."""
-    runner = llm.engine.core.runner
-    weights = sum(p.numel() * p.element_size() for p in runner.model.parameters())
-    kv_block = runner.kv_block_bytes()
-    return {"device": str(runner.device), "weight_bytes": weights, "kv_bytes_per_token": kv_block // runner.block_size,
-            "kv_cache_bytes": kv_block * llm.engine.core.config.cache.num_kv_blocks,
+    runner = llm.engine.runner
+    [weights] = llm.apply_model(lambda model: sum(p.numel() * p.element_size() for p in model.parameters()))
+    kv_block, cache = runner.kv_block_bytes(), llm.config.cache
+    return {"device": llm.config.device.device, "weight_bytes": weights,
+            "kv_bytes_per_token": kv_block // cache.block_size, "kv_cache_bytes": kv_block * cache.num_kv_blocks,
             "kv_cache_dtype": str(runner.kv_dtype).removeprefix("torch.")}
 
 

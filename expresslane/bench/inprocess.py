@@ -45,6 +45,11 @@ def record_from_output(out) -> RequestRecord:
         ttft=m.first_token_time - m.arrival_time, latency=m.finished_time - m.arrival_time)
 
 
+def device_and_dtype(llm) -> tuple[torch.device, torch.dtype]:
+    """Where an engine runs and its activations' dtype (its config holds them resolved)."""
+    return torch.device(llm.config.device.device), getattr(torch, llm.config.model.dtype)
+
+
 def synchronize(device: torch.device) -> None:
     """Wait for queued GPU work, so a wall-clock interval covers the work it started."""
     if device.type == "cuda":

@@ -25,7 +25,7 @@ import torch
 
 from expresslane import LLM, SamplingParams
 from expresslane.bench.floors import H200_PEAK_BANDWIDTH, decode_weight_bytes
-from expresslane.bench.inprocess import random_prompts, release_memory, synchronize
+from expresslane.bench.inprocess import device_and_dtype, random_prompts, release_memory, synchronize
 from expresslane.config.bench import OneBatchConfig
 
 PROMPT_SEED = 0
@@ -64,29 +64,29 @@ def run_one_batch(cfg: OneBatchConfig) -> dict:
     quant = {} if cfg.quantization == "none" else {"quantization": cfg.quantization}
     llm = LLM(cfg.model, **{"max_num_seqs": b, **cfg.engine_args, **quant,
                             "batching": "static", "max_batch_size": b})
-    runner = llm.engine.core.runner
+    device, dtype = device_and_dtype(llm)
     vocab = llm.engine.core.hf_config.vocab_size
     rng = random.Random(PROMPT_SEED)
     # warm-up: the same shapes (one prefill and one decode step), untimed
     llm.generate([{"prompt_token_ids": p} for p in random_prompts(rng, vocab, [n_in] * b)],
                  SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True), use_tqdm=False)
-    steps = time_batch(llm, random_prompts(rng, vocab, [n_in] * b), n_out, runner.device)
+    steps = time_batch(llm, random_prompts(rng, vocab, [n_in] * b), n_out, device)
     prefill, decode = steps[0], steps[1:]
     median_step = statistics.median(decode)
 
-    weight_bytes = decode_weight_bytes(runner.model)
-    kv_bytes_per_token = runner.kv_block_bytes() // runner.block_size
+    [weight_bytes] = llm.apply_model(decode_weight_bytes)
+    kv_bytes_per_token = llm.engine.runner.kv_block_bytes() // llm.config.cache.block_size
     # decode step k (1-based) attends over the prompt and k tokens, for every request
     kv_read = [b * (n_in + k) * kv_bytes_per_token for k in range(1, len(decode) + 1)]
     achieved = (len(decode) * weight_bytes + sum(kv_read)) / sum(decode)
-    on_gpu = runner.device.type == "cuda"
-    model_id, device, dtype = str(llm.engine.core.model_dir), runner.device, runner.dtype
+    on_gpu = device.type == "cuda"
+    model_id = str(llm.engine.core.model_dir)
     quantization: dict = {"method": cfg.quantization}
     kv_dtype = cfg.engine_args.get("kv_cache_dtype", "auto")
     if cfg.quantization != "none" or kv_dtype != "auto":
         from expresslane.bench.accuracy import plot_accuracy, quantization_accuracy
 
-        del llm, runner  # the timed engine's memory (its KV cache fills the GPU) goes first
+        del llm  # the timed engine's memory (its KV cache fills the GPU) goes first
         release_memory()
         args = {k: v for k, v in cfg.engine_args.items() if k in ("dtype", "device", "attention_backend", "seed")}
         quantization["kv_cache_dtype"] = kv_dtype

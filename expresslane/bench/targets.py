@@ -19,7 +19,8 @@ import torch
 
 from expresslane import LLM, SamplingParams
 from expresslane.bench import client
-from expresslane.bench.inprocess import random_prompts, record_from_output, release_memory, synchronize
+from expresslane.bench.inprocess import (device_and_dtype, random_prompts, record_from_output, release_memory,
+                                         synchronize)
 from expresslane.bench.records import RequestRecord
 
 
@@ -30,7 +31,7 @@ class EngineTarget:
         self.llm = LLM(model, **engine_args)
         core = self.llm.engine.core
         self.model_dir, self.max_model_len = core.model_dir, core.max_model_len
-        self.device, self.dtype = core.runner.device, core.runner.dtype
+        self.device, self.dtype = device_and_dtype(self.llm)
         self.vocab_size = core.hf_config.vocab_size
         self.rng = random.Random(seed)
 

@@ -16,7 +16,7 @@ from datetime import datetime
 import torch
 
 from expresslane import LLM, SamplingParams
-from expresslane.bench.inprocess import random_prompts, release_memory, synchronize
+from expresslane.bench.inprocess import device_and_dtype, random_prompts, release_memory, synchronize
 from expresslane.config.bench import ThroughputConfig
 
 PROMPT_SEED = 0
@@ -30,7 +30,7 @@ def expresslane_run(cfg: ThroughputConfig) -> tuple[dict, list[list[int]], objec
     greedy = SamplingParams(temperature=0.0, max_tokens=cfg.output_len, ignore_eos=True)
     warm = random_prompts(random.Random(PROMPT_SEED + 1), core.hf_config.vocab_size, [cfg.input_len])
     llm.generate([{"prompt_token_ids": warm[0]}], SamplingParams(max_tokens=2), use_tqdm=False)
-    device = core.runner.device
+    device, dtype = device_and_dtype(llm)
     synchronize(device)
     t0 = time.perf_counter()
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], greedy, use_tqdm=False)
@@ -39,7 +39,7 @@ def expresslane_run(cfg: ThroughputConfig) -> tuple[dict, list[list[int]], objec
     n_out = sum(len(c.token_ids) for o in outs for c in o.outputs)
     row = {"engine": "expresslane", "seconds": elapsed, "output_tokens": n_out,
            "tokens_per_s": n_out / elapsed, "requests_per_s": len(prompts) / elapsed}
-    facts = {"model_id": str(core.model_dir), "device": str(device), "dtype": core.runner.dtype}
+    facts = {"model_id": str(core.model_dir), "device": str(device), "dtype": dtype}
     del llm
     release_memory()
     return row, prompts, facts

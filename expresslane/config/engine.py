@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from expresslane.config.flags import _knob, add_args, check_choices, given
 from expresslane.contract import LoRARequest
 from expresslane.lanes import DEFAULT_LANE_SLO, Lanes
+from expresslane.pooling_params import parse_pooler_config, resolve_runner
 
 if TYPE_CHECKING:
     from expresslane.cost_model.base import StepCostModel
@@ -44,6 +45,17 @@ class ModelConfig:
         "auto", "sampling defaults (temperature, top_p, top_k, min_p, repetition_penalty, max_new_tokens as "
         "max_tokens) for requests that do not set them: auto = the model's generation_config.json; vllm or none = "
         "none (the API's own defaults); or a directory holding a generation_config.json")
+    runner: str = _knob("auto", "generate (sample tokens) or pooling (embeddings: a request's pooled final hidden "
+                        "states, /v1/embeddings and LLM.embed); auto = pooling for a *Model architecture or a "
+                        "sentence-transformers directory (modules.json), else generate",
+                        ("auto", "generate", "pooling"))
+    task: str | None = _knob(None, "vLLM's older name for --runner: embed = pooling, generate = generate",
+                             (None, "generate", "embed"))
+    pooler_config: str | None = _knob(
+        None, "pooling: JSON over the model directory's pooler settings, e.g. '{\"pooling_type\": \"MEAN\", "
+        "\"normalize\": false}' (pooling_type LAST, MEAN or CLS; default: the sentence-transformers files, else "
+        "LAST, normalised)")
+    override_pooler_config: str | None = _knob(None, "vLLM's older name for --pooler-config (applied before it)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,6 +316,10 @@ class EngineConfig:
         if sd.speculative_disable_by_batch_size is not None and sd.speculative_disable_by_batch_size < 1:
             raise ValueError(f"speculative_disable_by_batch_size must be positive, got "
                              f"{sd.speculative_disable_by_batch_size}")
+        if m.task is not None or m.runner != "auto":
+            resolve_runner(m.runner, m.task, [], ".")  # a bad pair named now; auto is resolved with the model
+        for text, name in ((m.override_pooler_config, "override_pooler_config"), (m.pooler_config, "pooler_config")):
+            parse_pooler_config(text, name)
         self._validate_lora()
         for section in (m, c, s, self.device, p, sd, self.structured_output):
             check_choices(section)

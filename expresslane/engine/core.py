@@ -19,6 +19,7 @@ from expresslane.scheduler.spec_decode import SpecDecoder
 from expresslane.engine.lora import EngineLoRAs
 from expresslane.engine.structured_output import Grammars, tokenizer_loader
 from expresslane.models.model_dir import check_model_dir, load_hf_config
+from expresslane.pooling_params import PoolerConfig, pooler_config, resolve_runner
 from expresslane.runner.registry import make_runner
 from expresslane.runner.step_result import StepResult
 from expresslane.runner.step_timing import calibration_steps, time_steps
@@ -61,6 +62,17 @@ class EngineCore:
         self.model_dir = resolve_model_dir(config.model.model)
         self.hf_config = load_hf_config(self.model_dir)
         config = config.replace(max_model_len=resolve_max_model_len(config.model.max_model_len, self.hf_config))
+        m = config.model
+        self.runner_type = resolve_runner(m.runner, m.task, getattr(self.hf_config, "architectures", None) or [],
+                                          self.model_dir)
+        self.pooler: PoolerConfig | None = None
+        if self.runner_type == "pooling":
+            if config.speculative.method is not None:
+                raise ValueError("speculative decoding: not with runner pooling (embeddings sample nothing)")
+            self.pooler = pooler_config(self.model_dir, m.override_pooler_config, m.pooler_config)
+            config = config.replace(enforce_eager=True)  # pooling steps run eagerly: graphs would be unused memory
+            log.info("runner pooling: %s pooling, %s", self.pooler.pooling_type,
+                     "normalised" if self.pooler.normalize else "not normalised")
         self.runner = make_runner(config, self.hf_config, self.model_dir)
         bs = config.cache.block_size
         max_blocks = config.scheduler.max_num_seqs * -(-config.model.max_model_len // bs) + 1
@@ -89,7 +101,8 @@ class EngineCore:
         self._expert_copy = None
         self._steps_since_copy = 0
         self.expert_tokens: dict[int, list[int]] | None = None
-        self.config = config.replace(num_kv_blocks=num_blocks)
+        self.config = config.replace(num_kv_blocks=num_blocks, device=str(self.runner.device),
+                                     dtype=str(self.runner.dtype).removeprefix("torch."))  # "auto" resolved
         self.kv = KVCacheManager(num_blocks, bs, config.cache.enable_prefix_caching)
         proposer = self.runner.proposer
         self.spec = None if proposer is None else SpecDecoder(config.speculative, self.cost_model, proposer)
@@ -121,7 +134,14 @@ class EngineCore:
         return self.config.model.max_model_len
 
     def add_request(self, req: EngineCoreRequest) -> None:
-        check_prompt_length(len(req.prompt_token_ids), self.max_model_len)
+        pooling = req.pooling_params is not None
+        if pooling != (self.pooler is not None):
+            raise ValueError(f"this engine runs {self.runner_type} (runner); "
+                             f"{'an embeddings' if pooling else 'a generation'} request needs runner "
+                             f"{'pooling' if pooling else 'generate'}")
+        check_prompt_length(len(req.prompt_token_ids), self.max_model_len, pooling)
+        if pooling:
+            req.pooling_params = req.pooling_params.resolved(self.pooler, self.hf_config.hidden_size)
         sp = req.sampling_params
         if self.spec is not None and (sp.penalized or sp.structured_outputs is not None
                                       or sp.prompt_logprobs is not None or sp.bad_words):
@@ -256,7 +276,8 @@ class EngineCore:
 
     def _land(self, step: _InFlight) -> tuple[list[EngineCoreOutput], float, float]:
         """(outputs, the step's time, its prediction)."""
-        outputs = self.scheduler.update(step.plan, *step.result.get(), step.result.prompt_logprobs)
+        outputs = self.scheduler.update(step.plan, *step.result.get(), step.result.prompt_logprobs,
+                                        step.result.pooled())
         self.grammars.landed(outputs)
         if not self._sync_launch:
             step.done = time.monotonic()

@@ -40,6 +40,14 @@ class InputProcessor:
             return prompt["prompt"], self.encode(prompt["prompt"])
         raise TypeError(f"a prompt is a string or a dict with 'prompt_token_ids' or 'prompt', got {type(prompt).__name__}")
 
+    def check_pooling(self, prompt_token_ids: list[int]) -> None:
+        """An embeddings input: not empty, at most the context (nothing is generated after it)."""
+        try:
+            check_prompt_length(len(prompt_token_ids), self.max_model_len, pooling=True)
+        except ValueError as e:
+            raise InputError(str(e), "input", "context_length_exceeded" if prompt_token_ids else "invalid_value") \
+                from None
+
     def check(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         try:
             check_prompt_length(len(prompt_token_ids), self.max_model_len)

@@ -18,10 +18,20 @@ from __future__ import annotations
 import torch
 
 from expresslane.device import arrival_counters
-from expresslane.quant.gemv import _arrive, _split, gemv_config
+from expresslane.quant.gemv import _arrive, _split
 from expresslane.triton_setup import tl, triton
 
 MAX_ROWS = 16  # one BLOCK_M tile of rows: the CUDA-graph decode batches this path serves
+
+
+def fused_config(n: int, silu: bool) -> dict:
+    """Tiles measured fastest per op at one and eight rows (benchmarks/fused_gemv_sweep.py, 8B
+    shapes): whole-K programs, except down (SiLU prologue, K = 14336) split about 264 ways."""
+    if silu:
+        return dict(block_n=64, block_k=128, stages=3, split=None)
+    if n >= 16384:
+        return dict(block_n=128, block_k=256, stages=3, split=1)
+    return dict(block_n=64, block_k=256, stages=4, split=1)
 
 
 @triton.jit
@@ -109,10 +119,10 @@ def fused_gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
     if residual is not None and residual.shape != (m, n):
         raise ValueError(f"fused_gemv: residual {tuple(residual.shape)} does not fit the output {(m, n)}")
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    cfg = gemv_config(n, False)
+    cfg = fused_config(n, silu)
     block_n, block_k, stages = block_n or cfg["block_n"], block_k or cfg["block_k"], stages or cfg["stages"]
     tiles = triton.cdiv(n, block_n)
-    nsplit, k_split = _split(k, block_k, tiles, split, cfg["programs"], 16)
+    nsplit, k_split = _split(k, block_k, tiles, split or cfg["split"], 264, 16)
     part = torch.empty((nsplit, m, n), dtype=torch.float32, device=x.device) if nsplit > 1 else out
     sq = (torch.empty((tiles, nsplit, MAX_ROWS), dtype=torch.float32, device=x.device)
           if norm_eps is not None and nsplit > 1 else out)

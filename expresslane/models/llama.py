@@ -170,6 +170,7 @@ class DecoderLayer(nn.Module):
 class LlamaForCausalLM(nn.Module):
     qkv_bias = False
     qk_norm = False
+    has_lm_head = True  # a base-model checkpoint (`*Model`, embeddings) has none: logits use the embeddings
 
     def __init__(self, cfg, backend: AttentionBackend, quant: QuantConfig | None = None, tp: TPGroup | None = None):
         """`tp`: the tensor-parallel group this rank's slice of the model is built for."""
@@ -190,7 +191,7 @@ class LlamaForCausalLM(nn.Module):
                          self.make_mlp(cfg, i, quant, f"model.layers.{i}.mlp", tp, backend.fused_ops))
             for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, backend.fused_ops)
-        self.tie_word_embeddings = bool(getattr(cfg, "tie_word_embeddings", False))
+        self.tie_word_embeddings = not self.has_lm_head or bool(getattr(cfg, "tie_word_embeddings", False))
         head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, tp) if sharded else nn.Linear(
             cfg.hidden_size, cfg.vocab_size, bias=False)
         self.lm_head = None if self.tie_word_embeddings else head
@@ -331,3 +332,9 @@ class Qwen2ForCausalLM(LlamaForCausalLM):
 
 class Qwen3ForCausalLM(LlamaForCausalLM):
     qk_norm = True
+
+
+def base_model(causal_lm: type[LlamaForCausalLM]) -> type[LlamaForCausalLM]:
+    """`QwenXModel` from `QwenXForCausalLM`: the same layers, no LM head (served for embeddings)."""
+    name = causal_lm.__name__.removesuffix("ForCausalLM") + "Model"
+    return type(name, (causal_lm,), {"has_lm_head": False, "__module__": __name__})

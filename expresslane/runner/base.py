@@ -1,4 +1,5 @@
-"""All the engine may call on what holds the model (``ModelRunner``, ``TPExecutor``)."""
+"""All the engine (and ``LLM``'s inspection methods) may call on what holds the model
+(``ModelRunner``, ``TPExecutor``)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import TypeVar
+
     import torch
     from torch import nn
 
@@ -14,6 +18,8 @@ if TYPE_CHECKING:
     from expresslane.runner.expert_load import ExpertTokensCopy
     from expresslane.runner.proposer import Proposer
     from expresslane.runner.step_result import StepResult
+
+    R = TypeVar("R")
 
 
 @dataclass(slots=True)
@@ -24,6 +30,7 @@ class Forward:
     inputs: Any  # the runner's own
     logits: Any  # None: no seq samples
     prompt_logprobs: Any = None  # request id -> ScoredPrompt, on the host
+    pooled: Any = None  # runner/pooling.py's PooledVectors
 
 
 class Runner(ABC):
@@ -105,6 +112,16 @@ class Runner(ABC):
 
     @abstractmethod
     def reset_expert_tokens(self) -> None: ...
+
+    # inspection (``LLM.apply_model``, ``LLM.cuda_graph_sizes``)
+    @abstractmethod
+    def apply_model(self, func: Callable[[nn.Module], R]) -> list[R]:
+        """``func`` on each rank's model, rank 0 first."""
+
+    @property
+    @abstractmethod
+    def cuda_graph_sizes(self) -> dict[str, tuple[int, ...]]:
+        """Captured graphs: ``decode`` (sequences), ``mixed`` (tokens); empty: none."""
 
     def shutdown(self) -> None:
         """Release worker processes; idempotent."""

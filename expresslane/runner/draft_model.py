@@ -112,7 +112,7 @@ class DraftModelProposer(Proposer):
         first = [ScheduledSeq(s.request_id, [*s.draft_token_ids, s.token_ids[0]], s.start_pos - len(s.draft_token_ids),
                               [], True) for s in seqs]
         order = sorted(range(len(first)), key=lambda i: len(first[i].token_ids) != 1)  # decodes first
-        step = runner.batch.gather([first[i] for i in order])
+        step = runner.rows.gather([first[i] for i in order])
         where = {orig: new for new, orig in enumerate(order)}
         logits = self._forward(runner, step, None)[to_device([where[i] for i in range(len(seqs))], torch.int64,
                                                              self.device)]
@@ -123,14 +123,14 @@ class DraftModelProposer(Proposer):
         for j in range(width):
             if j == 1 and probs is None and chain is not None and chain.fits(len(seqs), len(seqs)):
                 # greedy: the rest in one replay
-                step = runner.batch.gather([ScheduledSeq(s.request_id, [0], s.start_pos + 1, [], True) for s in seqs])
+                step = runner.rows.gather([ScheduledSeq(s.request_id, [0], s.start_pos + 1, [], True) for s in seqs])
                 patch = Patch(np.arange(len(seqs)), np.arange(len(seqs)), tokens[:, 0])
                 tokens[:, 1:] = chain.run_chain(step, patch, counts)[:, :width - 1]
                 break
             if j:  # feed proposal j to the seqs proposing more
                 live = np.flatnonzero(counts > j)
-                step = runner.batch.gather([ScheduledSeq(seqs[i].request_id, [0], seqs[i].start_pos + j, [], True)
-                                             for i in live])
+                step = runner.rows.gather([ScheduledSeq(seqs[i].request_id, [0], seqs[i].start_pos + j, [], True)
+                                            for i in live])
                 patch = Patch(np.arange(len(live)), live, tokens[:, j - 1])
                 rows = np.full(len(spec), 0, dtype=np.int64)  # (done: any row, unused)
                 rows[live] = np.arange(len(live))

@@ -28,6 +28,7 @@ from expresslane.runner.lora_slots import LoRASlots
 from expresslane.runner.expert_load import ExpertTokensCopy, copy_expert_tokens, reset_expert_tokens
 from expresslane.runner.request_rows import RequestRows, StepInputs
 from expresslane.runner.penalties import Penalties
+from expresslane.runner.pooling import Pooler
 from expresslane.runner.prompt_logprobs import forward_scoring, scored_rows
 from expresslane.runner.proposer_registry import make_proposer
 from expresslane.runner.sampler import Sampler, SamplingBatch, bitmask_rows
@@ -102,9 +103,10 @@ class ModelRunner(Runner):
         self.penalties = Penalties(config.scheduler.max_num_seqs, hf_config.vocab_size, self.device)
         self.bad_words = BadWords(config.scheduler.max_num_seqs, self.device)
         self._generators: dict[str, torch.Generator] = {}
+        self.pooler = Pooler()
         s = config.scheduler
         longest = max(config.model.max_model_len or 0, s.max_num_batched_tokens)  # (the profiling step's)
-        self.batch = RequestRows(s.max_num_seqs, -(-longest // self.block_size), self.block_size)
+        self.rows = RequestRows(s.max_num_seqs, -(-longest // self.block_size), self.block_size)
         self.kv_caches: list[torch.Tensor] = []
         self._prev_tokens: torch.Tensor | None = None  # the last launched step's
         self._prev_rows: dict[str, int] = {}
@@ -216,6 +218,14 @@ class ModelRunner(Runner):
     def samples_late(self) -> bool:
         return True
 
+    def apply_model(self, func):
+        return [func(self.model)]
+
+    @property
+    def cuda_graph_sizes(self) -> dict[str, tuple[int, ...]]:
+        return {name: () if graphs is None else tuple(sorted(graphs.graphs))
+                for name, graphs in (("decode", self.decode_graphs), ("mixed", self.mixed_graphs))}
+
     def copy_expert_tokens(self) -> ExpertTokensCopy | None:
         return copy_expert_tokens(self.model)
 
@@ -236,29 +246,31 @@ class ModelRunner(Runner):
 
     @torch.inference_mode()
     def sample(self, step: Forward) -> StepResult:
-        return self._sample(step.inputs, step.logits, step.prompt_logprobs, step.plan)
+        return self._sample(step.inputs, step.logits, step.prompt_logprobs, step.pooled, step.plan)
 
     def _apply(self, plan: StepPlan) -> StepInputs:
         for rid in plan.finished_request_ids:
             self._generators.pop(rid, None)
+        self.pooler.forget(plan.finished_request_ids)
+        self.pooler.forget(plan.preempted_request_ids)
         for rid in (*plan.finished_request_ids, *plan.preempted_request_ids):
-            self.penalties.remove(self.batch.rows.get(rid))
-            self.bad_words.remove(self.batch.rows.get(rid))
-        inputs = self.batch.apply(plan)
+            self.penalties.remove(self.rows.row_of.get(rid))
+            self.bad_words.remove(self.rows.row_of.get(rid))
+        inputs = self.rows.apply(plan)
         if self.lora is not None:
-            self.lora.prepare(self.batch.token_lora_ids(inputs))
+            self.lora.prepare(self.rows.token_lora_ids(inputs))
         for new in plan.new_requests:
-            self.penalties.add(self.batch.rows[new.request_id], new)
-            self.bad_words.add(self.batch.rows[new.request_id], new)
+            self.penalties.add(self.rows.row_of[new.request_id], new)
+            self.bad_words.add(self.rows.row_of[new.request_id], new)
         return inputs
 
     def _sample(self, inputs: StepInputs, logits: torch.Tensor | None, prompt: dict | None,
-                plan: StepPlan) -> StepResult:
+                pooled, plan: StepPlan) -> StepResult:
         if logits is None:
             self._prev_rows = {}  # nothing sampled: no next-step input from here
-            return StepResult(self.device, [], None, None, prompt_logprobs=prompt)
+            return StepResult(self.device, [], None, None, prompt_logprobs=prompt, pooled=pooled)
         ids = [inputs.seqs[i].request_id for i in inputs.sampling]
-        params, banned = self.batch.sampling_rows(inputs)
+        params, banned = self.rows.sampling_rows(inputs)
         bitmask = None if plan.token_bitmask is None else bitmask_rows(
             plan.token_bitmask, [inputs.seqs[i].bitmask_row for i in inputs.sampling])
         penalized, words = bool(self.penalties.params), bool(self.bad_words.words)
@@ -272,7 +284,7 @@ class ModelRunner(Runner):
         if words:
             self.bad_words.sampled(rows, tokens)
         self._prev_tokens, self._prev_rows = tokens, {rid: i for i, rid in enumerate(ids)}
-        return StepResult(self.device, ids, tokens, logprobs, prompt_logprobs=prompt)
+        return StepResult(self.device, ids, tokens, logprobs, prompt_logprobs=prompt, pooled=pooled)
 
     def add_lora(self, lora: LoRARequest) -> None:
         if self.lora is None:
@@ -286,7 +298,8 @@ class ModelRunner(Runner):
     def release(self, request_ids: list[str]) -> None:
         for rid in request_ids:
             self._generators.pop(rid, None)
-        self.batch.apply(StepPlan(-1, [], 0, finished_request_ids=request_ids))
+        self.pooler.forget(request_ids)
+        self.rows.apply(StepPlan(-1, [], 0, finished_request_ids=request_ids))
 
     def _execute_spec(self, inputs: StepInputs) -> StepResult:
         """The core lands a verify step before the next plan: no later step takes an input token
@@ -296,7 +309,7 @@ class ModelRunner(Runner):
         counts = inputs.num_spec[sampling]
         spec, plain = np.flatnonzero(counts > 0), np.flatnonzero(counts == 0)
         ids = [inputs.seqs[i].request_id for i in sampling]
-        params, banned = self.batch.sampling_rows(inputs)
+        params, banned = self.rows.sampling_rows(inputs)
         gens = [self._generator(rid, p) for rid, p in zip(ids, params)]
         spec_params = [params[i] for i in spec]  # (seeded sampling does not speculate)
         k = counts[spec]
@@ -337,15 +350,20 @@ class ModelRunner(Runner):
             return 0.0
         return self.proposer.cost_ratio(sum(p.numel() for p in self.model.parameters()))
 
-    def _logits(self, inputs: StepInputs) -> tuple[torch.Tensor | None, dict | None]:
-        """(sampling seqs' logits, prompt logprobs), each None if no seq asks."""
+    def _logits(self, inputs: StepInputs):
+        """(sampling seqs' logits, prompt logprobs, pooled vectors), each None if no seq asks."""
         patch = self._previous_tokens_patch(inputs)
         scored = scored_rows(inputs)
-        if scored is None:
+        if scored is None and not len(inputs.pooling):
             return self.forward_logits(self.model, self.attn_backend, self.decode_graphs, self.mixed_graphs, inputs,
-                                       patch, inputs.sampling), None
-        top_k = [self.batch.params[r].prompt_logprobs or 0 for r in inputs.rows]
-        return forward_scoring(self.model, *self._prepare(inputs, patch), inputs, scored, top_k)
+                                       patch, inputs.sampling), None, None
+        if not len(inputs.pooling):
+            top_k = [self.rows.params[r].prompt_logprobs or 0 for r in inputs.rows]
+            return *forward_scoring(self.model, *self._prepare(inputs, patch), inputs, scored, top_k), None
+        hidden = self.model(*self._prepare(inputs, patch))
+        last = (inputs.query_start_loc[1:] - 1)[inputs.sampling]
+        logits = self.model.compute_logits(hidden[to_device(last, torch.int64, self.device)]) if len(last) else None
+        return logits, None, self.pooler.pool(hidden, inputs, self.rows.pooling)
 
     def forward_logits(self, model, backend, decode_graphs, mixed_graphs, inputs: StepInputs, patch: Patch | None,
                        seqs: np.ndarray | None = None) -> torch.Tensor | None:

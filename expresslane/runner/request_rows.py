@@ -3,11 +3,12 @@ blocks)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from expresslane.contract import NewRequest, ScheduledSeq, StepPlan
+from expresslane.pooling_params import PoolingParams
 from expresslane.sampling_params import SamplingParams
 
 
@@ -27,6 +28,7 @@ class StepInputs:
     sampling: np.ndarray  # seqs that sample
     from_previous: np.ndarray  # seqs whose input token is on the device
     num_spec: np.ndarray  # [B] proposals: each seq's last tokens
+    pooling: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # pooling requests' seqs
 
     @property
     def num_tokens(self) -> int:
@@ -38,12 +40,13 @@ class RequestRows:
         self.block_size = block_size
         self.block_table = np.zeros((max_rows, max_blocks), dtype=np.int32)
         self.num_blocks = np.zeros(max_rows, dtype=np.int64)
-        self.rows: dict[str, int] = {}
+        self.row_of: dict[str, int] = {}  # request id -> row
         self._free_rows = list(range(max_rows - 1, -1, -1))
         self.params: list[SamplingParams | None] = [None] * max_rows
         self.banned: list[tuple[int, ...]] = [()] * max_rows
         self.num_banned_samples = [0] * max_rows
         self.lora_ids = np.zeros(max_rows, dtype=np.int64)
+        self.pooling: list[PoolingParams | None] = [None] * max_rows
 
     def apply(self, plan: StepPlan) -> StepInputs:
         """Forget, take in, then gather the step's inputs."""
@@ -58,19 +61,21 @@ class RequestRows:
         return self.gather(seqs)
 
     def _add(self, new: NewRequest) -> None:
-        if new.request_id in self.rows:
+        if new.request_id in self.row_of:
             raise RuntimeError(f"request {new.request_id!r} is already in the runner")
-        row = self.rows[new.request_id] = self._free_rows.pop()
+        row = self.row_of[new.request_id] = self._free_rows.pop()
         self.num_blocks[row] = 0
         self.params[row] = new.sampling_params
         self.banned[row] = new.banned_token_ids
         self.num_banned_samples[row] = new.num_banned_samples
         self.lora_ids[row] = new.lora_id
+        self.pooling[row] = new.pooling
 
     def _remove(self, request_id: str) -> None:
-        row = self.rows.pop(request_id, None)
+        row = self.row_of.pop(request_id, None)
         if row is not None:
             self.params[row] = None
+            self.pooling[row] = None
             self._free_rows.append(row)
 
     def gather(self, seqs: list[ScheduledSeq]) -> StepInputs:
@@ -80,11 +85,11 @@ class RequestRows:
         counts = np.empty(num, dtype=np.int64)
         starts = np.empty(num, dtype=np.int64)
         token_ids: list[int] = []
-        sampling, from_previous = [], []
+        sampling, from_previous, pooling = [], [], []
         num_spec = np.zeros(num, dtype=np.int64)
         num_decodes = 0
         for i, s in enumerate(seqs):
-            row = rows[i] = self.rows[s.request_id]
+            row = rows[i] = self.row_of[s.request_id]
             n = counts[i] = len(s.token_ids)
             starts[i] = s.start_pos
             token_ids += s.token_ids
@@ -93,7 +98,9 @@ class RequestRows:
                 have = self.num_blocks[row]
                 self.block_table[row, have:have + len(s.new_block_ids)] = s.new_block_ids
                 self.num_blocks[row] = have + len(s.new_block_ids)
-            if s.sample:
+            if self.pooling[row] is not None:
+                pooling.append(i)
+            elif s.sample:
                 sampling.append(i)
             if s.from_previous:
                 from_previous.append(i)
@@ -109,7 +116,8 @@ class RequestRows:
             seqs=seqs, rows=rows, token_ids=np.array(token_ids, dtype=np.int64), positions=positions,
             slot_mapping=slots, query_start_loc=qsl, seq_lens=(starts + counts).astype(np.int32),
             block_tables=self.block_table[rows, :width], num_decodes=num_decodes,
-            sampling=np.array(sampling, dtype=np.int64), from_previous=np.array(from_previous, dtype=np.int64),
+            sampling=np.array(sampling, dtype=np.int64), pooling=np.array(pooling, dtype=np.int64),
+            from_previous=np.array(from_previous, dtype=np.int64),
             num_spec=num_spec)
 
     def token_lora_ids(self, inputs: StepInputs) -> np.ndarray:

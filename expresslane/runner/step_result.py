@@ -8,6 +8,7 @@ import torch
 
 if TYPE_CHECKING:
     from expresslane.contract import ScoredPrompt
+    from expresslane.runner.pooling import PooledVectors
     from expresslane.runner.spec_verify import Verified
 
 
@@ -17,11 +18,13 @@ class StepResult:
 
     def __init__(self, device: torch.device, request_ids: list[str], tokens: torch.Tensor | None,
                  logprobs: list[dict[int, float]] | None, spec: tuple[list[str], Verified] | None = None,
-                 prompt_logprobs: dict[str, ScoredPrompt] | None = None):
+                 prompt_logprobs: dict[str, ScoredPrompt] | None = None, pooled: PooledVectors | None = None):
         self.request_ids, self.logprobs = request_ids, logprobs
+        self._pooled = pooled  # its host copy: the last of `_host`
         self.prompt_logprobs = prompt_logprobs  # request id -> ScoredPrompt, on the host
         self.spec_ids, self._verified = spec if spec else ([], None)
-        on_device = ([tokens] if tokens is not None else []) + (self._verified.tensors if spec else [])
+        on_device = (([tokens] if tokens is not None else []) + (self._verified.tensors if spec else [])
+                     + ([pooled.vectors] if pooled is not None else []))
         self._event = None
         self._host = on_device
         if device.type == "cuda":
@@ -41,10 +44,14 @@ class StepResult:
             self._event.synchronize()
         if not self._host:
             return {}, None
-        host = list(self._host)
+        host = list(self._host[:-1] if self._pooled is not None else self._host)
         sampled: dict[str, int | list[int]] = {}
         if self.request_ids:
             sampled.update(zip(self.request_ids, host.pop(0).tolist()))
         if self.spec_ids:
             sampled.update(zip(self.spec_ids, self._verified.tokens([t.numpy() for t in host])))
         return sampled, (dict(zip(self.request_ids, self.logprobs)) if self.logprobs is not None else None)
+
+    def pooled(self) -> dict[str, list[float]] | None:
+        """Request id -> vector (after ``get``)."""
+        return None if self._pooled is None else self._pooled.to_host(self._host[-1])

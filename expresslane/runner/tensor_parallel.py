@@ -11,6 +11,7 @@ import sys
 from datetime import timedelta
 from pathlib import Path
 
+import cloudpickle
 import torch
 import torch.distributed as dist
 
@@ -86,12 +87,21 @@ def run_command(runner: ModelRunner, control, method: str, args: tuple):
         n = torch.tensor([runner.profile_num_blocks(*args)], dtype=torch.int64)
         dist.all_reduce(n, op=dist.ReduceOp.MIN, group=control)
         return int(n)
-    if method == "weight_numel":  # per rank: elements of the parameters it holds
-        numel = {name: p.numel() for name, p in runner.model.named_parameters()}
-        out: list = [None] * dist.get_world_size()
-        dist.all_gather_object(out, numel, group=control)
-        return out
+    if method == "apply_model":
+        return apply_on_rank(runner.model, control, *args)
     return getattr(runner, method)(*args)
+
+
+def apply_on_rank(model, control, payload: bytes) -> list[tuple[bool, bytes | str]]:
+    """The function on this rank's model; every rank's (True, pickled result) or (False, error),
+    gathered: a rank that fails leaves none waiting."""
+    try:
+        out = (True, cloudpickle.dumps(cloudpickle.loads(payload)(model)))
+    except Exception as e:
+        out = (False, f"{type(e).__name__}: {e}")
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, out, group=control)
+    return gathered
 
 
 class BroadcastingSampler:
@@ -190,9 +200,22 @@ class TPExecutor(Runner):
     def reset_expert_tokens(self) -> None:
         self.runner.reset_expert_tokens()
 
-    def weight_numel(self) -> list[dict[str, int]]:
-        """Per rank: name -> elements."""
-        return self._call("weight_numel")
+    def apply_model(self, func):
+        """``func`` travels by cloudpickle; results come back pickled."""
+        try:
+            payload = cloudpickle.dumps(func)
+        except Exception as e:
+            raise TypeError(f"apply_model: {func!r} cannot be sent to the tensor-parallel workers: {e}") from e
+        results = []
+        for rank, (ok, out) in enumerate(self._call("apply_model", payload)):
+            if not ok:
+                raise RuntimeError(f"apply_model: {func!r} failed on tensor-parallel rank {rank}: {out}")
+            results.append(cloudpickle.loads(out))
+        return results
+
+    @property
+    def cuda_graph_sizes(self) -> dict[str, tuple[int, ...]]:
+        return self.runner.cuda_graph_sizes  # every rank captures the same sizes
 
     def shutdown(self) -> None:
         """Stop the workers, leave the group (idempotent)."""

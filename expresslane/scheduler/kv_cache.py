@@ -1,6 +1,5 @@
 """Paged KV-cache bookkeeping with prefix caching: which block ids a request uses. Full blocks
-only are hashed, chained: h1 = H(h0, t16..t31); h0 = H(salt, t0..t15), the request's cache salt
-(its LoRA adapter) or none. A block is referenced or in the LRU free list,
+only are hashed, chained: h1 = H(h0, t16..t31); h0 = H(salt, t0..t15), salt: the adapter's. A block is referenced or in the LRU free list,
 never both; a free block keeps its cached prefix until reallocated."""
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ import itertools
 from dataclasses import dataclass, field
 
 from expresslane.contract import EngineCoreRequest, NewRequest, ScoredPrompt
+from expresslane.pooling_params import PoolingParams
 from expresslane.sampling_params import SamplingParams
 
 
@@ -19,10 +20,14 @@ class RequestStatus(enum.Enum):
 _arrival_counter = itertools.count()
 
 
-def check_prompt_length(num_tokens: int, max_model_len: int) -> None:
+def check_prompt_length(num_tokens: int, max_model_len: int, pooling: bool = False) -> None:
+    """A pooling request samples nothing: its prompt may fill the context."""
     if num_tokens == 0:
         raise ValueError("the prompt is empty")
-    if num_tokens >= max_model_len:
+    if pooling and num_tokens > max_model_len:
+        raise ValueError(f"the input has {num_tokens} tokens; this model's maximum context length is "
+                         f"{max_model_len} tokens")
+    if not pooling and num_tokens >= max_model_len:
         raise ValueError(f"the prompt has {num_tokens} tokens; this model's maximum context length is "
                          f"{max_model_len} tokens, which must hold the prompt and at least one output token")
 
@@ -55,9 +60,9 @@ class Request:
     # prompt positions scored (kept across preemption); scores go with the first token
     num_prompt_logprobs_scheduled: int = 0
     prompt_logprobs: ScoredPrompt | None = None
-    lora_id: int = 0  # its LoRA adapter (0: the base model)
-    # starts its prefix-cache keys: different salts (adapters) share no KV block
+    lora_id: int = 0
     cache_salt: bytes | None = None
+    pooling_params: PoolingParams | None = None  # resolved; an embeddings request: one "sample", pooled
     seq: int = field(default_factory=lambda: next(_arrival_counter))  # tie-break
 
     @classmethod
@@ -65,6 +70,8 @@ class Request:
         sp = req.sampling_params
         room = max_model_len - len(req.prompt_token_ids)
         max_tokens = room if sp.max_tokens is None else min(sp.max_tokens, room)
+        if req.pooling_params is not None:
+            max_tokens = 1  # its last chunk's "sample" is the pooled vector: never scheduled past it
         return cls(
             request_id=req.request_id,
             prompt_token_ids=list(req.prompt_token_ids),
@@ -78,6 +85,7 @@ class Request:
             all_token_ids=list(req.prompt_token_ids),
             request_prompt_tokens=req.request_prompt_tokens,
             lora_id=req.lora_request.lora_int_id if req.lora_request else 0,
+            pooling_params=req.pooling_params,
         )
 
     @property
@@ -89,6 +97,14 @@ class Request:
         """Prompt positions still to score (so no prefix-cache hit)."""
         return (self.sampling_params.prompt_logprobs is not None
                 and self.num_prompt_logprobs_scheduled < len(self.prompt_token_ids) - 1)
+
+    @property
+    def takes_prefix_hit(self) -> bool:
+        """A cached prefix has no logits and no hidden states: prompt logprobs and pooling over the
+        whole prompt (MEAN, CLS) compute it all."""
+        if self.needs_prompt_logprobs:
+            return False
+        return self.pooling_params is None or self.pooling_params.pooling_type == "LAST"
 
     @property
     def num_tokens(self) -> int:
@@ -116,10 +132,11 @@ class Request:
         sp = self.sampling_params
         left = sp.min_tokens - self.num_output_tokens - self.num_pending
         n, known = len(self.prompt_token_ids), (list(self.all_token_ids) if sp.penalized or sp.bad_words_token_ids else [])
-        if left <= 0:
-            return NewRequest(self.request_id, sp, num_prompt_tokens=n, token_ids=known, lora_id=self.lora_id)
+        if left <= 0 or self.pooling_params is not None:
+            return NewRequest(self.request_id, sp, num_prompt_tokens=n, token_ids=known, pooling=self.pooling_params,
+                              lora_id=self.lora_id)
         return NewRequest(self.request_id, sp, tuple(sorted(self.eos_token_ids | set(sp.stop_token_ids))), left, n,
-                          known, self.lora_id)
+                          known, lora_id=self.lora_id)
 
     def append_token(self, token_id: int) -> None:
         """Sets finish_reason when done."""

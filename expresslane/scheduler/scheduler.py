@@ -20,7 +20,6 @@ from expresslane.lanes import LANES
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv: KVCacheManager, clock=time.monotonic,
                  cost_model: StepCostModel | None = None, spec: SpecDecoder | None = None, max_loras: int = 0):
-        """`max_loras`: adapters a step may use."""
         self.config = config
         self.kv = kv
         self.clock = clock
@@ -39,7 +38,7 @@ class Scheduler:
         self._proposals: dict[str, list[int]] = {}  # this plan's proposals
         self._speculate: bool | None = None  # `speculating()`'s answer, until a change
         self.max_loras = max_loras
-        self._step_loras: set[int] = set()  # the adapters of the step being planned
+        self._step_loras: set[int] = set()
 
     def add_request(self, req: Request) -> None:
         if req.request_id in self.requests:
@@ -103,6 +102,8 @@ class Scheduler:
 
     def _schedule(self) -> list[tuple[Request, int]]:
         head = self._peek_waiting()
+        if head is not None and not self._can_seat(head):
+            head = None  # it cannot start this step: size the step for the running requests
         speculate = False
         if self.spec is not None:
             decoding = self._decoding()  # once a step
@@ -167,12 +168,12 @@ class Scheduler:
         return self.spec.propose(req, k) if k > 0 else []
 
     def _lora_fits(self, req: Request) -> bool:
-        """Its adapter (if any) is in the step already, or a slot is left for it."""
+        """Its adapter has a slot in this step."""
         loras = self._step_loras
         return not req.lora_id or req.lora_id in loras or len(loras) < self.max_loras
 
     def _admit(self, scheduled: list[tuple[Request, int]], budget: StepBudget, max_running: int) -> None:
-        """Waiting requests in policy order; one whose adapter finds no slot is passed over, keeping its place."""
+        """Waiting requests in policy order; one without an adapter slot is passed over."""
         passed: list[tuple[tuple, Request]] = []
         try:
             self._admit_waiting(scheduled, budget, max_running, passed)
@@ -194,7 +195,7 @@ class Scheduler:
                     break
                 continue
             # a cached prefix has no logits to score
-            cached = [] if req.needs_prompt_logprobs else self.kv.find_cached_prefix(req)
+            cached = self.kv.find_cached_prefix(req) if req.takes_prefix_hit else []
             num_cached = len(cached) * self.kv.block_size
             n = budget.take(req, req.num_tokens - num_cached)
             if n == 0:
@@ -217,6 +218,9 @@ class Scheduler:
             budget.spend(req, n)
             if req.lora_id:
                 self._step_loras.add(req.lora_id)
+
+    def _can_seat(self, req: Request) -> bool:
+        return len(self.running) < self.config.max_num_seqs or self.policy.victim(req, self.running.values()) is not None
 
     def _make_room(self, req: Request, scheduled: list[tuple[Request, int]], budget: StepBudget) -> bool:
         """Preempt the policy's victim for `req`, out of this step too; False if none."""
@@ -282,8 +286,9 @@ class Scheduler:
 
     def update(self, plan: StepPlan, sampled: dict[str, int],
                logprobs: dict[str, dict[int, float]] | None = None,
-               prompt_logprobs: dict[str, ScoredPrompt] | None = None) -> list[EngineCoreOutput]:
-        """A request finished since ignores its token."""
+               prompt_logprobs: dict[str, ScoredPrompt] | None = None,
+               pooled: dict[str, list[float]] | None = None) -> list[EngineCoreOutput]:
+        """A request finished since ignores its token. A pooling request finishes with its vector."""
         self._speculate = None  # who decodes, and acceptance, change
         now = self.clock()
         outputs = []
@@ -294,6 +299,11 @@ class Scheduler:
                     req.prompt_logprobs = scored
                 else:
                     req.prompt_logprobs.extend(scored)
+            if pooled and (vector := pooled.get(req.request_id)) is not None:
+                req.num_pending -= 1
+                if not req.is_finished:
+                    outputs.append(self._pooled(req, vector, now))
+                continue
             token = sampled.get(req.request_id)
             if token is None:
                 continue
@@ -327,6 +337,14 @@ class Scheduler:
                 out.finish_reason, out.stop_reason, out.finished_time = req.finish_reason, req.stop_reason, now
             outputs.append(out)
         return outputs
+
+    def _pooled(self, req: Request, vector: list[float], now: float) -> EngineCoreOutput:
+        req.first_token_time = now
+        req.finish_reason = "stop"
+        self._finish(req, now)
+        return EngineCoreOutput(req.request_id, [], "stop", num_cached_tokens=req.num_cached_tokens,
+                                first_scheduled_time=req.first_scheduled_time, first_token_time=now,
+                                finished_time=now, pooled=vector)
 
     def _finish(self, req: Request, now: float) -> None:
         was_running = req.status is RequestStatus.RUNNING

@@ -29,6 +29,7 @@ from expresslane.server.api_keys import KeyRing, token_cost
 from expresslane.server.batch_routes import BatchService
 from expresslane.server.completions import Completions
 from expresslane.server.echo import Echo
+from expresslane.server.embeddings import PoolingRoutes, add_pooling_routes, generation_refused
 from expresslane.server.engine_client import EngineClient
 from expresslane.server.http_middleware import HeadAndRequestId
 from expresslane.server.limits import check_chars, check_tokens, precheck, read_body
@@ -46,6 +47,7 @@ from expresslane.server.protocol import (
     decode,
     parse,
 )
+from expresslane.server.pooling_protocol import EmbeddingRequest, PoolingRequest, RerankRequest, ScoreRequest
 from expresslane.server.response_events import Responses
 from expresslane.server.responses import ResponsesRequest, in_responses_terms, parse_responses, to_chat
 from expresslane.server.serving import (
@@ -243,6 +245,8 @@ def build_app(client: EngineClient, settings: ServerConfig, metrics: Metrics,
     async def run(request: Request, req: SamplingRequest, prepare, endpoint, prefix: str, size: int) -> Response:
         lora = check_model(req.model)
         client.check_accepting()
+        if client.runner_type == "pooling":
+            raise generation_refused()
         if size > _INLINE_BYTES:  # tokenization and chat templates of a large input: off the event loop
             await _let_others_run()  # after its validation
             prompts, params = await asyncio.to_thread(prepare, client, req, settings.limits)
@@ -353,12 +357,22 @@ def build_app(client: EngineClient, settings: ServerConfig, metrics: Metrics,
         return {"prompt": client.tokenizer.decode(req.tokens)}
 
     app.include_router(lora_router(client, loras, auth, settings.limits.max_request_body_bytes))
+
+    def check_base_model(name: str | None) -> None:
+        if check_model(name) is not None:
+            raise errors.bad_request(f"the model {name!r} is a LoRA adapter: pooling serves the base model only",
+                                     "model")
+
+    add_pooling_routes(app, PoolingRoutes(client, settings, model_name, check_base_model, _unless_client_gone), body,
+                       auth)
     if batches is not None:
         app.include_router(batches.router(auth))
     _describe_bodies(app, {"/v1/completions": CompletionRequest, "/v1/chat/completions": ChatCompletionRequest,
                            "/v1/responses": ResponsesRequest,
                            "/generate": GenerateRequest, "/tokenize": TokenizeRequest,
-                           "/detokenize": DetokenizeRequest})
+                           "/detokenize": DetokenizeRequest, "/v1/embeddings": EmbeddingRequest,
+                           "/pooling": PoolingRequest, "/score": ScoreRequest, "/v1/score": ScoreRequest,
+                           "/rerank": RerankRequest, "/v1/rerank": RerankRequest, "/v2/rerank": RerankRequest})
     return app
 
 

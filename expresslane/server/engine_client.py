@@ -28,6 +28,7 @@ from expresslane.engine.generation_config import sampling_defaults
 from expresslane.engine.inputs import InputProcessor
 from expresslane.lanes import resolve_lane
 from expresslane.models.model_dir import check_model_dir, default_model_path, read_config
+from expresslane.pooling_params import PoolingParams
 from expresslane.sampling_params import SamplingParams
 from expresslane.server import errors
 from expresslane.server.admission import AdmissionLimits, AdmissionPolicy, Work
@@ -53,6 +54,7 @@ class EngineClient:
         self.model_dir: Path | None = None
         self.sampling_defaults: dict = {}  # the generation config's (--generation-config)
         self.max_model_len: int | None = None
+        self.runner_type = "generate"  # the engine's (Ready): generate or pooling
         self.metrics = metrics
         self.admission = AdmissionPolicy(limits)
         self.engine_restarts = engine_restarts
@@ -105,6 +107,7 @@ class EngineClient:
         self.num_kv_blocks = ready.num_kv_blocks
         self.step_cost, self.max_num_batched_tokens = ready.step_cost, ready.max_num_batched_tokens
         self.scheduling_policy = ready.scheduling_policy
+        self.runner_type, self.hidden_size = ready.runner_type, ready.hidden_size
         self.inputs = InputProcessor(tokenizer, vocab_size, ready.max_model_len, eos)
         self.sampling_defaults = await asyncio.to_thread(
             sampling_defaults, self._engine_kwargs.get("generation_config", "auto"), self.model_dir)
@@ -277,15 +280,21 @@ class EngineClient:
             raise errors.unavailable("the server is shutting down", "shutting_down")
         raise errors.unavailable("the engine is not running", "engine_dead", retry_after=None)
 
-    def submit(self, request_id: str, prompts: list[tuple[str | None, list[int]]], params: SamplingParams, *,
-               priority: int, lane: str | None, timeout: float | None,
-               lora_request: LoRARequest | None = None) -> RequestGroup:
-        """Admit and send one HTTP request's prompts (already validated); raises APIError 503 when full."""
+    def submit(self, request_id: str, prompts: list[tuple[str | None, list[int]]],
+               params: SamplingParams | PoolingParams, *, priority: int, lane: str | None,
+               timeout: float | None, lora_request: LoRARequest | None = None) -> RequestGroup:
+        """Admit and send one HTTP request's prompts (already validated); raises APIError 503 when full.
+        PoolingParams: embeddings (a pooling engine), one vector a prompt."""
         self.check_accepting()
         lane = resolve_lane(lane, priority)
-        self.admission.check(Work(lane, tuple(len(ids) for _, ids in prompts), params.n))
-        group, batch = self.tracker.add(request_id, prompts, params, lane=lane, priority=priority,
-                                        eos=self.inputs.eos, timeout=timeout, lora_request=lora_request)
+        pooling = isinstance(params, PoolingParams)
+        self.admission.check(Work(lane, tuple(len(ids) for _, ids in prompts), 1 if pooling else params.n))
+        if pooling:
+            group, batch = self.tracker.add_pooling(request_id, prompts, params, lane=lane, priority=priority,
+                                                    timeout=timeout)
+        else:
+            group, batch = self.tracker.add(request_id, prompts, params, lane=lane, priority=priority,
+                                            eos=self.inputs.eos, timeout=timeout, lora_request=lora_request)
         group.abort = self.abort
         try:
             self._link.send(*add_messages(batch))

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from expresslane.contract import StepStats
 from expresslane.lanes import LANES, Lanes
-from expresslane.outputs import RequestOutput
+from expresslane.outputs import EmbeddingRequestOutput, RequestOutput
 from expresslane.server.errors import APIError
 
 FINISH_REASONS = ("stop", "length", "abort")
@@ -203,6 +203,14 @@ class Metrics:
         if m.first_scheduled_time is not None:
             self.queue.labels(*labels).observe(m.first_scheduled_time - m.arrival_time)
             self.prefill.labels(*labels).observe(m.first_token_time - m.first_scheduled_time)
+
+    def embedded(self, lane: str, out: EmbeddingRequestOutput) -> None:
+        """A pooling request that finished: its time to the vector counts as its TTFT and e2e."""
+        self.first_token(lane, out)
+        labels = (self.model_name, lane)
+        self.success.labels(*labels, "stop").inc()
+        self.e2e.labels(*labels).observe(out.metrics.finished_time - out.metrics.arrival_time)
+        self.request_prompt_tokens.labels(*labels).observe(len(out.prompt_token_ids))
 
     def finished(self, lane: str, out: RequestOutput) -> None:
         """A request (one prompt, all its n completions) that finished or was aborted.

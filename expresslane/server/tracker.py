@@ -22,8 +22,9 @@ from typing import AsyncIterator, Callable
 import msgspec
 
 from expresslane.engine.output_processor import OutputProcessor, child_params
-from expresslane.contract import EngineCoreOutput, EngineCoreRequest, LoRARequest
-from expresslane.outputs import RequestOutput
+from expresslane.contract import POOLING_SAMPLING, EngineCoreOutput, EngineCoreRequest, LoRARequest
+from expresslane.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestMetrics, RequestOutput
+from expresslane.pooling_params import PoolingParams
 from expresslane.sampling_params import SamplingParams
 from expresslane.server import errors
 from expresslane.server.admission import AdmissionPolicy
@@ -48,6 +49,7 @@ class _Prompt:
     last_token_time: float | None = None
     engine_arrival_time: float | None = None  # when the engine process took it: its own TTFT starts there
     started: bool = False
+    embedding: EmbeddingRequestOutput | None = None  # a pooling prompt's output, filled when it finishes
 
 
 class TopLogprobs:
@@ -168,8 +170,27 @@ class RequestTracker:
             for j, sid in enumerate(seq_ids):
                 self._seqs[sid] = p
                 sp = engine_params if params.n == 1 else child_params(engine_params, j)
-                batch.append(EngineCoreRequest(sid, ids, sp, eos, arrival, priority, lane, work, lora_request))
+                batch.append(EngineCoreRequest(sid, ids, sp, eos, arrival, priority, lane, work, lora_request=lora_request))
             self.admission.add(lane, len(seq_ids), len(seq_ids) * len(ids))
+        return group, batch
+
+    def add_pooling(self, request_id: str, prompts: list[tuple[str | None, list[int]]], params: PoolingParams, *,
+                    lane: str, priority: int, timeout: float | None
+                    ) -> tuple[RequestGroup, list[EngineCoreRequest]]:
+        """As ``add``, for embeddings: one engine sequence a prompt (its key), no detokenizer."""
+        arrival = time.monotonic()
+        self.num_added += 1
+        group = RequestGroup({}, asyncio.Queue(), None if timeout is None else arrival + timeout, timeout)
+        keys = [f"{request_id}-{i}" for i in range(len(prompts))]
+        work = sum(len(ids) for _, ids in prompts)
+        batch = []
+        for key, (text, ids) in zip(keys, prompts):
+            out = EmbeddingRequestOutput(key, EmbeddingOutput([]), ids, False, RequestMetrics(arrival), text)
+            p = _Prompt(key, group.queue, keys, lane, len(ids), [key], {key}, embedding=out)
+            group.tracked[key] = self._prompts[key] = self._seqs[key] = p
+            batch.append(EngineCoreRequest(key, ids, POOLING_SAMPLING, (), arrival, priority, lane, work,
+                                           pooling_params=params))
+            self.admission.add(lane, 1, len(ids))
         return group, batch
 
     def abort(self, key: str) -> list[str]:
@@ -261,6 +282,9 @@ class RequestTracker:
         return self._fail_seq(sid, errors.internal(f"internal error: malformed engine output for this request: {e}"))
 
     def _deliver(self, p: _Prompt, outs: list[EngineCoreOutput], timestamp: float) -> list[str]:
+        if p.embedding is not None:
+            self._deliver_embedding(p, outs)
+            return []
         for o in outs:
             if o.new_logprobs:
                 o.new_logprobs = [TopLogprobs(lp) for lp in o.new_logprobs]
@@ -281,3 +305,19 @@ class RequestTracker:
                 self.metrics.finished(p.lane, out)
             p.queue.put_nowait(out)
         return stopped
+
+    def _deliver_embedding(self, p: _Prompt, outs: list[EngineCoreOutput]) -> None:
+        for o in outs:
+            if o.finish_reason is None or p.key not in self._prompts:
+                continue
+            out = p.embedding
+            if o.pooled is None:  # aborted in the engine: the client that aborted it reads nothing
+                self.abort(p.key)
+                continue
+            out.outputs.embedding, out.finished, out.num_cached_tokens = o.pooled, True, o.num_cached_tokens
+            out.metrics.first_scheduled_time = o.first_scheduled_time
+            out.metrics.first_token_time, out.metrics.finished_time = o.first_token_time, o.finished_time
+            del self._prompts[p.key]
+            self._forget(p)
+            self.metrics.embedded(p.lane, out)
+            p.queue.put_nowait(out)

@@ -70,6 +70,8 @@ class Ready(msgspec.Struct, tag=True):
     step_cost: dict = {}  # the engine's fitted step-cost model (StepCostModel.to_dict), for /load
     max_num_batched_tokens: int = 0
     scheduling_policy: str | None = None  # filled by the engine (None: an engine that did not say)
+    runner_type: str = "generate"  # generate or pooling (embeddings): the routes the API serves
+    hidden_size: int = 0  # the pooled vectors' length (`dimensions` is checked against it)
 
 
 class Failed(msgspec.Struct, tag=True):

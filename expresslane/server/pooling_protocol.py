@@ -1,0 +1,77 @@
+"""Request bodies of the pooling endpoints (a server started with ``--runner pooling``), in
+``protocol.py``'s terms (strict types, unknown fields refused by ``parse``):
+
+- ``EmbeddingRequest``: OpenAI's ``POST /v1/embeddings`` (``input`` as a string, strings, token
+  ids or lists of token ids; ``encoding_format``; ``dimensions``; ``user``), with vLLM's extras
+  (``add_special_tokens``, ``normalize``, ``priority``) and our ``lane``.
+- ``PoolingRequest``: vLLM's ``POST /pooling``: the same input, the vector as ``data``.
+- ``ScoreRequest``: vLLM's ``POST /score``: ``text_1`` against ``text_2`` (one against many, or
+  pairwise), scored by the cosine similarity of their embeddings.
+- ``RerankRequest``: vLLM's ``POST /rerank`` (Jina's and Cohere's shape): ``query``, ``documents``,
+  ``top_n``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field, field_validator
+
+from expresslane.server.protocol import _BODY, INT32, List, NonEmptyStr
+
+Input = str | List[str] | List[int] | List[List[int]]
+
+
+class _PoolingBody(BaseModel):
+    model_config = _BODY
+    model: str | None = None
+    add_special_tokens: bool = True  # vLLM's default for embeddings: the tokenizer's BOS/EOS added
+    priority: int = Field(0, ge=-INT32, le=INT32)
+    lane: Literal["interactive", "batch"] | None = None
+    user: str | None = None  # OpenAI's end-user id: accepted, not used
+
+
+def inputs_of(value: Input) -> list[str | dict]:
+    """The input(s) as ``InputProcessor.tokenize`` takes them."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value[0], int):
+        return [{"prompt_token_ids": value}]
+    return [x if isinstance(x, str) else {"prompt_token_ids": x} for x in value]
+
+
+class EmbeddingRequest(_PoolingBody):
+    input: Input
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, ge=1, le=INT32)
+    normalize: bool | None = None  # vLLM's: None takes the server's pooler config
+
+    @field_validator("input")
+    @classmethod
+    def _non_empty(cls, v):
+        if isinstance(v, list) and (not v or any(isinstance(p, list) and not p for p in v)):
+            raise ValueError("must not be empty")
+        return v
+
+
+class PoolingRequest(EmbeddingRequest):
+    """vLLM's /pooling body: an embeddings request whose answer names the vector ``data``."""
+
+
+class ScoreRequest(_PoolingBody):
+    text_1: NonEmptyStr | List[NonEmptyStr]
+    text_2: NonEmptyStr | List[NonEmptyStr]
+
+    @field_validator("text_1", "text_2")
+    @classmethod
+    def _non_empty_list(cls, v):
+        if isinstance(v, list) and not v:
+            raise ValueError("must not be empty")
+        return v
+
+
+class RerankRequest(_PoolingBody):
+    query: NonEmptyStr
+    documents: List[NonEmptyStr] = Field(min_length=1)
+    top_n: int = Field(0, ge=0, le=INT32)  # 0: every document
+    return_documents: bool = True
