@@ -78,6 +78,8 @@ def test_the_sdk_picks_adapters_by_model(lora_server, expected, llama_dir):
     with pytest.raises(openai.NotFoundError) as e:
         _complete(client, "nope")
     assert e.value.code == "model_not_found" and "nope" in str(e.value)
+    r = _post(lora_server, "/v1/embeddings", {"model": "all8", "input": "hi"})
+    assert r.status_code == 400 and "LoRA adapter" in r.json()["error"]["message"]  # pooling: the base model only
     m = lora_server.metrics()
     assert metric(m, "expresslane:lora_requests_info", max_lora="2") > 0
     assert metric(m, "expresslane:lora_adapter_loads_total") >= 1
