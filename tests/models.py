@@ -55,6 +55,26 @@ def build_model(arch: str, out_dir: Path, seed: int = 0, peak: float = 8.0) -> P
     return out_dir
 
 
+def make_lora_adapter(model_dir: Path, out: Path, rank: int, targets: list[str], rslora: bool = False,
+                      seed: int = 0) -> Path:
+    """A peft LoRA adapter of `model_dir` with random, non-zero A and B (peft starts B at zero),
+    saved as PEFT saves it (adapter_config.json, adapter_model.safetensors)."""
+    import peft
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    config = peft.LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=targets, lora_dropout=0.0,
+                             use_rslora=rslora)
+    model = peft.get_peft_model(model, config)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_" in name:
+                p.normal_(0.0, 0.1)
+    model.save_pretrained(out)
+    return out
+
+
 def hf_greedy(model_dir: Path, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
     """transformers' own greedy continuation (float32, CPU): the reference."""
     model = _hf_model(model_dir)

@@ -19,6 +19,7 @@ from expresslane.distributed.group import TPGroup
 from expresslane.distributed.layers import (ColumnParallelLinear, ParallelLMHead, RowParallelLinear,
                                             VocabParallelEmbedding, even_split, gather_logits, head_split)
 from expresslane.layers.activation import silu_and_mul
+from expresslane.layers.lora import LoRAState
 from expresslane.layers.moe import SparseMoE
 from expresslane.layers.norm import RMSNorm
 from expresslane.layers.rotary import RotaryEmbedding, rope_parameters
@@ -194,6 +195,7 @@ class LlamaForCausalLM(nn.Module):
         head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, tp) if sharded else nn.Linear(
             cfg.hidden_size, cfg.vocab_size, bias=False)
         self.lm_head = None if self.tie_word_embeddings else head
+        self.lora_state: LoRAState | None = None  # set when adapters are attached (models/lora_adapter.py)
 
     def make_mlp(self, cfg, index: int, quant: QuantConfig | None, prefix: str, tp: TPGroup,
                  fused: bool) -> nn.Module:
