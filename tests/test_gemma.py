@@ -69,12 +69,13 @@ def test_triton_backend_matches_transformers(model_dirs, arch):
     the CUDA-graph input path: chunks, a prefix-cache hit and preemption."""
     pytest.importorskip("triton")
     shared = prompt(40, seed=2)
-    prompts = [prompt(1, 3), prompt(70, 4), shared + prompt(9, 5), shared + prompt(30, 6)]
+    prompts = [shared + prompt(9, 5), prompt(1, 3), prompt(70, 4), shared + prompt(30, 6)]
     llm = LLM(str(model_dirs[arch]), attention_backend="triton", max_num_batched_tokens=48, max_num_seqs=4,
-              max_model_len=192, num_kv_blocks=12, scheduling_policy="fcfs")
+              max_model_len=128, num_kv_blocks=8, scheduling_policy="fcfs")
     llm.engine.core.runner.build_graphs(llm.config.model.max_model_len, capture=False)
     greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], greedy, use_tqdm=False)
+    outs = [llm.generate([{"prompt_token_ids": prompts[0]}], greedy, use_tqdm=False)[0]]  # its blocks cached
+    outs += llm.generate([{"prompt_token_ids": p} for p in prompts[1:]], greedy, use_tqdm=False)
     mismatched = [i for i, (o, p) in enumerate(zip(outs, prompts)) if o.outputs[0].token_ids != hf_greedy(
         model_dirs[arch], p, 8)]
     assert not mismatched, f"prompts {mismatched} differ from transformers"
@@ -154,3 +155,34 @@ def test_refusals(model_dirs):
     cfg.layer_types = ["sliding_attention"]
     with pytest.raises(ValueError, match="layer_types must list 2 entries"):
         Gemma2ForCausalLM(cfg, TorchAttentionBackend())
+
+
+@pytest.mark.parametrize("preset,params", [("gemma-2-9b", 9.24e9), ("gemma-3-12b", 11.77e9)])
+def test_presets_have_the_real_size_and_load_shrunk(preset, params, tmp_path, monkeypatch):
+    """make-model's Gemma presets: the real parameter count; shrunk, transformers and the engine
+    (from the files, and from `--load-format dummy`) give the same greedy tokens."""
+    import math
+
+    from transformers import AutoModelForCausalLM
+
+    from expresslane.models import presets
+    from expresslane.models.tokenizer_builder import BOS, EOS, special_token_ids
+
+    config = presets.PRESETS[preset]
+    assert sum(math.prod(s.shape) for s in presets.param_specs(config)) == pytest.approx(params, rel=0.005)
+    ids = special_token_ids(512)
+    shrunk = dict(config, hidden_size=64, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
+                  head_dim=16, intermediate_size=96, vocab_size=512, max_position_embeddings=512, sliding_window=256,
+                  torch_dtype="float32", dtype="float32", layer_types=config["layer_types"][:6],
+                  bos_token_id=ids[BOS], eos_token_id=ids[EOS])
+    monkeypatch.setitem(presets.PRESETS, "shrunk", shrunk)
+    path = presets.make_model("shrunk", tmp_path / "full")
+    _, info = AutoModelForCausalLM.from_pretrained(path, output_loading_info=True)
+    assert not any(info.values()), info
+    greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    ids = [5, 77, 300, 12, 9, 400, 31]
+    [out] = LLM(str(path)).generate([{"prompt_token_ids": ids}], greedy, use_tqdm=False)
+    assert out.outputs[0].token_ids == hf_greedy(path, ids, 6)
+    bare = presets.make_model("shrunk", tmp_path / "bare", weights=False)
+    [again] = LLM(str(bare), load_format="dummy").generate([{"prompt_token_ids": ids}], greedy, use_tqdm=False)
+    assert again.outputs[0].token_ids == out.outputs[0].token_ids
