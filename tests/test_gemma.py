@@ -186,3 +186,33 @@ def test_presets_have_the_real_size_and_load_shrunk(preset, params, tmp_path, mo
     bare = presets.make_model("shrunk", tmp_path / "bare", weights=False)
     [again] = LLM(str(bare), load_format="dummy").generate([{"prompt_token_ids": ids}], greedy, use_tqdm=False)
     assert again.outputs[0].token_ids == out.outputs[0].token_ids
+
+
+# Gemma's own template, shortened: turns of user and model, no system role
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'system' %}"
+    "{{ raise_exception('System role not supported') }}{% endif %}"
+    "{{ '<start_of_turn>' + ('model' if m['role'] == 'assistant' else m['role']) + '\\n' + m['content'] + "
+    "'<end_of_turn>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}")
+
+
+def test_chat_template_from_the_tokenizer_directory(model_dirs, tmp_path):
+    """A Gemma directory's own chat template formats the chat, and its refusal of a system
+    message is the client's error, as for any family."""
+    import json
+    import shutil
+
+    from expresslane.server import errors
+    from expresslane.server.protocol import ChatMessage
+    from expresslane.server.serving import chat_prompt
+    from expresslane.tokenizer import load_tokenizer
+
+    path = shutil.copytree(model_dirs["gemma3"], tmp_path / "gemma3")
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    (path / "tokenizer_config.json").write_text(json.dumps(config | {"chat_template": GEMMA_TEMPLATE}))
+    tokenizer = load_tokenizer(path)
+    text, ids = chat_prompt(tokenizer, [ChatMessage(role="user", content="hi")], add_generation_prompt=True)
+    assert text == tokenizer.bos_token + "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n"
+    assert ids == tokenizer.encode(text, add_special_tokens=False)
+    with pytest.raises(errors.APIError, match="System role not supported"):
+        chat_prompt(tokenizer, [ChatMessage(role="system", content="be brief")], add_generation_prompt=True)

@@ -35,6 +35,8 @@ def _linear(in_features: int, shard_sizes: list[int], bias: bool, quant: QuantCo
 
 
 class Attention(nn.Module):
+    sliding_window: int | None = None  # keys a query sees at most (Gemma's sliding layers); None: all
+
     def __init__(self, cfg, backend: AttentionBackend, rotary: RotaryEmbedding, qkv_bias: bool, qk_norm: bool,
                  quant: QuantConfig | None, prefix: str, tp: TPGroup):
         super().__init__()
