@@ -10,6 +10,9 @@ loading, tensor parallelism) with what Gemma does differently, as transformers c
                 per head and gives its sliding layers their own RoPE base (the local one)
     logits      capped at final_logit_softcapping (when set)
 
+With the `triton` backend the norms (residual add included) and GeGLU are fused Triton kernels,
+as Llama's are (layers/triton_ops.py).
+
 A layer's attention keeps its `sliding_window` (None on global layers). The attention kernels
 do not apply windows: the engine caps max_model_len at the window (engine/core.py), so every
 layer sees the whole context and the result is exact.
@@ -18,12 +21,12 @@ layer sees the whole context and the result is exact.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from expresslane.attention.backend import AttentionBackend, AttentionMetadata
 from expresslane.distributed.group import TPGroup
 from expresslane.distributed.layers import VocabParallelEmbedding
+from expresslane.layers.activation import gelu_and_mul
 from expresslane.layers.rotary import RotaryEmbedding, rope_parameters
 from expresslane.models.llama import MLP, Attention, LlamaForCausalLM
 from expresslane.quant import QuantConfig
@@ -34,17 +37,28 @@ ACTIVATIONS = ("gelu_pytorch_tanh", "gelu_tanh")  # names of the tanh-approximat
 
 class GemmaRMSNorm(nn.Module):
     """x / rms(x) * (1 + w), computed in float32 and rounded to x's dtype once (w stays as loaded:
-    storing 1 + w in bfloat16 would round it)."""
+    storing 1 + w in bfloat16 would round it); one fused Triton pass when `fused`."""
 
-    def __init__(self, size: int, eps: float):
+    def __init__(self, size: int, eps: float, fused: bool = False):
         super().__init__()
         self.eps = eps
+        self.fused = fused
         self.weight = nn.Parameter(torch.zeros(size))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
         f = x.float()
         f = f * torch.rsqrt(f.pow(2).mean(-1, keepdim=True) + self.eps)
         return (f * (1.0 + self.weight.float())).to(x.dtype)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """As RMSNorm.forward: norm(x), or (norm(x + residual), x + residual)."""
+        if self.fused:
+            from expresslane.layers.triton_ops import rms_norm
+            return rms_norm(x, self.weight, self.eps, residual, offset=True)
+        if residual is None:
+            return self._norm(x)
+        x = x + residual
+        return self._norm(x), x
 
 
 class _ScaledEmbedding:
@@ -63,12 +77,8 @@ class ScaledVocabParallelEmbedding(_ScaledEmbedding, VocabParallelEmbedding):
 
 
 class GemmaMLP(MLP):
-    def __init__(self, cfg, quant: QuantConfig | None, prefix: str, tp: TPGroup):
-        super().__init__(cfg, quant, prefix, tp, fused=False)  # the fused kernel is SiLU's
-
     def forward(self, x):
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.gelu(gate, approximate="tanh") * up)
+        return self.down_proj(gelu_and_mul(self.gate_up_proj(x), self.fused, self.fp8_act))
 
 
 class GemmaAttention(Attention):
@@ -78,9 +88,9 @@ class GemmaAttention(Attention):
         self.scale = float(cfg.query_pre_attn_scalar) ** -0.5
         self.softcap = getattr(cfg, "attn_logit_softcapping", None)
         self.sliding_window = cfg.sliding_window if layer_type == SLIDING else None
-        if qk_norm:
-            self.q_norm = GemmaRMSNorm(self.head_dim, cfg.rms_norm_eps)
-            self.k_norm = GemmaRMSNorm(self.head_dim, cfg.rms_norm_eps)
+        if qk_norm:  # over the head dim of [T, heads, D]: the fused kernel takes any leading shape
+            self.q_norm = GemmaRMSNorm(self.head_dim, cfg.rms_norm_eps, backend.fused_ops)
+            self.k_norm = GemmaRMSNorm(self.head_dim, cfg.rms_norm_eps, backend.fused_ops)
 
     def attention(self, positions, qkv, meta: AttentionMetadata):
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -97,21 +107,26 @@ class GemmaDecoderLayer(nn.Module):
     sparse = False
     fused_rows = 0  # the fused decode layer is Llama's layer
 
-    def __init__(self, cfg, attn: GemmaAttention, mlp: GemmaMLP):
+    def __init__(self, cfg, attn: GemmaAttention, mlp: GemmaMLP, fused: bool):
         super().__init__()
         self.self_attn, self.mlp = attn, mlp
         for name in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
                      "post_feedforward_layernorm"):
-            setattr(self, name, GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps))
+            setattr(self, name, GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps, fused))
 
     def fused_decode_refusal(self) -> str | None:
         return "Gemma's layers (four (1 + w) norms, GeGLU)"
 
     def forward(self, positions, x, residual, meta: AttentionMetadata):
-        """(hidden, residual) in and out, as the Llama layer: their sum is the residual stream."""
-        h = x if residual is None else x + residual
-        h = h + self.post_attention_layernorm(self.self_attn(positions, self.input_layernorm(h), meta))
-        return self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h))), h
+        """(hidden, residual) in and out, as the Llama layer: their sum is the residual stream.
+        The post-norms' outputs join it in the next norm's residual add."""
+        if residual is None:
+            x, residual = self.input_layernorm(x), x
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.post_attention_layernorm(self.self_attn(positions, x, meta))
+        x, residual = self.pre_feedforward_layernorm(x, residual)
+        return self.post_feedforward_layernorm(self.mlp(x)), residual
 
 
 def layer_types(cfg, pattern: int) -> list[str]:
@@ -177,13 +192,11 @@ class Gemma2ForCausalLM(LlamaForCausalLM):
         kind = self.layer_types[index]
         rotary = self.local_rotary if kind == SLIDING else self.rotary
         attn = GemmaAttention(cfg, backend, rotary, kind, self.qk_norm, quant, f"{prefix}.self_attn", tp)
-        return GemmaDecoderLayer(cfg, attn, GemmaMLP(cfg, quant, f"{prefix}.mlp", tp))
+        mlp = GemmaMLP(cfg, quant, f"{prefix}.mlp", tp, backend.fused_ops)
+        return GemmaDecoderLayer(cfg, attn, mlp, backend.fused_ops)
 
     def make_norm(self, cfg, fused: bool) -> nn.Module:
-        return GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-
-    def final_norm(self, x, residual) -> torch.Tensor:
-        return self.norm(x if residual is None else x + residual)
+        return GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps, fused)
 
     def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """float32 logits, capped at final_logit_softcapping (in float32) when it is set."""
