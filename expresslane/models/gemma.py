@@ -32,7 +32,7 @@ from expresslane.models.llama import MLP, Attention, LlamaForCausalLM
 from expresslane.quant import QuantConfig
 
 SLIDING, FULL = "sliding_attention", "full_attention"
-ACTIVATIONS = ("gelu_pytorch_tanh", "gelu_tanh")  # names of the tanh-approximated gelu
+ACTIVATIONS = ("gelu_pytorch_tanh",)  # gelu with the tanh approximation, as torch computes it
 
 
 class GemmaRMSNorm(nn.Module):
