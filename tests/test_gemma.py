@@ -22,6 +22,12 @@ def prompt(n: int, seed: int) -> list[int]:
     return [rng.randrange(500) for _ in range(n)]
 
 
+def model_of(llm: LLM):
+    """The engine's model (one process: apply_model hands back the object itself)."""
+    [model] = llm.apply_model(lambda model: model)
+    return model
+
+
 def hf_log_softmax(model_dir, ids: list[int]) -> torch.Tensor:
     from transformers import AutoModelForCausalLM
 
@@ -54,7 +60,7 @@ def test_final_softcap_binds(model_dirs):
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(model_dirs["gemma2"], dtype=torch.float32).eval()
-    model = LLM(str(model_dirs["gemma2"])).engine.core.runner.model
+    model = model_of(LLM(str(model_dirs["gemma2"])))
     with torch.no_grad():
         hidden = hf.model(torch.tensor([prompt(40, seed=1)])).last_hidden_state[0]
         raw, ours = hf.lm_head(hidden), model.compute_logits(hidden)
@@ -72,7 +78,7 @@ def test_triton_backend_matches_transformers(model_dirs, arch):
     prompts = [shared + prompt(9, 5), prompt(1, 3), prompt(70, 4), shared + prompt(30, 6)]
     llm = LLM(str(model_dirs[arch]), attention_backend="triton", max_num_batched_tokens=48, max_num_seqs=4,
               max_model_len=128, num_kv_blocks=8, scheduling_policy="fcfs")
-    llm.engine.core.runner.build_graphs(llm.config.model.max_model_len, capture=False)
+    llm.engine.runner.build_graphs(llm.config.model.max_model_len, capture=False)
     greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     outs = [llm.generate([{"prompt_token_ids": prompts[0]}], greedy, use_tqdm=False)[0]]  # its blocks cached
     outs += llm.generate([{"prompt_token_ids": p} for p in prompts[1:]], greedy, use_tqdm=False)
@@ -109,7 +115,7 @@ def test_layers_windows_and_rope_bases_match_transformers(model_dirs):
     the global base with linear scaling. Both tables equal transformers' cos/sin."""
     from transformers import AutoModelForCausalLM
 
-    model = LLM(str(model_dirs["gemma3"])).engine.core.runner.model
+    model = model_of(LLM(str(model_dirs["gemma3"])))
     hf = AutoModelForCausalLM.from_pretrained(model_dirs["gemma3"], dtype=torch.float32).eval()
     pos = torch.arange(300)[None]
     x = torch.zeros(1, 300, 8)
@@ -122,7 +128,7 @@ def test_layers_windows_and_rope_bases_match_transformers(model_dirs):
         torch.testing.assert_close(table, torch.cat([cos[0, :, :half], sin[0, :, :half]], -1), rtol=1e-6, atol=1e-6)
         tables.append(table)
     assert (tables[0] - tables[1]).abs().max() > 0.1
-    g2 = LLM(str(model_dirs["gemma2"])).engine.core.runner.model
+    g2 = model_of(LLM(str(model_dirs["gemma2"])))
     assert [layer.self_attn.sliding_window for layer in g2.layers] == [512, None]
 
 
@@ -139,7 +145,7 @@ def test_refusals(model_dirs):
     """The fused decode layer, the library prefill path with a soft-cap, and bad config fields."""
     from expresslane.attention.registry import get_backend
 
-    model = LLM(str(model_dirs["gemma2"])).engine.core.runner.model
+    model = model_of(LLM(str(model_dirs["gemma2"])))
     assert "Gemma" in model.fused_decode_refusal()
     with pytest.raises(ValueError, match="fused decode layer cannot run Gemma"):
         model.enable_fused_decode()
