@@ -45,11 +45,21 @@ def resolve_model_dir(model: str | None) -> Path:
 
 
 def resolve_max_model_len(requested: int | None, hf_config) -> int:
+    """The model's limit, or `requested` within it. A model with a sliding window (Mistral, Gemma
+    2/3) is capped at the window: the attention kernels apply no window, and full attention
+    equals windowed attention only within it."""
     limit = getattr(hf_config, "max_position_embeddings", None) or 2048
     window = getattr(hf_config, "sliding_window", None)
     uses_window = getattr(hf_config, "use_sliding_window", True)
     if window and uses_window and window < limit:
-        limit = window  # full attention is exact only within the window
+        if requested is not None and requested > window:
+            raise ValueError(f"--max-model-len {requested} is larger than the model's sliding_window of {window} "
+                             "tokens: sliding-window attention is not supported yet, and without it outputs are "
+                             f"exact only within the window; give --max-model-len {window} or less")
+        if requested is None:
+            log.info("max_model_len capped at the model's sliding_window, %d tokens (of %d positions): "
+                     "sliding-window attention is not supported yet", window, limit)
+        limit = window
     if requested is None:
         return limit
     if requested > limit:

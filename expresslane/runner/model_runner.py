@@ -76,7 +76,8 @@ class ModelRunner(Runner):
         head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
         local_heads, _, local_kv_heads, _ = head_split(heads, kv_heads, self.tp)
         self.attn_backend = get_backend(config.device.attention_backend, local_heads, local_kv_heads, head_dim,
-                                        self.device, self.kv_dtype, config.device.prefill_attention)
+                                        self.device, self.kv_dtype, config.device.prefill_attention,
+                                        getattr(hf_config, "attn_logit_softcapping", None))
         self.quant = resolve_quantization(hf_config, config.model.quantization)
         with torch.device(self.device):
             prev = torch.get_default_dtype()
