@@ -17,6 +17,7 @@ from expresslane.scheduler.kv_cache import KVCacheManager
 from expresslane.scheduler.request import Request, check_prompt_length
 from expresslane.scheduler.spec_decode import SpecDecoder
 from expresslane.engine.structured_output import Grammars, tokenizer_loader
+from expresslane.layers.rotary import length_class, rope_context_limit
 from expresslane.models.model_dir import check_model_dir, load_hf_config
 from expresslane.runner.registry import make_runner
 from expresslane.runner.step_result import StepResult
@@ -43,7 +44,7 @@ def resolve_model_dir(model: str | None) -> Path:
 
 
 def resolve_max_model_len(requested: int | None, hf_config) -> int:
-    limit = getattr(hf_config, "max_position_embeddings", None) or 2048
+    limit = rope_context_limit(hf_config)
     window = getattr(hf_config, "sliding_window", None)
     uses_window = getattr(hf_config, "use_sliding_window", True)
     if window and uses_window and window < limit:
@@ -89,7 +90,7 @@ class EngineCore:
         self._steps_since_copy = 0
         self.expert_tokens: dict[int, list[int]] | None = None
         self.config = config.replace(num_kv_blocks=num_blocks)
-        self.kv = KVCacheManager(num_blocks, bs, config.cache.enable_prefix_caching)
+        self.kv = KVCacheManager(num_blocks, bs, config.cache.enable_prefix_caching, length_class(self.hf_config))
         proposer = self.runner.proposer
         self.spec = None if proposer is None else SpecDecoder(config.speculative, self.cost_model, proposer)
         if self.spec is not None:

@@ -21,7 +21,7 @@ from expresslane.distributed.layers import (ColumnParallelLinear, ParallelLMHead
 from expresslane.layers.activation import silu_and_mul
 from expresslane.layers.moe import SparseMoE
 from expresslane.layers.norm import RMSNorm
-from expresslane.layers.rotary import RotaryEmbedding, rope_parameters
+from expresslane.layers.rotary import RotaryEmbedding, rope_context_limit, rope_frequencies
 from expresslane.quant import QuantConfig, QuantLinear
 from expresslane.quant.fp8 import takes_fp8_input
 
@@ -183,7 +183,8 @@ class LlamaForCausalLM(nn.Module):
                              else nn.Embedding(cfg.vocab_size, cfg.hidden_size))
         qkv_bias = self.qkv_bias or bool(getattr(cfg, "attention_bias", False))
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        self.rotary = RotaryEmbedding(head_dim, cfg.max_position_embeddings, *rope_parameters(cfg))
+        limit = rope_context_limit(cfg)
+        self.rotary = RotaryEmbedding(head_dim, limit, freqs=rope_frequencies(cfg, head_dim, limit))
         self.layers = nn.ModuleList(
             DecoderLayer(cfg, backend, self.rotary, qkv_bias, self.qk_norm, quant, f"model.layers.{i}", tp,
                          self.make_mlp(cfg, i, quant, f"model.layers.{i}.mlp", tp, backend.fused_ops))

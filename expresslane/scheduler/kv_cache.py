@@ -1,6 +1,10 @@
 """Paged KV-cache bookkeeping with prefix caching: which block ids a request uses. Full blocks
 only are hashed, chained: h1 = H(h0, t16..t31). A block is referenced or in the LRU free list,
-never both; a free block keeps its cached prefix until reallocated."""
+never both; a free block keeps its cached prefix until reallocated.
+
+A model whose RoPE rotates a token by its request's prompt length too (dynamic, longrope:
+layers/rotary.py) gives `length_class`; a request of class c != 0 chains its hashes from a seed
+of c, so it never hits blocks computed for another class."""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ import hashlib
 from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Callable
 
 from expresslane.scheduler.request import Request
 
@@ -78,8 +83,10 @@ class BlockPool:
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 length_class: Callable[[int], int] | None = None):
         self.block_size = block_size
+        self.length_class = length_class  # prompt length -> the hash seed's class (None: always 0)
         self.enable_prefix_caching = enable_prefix_caching
         self.pool = BlockPool(num_blocks)
         self._req_blocks: dict[str, list[Block]] = {}
@@ -99,9 +106,14 @@ class KVCacheManager:
     def _block_hashes(self, req: Request) -> list[bytes]:
         hashes = self._req_hashes.setdefault(req.request_id, [])
         bs = self.block_size
+        if not hashes and self.length_class is not None:
+            cls = self.length_class(len(req.prompt_token_ids))
+            seed = hashlib.sha256(b"rope-length-class:%d" % cls).digest() if cls else None
+        else:
+            seed = None
         while (len(hashes) + 1) * bs <= req.num_tokens:
             i = len(hashes)
-            hashes.append(hash_block(hashes[-1] if hashes else None, req.all_token_ids[i * bs:(i + 1) * bs]))
+            hashes.append(hash_block(hashes[-1] if hashes else seed, req.all_token_ids[i * bs:(i + 1) * bs]))
         return hashes
 
     def find_cached_prefix(self, req: Request) -> list[Block]:
