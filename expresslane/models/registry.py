@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from expresslane.models.llama import LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
+from expresslane.models.llama import (LlamaForCausalLM, MistralForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM,
+                                      Qwen3ForCausalLM)
 from expresslane.models.moe import MixtralForCausalLM, Qwen3MoeForCausalLM
 
 MODELS = {cls.__name__: cls for cls in (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
-                                        MixtralForCausalLM, Qwen3MoeForCausalLM)}
+                                        Phi3ForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM)}
 
 
 def model_class(hf_config) -> type:
