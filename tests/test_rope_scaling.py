@@ -19,7 +19,7 @@ from expresslane.scheduler.kv_cache import KVCacheManager
 from expresslane.scheduler.request import Request
 
 _SMALL = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64, num_hidden_layers=1,
-              vocab_size=64)
+              vocab_size=64, pad_token_id=None, bos_token_id=1, eos_token_id=2)
 _LONGROPE = {"short_factor": [1.0, 1.1, 1.25, 1.5], "long_factor": [1.0, 2.0, 4.0, 8.0]}
 # (transformers config class, its arguments, the length past which frequencies change: 0 = never)
 CONFIGS = {

@@ -148,15 +148,9 @@ def _partial_rotary_factor(hf_config) -> float:
 
 def _dynamic_rows(init, hf_config, first: int, last: int) -> torch.Tensor:
     """Dynamic NTK frequencies of every length first..last, each as transformers computes it in
-    its forward: from a tensor length (float32 arithmetic, not Python floats)."""
-    lengths = torch.arange(first, last + 1, dtype=torch.int64)
-    try:  # transformers 5.x broadcasts a column of lengths
-        rows = init(hf_config, "cpu", seq_len=lengths[:, None])[0]
-        if rows.shape[0] == len(lengths):
-            return rows.float()
-    except (RuntimeError, TypeError):  # 4.x compares the length with a Python `>`: one at a time
-        pass
-    return torch.stack([init(hf_config, "cpu", seq_len=n)[0] for n in lengths]).float()
+    its forward: from a 0-d tensor length, one call each (a column of lengths broadcast through
+    the same code rounds some rows differently; a call takes ~80 us, once at start-up)."""
+    return torch.stack([init(hf_config, "cpu", seq_len=n)[0] for n in torch.arange(first, last + 1)]).float()
 
 
 class RotaryEmbedding(nn.Module):
