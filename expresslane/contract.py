@@ -114,6 +114,7 @@ class NewRequest:
     # or bad words
     num_prompt_tokens: int = 0
     token_ids: list[int] = field(default_factory=list)
+    rope_length: int = 0  # the length RoPE that depends on it sees (Request.rope_length); 0: the prompt's
 
 
 @dataclass(slots=True)

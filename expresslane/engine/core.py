@@ -17,7 +17,7 @@ from expresslane.scheduler.kv_cache import KVCacheManager
 from expresslane.scheduler.request import Request, check_prompt_length
 from expresslane.scheduler.spec_decode import SpecDecoder
 from expresslane.engine.structured_output import Grammars, tokenizer_loader
-from expresslane.layers.rotary import length_class, rope_context_limit
+from expresslane.layers.rotary import length_class, rope_context_limit, rope_restart_length
 from expresslane.models.model_dir import check_model_dir, load_hf_config
 from expresslane.runner.registry import make_runner
 from expresslane.runner.step_result import StepResult
@@ -96,7 +96,8 @@ class EngineCore:
         if self.spec is not None:
             self.spec.draft_cost_ratio = self.runner.draft_cost_ratio()
             self.spec.max_rows = self.runner.verify_rows()
-        self.scheduler = make_scheduler(config.scheduler, self.kv, cost_model=self.cost_model, spec=self.spec)
+        self.scheduler = make_scheduler(config.scheduler, self.kv, cost_model=self.cost_model, spec=self.spec,
+                                        rope_restart_at=rope_restart_length(self.hf_config))
         self.grammars = Grammars(tokenizer_loader(Path(config.model.tokenizer or self.model_dir), self.model_dir,
                                                   self.hf_config), self.hf_config.vocab_size,
                                  config.structured_output)

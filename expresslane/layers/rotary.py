@@ -10,7 +10,10 @@ backend rotates inside its fused RoPE + KV-write kernel from the rows `lookup` n
 Two kinds change their frequencies with the sequence length, as transformers does per forward
 call (`max(position_ids) + 1`): a token's length is ``max(prompt length, position + 1)``,
 which is exactly what a fresh transformers module sees when it prefills the prompt in one
-call and then decodes one token a call.
+call and then decodes one token a call. transformers' Phi-3 generate also drops its cache when
+a sequence first grows past longrope's threshold and recomputes it all with the long factors:
+the scheduler restarts such a request there (`rope_restart_length`), its length from then on
+the whole sequence's.
 
     longrope  short factors up to `threshold` (original_max_position_embeddings), long beyond:
               the table holds both halves, [short rows | long rows], and a token reads the long
@@ -80,6 +83,13 @@ def rope_context_limit(hf_config) -> int:
             limit = scaling.get("original_max_position_embeddings") or limit
         limit = int(limit * factor)
     return limit
+
+
+def rope_restart_length(hf_config) -> int:
+    """longrope: the length at which a request is recomputed from its first token (0: never).
+    transformers' Phi-3 generate drops its cache when a sequence first grows past the threshold,
+    so every token of a longer sequence rotates by the long factors; dynamic keeps its cache."""
+    return rope_threshold(hf_config) if rope_type(hf_config) == "longrope" else 0
 
 
 def length_class(hf_config):

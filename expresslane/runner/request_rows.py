@@ -63,7 +63,7 @@ class RequestRows:
             raise RuntimeError(f"request {new.request_id!r} is already in the runner")
         row = self.rows[new.request_id] = self._free_rows.pop()
         self.num_blocks[row] = 0
-        self.prompt_lens[row] = new.num_prompt_tokens
+        self.prompt_lens[row] = new.rope_length or new.num_prompt_tokens
         self.params[row] = new.sampling_params
         self.banned[row] = new.banned_token_ids
         self.num_banned_samples[row] = new.num_banned_samples

@@ -107,7 +107,7 @@ class KVCacheManager:
         hashes = self._req_hashes.setdefault(req.request_id, [])
         bs = self.block_size
         if not hashes and self.length_class is not None:
-            cls = self.length_class(len(req.prompt_token_ids))
+            cls = self.length_class(req.rope_length)
             seed = hashlib.sha256(b"rope-length-class:%d" % cls).digest() if cls else None
         else:
             seed = None
@@ -169,6 +169,10 @@ class KVCacheManager:
         self._req_num_registered.pop(req.request_id, None)
         if req.is_finished:
             self._req_hashes.pop(req.request_id, None)
+
+    def forget_hashes(self, request_id: str) -> None:
+        """A request holding no blocks whose length class changed: its hashes are made again."""
+        self._req_hashes.pop(request_id, None)
 
     def num_held_blocks(self) -> int:
         return sum(len(b) for b in self._req_blocks.values())

@@ -55,6 +55,7 @@ class Request:
     # prompt positions scored (kept across preemption); scores go with the first token
     num_prompt_logprobs_scheduled: int = 0
     prompt_logprobs: ScoredPrompt | None = None
+    rope_length: int = 0  # the length RoPE that depends on it sees: the prompt's, or (restarted) the sequence's
     seq: int = field(default_factory=lambda: next(_arrival_counter))  # tie-break
 
     @classmethod
@@ -74,6 +75,7 @@ class Request:
             lane=req.lane,
             all_token_ids=list(req.prompt_token_ids),
             request_prompt_tokens=req.request_prompt_tokens,
+            rope_length=len(req.prompt_token_ids),
         )
 
     @property
@@ -113,9 +115,9 @@ class Request:
         left = sp.min_tokens - self.num_output_tokens - self.num_pending
         n, known = len(self.prompt_token_ids), (list(self.all_token_ids) if sp.penalized or sp.bad_words_token_ids else [])
         if left <= 0:
-            return NewRequest(self.request_id, sp, num_prompt_tokens=n, token_ids=known)
+            return NewRequest(self.request_id, sp, num_prompt_tokens=n, token_ids=known, rope_length=self.rope_length)
         return NewRequest(self.request_id, sp, tuple(sorted(self.eos_token_ids | set(sp.stop_token_ids))), left, n,
-                          known)
+                          known, self.rope_length)
 
     def append_token(self, token_id: int) -> None:
         """Sets finish_reason when done."""
