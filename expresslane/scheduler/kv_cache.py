@@ -1,10 +1,7 @@
 """Paged KV-cache bookkeeping with prefix caching: which block ids a request uses. Full blocks
 only are hashed, chained: h1 = H(h0, t16..t31). A block is referenced or in the LRU free list,
-never both; a free block keeps its cached prefix until reallocated.
-
-A model whose RoPE rotates a token by its request's prompt length too (dynamic, longrope:
-layers/rotary.py) gives `length_class`; a request of class c != 0 chains its hashes from a seed
-of c, so it never hits blocks computed for another class."""
+never both; a free block keeps its cached prefix until reallocated. `length_class` (RoPE by
+length: layers/rotary.py) seeds a request's chain, so classes never share blocks."""
 
 from __future__ import annotations
 
@@ -86,7 +83,7 @@ class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
                  length_class: Callable[[int], int] | None = None):
         self.block_size = block_size
-        self.length_class = length_class  # prompt length -> the hash seed's class (None: always 0)
+        self.length_class = length_class
         self.enable_prefix_caching = enable_prefix_caching
         self.pool = BlockPool(num_blocks)
         self._req_blocks: dict[str, list[Block]] = {}
@@ -171,7 +168,6 @@ class KVCacheManager:
             self._req_hashes.pop(req.request_id, None)
 
     def forget_hashes(self, request_id: str) -> None:
-        """A request holding no blocks whose length class changed: its hashes are made again."""
         self._req_hashes.pop(request_id, None)
 
     def num_held_blocks(self) -> int:

@@ -55,7 +55,7 @@ class Request:
     # prompt positions scored (kept across preemption); scores go with the first token
     num_prompt_logprobs_scheduled: int = 0
     prompt_logprobs: ScoredPrompt | None = None
-    rope_length: int = 0  # the length RoPE that depends on it sees: the prompt's, or (restarted) the sequence's
+    rope_length: int = 0  # what length-dependent RoPE sees: the prompt's (the sequence's once restarted)
     seq: int = field(default_factory=lambda: next(_arrival_counter))  # tie-break
 
     @classmethod

@@ -21,8 +21,7 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig, kv: KVCacheManager, clock=time.monotonic,
                  cost_model: StepCostModel | None = None, spec: SpecDecoder | None = None, rope_restart_at: int = 0):
         self.config = config
-        # longrope: a request that grows past this length is recomputed from its first token
-        # (transformers' generate drops its cache there), its tokens then all rotating long; 0: never
+        # longrope: a request growing past it is recomputed (layers/rotary.py); 0: never
         self.rope_restart_at = rope_restart_at
         self.kv = kv
         self.clock = clock
@@ -134,7 +133,7 @@ class Scheduler:
             if self.policy.steps_aside(req, budget, now):
                 continue
             if self._crosses_rope_length(req):
-                if not req.num_pending:  # else: it waits for the token it will recompute
+                if not req.num_pending:
                     self._preempt(req, restart=True)
                 continue
             wanted = req.num_tokens_with_pending - req.num_computed_tokens
@@ -165,7 +164,7 @@ class Scheduler:
 
     def _propose(self, req: Request, budget: StepBudget) -> list[int]:
         k = min(self.spec.max_tokens_for(req), budget.take(req, 1 << 30) - 1)
-        if self.rope_restart_at and req.rope_length <= self.rope_restart_at:  # proposals stop short of it
+        if self.rope_restart_at and req.rope_length <= self.rope_restart_at:
             k = min(k, self.rope_restart_at - req.num_tokens_with_pending)
         return self.spec.propose(req, k) if k > 0 else []
 
@@ -255,8 +254,7 @@ class Scheduler:
         return 0 < req.rope_length <= self.rope_restart_at < req.num_tokens_with_pending
 
     def _preempt(self, req: Request, restart: bool = False) -> None:
-        """Back to waiting, its KV freed (recomputed when admitted again). `restart`: not for
-        memory but for `rope_restart_at`: its length from now on is the whole sequence's."""
+        """`restart`: for `rope_restart_at`, not memory; its RoPE length becomes the sequence's."""
         # a step in flight may still write them: the next owner writes after
         del self.running[req.request_id]
         self.kv.free(req)
@@ -266,7 +264,7 @@ class Scheduler:
             self._preempted_ids.append(req.request_id)
         if restart:
             req.rope_length = req.num_tokens
-            self.kv.forget_hashes(req.request_id)  # its blocks now belong to another length class
+            self.kv.forget_hashes(req.request_id)
         else:
             req.num_preemptions += 1
             self.num_preemptions += 1
