@@ -151,3 +151,25 @@ def test_fused_checkpoint_tensor_of_the_wrong_size_is_named(model_dirs, tmp_path
     save_file(weights, d / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(ValueError, match=rf"{name}.* 112 rows; the config gives 64 \+ 32 \+ 32"):
         LLM(str(d))
+
+
+def test_longrope_request_restarts_once_past_its_threshold():
+    """A short-class request whose next token sits at the threshold is recomputed from its first
+    token in the long class (not counted as a preemption), once; the runner is told to forget its
+    row and gets the sequence's length as its RoPE length."""
+    from expresslane.config import SchedulerConfig
+    from expresslane.scheduler.scheduler import Scheduler
+
+    kv = KVCacheManager(64, 4, True, length_class=lambda n: int(n > 8))
+    config = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, scheduling_policy="fcfs")
+    sched = Scheduler(config, kv, clock=lambda: 0.0, rope_restart_at=8)
+    sched.add_request(_request("a", list(range(1, 7))))  # 6 prompt tokens, 4 to generate
+    steps = []
+    while sched.has_unfinished():
+        plan = sched.schedule()
+        sched.update(plan, {s.request_id: 7 for s in plan.seqs if s.sample})
+        steps.append((plan.preempted_request_ids, [(n.rope_length, n.num_prompt_tokens) for n in plan.new_requests],
+                      [(s.start_pos, len(s.token_ids)) for s in plan.seqs]))
+    assert steps == [([], [(6, 6)], [(0, 6)]), ([], [], [(6, 1)]), ([], [], [(7, 1)]),
+                     (["a"], [(9, 6)], [(0, 9)])]
+    assert sched.num_preemptions == 0 and kv.num_held_blocks() == 0
