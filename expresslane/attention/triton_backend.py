@@ -216,7 +216,7 @@ class TritonAttentionBackend(AttentionBackend):
         t = q.shape[0]
         q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         if t:
-            cs, rows = rotary.lookup(positions, meta.prompt_lens)
+            cs, rows = rotary.lookup(positions, meta.rope_lengths)
             half = cs.shape[1] // 2
             rest = self.head_dim - 2 * half  # partial rotary: dims copied as they are
             if rest and qk_norm is not None:

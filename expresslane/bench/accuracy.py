@@ -49,7 +49,7 @@ def sequence_logits(llm, token_ids: list[int]) -> torch.Tensor:
         seq_lens=torch.tensor([n], dtype=torch.int32, device=dev),
         query_start_loc=torch.tensor([0, n], dtype=torch.int32, device=dev),
         num_decodes=0, seq_lens_cpu=[n], query_start_loc_cpu=[0, n], max_decode_seq_len=0,
-        prompt_lens=torch.full((n,), n, device=dev))  # one prompt, as transformers sees it
+        rope_lengths=torch.full((n,), n, device=dev))  # one prompt, as transformers sees it
     runner.attn_backend.prepare(meta)
     with torch.inference_mode():
         hidden = runner.model(torch.tensor(token_ids, device=dev), torch.arange(n, device=dev), meta)

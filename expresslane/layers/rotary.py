@@ -21,10 +21,11 @@ the whole sequence's.
     dynamic   NTK frequencies of the length itself past max_position_embeddings: one frequency
               row per length, and each step's cos|sin computed from them on the device
 
-So a token's rotation depends on its sequence's prompt length, not on its position alone: the
-scheduler salts such a request's prefix-cache hashes by `length_class` (a block computed for
-one class is wrong for another), and each token carries its prompt length
-(`AttentionMetadata.prompt_lens`), so a batch or a CUDA graph mixes lengths freely.
+So a token's rotation depends on its request's RoPE length (the prompt's, or the sequence's
+after a restart), not on its position alone: the scheduler salts such a request's prefix-cache
+hashes by `length_class` (a block computed for one class is wrong for another), and each token
+carries that length (`AttentionMetadata.rope_lengths`), so a batch or a CUDA graph mixes
+lengths freely.
 """
 
 from __future__ import annotations
@@ -189,14 +190,14 @@ class RotaryEmbedding(nn.Module):
         freqs = positions[:, None] * inv_freq
         return torch.cat([freqs.cos() * self.scale, freqs.sin() * self.scale], dim=-1)
 
-    def lookup(self, positions: torch.Tensor, prompt_lens: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(table, rows): token t rotates by table[rows[t]]. `prompt_lens` [T]: each token's
-        sequence's prompt length (needed only when `length_dependent`)."""
+    def lookup(self, positions: torch.Tensor, rope_lengths: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(table, rows): token t rotates by table[rows[t]]. `rope_lengths` [T]: each token's
+        request's RoPE length (needed only when `length_dependent`)."""
         if not self.length_dependent:
             return self.cos_sin, positions
-        if prompt_lens is None:
-            raise ValueError(f"{self.kind} RoPE needs each token's prompt length (AttentionMetadata.prompt_lens)")
-        length = torch.maximum(prompt_lens, positions + 1)
+        if rope_lengths is None:
+            raise ValueError(f"{self.kind} RoPE needs each token's RoPE length (AttentionMetadata.rope_lengths)")
+        length = torch.maximum(rope_lengths, positions + 1)
         if self.kind == "longrope":
             return self.cos_sin, positions + self.max_position * (length > self.threshold)
         row = (length - self.threshold).clamp(0, self.dynamic_inv_freq.shape[0] - 1)
@@ -204,9 +205,9 @@ class RotaryEmbedding(nn.Module):
                                                                                        device=positions.device)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
-                prompt_lens: torch.Tensor | None = None):
+                rope_lengths: torch.Tensor | None = None):
         """q: [T, Hq, D], k: [T, Hk, D] -> rotated q, k (the first rotary_dim dims of each head)."""
-        table, rows = self.lookup(positions, prompt_lens)
+        table, rows = self.lookup(positions, rope_lengths)
         cos, sin = table[rows].unsqueeze(1).chunk(2, dim=-1)
         return _rotate(q, cos, sin, self.rotary_dim), _rotate(k, cos, sin, self.rotary_dim)
 
