@@ -150,6 +150,7 @@ class NewRequest:
     # last chunk's `sample` pools instead of sampling
     pooling: PoolingParams | None = None
     lora_id: int = 0  # its LoRA adapter's id (0: the base model); the runner holds the adapter already
+    rope_length: int = 0  # the length RoPE that depends on it sees (Request.rope_length); 0: the prompt's
 
 
 @dataclass(slots=True)

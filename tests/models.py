@@ -40,6 +40,19 @@ ARCHS = {
         rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
                          "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0}},
         tie_word_embeddings=True)),
+    # Phi-3: fused qkv_proj / gate_up_proj checkpoint tensors, 3/4 of each head rotated, LongRoPE over an
+    # original length of 128 (the test prompts run under it, across it and past it while decoding)
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(
+        original_max_position_embeddings=128, partial_rotary_factor=0.75, sliding_window=None, pad_token_id=None,
+        rope_scaling={"type": "longrope", "short_factor": [1.0, 1.05, 1.1, 1.3, 1.6, 2.0],
+                      "long_factor": [1.0, 1.5, 2.5, 4.0, 8.0, 16.0]})),
+    # RoPE scaling of the families above: linear, dynamic NTK (past max_position_embeddings, 128 here:
+    # the prompts run under and over it) and YaRN (its attention factor scales cos and sin)
+    "llama_linear": ("LlamaConfig", "LlamaForCausalLM", dict(rope_scaling={"rope_type": "linear", "factor": 2.0})),
+    "llama_dynamic": ("LlamaConfig", "LlamaForCausalLM", dict(
+        max_position_embeddings=128, rope_scaling={"rope_type": "dynamic", "factor": 4.0})),
+    "qwen2_yarn": ("Qwen2Config", "Qwen2ForCausalLM", dict(
+        rope_theta=1e6, rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256})),
 }
 
 
@@ -94,6 +107,7 @@ def make_lora_adapter(model_dir: Path, out: Path, rank: int, targets: list[str],
 def hf_greedy(model_dir: Path, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
     """transformers' own greedy continuation (float32, CPU): the reference."""
     model = _hf_model(model_dir)
+    _fresh_rope(model)
     out = model.generate(torch.tensor([prompt_ids]), attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
                          max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0,
                          min_new_tokens=max_new_tokens)
@@ -101,6 +115,15 @@ def hf_greedy(model_dir: Path, prompt_ids: list[int], max_new_tokens: int) -> li
 
 
 _CACHE: dict[Path, object] = {}
+
+
+def _fresh_rope(model) -> None:
+    """transformers' dynamic RoPE keeps the longest length it has seen across calls (a later, shorter
+    prompt reuses its frequencies): each reference starts from a fresh module's state."""
+    for module in model.modules():
+        if getattr(module, "rope_type", None) == "dynamic":
+            module.register_buffer("inv_freq", module.original_inv_freq.clone(), persistent=False)
+            module.max_seq_len_cached = module.original_max_seq_len
 
 
 def _hf_model(model_dir: Path):

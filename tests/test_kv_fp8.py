@@ -42,12 +42,16 @@ def _fp8_copy(kv: torch.Tensor, scales) -> torch.Tensor:
 
 @pytest.mark.parametrize("case", range(len(CASES)))
 @pytest.mark.parametrize("scales", [(1.0, 1.0), (0.5, 3.0)])
-def test_triton_fp8_cache_matches_torch(case, scales):
+@pytest.mark.parametrize("rotary_part", [1.0, 0.75], ids=["whole", "partial"])  # partial: the rest copied
+def test_triton_fp8_cache_matches_torch(case, scales, rotary_part):
+    from expresslane.layers.rotary import RopeFrequencies, default_inv_freq
+
     heads, kv_heads, dim, bs, seqs = CASES[case]
     q, k, v, kv, meta, pos = make_step(seqs, heads, kv_heads, dim, bs, torch.float32, seed=20 + case)
     scale = dim ** -0.5
     kv_ref, kv_tri = _fp8_copy(kv, scales), _fp8_copy(kv, scales)
-    rotary = RotaryEmbedding(dim, 512, 10000.0).to(q.device)
+    freqs = RopeFrequencies("default", default_inv_freq(10000.0, int(dim * rotary_part)))
+    rotary = RotaryEmbedding(dim, 512, freqs=freqs).to(q.device)
     torch_backend = TorchAttentionBackend()
     backend = triton_backend.TritonAttentionBackend(heads, kv_heads, dim, DEVICE)
     backend.prepare(meta)

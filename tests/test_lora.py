@@ -96,7 +96,7 @@ def test_mixed_batch_equals_each_alone(llama_dir, adapters, references, case):
     """Base and three adapters in one batch; two slots and two host copies for three adapters, so
     slots are reused and adapters re-read from their directory."""
     llm = LLM(str(llama_dir), enable_lora=True, max_loras=2, max_lora_rank=16, **MIXED[case])
-    runner = llm.engine.core.runner
+    runner = llm.engine.runner
     seen: list[int] = []
     prepare = runner.lora.prepare
 
@@ -127,7 +127,7 @@ def test_triton_kernels_and_graph_buffers_match_transformers(llama_dir, adapters
     pytest.importorskip("triton")
     llm = LLM(str(llama_dir), attention_backend="triton", enable_lora=True, max_loras=2, max_lora_rank=16,
               max_num_batched_tokens=64, max_model_len=128, num_kv_blocks=32)
-    llm.engine.core.runner.build_graphs(128, capture=False)
+    llm.engine.runner.build_graphs(128, capture=False)
     from expresslane.layers.lora import LoRAStep
 
     loaded, fields = [], LoRAStep.fields  # the graphs' loads of each step's slots
@@ -155,7 +155,7 @@ def test_tensor_parallel_matches_transformers(llama_dir, adapters, references):
         assert llm.engine.remove_lora(adapters["mlp4"].lora_int_id)
         again = llm.generate([{"prompt_token_ids": PROMPTS[0]}], GREEDY, use_tqdm=False, lora_request=adapters["qv16"])
     finally:
-        llm.engine.core.runner.shutdown()
+        llm.engine.runner.shutdown()
     mismatched = [job for job, o in zip(jobs, outs) if o.outputs[0].token_ids != references[job[0]][job[1]]]
     assert not mismatched
     assert again[0].outputs[0].token_ids == references["qv16"][0]
@@ -233,7 +233,7 @@ def test_random_workloads_never_plan_more_adapters_than_slots(seed):
 
 def test_unload_waits_for_its_requests_and_leaks_no_slot(llama_dir, adapters, references):
     llm = LLM(str(llama_dir), enable_lora=True, max_loras=2, max_lora_rank=16, max_cpu_loras=3)
-    engine, slots = llm.engine, llm.engine.core.runner.lora
+    engine, slots = llm.engine, llm.engine.runner.lora
     a, b = adapters["all8"], adapters["qv16"]
     for i, (lora, prompt) in enumerate([(a, PROMPTS[3]), (b, PROMPTS[4]), (a, PROMPTS[2]), (None, PROMPTS[1])]):
         engine.add_request(str(i), {"prompt_token_ids": prompt}, GREEDY, lora_request=lora)

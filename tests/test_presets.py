@@ -220,3 +220,41 @@ def test_quantized_moe_preset_written_and_dummy_agree(preset, fmt, tmp_path, mon
     bare = make_model("shrunk", tmp_path / "bare", quantization=fmt, weights=False)
     [again] = LLM(str(bare), load_format="dummy").generate([{"prompt_token_ids": prompt}], greedy, use_tqdm=False)
     assert again.outputs[0].token_ids == out.outputs[0].token_ids
+
+
+def _shrunk_phi(preset: str) -> dict:
+    """A Phi preset at test size; LongRoPE (Phi-3.5) over an original length of 64."""
+    config = dict(PRESETS[preset], hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  head_dim=16, intermediate_size=96, vocab_size=512, max_position_embeddings=512,
+                  torch_dtype="float32", dtype="float32", sliding_window=None, pad_token_id=None)
+    ids = special_token_ids(512)
+    config |= {"bos_token_id": ids[SPECIAL_TOKENS[0]], "eos_token_id": ids[SPECIAL_TOKENS[1]]}
+    if config["rope_scaling"]:
+        config |= {"original_max_position_embeddings": 64,
+                   "rope_scaling": {"type": "longrope", "short_factor": presets._ramp(8, 1.0, 1.5),
+                                    "long_factor": presets._ramp(8, 1.0, 16.0)}}
+    return config
+
+
+@pytest.mark.parametrize("preset", ["phi-3.5-mini", "phi-4"])
+def test_phi_preset_loads_in_transformers_and_the_engine(preset, tmp_path, monkeypatch):
+    """Fused qkv_proj / gate_up_proj checkpoints as make-model writes them: transformers loads every
+    tensor, the engine's tokens equal transformers' (a prompt crossing LongRoPE's original length),
+    and --load-format dummy generates the same weights."""
+    from models import hf_greedy
+
+    from expresslane import LLM, SamplingParams
+
+    monkeypatch.setitem(PRESETS, "shrunk", _shrunk_phi(preset))
+    path = make_model("shrunk", tmp_path / "full")
+    _, info = AutoModelForCausalLM.from_pretrained(path, output_loading_info=True)
+    assert not any(info.values()), info
+    greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    prompt = [(i * 37 + 11) % 500 for i in range(70)]
+    [out] = LLM(str(path)).generate([{"prompt_token_ids": prompt}], greedy, use_tqdm=False)
+    assert out.outputs[0].token_ids == hf_greedy(path, prompt, 6)
+    bare = make_model("shrunk", tmp_path / "bare", weights=False)
+    [again] = LLM(str(bare), load_format="dummy").generate([{"prompt_token_ids": prompt}], greedy, use_tqdm=False)
+    assert again.outputs[0].token_ids == out.outputs[0].token_ids
+    with pytest.raises(ValueError, match="fused-projection"):
+        make_model("shrunk", tmp_path / "quantized", quantization="awq")

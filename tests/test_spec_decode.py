@@ -267,6 +267,7 @@ def test_the_draft_chain_writes_only_the_slots_of_the_proposals_a_seq_makes(tmp_
     table[0, :2], table[1, 63] = (1, 2), 3  # (B's other blocks: in the test, none of its own)
     seqs = [ScheduledSeq("a", [0], 5, [], True), ScheduledSeq("b", [0], 1023, [], True)]
     step = StepInputs(seqs=seqs, rows=np.arange(2), token_ids=np.zeros(2, np.int64), positions=np.array([5, 1023]),
+                      rope_lengths=np.zeros(2, np.int64),
                       slot_mapping=np.array([16 + 5, 48 + 15]), query_start_loc=np.arange(3, dtype=np.int32),
                       seq_lens=np.array([6, 1024], np.int32), block_tables=table, num_decodes=2,
                       sampling=np.arange(2), from_previous=np.arange(0), num_spec=np.zeros(2, np.int64))

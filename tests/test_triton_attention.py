@@ -166,3 +166,29 @@ def test_store_folds_the_qk_norm(dtype):
     torch.testing.assert_close(kv.float(), kv_ref.float(), rtol=tol, atol=tol)
     plain = backend.store(pos, q, k, v, rotary, kv.clone(), meta)  # without the norms: another q
     assert not torch.allclose(plain.float(), q_out.float(), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("kind", ["longrope", "dynamic"])
+def test_store_rotates_partial_heads_by_rope_length(kind):
+    """The RoPE + KV-write kernel with RoPE that follows each request's length (its rows from
+    `rotary.lookup`) and partial rotary (48 of 64 dims; the rest copied as is) equals the torch
+    backend, on q and on the cache; the lengths change the result."""
+    from expresslane.layers.rotary import RopeFrequencies, default_inv_freq
+
+    heads, kv_heads, dim, bs, seqs = CASES[1]
+    q, k, v, kv, meta, pos = make_step(seqs, heads, kv_heads, dim, bs, torch.float32, seed=6)
+    short = default_inv_freq(10000.0, 48)
+    longer = short / 4 if kind == "longrope" else torch.stack([short / (1 + i / 100) for i in range(512 - 64)])
+    rotary = RotaryEmbedding(dim, 512, freqs=RopeFrequencies(kind, short, 1.2, 64, longer)).to(DEVICE)
+    # per seq: a short class (20), prompts past the threshold (100, 70), a decode past it (position 130)
+    lengths = [20, 100, 70, 30]
+    meta.rope_lengths = torch.tensor([n for (_, m), n in zip(seqs, lengths) for _ in range(m)], device=DEVICE)
+    kv_ref = kv.clone()
+    q_ref = TorchAttentionBackend().store(pos, q, k, v, rotary, kv_ref, meta)
+    backend = triton_backend.TritonAttentionBackend(heads, kv_heads, dim, DEVICE)
+    q_out = backend.store(pos, q, k, v, rotary, kv, meta)
+    torch.testing.assert_close(q_out, q_ref, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(kv, kv_ref, rtol=1e-6, atol=1e-6)
+    assert torch.equal(q_out[..., 48:], q[..., 48:])
+    meta.rope_lengths = torch.ones_like(meta.rope_lengths)
+    assert not torch.allclose(backend.store(pos, q, k, v, rotary, kv.clone(), meta), q_out, atol=1e-3)

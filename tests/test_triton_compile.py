@@ -31,8 +31,14 @@ def _cases():
             for qk_norm in (False, True):  # Qwen3's per-head q_norm / k_norm folded in
                 yield "rope_store_kernel", "bf16", dict(
                     HQ=heads, HK=kv_heads, HALF=dim // 2, HQ_PAD=pow2(heads), HK_PAD=pow2(kv_heads),
-                    HALF_PAD=pow2(dim // 2), KV_FP8=kv_fp8, QK_NORM=qk_norm), \
+                    HALF_PAD=pow2(dim // 2), KV_FP8=kv_fp8, QK_NORM=qk_norm, HEAD_DIM=dim, REST_PAD=0), \
                     dict(cache_ptr="*fp8e4nv") if kv_fp8 else {}
+            # partial rotary (Phi-4-mini: 3/4 of each head rotated, the rest copied)
+            rot_half = dim * 3 // 8
+            yield "rope_store_kernel", "bf16", dict(
+                HQ=heads, HK=kv_heads, HALF=rot_half, HQ_PAD=pow2(heads), HK_PAD=pow2(kv_heads),
+                HALF_PAD=pow2(rot_half), KV_FP8=kv_fp8, QK_NORM=False, HEAD_DIM=dim, REST_PAD=pow2(dim - 2 * rot_half)), \
+                dict(cache_ptr="*fp8e4nv") if kv_fp8 else {}
         for dtype, precision, cache in (("bf16", "tf32", {}), ("fp32", "ieee", {}),
                                         ("bf16", "tf32", dict(k_cache_ptr="*fp8e4nv", v_cache_ptr="*fp8e4nv"))):
             # decode, then every prefill tile shape the benchmark sweeps (the tables' entries among them)

@@ -46,6 +46,9 @@ class AttentionMetadata:
     prefill_tile: object | None = None
     prefill_work: torch.Tensor | None = None
     library_seqs: tuple[int, ...] = ()  # prefill seqs a library kernel runs (eager steps only), not the work list
+    # [T] int64, each token's request's RoPE length (its prompt's; the sequence's once a longrope
+    # request restarted): for RoPE whose frequencies follow the length (layers/rotary.py)
+    rope_lengths: torch.Tensor | None = None
 
 
 class AttentionBackend(ABC):
@@ -66,7 +69,8 @@ class AttentionBackend(ABC):
               kv_scales: tuple[float, float] = (1.0, 1.0), qk_norm=None) -> torch.Tensor:
         """q [T, Hq, D], k/v [T, Hk, D]: normalise each q and k head by `qk_norm` (q_norm, k_norm:
         RMSNorm over the head dim, Qwen3) when given, rotate q and k by `rotary` (a
-        RotaryEmbedding) at `positions`, write k/v into the cache; returns the rotated q."""
+        RotaryEmbedding) at `positions` (its rows: `rotary.lookup(positions, meta.rope_lengths)`),
+        write k/v into the cache; returns the rotated q."""
 
     @abstractmethod
     def attend(self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,

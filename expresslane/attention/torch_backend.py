@@ -48,7 +48,7 @@ class TorchAttentionBackend(AttentionBackend):
               kv_scales=(1.0, 1.0), qk_norm=None) -> torch.Tensor:
         if qk_norm is not None:
             q, k = qk_norm[0](q), qk_norm[1](k)
-        q, k = rotary(positions, q, k)
+        q, k = rotary(positions, q, k, meta.rope_lengths)
         write_kv(kv_cache, k, v, meta.slot_mapping, kv_scales)
         return q
 

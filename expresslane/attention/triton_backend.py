@@ -207,17 +207,20 @@ class TritonAttentionBackend(AttentionBackend):
         t = q.shape[0]
         q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         if t:
-            cs = rotary.cos_sin
-            half = self.head_dim // 2
+            cs, rows = rotary.lookup(positions, meta.rope_lengths)
+            half = cs.shape[1] // 2
+            rest = self.head_dim - 2 * half  # partial rotary: dims copied as they are
+            if rest and qk_norm is not None:
+                raise ValueError("q/k RMSNorm with partial rotary is not supported by the triton backend")
             qn, kn = (q, q) if qk_norm is None else (qk_norm[0].weight, qk_norm[1].weight)
             rope_store_kernel[(t,)](
-                q, k, v, positions, meta.slot_mapping, cs, q_out, kv_cache, qn, kn,
+                q, k, v, rows, meta.slot_mapping, cs, q_out, kv_cache, qn, kn,
                 q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cs.stride(0),
                 kv_cache.stride(0), kv_cache.stride(2), kv_cache.stride(3), *kv_scales,
                 0.0 if qk_norm is None else qk_norm[0].eps,
                 HQ=self.num_heads, HK=self.num_kv_heads, HALF=half, HQ_PAD=_pow2(self.num_heads),
                 HK_PAD=_pow2(self.num_kv_heads), HALF_PAD=_pow2(half), KV_FP8=kv_cache.dtype == torch.float8_e4m3fn,
-                QK_NORM=qk_norm is not None)
+                QK_NORM=qk_norm is not None, HEAD_DIM=self.head_dim, REST_PAD=_pow2(rest) if rest else 0)
         return q_out
 
     def attend(self, q, kv_cache, meta: AttentionMetadata, scale: float, kv_scales=(1.0, 1.0),

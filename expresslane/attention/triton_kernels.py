@@ -56,15 +56,26 @@ def _cache_value(x, scale, KV_FP8: tl.constexpr):
 
 
 @triton.jit
+def _copy_rest(src, dst, h, valid, scale, HALF: tl.constexpr, HEAD_DIM: tl.constexpr, REST_PAD: tl.constexpr,
+               KV_FP8: tl.constexpr):
+    """Dims 2*HALF..HEAD_DIM of each head row, which partial rotary leaves as they are."""
+    e = 2 * HALF + tl.arange(0, REST_PAD)[None, :]
+    m = valid & (e < HEAD_DIM)
+    tl.store(dst + e, _cache_value(tl.load(src + e, mask=m, other=0.0), scale, KV_FP8), mask=m)
+
+
+@triton.jit
 def rope_store_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, slot_ptr, cos_sin_ptr, q_out_ptr, cache_ptr, qn_ptr, kn_ptr,
                       stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cs,
                       stride_c_kv, stride_c_slot, stride_c_head, k_scale, v_scale, norm_eps,
                       HQ: tl.constexpr, HK: tl.constexpr, HALF: tl.constexpr, HQ_PAD: tl.constexpr,
-                      HK_PAD: tl.constexpr, HALF_PAD: tl.constexpr, KV_FP8: tl.constexpr, QK_NORM: tl.constexpr):
-    """One program per new token: rotate its q heads into q_out ([T, HQ, 2*HALF]), rotate
+                      HK_PAD: tl.constexpr, HALF_PAD: tl.constexpr, KV_FP8: tl.constexpr, QK_NORM: tl.constexpr,
+                      HEAD_DIM: tl.constexpr, REST_PAD: tl.constexpr):
+    """One program per new token: rotate its q heads into q_out ([T, HQ, HEAD_DIM]), rotate
     its k heads and write them with its v heads into the token's cache slot (an FP8 cache:
-    k / k_scale and v / v_scale as e4m3). QK_NORM: each q and k head is RMS-normalised first
-    (weights qn_ptr, kn_ptr [2*HALF])."""
+    k / k_scale and v / v_scale as e4m3). The rotation covers dims 0..2*HALF by the cos|sin row
+    pos_ptr[t] of the table; the rest of a head (partial rotary, REST_PAD > 0) is copied.
+    QK_NORM (whole rotation only): each q and k head is RMS-normalised first (weights qn_ptr, kn_ptr)."""
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + t)
     d = tl.arange(0, HALF_PAD)[None, :]
@@ -78,9 +89,12 @@ def rope_store_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, slot_ptr, cos_sin_ptr, q_out
     if QK_NORM:
         x1, x2 = _head_rms_norm(x1, x2, qn_ptr, d, dm, norm_eps, HALF)
     r1, r2 = _rotate_half(x1, x2, cos, sin)
-    dst = q_out_ptr + t * (HQ * 2 * HALF) + h * (2 * HALF) + d
+    dst = q_out_ptr + t * (HQ * HEAD_DIM) + h * HEAD_DIM + d
     tl.store(dst, r1, mask=m)
     tl.store(dst + HALF, r2, mask=m)
+    if REST_PAD > 0:
+        _copy_rest(q_ptr + t * stride_qt + h * stride_qh, q_out_ptr + t * (HQ * HEAD_DIM) + h * HEAD_DIM, h,
+                   h < HQ, 1.0, HALF, HEAD_DIM, REST_PAD, False)
     slot = tl.load(slot_ptr + t)
     if slot >= 0:  # padding tokens of a CUDA-graph batch carry slot -1
         hk = tl.arange(0, HK_PAD)[:, None]
@@ -96,6 +110,12 @@ def rope_store_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, slot_ptr, cos_sin_ptr, q_out
         v_src = v_ptr + t * stride_vt + hk * stride_vh + d
         tl.store(k_dst + stride_c_kv, _cache_value(tl.load(v_src, mask=mk), v_scale, KV_FP8), mask=mk)
         tl.store(k_dst + stride_c_kv + HALF, _cache_value(tl.load(v_src + HALF, mask=mk), v_scale, KV_FP8), mask=mk)
+        if REST_PAD > 0:
+            head = cache_ptr + slot * stride_c_slot + hk * stride_c_head
+            _copy_rest(k_ptr + t * stride_kt + hk * stride_kh, head, hk, hk < HK, k_scale, HALF, HEAD_DIM, REST_PAD,
+                       KV_FP8)
+            _copy_rest(v_ptr + t * stride_vt + hk * stride_vh, head + stride_c_kv, hk, hk < HK, v_scale, HALF,
+                       HEAD_DIM, REST_PAD, KV_FP8)
 
 
 @triton.jit

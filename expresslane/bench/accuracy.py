@@ -47,7 +47,8 @@ def sequence_logits(llm, token_ids: list[int]) -> torch.Tensor:
         slot_mapping=torch.arange(n, device=dev), block_tables=torch.arange(blocks, dtype=torch.int32, device=dev)[None],
         seq_lens=torch.tensor([n], dtype=torch.int32, device=dev),
         query_start_loc=torch.tensor([0, n], dtype=torch.int32, device=dev),
-        num_decodes=0, seq_lens_cpu=[n], query_start_loc_cpu=[0, n], max_decode_seq_len=0)
+        num_decodes=0, seq_lens_cpu=[n], query_start_loc_cpu=[0, n], max_decode_seq_len=0,
+        rope_lengths=torch.full((n,), n, device=dev))  # one prompt, as transformers sees it
 
     @torch.inference_mode()
     def forward(model) -> torch.Tensor:

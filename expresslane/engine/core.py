@@ -18,6 +18,7 @@ from expresslane.scheduler.request import Request, check_prompt_length
 from expresslane.scheduler.spec_decode import SpecDecoder
 from expresslane.engine.lora import EngineLoRAs
 from expresslane.engine.structured_output import Grammars, tokenizer_loader
+from expresslane.layers.rotary import length_class, rope_context_limit, rope_restart_length
 from expresslane.models.model_dir import check_model_dir, load_hf_config
 from expresslane.pooling_params import PoolerConfig, pooler_config, resolve_runner
 from expresslane.runner.registry import make_runner
@@ -45,10 +46,10 @@ def resolve_model_dir(model: str | None) -> Path:
 
 
 def resolve_max_model_len(requested: int | None, hf_config) -> int:
-    """The model's limit, or `requested` within it. A model with a sliding window (Mistral, Gemma
-    2/3) is capped at the window: the attention kernels apply no window, and full attention
-    equals windowed attention only within it."""
-    limit = getattr(hf_config, "max_position_embeddings", None) or 2048
+    """The model's limit (its RoPE's), or `requested` within it. A model with a sliding window
+    (Mistral, Gemma 2/3) is capped at the window: the attention kernels apply no window, and
+    full attention equals windowed attention only within it."""
+    limit = rope_context_limit(hf_config)
     window = getattr(hf_config, "sliding_window", None)
     uses_window = getattr(hf_config, "use_sliding_window", True)
     if window and uses_window and window < limit:
@@ -113,7 +114,7 @@ class EngineCore:
         self.expert_tokens: dict[int, list[int]] | None = None
         self.config = config.replace(num_kv_blocks=num_blocks, device=str(self.runner.device),
                                      dtype=str(self.runner.dtype).removeprefix("torch."))  # "auto" resolved
-        self.kv = KVCacheManager(num_blocks, bs, config.cache.enable_prefix_caching)
+        self.kv = KVCacheManager(num_blocks, bs, config.cache.enable_prefix_caching, length_class(self.hf_config))
         proposer = self.runner.proposer
         self.spec = None if proposer is None else SpecDecoder(config.speculative, self.cost_model, proposer)
         if self.spec is not None:
@@ -121,7 +122,8 @@ class EngineCore:
             self.spec.max_rows = self.runner.verify_rows()
         lora = config.lora
         self.scheduler = make_scheduler(config.scheduler, self.kv, cost_model=self.cost_model, spec=self.spec,
-                                        max_loras=lora.max_loras if lora.enable_lora else 0)
+                                        max_loras=lora.max_loras if lora.enable_lora else 0,
+                                        rope_restart_at=rope_restart_length(self.hf_config))
         self.loras = EngineLoRAs(self.runner, lora.enable_lora)
         for adapter in lora.startup_loras():
             self.loras.add(adapter)

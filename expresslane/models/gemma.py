@@ -27,7 +27,7 @@ from expresslane.attention.backend import AttentionBackend, AttentionMetadata
 from expresslane.distributed.group import TPGroup
 from expresslane.distributed.layers import VocabParallelEmbedding
 from expresslane.layers.activation import gelu_and_mul
-from expresslane.layers.rotary import RotaryEmbedding, rope_parameters
+from expresslane.layers.rotary import RopeFrequencies, RotaryEmbedding, default_inv_freq, rope_parameters
 from expresslane.models.llama import MLP, Attention, LlamaForCausalLM
 from expresslane.quant import QuantConfig
 
@@ -156,6 +156,17 @@ def layer_rope(cfg, layer_type: str) -> tuple[float, dict | None]:
     return rope_parameters(cfg)
 
 
+def gemma_rotary(head_dim: int, max_position: int, theta: float, scaling: dict | None) -> RotaryEmbedding:
+    """One layer kind's table: default frequencies, or linearly scaled ones (Gemma 3's global layers)."""
+    inv_freq = default_inv_freq(theta, head_dim)
+    kind = scaling.get("rope_type", scaling.get("type")) if scaling else "default"
+    if kind == "linear":
+        inv_freq = inv_freq / float(scaling["factor"])
+    elif kind != "default":
+        raise ValueError(f"unsupported rope scaling {kind!r} for Gemma's layer kinds (supported: default, linear)")
+    return RotaryEmbedding(head_dim, max_position, freqs=RopeFrequencies(kind, inv_freq))
+
+
 class Gemma2ForCausalLM(LlamaForCausalLM):
     window_pattern = 2  # every other layer global, when config.json lists no layer types
     qk_norm = False
@@ -180,10 +191,10 @@ class Gemma2ForCausalLM(LlamaForCausalLM):
 
     def make_rotary(self, cfg, head_dim: int) -> RotaryEmbedding:
         """The global layers' table; sliding layers with another base get `local_rotary`."""
-        rotary = RotaryEmbedding(head_dim, cfg.max_position_embeddings, *layer_rope(cfg, FULL))
+        rotary = gemma_rotary(head_dim, cfg.max_position_embeddings, *layer_rope(cfg, FULL))
         local = layer_rope(cfg, SLIDING)
         same = local == layer_rope(cfg, FULL)
-        self.local_rotary = rotary if same else RotaryEmbedding(head_dim, cfg.max_position_embeddings, *local)
+        self.local_rotary = rotary if same else gemma_rotary(head_dim, cfg.max_position_embeddings, *local)
         return rotary
 
     def make_layer(self, cfg, index: int, backend: AttentionBackend, quant: QuantConfig | None,

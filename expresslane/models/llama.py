@@ -1,9 +1,11 @@
-"""The Llama family: Llama, Mistral, Qwen2 (qkv bias), Qwen3 (per-head q/k RMSNorm); the
-mixtures of experts (models/moe.py) are this model with a sparse MoE block as the MLP.
+"""The Llama family: Llama, Mistral, Qwen2 (qkv bias), Qwen3 (per-head q/k RMSNorm), Phi-3
+(fused checkpoint projections, partial rotary, LongRoPE); the mixtures of experts
+(models/moe.py) are this model with a sparse MoE block as the MLP.
 
 The model sees flattened token ids, their positions, and one AttentionMetadata per
 step. q/k/v and gate/up projections are merged into one matmul each; the weight
-loader maps Hugging Face names onto the merged parameters shard by shard.
+loader maps Hugging Face names onto the merged parameters shard by shard (a checkpoint
+that ships them fused, as Phi-3's qkv_proj and gate_up_proj, is cut into those shards first).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from expresslane.layers.activation import silu_and_mul
 from expresslane.layers.lora import LoRAState
 from expresslane.layers.moe import SparseMoE
 from expresslane.layers.norm import RMSNorm
-from expresslane.layers.rotary import RotaryEmbedding, rope_parameters
+from expresslane.layers.rotary import RotaryEmbedding, rope_context_limit, rope_frequencies
 from expresslane.quant import QuantConfig, QuantLinear
 from expresslane.quant.fp8 import takes_fp8_input
 
@@ -202,7 +204,8 @@ class LlamaForCausalLM(nn.Module):
 
     def make_rotary(self, cfg, head_dim: int) -> RotaryEmbedding:
         """The RoPE table the layers share."""
-        return RotaryEmbedding(head_dim, cfg.max_position_embeddings, *rope_parameters(cfg))
+        limit = rope_context_limit(cfg)
+        return RotaryEmbedding(head_dim, limit, freqs=rope_frequencies(cfg, head_dim, limit))
 
     def make_layer(self, cfg, index: int, backend: AttentionBackend, quant: QuantConfig | None,
                    tp: TPGroup) -> nn.Module:
@@ -261,7 +264,7 @@ class LlamaForCausalLM(nn.Module):
         quantized = {n: m for n, m in self.named_modules() if isinstance(m, QuantLinear)}
         moe = {n: m for n, m in self.named_modules() if isinstance(m, SparseMoE)}
         loaded: set[str] = set()
-        for hf_name, tensor in weights:
+        for hf_name, tensor in self._unfused(weights):
             if "rotary_emb.inv_freq" in hf_name or (self.tie_word_embeddings and hf_name == "lm_head.weight"):
                 continue
             if expert := _EXPERT.search(hf_name):  # one expert's projection: its SparseMoE stacks them
@@ -303,6 +306,29 @@ class LlamaForCausalLM(nn.Module):
         if missing:
             raise ValueError(f"checkpoint is missing {len(missing)} tensors, e.g. {missing[:3]}")
 
+    def _unfused(self, weights):
+        """(name, tensor) as the loader expects them: a fused checkpoint projection (Phi-3's
+        self_attn.qkv_proj, mlp.gate_up_proj) cut into its q/k/v or gate/up tensors."""
+        cfg = self.config
+        d = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        q, kv = cfg.num_attention_heads * d, (cfg.num_key_value_heads or cfg.num_attention_heads) * d
+        for name, tensor in weights:
+            fused = _FUSED.search(name)
+            if fused is None:
+                yield name, tensor
+                continue
+            proj, part = fused.groups()
+            if part not in ("weight", "bias"):
+                raise ValueError(f"checkpoint tensor {name!r}: a fused projection's {part!r} (a quantized "
+                                 "checkpoint) is not supported; use an unquantized checkpoint")
+            sizes, names = ([q, kv, kv], ("q_proj", "k_proj", "v_proj")) if proj == "qkv_proj" else (
+                [cfg.intermediate_size] * 2, ("gate_proj", "up_proj"))
+            if tensor.shape[0] != sum(sizes):
+                raise ValueError(f"checkpoint tensor {name!r} has {tensor.shape[0]} rows; the config gives "
+                                 f"{' + '.join(map(str, sizes))}")
+            for piece, new in zip(tensor.split(sizes), names):
+                yield name.replace(f".{proj}.", f".{new}."), piece
+
     @staticmethod
     def _map_name(hf_name: str) -> tuple[str, object]:
         name = hf_name.removeprefix("model.").replace(".block_sparse_moe.", ".mlp.")  # Mixtral's router
@@ -315,6 +341,8 @@ class LlamaForCausalLM(nn.Module):
         return name, None
 
 
+# a projection the checkpoint ships fused (Phi-3)
+_FUSED = re.compile(r"layers\.\d+\.(?:self_attn|mlp)\.(qkv_proj|gate_up_proj)\.(\w+)$")
 # one expert's projection, as Mixtral (w1 gate, w3 up, w2 down) and Qwen3-MoE name them
 _EXPERT = re.compile(r"layers\.(\d+)\.(?:block_sparse_moe|mlp)\.experts\.(\d+)\.(w1|w2|w3|gate_proj|up_proj|down_proj)"
                      r"\.(weight|qweight|qzeros|scales|g_idx)$")
@@ -353,3 +381,8 @@ def base_model(causal_lm: type[LlamaForCausalLM]) -> type[LlamaForCausalLM]:
     """`QwenXModel` from `QwenXForCausalLM`: the same layers, no LM head (served for embeddings)."""
     name = causal_lm.__name__.removesuffix("ForCausalLM") + "Model"
     return type(name, (causal_lm,), {"has_lm_head": False, "__module__": __name__})
+
+
+class Phi3ForCausalLM(LlamaForCausalLM):
+    """Phi-3, Phi-3.5 and Phi-4: Llama's computation; the checkpoint fuses qkv_proj and
+    gate_up_proj (cut by the loader), partial rotary and LongRoPE come from the config."""

@@ -45,7 +45,7 @@ def _config(arch: str, *, hidden: int, layers: int, heads: int, kv_heads: int, i
     specials = special_token_ids(vocab)
     model_type = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "MistralForCausalLM": "mistral",
                   "MixtralForCausalLM": "mixtral", "Qwen3MoeForCausalLM": "qwen3_moe", "Gemma2ForCausalLM": "gemma2",
-                  "Gemma3ForCausalLM": "gemma3_text"}[arch]
+                  "Gemma3ForCausalLM": "gemma3_text", "Phi3ForCausalLM": "phi3"}[arch]
     config = {
         "architectures": [arch],
         "model_type": model_type,
@@ -82,6 +82,11 @@ def _config(arch: str, *, hidden: int, layers: int, heads: int, kv_heads: int, i
     return config | (extra or {})  # family fields: experts, windows, soft-caps
 
 
+def _ramp(n: int, first: float, last: float) -> list[float]:
+    """n factors growing geometrically from first to last (LongRoPE's shape of factors)."""
+    return [round(first * (last / first) ** (i / (n - 1)), 4) for i in range(n)]
+
+
 PRESETS: dict[str, dict] = {
     "tiny": _config("LlamaForCausalLM", hidden=128, layers=4, heads=4, kv_heads=2, intermediate=256, vocab=2048,
                     max_pos=2048, rope_theta=10000.0, tied=False, dtype="float32"),
@@ -97,6 +102,16 @@ PRESETS: dict[str, dict] = {
                           vocab=152064, max_pos=32768, rope_theta=1e6, tied=False, rms_norm_eps=1e-6),
     "mistral-7b": _config("MistralForCausalLM", hidden=4096, layers=32, heads=32, kv_heads=8, intermediate=14336,
                           vocab=32768, max_pos=32768, rope_theta=1e6, tied=False),
+    # Phi-3.5-mini (3.8B; LongRoPE to 128k over 4k, the factors a ramp of the real ones' length and
+    # range, not the shipped values) and Phi-4 (14.7B): checkpoints with fused qkv_proj and gate_up_proj
+    "phi-3.5-mini": _config("Phi3ForCausalLM", hidden=3072, layers=32, heads=32, kv_heads=32, intermediate=8192,
+                            vocab=32064, max_pos=131072, rope_theta=10000.0, tied=False,
+                            rope_scaling={"type": "longrope", "short_factor": _ramp(48, 1.0, 2.5),
+                                          "long_factor": _ramp(48, 1.0, 60.0)},
+                            extra={"original_max_position_embeddings": 4096, "sliding_window": 262144}),
+    "phi-4": _config("Phi3ForCausalLM", hidden=5120, layers=40, heads=40, kv_heads=10, intermediate=17920,
+                     vocab=100352, max_pos=16384, rope_theta=250000.0, tied=False,
+                     extra={"original_max_position_embeddings": 16384}),
     # mixtures of experts: 46.7B parameters (12.9B active per token), and 30.5B (3.3B active)
     "mixtral-8x7b": _config("MixtralForCausalLM", hidden=4096, layers=32, heads=32, kv_heads=8, intermediate=14336,
                             vocab=32000, max_pos=32768, rope_theta=1e6, tied=False,
@@ -152,10 +167,13 @@ def param_specs(config: dict) -> list[ParamSpec]:
     qk_norm = config["model_type"] in ("qwen3", "qwen3_moe", "gemma3_text")
     gemma = config["model_type"].startswith("gemma")
     norm = "zeros" if gemma else "ones"  # Gemma's norms scale by (1 + w)
+    fused = config["model_type"] == "phi3"  # one qkv_proj and one gate_up_proj tensor
+    projections = [("qkv_proj", q_out + 2 * kv_out)] if fused else [("q_proj", q_out), ("k_proj", kv_out),
+                                                                   ("v_proj", kv_out)]
     specs = [ParamSpec("model.embed_tokens.weight", (config["vocab_size"], h), "normal")]
     for i in range(config["num_hidden_layers"]):
         p = f"model.layers.{i}"
-        for proj, out in (("q_proj", q_out), ("k_proj", kv_out), ("v_proj", kv_out)):
+        for proj, out in projections:
             specs.append(ParamSpec(f"{p}.self_attn.{proj}.weight", (out, h), "normal"))
             if biased:
                 specs.append(ParamSpec(f"{p}.self_attn.{proj}.bias", (out,), "bias"))
@@ -171,12 +189,16 @@ def param_specs(config: dict) -> list[ParamSpec]:
     return specs
 
 
-_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe", "gemma2", "gemma3_text")
+_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe", "gemma2", "gemma3_text", "phi3")
 
 
 def _mlp_specs(config: dict, index: int, p: str) -> list[ParamSpec]:
     """Layer `index`'s feed-forward: a dense SwiGLU, or a router and its experts (HF's per-expert names)."""
     h, experts = config["hidden_size"], num_experts(config)
+    if config["model_type"] == "phi3":
+        inter = config["intermediate_size"]
+        return [ParamSpec(f"{p}.mlp.gate_up_proj.weight", (2 * inter, h), "normal"),
+                ParamSpec(f"{p}.mlp.down_proj.weight", (h, inter), "normal")]
     if config["model_type"] == "mixtral":
         inter, names, prefix = config["intermediate_size"], ("w1", "w3", "w2"), f"{p}.block_sparse_moe"
     else:
@@ -356,6 +378,8 @@ def make_model(preset: str, out_dir: str | os.PathLike, seed: int = 0, device: s
         raise ValueError(f"unknown quantization {quantization!r}; choose one of: {', '.join(checkpoint.FORMATS)}")
     if quantization == "fp8" and num_experts(PRESETS[preset]):
         raise ValueError(f"fp8 mixture-of-experts presets ({preset}) are not supported; awq and gptq are")
+    if quantization is not None and PRESETS[preset]["model_type"] == "phi3":
+        raise ValueError(f"quantized presets of fused-projection checkpoints ({preset}) are not supported")
     if _existing(out_dir, preset, seed, quantization, weights):
         return out_dir
     out_dir.parent.mkdir(parents=True, exist_ok=True)

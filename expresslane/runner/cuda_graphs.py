@@ -41,6 +41,7 @@ class _Graphs:
         self.device = device
         self.input_ids = torch.zeros(max_tokens, dtype=torch.int64, device=device)
         self.positions = torch.zeros(max_tokens, dtype=torch.int64, device=device)
+        self.rope_lengths = torch.zeros(max_tokens, dtype=torch.int64, device=device)
         self.slot_mapping = torch.full((max_tokens,), -1, dtype=torch.int64, device=device)
         self.block_tables = torch.zeros(max_seqs, max_blocks, dtype=torch.int32, device=device)
         self.seq_lens = torch.zeros(max_seqs, dtype=torch.int32, device=device)
@@ -118,6 +119,7 @@ class _Graphs:
         """Padded to `padded` tokens and `num_seqs` seqs."""
         t, (b, width) = inputs.num_tokens, inputs.block_tables.shape
         fields = [(self.input_ids[:t], inputs.token_ids, 0), (self.positions[:padded], inputs.positions, 0),
+                  (self.rope_lengths[:padded], inputs.rope_lengths, 0),
                   (self.slot_mapping[:padded], inputs.slot_mapping, -1), (self.seq_lens[:num_seqs], inputs.seq_lens, 0),
                   (self.block_tables[:b, :width], inputs.block_tables, 0)]
         if self.lora is not None:
@@ -145,7 +147,8 @@ class DecodeGraphs(_Graphs):
         meta = AttentionMetadata(
             slot_mapping=self.slot_mapping[:size], block_tables=self.block_tables[:size],
             seq_lens=self.seq_lens[:size], query_start_loc=self.query_start_loc[:size + 1], num_decodes=size,
-            seq_lens_cpu=[0] * size, query_start_loc_cpu=list(range(size + 1)), max_decode_seq_len=0)
+            seq_lens_cpu=[0] * size, query_start_loc_cpu=list(range(size + 1)), max_decode_seq_len=0,
+            rope_lengths=self.rope_lengths[:size])
         self.backend.prepare(meta)  # split count depends on batch size only
         return meta
 
@@ -227,7 +230,7 @@ class MixedGraphs(_Graphs):
             seq_lens=self.seq_lens[:b + 1], query_start_loc=self.query_start_loc[:b + 2], num_decodes=0,
             seq_lens_cpu=[], query_start_loc_cpu=[], max_decode_seq_len=0, num_splits=1,
             prefill_tile=self.backend.prefill_tile(size),
-            prefill_work=self.work[:self.backend.max_prefill_work(size, b)])
+            prefill_work=self.work[:self.backend.max_prefill_work(size, b)], rope_lengths=self.rope_lengths[:size])
 
     def _num_logit_rows(self, size: int) -> int:
         return self._seqs(size)

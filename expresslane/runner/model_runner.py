@@ -409,18 +409,18 @@ class ModelRunner(Runner):
     def _prepare(self, inputs: StepInputs, patch: Patch | None = None, backend=None):
         """Eager inputs and attention metadata, in one host->device copy."""
         arrays = [inputs.token_ids, inputs.positions, inputs.slot_mapping, inputs.block_tables, inputs.seq_lens,
-                  inputs.query_start_loc]
+                  inputs.query_start_loc, inputs.rope_lengths]
         staged = stage(arrays + (list(patch.indices) if patch else []), self.device)
-        input_ids, positions, slots, tables, seq_lens, qsl = staged[:6]
+        input_ids, positions, slots, tables, seq_lens, qsl, rope_lengths = staged[:7]
         tables = tables.view(inputs.block_tables.shape)
         if patch is not None:
-            patch.apply(input_ids, *staged[6:])
+            patch.apply(input_ids, *staged[7:])
         nd = inputs.num_decodes
         meta = AttentionMetadata(
             slot_mapping=slots, block_tables=tables.to(torch.int32), seq_lens=seq_lens.to(torch.int32),
             query_start_loc=qsl.to(torch.int32), num_decodes=nd, seq_lens_cpu=inputs.seq_lens.tolist(),
             query_start_loc_cpu=inputs.query_start_loc.tolist(),
-            max_decode_seq_len=int(inputs.seq_lens[:nd].max()) if nd else 0)
+            max_decode_seq_len=int(inputs.seq_lens[:nd].max()) if nd else 0, rope_lengths=rope_lengths)
         (backend or self.attn_backend).prepare(meta)
         return input_ids, positions, meta
 

@@ -20,6 +20,7 @@ class StepInputs:
     rows: np.ndarray  # [B] the seqs' rows
     token_ids: np.ndarray  # [T] int64
     positions: np.ndarray  # [T] int64
+    rope_lengths: np.ndarray  # [T] int64, each token's request's NewRequest.rope_length (RoPE by length)
     slot_mapping: np.ndarray  # [T] int64
     query_start_loc: np.ndarray  # [B + 1] int32
     seq_lens: np.ndarray  # [B] int32, context after the step
@@ -41,6 +42,7 @@ class RequestRows:
         self.block_table = np.zeros((max_rows, max_blocks), dtype=np.int32)
         self.num_blocks = np.zeros(max_rows, dtype=np.int64)
         self.row_of: dict[str, int] = {}  # request id -> row
+        self.rope_lengths = np.zeros(max_rows, dtype=np.int64)
         self._free_rows = list(range(max_rows - 1, -1, -1))
         self.params: list[SamplingParams | None] = [None] * max_rows
         self.banned: list[tuple[int, ...]] = [()] * max_rows
@@ -65,6 +67,7 @@ class RequestRows:
             raise RuntimeError(f"request {new.request_id!r} is already in the runner")
         row = self.row_of[new.request_id] = self._free_rows.pop()
         self.num_blocks[row] = 0
+        self.rope_lengths[row] = new.rope_length or new.num_prompt_tokens
         self.params[row] = new.sampling_params
         self.banned[row] = new.banned_token_ids
         self.num_banned_samples[row] = new.num_banned_samples
@@ -114,6 +117,7 @@ class RequestRows:
         width = int(self.num_blocks[rows].max()) if num else 0
         return StepInputs(
             seqs=seqs, rows=rows, token_ids=np.array(token_ids, dtype=np.int64), positions=positions,
+            rope_lengths=self.rope_lengths[rows[seq_of_token]],
             slot_mapping=slots, query_start_loc=qsl, seq_lens=(starts + counts).astype(np.int32),
             block_tables=self.block_table[rows, :width], num_decodes=num_decodes,
             sampling=np.array(sampling, dtype=np.int64), pooling=np.array(pooling, dtype=np.int64),

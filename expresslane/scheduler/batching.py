@@ -39,6 +39,6 @@ class FixedBatchScheduler(Scheduler):
 
 def make_scheduler(config: SchedulerConfig, kv: KVCacheManager, clock=time.monotonic,
                    cost_model: StepCostModel | None = None, spec: SpecDecoder | None = None,
-                   max_loras: int = 0) -> Scheduler:
+                   max_loras: int = 0, rope_restart_at: int = 0) -> Scheduler:
     cls = Scheduler if config.batching == "continuous" else FixedBatchScheduler
-    return cls(config, kv, clock, cost_model, spec, max_loras)
+    return cls(config, kv, clock, cost_model, spec, max_loras, rope_restart_at)

@@ -1,6 +1,8 @@
 """Paged KV-cache bookkeeping with prefix caching: which block ids a request uses. Full blocks
-only are hashed, chained: h1 = H(h0, t16..t31); h0 = H(salt, t0..t15), salt: the adapter's. A block is referenced or in the LRU free list,
-never both; a free block keeps its cached prefix until reallocated."""
+only are hashed, chained: h1 = H(h0, t16..t31); h0 = H(seed, t0..t15), the seed from the
+request's LoRA adapter and its RoPE length class (layers/rotary.py), so neither adapters nor
+classes share blocks. A block is referenced or in the LRU free list, never both; a free block
+keeps its cached prefix until reallocated."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import hashlib
 from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Callable
 
 from expresslane.scheduler.request import Request
 
@@ -78,8 +81,10 @@ class BlockPool:
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 length_class: Callable[[int], int] | None = None):
         self.block_size = block_size
+        self.length_class = length_class
         self.enable_prefix_caching = enable_prefix_caching
         self.pool = BlockPool(num_blocks)
         self._req_blocks: dict[str, list[Block]] = {}
@@ -99,9 +104,14 @@ class KVCacheManager:
     def _block_hashes(self, req: Request) -> list[bytes]:
         hashes = self._req_hashes.setdefault(req.request_id, [])
         bs = self.block_size
+        seed = req.cache_salt  # the adapter's (LoRA), then RoPE's length class
+        if not hashes and self.length_class is not None:
+            cls = self.length_class(req.rope_length)
+            if cls:
+                seed = hashlib.sha256((seed or b"") + b"rope-length-class:%d" % cls).digest()
         while (len(hashes) + 1) * bs <= req.num_tokens:
             i = len(hashes)
-            hashes.append(hash_block(hashes[-1] if hashes else req.cache_salt, req.all_token_ids[i * bs:(i + 1) * bs]))
+            hashes.append(hash_block(hashes[-1] if hashes else seed, req.all_token_ids[i * bs:(i + 1) * bs]))
         return hashes
 
     def find_cached_prefix(self, req: Request) -> list[Block]:
@@ -157,6 +167,9 @@ class KVCacheManager:
         self._req_num_registered.pop(req.request_id, None)
         if req.is_finished:
             self._req_hashes.pop(req.request_id, None)
+
+    def forget_hashes(self, request_id: str) -> None:
+        self._req_hashes.pop(request_id, None)
 
     def num_held_blocks(self) -> int:
         return sum(len(b) for b in self._req_blocks.values())

@@ -63,6 +63,7 @@ class Request:
     lora_id: int = 0
     cache_salt: bytes | None = None
     pooling_params: PoolingParams | None = None  # resolved; an embeddings request: one "sample", pooled
+    rope_length: int = 0  # what length-dependent RoPE sees (layers/rotary.py)
     seq: int = field(default_factory=lambda: next(_arrival_counter))  # tie-break
 
     @classmethod
@@ -86,6 +87,7 @@ class Request:
             request_prompt_tokens=req.request_prompt_tokens,
             lora_id=req.lora_request.lora_int_id if req.lora_request else 0,
             pooling_params=req.pooling_params,
+            rope_length=len(req.prompt_token_ids),
         )
 
     @property
@@ -134,9 +136,9 @@ class Request:
         n, known = len(self.prompt_token_ids), (list(self.all_token_ids) if sp.penalized or sp.bad_words_token_ids else [])
         if left <= 0 or self.pooling_params is not None:
             return NewRequest(self.request_id, sp, num_prompt_tokens=n, token_ids=known, pooling=self.pooling_params,
-                              lora_id=self.lora_id)
+                              lora_id=self.lora_id, rope_length=self.rope_length)
         return NewRequest(self.request_id, sp, tuple(sorted(self.eos_token_ids | set(sp.stop_token_ids))), left, n,
-                          known, lora_id=self.lora_id)
+                          known, lora_id=self.lora_id, rope_length=self.rope_length)
 
     def append_token(self, token_id: int) -> None:
         """Sets finish_reason when done."""

@@ -19,8 +19,11 @@ from expresslane.lanes import LANES
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv: KVCacheManager, clock=time.monotonic,
-                 cost_model: StepCostModel | None = None, spec: SpecDecoder | None = None, max_loras: int = 0):
+                 cost_model: StepCostModel | None = None, spec: SpecDecoder | None = None, max_loras: int = 0,
+                 rope_restart_at: int = 0):
         self.config = config
+        # longrope restarts a request growing past this (layers/rotary.py); 0: never
+        self.rope_restart_at = rope_restart_at
         self.kv = kv
         self.clock = clock
         self.policy = POLICIES[config.scheduling_policy](config, cost_model)
@@ -135,6 +138,10 @@ class Scheduler:
                 continue
             if self.policy.steps_aside(req, budget, now) or not self._lora_fits(req):
                 continue
+            if self._crosses_rope_length(req):
+                if not req.num_pending:
+                    self._preempt(req, restart=True)
+                continue
             wanted = req.num_tokens_with_pending - req.num_computed_tokens
             proposals = self._propose(req, budget) if speculate else []
             n = budget.take(req, wanted + len(proposals))
@@ -165,6 +172,8 @@ class Scheduler:
 
     def _propose(self, req: Request, budget: StepBudget) -> list[int]:
         k = min(self.spec.max_tokens_for(req), budget.take(req, 1 << 30) - 1)
+        if self.rope_restart_at and req.rope_length <= self.rope_restart_at:
+            k = min(k, self.rope_restart_at - req.num_tokens_with_pending)
         return self.spec.propose(req, k) if k > 0 else []
 
     def _lora_fits(self, req: Request) -> bool:
@@ -272,7 +281,11 @@ class Scheduler:
                 req.num_prompt_logprobs_scheduled = end
         return seq
 
-    def _preempt(self, req: Request) -> None:
+    def _crosses_rope_length(self, req: Request) -> bool:
+        return 0 < req.rope_length <= self.rope_restart_at < req.num_tokens_with_pending
+
+    def _preempt(self, req: Request, restart: bool = False) -> None:
+        """`restart`: for `rope_restart_at`, not memory; its RoPE length becomes the sequence's."""
         # a step in flight may still write them: the next owner writes after
         del self.running[req.request_id]
         self.kv.free(req)
@@ -280,8 +293,12 @@ class Scheduler:
         if req.num_blocks_sent:
             req.num_blocks_sent = 0
             self._preempted_ids.append(req.request_id)
-        req.num_preemptions += 1
-        self.num_preemptions += 1
+        if restart:
+            req.rope_length = req.num_tokens
+            self.kv.forget_hashes(req.request_id)
+        else:
+            req.num_preemptions += 1
+            self.num_preemptions += 1
         self._push_waiting(req)
 
     def update(self, plan: StepPlan, sampled: dict[str, int],
