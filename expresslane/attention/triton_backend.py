@@ -230,12 +230,16 @@ class TritonAttentionBackend(AttentionBackend):
                 QK_NORM=qk_norm is not None)
         return q_out
 
-    def attend(self, q, kv_cache, meta: AttentionMetadata, scale: float, kv_scales=(1.0, 1.0)) -> torch.Tensor:
+    def attend(self, q, kv_cache, meta: AttentionMetadata, scale: float, kv_scales=(1.0, 1.0),
+               window: int | None = None) -> torch.Tensor:
+        if window is not None and meta.library_seqs:
+            raise ValueError("the library prefill (prefill_attention cudnn/auto) has no sliding window; "
+                             "a windowed model runs prefill_attention 'triton'")
         hk, d = self.num_kv_heads, self.head_dim
         out = torch.empty_like(q)
         kc, vc = kv_cache[0], kv_cache[1]
         common = dict(G=self.group, G_PAD=self.g_pad, HK=hk, HEAD_DIM=d, D_PAD=self.d_pad,
-                      PAGE=kc.shape[1],
+                      PAGE=kc.shape[1], HAS_WINDOW=window is not None,
                       # float32 means "reference accuracy": no TF32 rounding of the dot operands
                       PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
         strides = (q.stride(0), q.stride(1), kc.stride(0), kc.stride(1), kc.stride(2), out.stride(0), out.stride(1),
@@ -250,7 +254,7 @@ class TritonAttentionBackend(AttentionBackend):
             part_ml = torch.empty(nd, self.num_heads, s, 2, dtype=torch.float32, device=q.device)
             paged_attention_kernel[(nd, hk, s)](
                 q, kc, vc, out, part_acc, part_ml, counters, meta.block_tables, meta.seq_lens, meta.query_start_loc,
-                meta.seq_lens, scale, s, *kv_scales, *strides,  # partials: slot = seq, no token stride
+                meta.seq_lens, scale, s, *kv_scales, window or 0, *strides,  # partials: slot = seq, no token stride
                 part_acc.stride(0), part_acc.stride(2), 0, part_acc.stride(1),
                 part_ml.stride(0), part_ml.stride(2), 0, part_ml.stride(1),
                 BLOCK_Q=self.decode_q, BLOCK_N=tile.block_n, DECODE=True, MASK_ALL=tile.mask_all,
@@ -266,8 +270,8 @@ class TritonAttentionBackend(AttentionBackend):
             acc, ml = self._partials(bq, q.device)  # partials: slot + split, token, head
             paged_attention_kernel[(meta.prefill_work.shape[0] * hk,)](
                 q, kc, vc, out, acc, ml, counters, meta.block_tables, meta.seq_lens, meta.query_start_loc,
-                meta.prefill_work, scale, 1, *kv_scales, *strides, acc.stride(0), acc.stride(0), acc.stride(1),
-                acc.stride(2), ml.stride(0), ml.stride(0), ml.stride(1), ml.stride(2),
+                meta.prefill_work, scale, 1, *kv_scales, window or 0, *strides, acc.stride(0), acc.stride(0),
+                acc.stride(1), acc.stride(2), ml.stride(0), ml.stride(0), ml.stride(1), ml.stride(2),
                 BLOCK_Q=bq, BLOCK_N=tile.block_n, DECODE=False, MASK_ALL=tile.mask_all,
                 FUSED_REDUCE=False, MAX_SPLITS=_pow2(self.MAX_PREFILL_SPLITS), COMBINE_CHUNK=1,
                 num_warps=tile.num_warps, num_stages=tile.num_stages, **common)
