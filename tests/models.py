@@ -33,12 +33,13 @@ ARCHS = {
 }
 
 
-def build_model(arch: str, out_dir: Path, seed: int = 0, peak: float = 8.0) -> Path:
-    """A seeded random model whose next-token distributions are peaky (few near-ties)."""
+def build_model(arch: str, out_dir: Path, seed: int = 0, peak: float = 8.0, **overrides) -> Path:
+    """A seeded random model whose next-token distributions are peaky (few near-ties);
+    `overrides`: config fields over the arch's (e.g. sliding_window)."""
     import transformers
 
     config_name, model_name, extra = ARCHS[arch]
-    config = getattr(transformers, config_name)(**{**_COMMON, **extra})
+    config = getattr(transformers, config_name)(**{**_COMMON, **extra, **overrides})
     torch.manual_seed(seed)
     model = getattr(transformers, model_name)(config).float().eval()
     with torch.no_grad():
