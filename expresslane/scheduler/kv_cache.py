@@ -1,7 +1,7 @@
 """Paged KV-cache bookkeeping with prefix caching and the sliding-window policy: which block ids
 a request uses. Full blocks only are hashed, chained: h1 = H(h0, t16..t31). A block is
 referenced or in the LRU free list, never both; a free block keeps its cached prefix until
-reallocated (then its hash is forgotten: no hit reads a block for positions it no longer holds)."""
+reallocated."""
 
 from __future__ import annotations
 
@@ -80,14 +80,10 @@ class BlockPool:
 
 
 class KVCacheManager:
-    """Each request's block list, in position order. With a `sliding_window` that every layer
-    has, a block wholly before the window of a step's first query is freed as the request
-    moves on, and its entry becomes None (the runner's table: NULL_BLOCK_ID)::
+    """With a `sliding_window` on every layer, blocks before a step's window are freed (None)::
 
         window 8, block 4, next query at 13:  [None, None, b7, b2]   keys 6..13 visible
-
-    A prefix-cache hit then needs only the blocks the window still reaches: a run of cached
-    blocks that ends where the hit ends (the entries before it are None)."""
+    """
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
                  sliding_window: int | None = None):
@@ -103,8 +99,8 @@ class KVCacheManager:
         self._req_num_dropped: dict[str, int] = {}  # leading None entries
         self.prefix_cache_queries = 0  # tokens looked up
         self.prefix_cache_hits = 0  # tokens found
-        self.window_freed_blocks = 0  # cumulative: freed while their request ran
-        self.window_saved_blocks = 0  # None entries of the requests now holding blocks
+        self.window_freed_blocks = 0  # cumulative
+        self.window_saved_blocks = 0  # None entries now
 
     @property
     def usage(self) -> float:
@@ -115,7 +111,7 @@ class KVCacheManager:
         return [NULL_BLOCK_ID if b is None else b.block_id for b in self._req_blocks.get(request_id, ())[start:]]
 
     def first_needed_block(self, position: int) -> int:
-        """The first block a query at `position` reads (0 without a window)."""
+        """The first block a query at `position` reads."""
         if self.sliding_window is None:
             return 0
         return max(0, position - self.sliding_window + 1) // self.block_size
@@ -130,7 +126,7 @@ class KVCacheManager:
 
     def find_cached_prefix(self, req: Request) -> list[Block | None]:
         """Longest cached prefix of full blocks, for a request with no KV yet; with a window,
-        None for the blocks before the hit's window."""
+        only the hit's window must be cached (None before it)."""
         if not self.enable_prefix_caching:
             return []
         max_blocks = (req.num_tokens - 1) // self.block_size
@@ -143,7 +139,7 @@ class KVCacheManager:
                     break
                 hits.append(block)
             return hits
-        best = run = 0  # a hit of `best` blocks needs blocks first_needed_block(best * bs) .. best - 1
+        best = run = 0
         for i, block_hash in enumerate(hashes):
             run = run + 1 if self.pool.lookup(block_hash) is not None else 0
             if run and run >= i + 1 - self.first_needed_block((i + 1) * self.block_size):
@@ -157,8 +153,7 @@ class KVCacheManager:
             self.prefix_cache_hits += num_hit_tokens
 
     def allocate_slots(self, req: Request, num_new_tokens: int, cached: list[Block | None] = ()) -> bool:
-        """Room for `num_new_tokens` more (after `cached` hits); False if out of blocks. Frees
-        the blocks out of the window of the first new token first."""
+        """Room for `num_new_tokens` more (after `cached` hits); False if out of blocks."""
         blocks = self._req_blocks.setdefault(req.request_id, [])
         num_computed = req.num_computed_tokens + len(cached) * self.block_size
         total = num_computed + num_new_tokens
@@ -186,7 +181,7 @@ class KVCacheManager:
         return True
 
     def _drop(self, request_id: str, blocks: list[Block | None], upto: int) -> None:
-        """Free blocks[:upto] (out of the window), earliest first in eviction order."""
+        """Free blocks[:upto], earliest first in eviction order."""
         start = self._req_num_dropped.get(request_id, 0)
         if upto <= start:
             return
@@ -217,20 +212,18 @@ class KVCacheManager:
             self._req_hashes.pop(req.request_id, None)
 
     def held_block_ids(self, request_id: str) -> list[int]:
-        """The blocks the request holds (its table without the freed entries)."""
+        """Its table without the freed entries."""
         return [b.block_id for b in self._req_blocks.get(request_id, ()) if b is not None]
 
     def num_held_blocks(self, request_id: str | None = None) -> int:
-        """Blocks held by one request, or by all."""
         lists = self._req_blocks.values() if request_id is None else [self._req_blocks.get(request_id, ())]
         return sum(1 for blocks in lists for b in blocks if b is not None)
 
 
 def max_blocks_per_request(max_model_len: int, block_size: int, sliding_window: int | None,
                            max_step_tokens: int) -> int:
-    """Blocks one request can hold at once: a step of up to `max_step_tokens` tokens and, with a
-    window, the keys its first query still sees (the span of window - 1 + step keys may straddle
-    one more block)."""
+    """Blocks one request holds at once: with a window, the window - 1 + step keys of a step,
+    straddling one more block."""
     full = -(-max_model_len // block_size)
     if sliding_window is None:
         return full
