@@ -269,7 +269,7 @@ def test_prefix_hit_after_the_early_blocks_are_gone(swa_dir):
     llm.generate([{"prompt_token_ids": first}], one, use_tqdm=False)
     kv = llm.engine.core.kv
     assert kv.pool.lookup(hash_block(None, first[:BLOCK])) is None  # block 0's tokens: gone
-    second = first + PROMPTS[3][:20]
+    second = first + PROMPTS[8][:20]
     out = llm.generate([{"prompt_token_ids": second}], GREEDY, use_tqdm=False)[0]
     assert out.num_cached_tokens == 192
     assert out.outputs[0].token_ids == hf_greedy(swa_dir, second, MAX_TOKENS)
