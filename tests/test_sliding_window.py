@@ -291,13 +291,17 @@ def test_triton_backend_windowed_matches_transformers(swa_dir, swa_refs):
     assert core.kv.window_freed_blocks > 0
 
 
-def test_some_layers_windowed_frees_nothing(tmp_path):
-    """Qwen2 with the window on its second layer only: the window applies there, and since the
-    first layer reads every key, no block is freed."""
-    d = build_model("qwen2", tmp_path / "qwen2", use_sliding_window=True, sliding_window=24, max_window_layers=1)
+@pytest.mark.parametrize("arch", ["qwen2", "ministral"])
+def test_some_layers_windowed_frees_nothing(tmp_path, arch):
+    """A window on one of two layers (Qwen2: the second, from max_window_layers; Ministral: the
+    first, from layer_types): it applies there, and since the other layer reads every key, no
+    block is freed."""
+    extra = dict(use_sliding_window=True, sliding_window=24, max_window_layers=1) if arch == "qwen2" else {}
+    d = build_model(arch, tmp_path / arch, **extra)
     picked = [PROMPTS[i] for i in (4, 9, 12)]  # 16, 128 and 255 tokens
     llm = LLM(str(d), max_num_batched_tokens=32)
-    assert llm.engine.core.runner.model.windows == [None, 24] and llm.engine.core.runner.kv_window is None
+    windows = [None, 24] if arch == "qwen2" else [24, None]
+    assert llm.engine.core.runner.model.windows == windows and llm.engine.core.runner.kv_window is None
     outs = llm.generate([{"prompt_token_ids": p} for p in picked], GREEDY, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(d, p, MAX_TOKENS) for p in picked]
     assert llm.engine.core.kv.window_freed_blocks == 0

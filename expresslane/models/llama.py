@@ -1,4 +1,4 @@
-"""The Llama family: Llama, Mistral, Qwen2 (qkv bias), Qwen3 (per-head q/k RMSNorm); the
+"""The Llama family: Llama, Mistral, Ministral, Qwen2 (qkv bias), Qwen3 (per-head q/k RMSNorm); the
 mixtures of experts (models/moe.py) are this model with a sparse MoE block as the MLP.
 
 The model sees flattened token ids, their positions, and one AttentionMetadata per
@@ -173,8 +173,8 @@ class LlamaForCausalLM(nn.Module):
     qk_norm = False
     has_lm_head = True  # a base-model checkpoint (`*Model`, embeddings) has none: logits use the embeddings
     # which layers slide over `sliding_window` as transformers' class of the family reads the config:
-    # "none" (Llama ignores it), "all" (Mistral, Mixtral, Qwen3-MoE), "layer_types" (Qwen2, Qwen3:
-    # the layers typed "sliding_attention", from `use_sliding_window` and `max_window_layers`)
+    # "none" (Llama ignores it), "all" (Mistral, Mixtral, Qwen3-MoE), "layer_types" (Ministral, Qwen2,
+    # Qwen3: the layers typed "sliding_attention"; Qwen's from `use_sliding_window`, `max_window_layers`)
     window_layers = "none"
 
     @classmethod
@@ -347,6 +347,10 @@ def _copy_shard(param: nn.Parameter, tensor: torch.Tensor, shard, model: LlamaFo
 
 class MistralForCausalLM(LlamaForCausalLM):
     window_layers = "all"
+
+
+class MinistralForCausalLM(LlamaForCausalLM):
+    window_layers = "layer_types"
 
 
 class Qwen2ForCausalLM(LlamaForCausalLM):
