@@ -82,10 +82,11 @@ class EngineCore:
         per_request = max_blocks_per_request(config.model.max_model_len, bs, window, max_step_tokens(config))
         num_blocks = self.runner.profile_num_blocks(config.scheduler.max_num_seqs * per_request + 1)
         if num_blocks < per_request:
-            raise ValueError(f"the KV cache holds {num_blocks} blocks of {bs} tokens, less than the {per_request} a "
-                             f"request may hold (max_model_len={config.model.max_model_len}"
-                             f"{f', sliding window {window}' if window else ''}); lower max_model_len or give it "
-                             "more memory (num_kv_blocks, gpu_memory_utilization, cpu_kv_cache_space_gb)")
+            need = (f"the {per_request} blocks a request holds with a sliding window of {window}" if window
+                    else f"max_model_len={config.model.max_model_len}")
+            raise ValueError(f"the KV cache holds {num_blocks * bs} tokens ({num_blocks} blocks), less than {need}; "
+                             "lower max_model_len or give it more memory (num_kv_blocks, gpu_memory_utilization, "
+                             "cpu_kv_cache_space_gb)")
         self.runner.allocate_kv_cache(num_blocks)
         self.runner.build_graphs(config.model.max_model_len)
         s = config.scheduler
