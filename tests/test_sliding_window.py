@@ -291,6 +291,23 @@ def test_triton_backend_windowed_matches_transformers(swa_dir, swa_refs):
     assert core.kv.window_freed_blocks > 0
 
 
+def test_tensor_parallel_windowed_matches_transformers(swa_dir, swa_refs):
+    """TP=2 over gloo: each rank applies the window to its heads; the plans (null entries
+    included) reach the worker as they are. Chunks, prefix hits and preemption."""
+    from test_tensor_parallel import CASE, PICKED
+
+    llm = LLM(str(swa_dir), tensor_parallel_size=2, **{**CASE, "num_kv_blocks": 12})  # (the window needs few)
+    try:
+        outs = llm.generate([{"prompt_token_ids": PROMPTS[i]} for i in PICKED], GREEDY, use_tqdm=False)
+        core = llm.engine.core
+        assert core.runner.kv_window == WINDOW and core.kv.window_freed_blocks > 0
+        assert core.scheduler.num_preemptions > 0 and core.kv.prefix_cache_hits > 0
+    finally:
+        llm.engine.core.runner.shutdown()
+    mismatched = [i for i, o in zip(PICKED, outs) if o.outputs[0].token_ids != swa_refs[i]]
+    assert not mismatched, f"prompts {mismatched} differ from transformers"
+
+
 @pytest.mark.parametrize("arch", ["qwen2", "ministral"])
 def test_some_layers_windowed_frees_nothing(tmp_path, arch):
     """A window on one of two layers (Qwen2: the second, from max_window_layers; Ministral: the
