@@ -41,7 +41,8 @@ _ST_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"
 
 def _config(arch: str, *, hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int, vocab: int,
             max_pos: int, rope_theta: float, tied: bool, dtype: str = "bfloat16", rms_norm_eps: float = 1e-5,
-            rope_scaling: dict | None = None, head_dim: int | None = None, moe: dict | None = None) -> dict:
+            rope_scaling: dict | None = None, head_dim: int | None = None, moe: dict | None = None,
+            sliding_window: int | None = None) -> dict:
     specials = special_token_ids(vocab)
     model_type = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "MistralForCausalLM": "mistral",
                   "MixtralForCausalLM": "mixtral", "Qwen3MoeForCausalLM": "qwen3_moe"}[arch]
@@ -74,7 +75,7 @@ def _config(arch: str, *, hidden: int, layers: int, heads: int, kv_heads: int, i
     elif model_type == "qwen2":  # Qwen2 always has q/k/v biases; no flag
         config |= {"use_sliding_window": False, "sliding_window": None, "max_window_layers": layers}
     else:
-        config |= {"sliding_window": None}
+        config |= {"sliding_window": sliding_window}
     return config | (moe or {})
 
 
@@ -93,6 +94,10 @@ PRESETS: dict[str, dict] = {
                           vocab=152064, max_pos=32768, rope_theta=1e6, tied=False, rms_norm_eps=1e-6),
     "mistral-7b": _config("MistralForCausalLM", hidden=4096, layers=32, heads=32, kv_heads=8, intermediate=14336,
                           vocab=32768, max_pos=32768, rope_theta=1e6, tied=False),
+    # the first Mistral: a 4096-token sliding window on every layer
+    "mistral-7b-v0.1": _config("MistralForCausalLM", hidden=4096, layers=32, heads=32, kv_heads=8,
+                               intermediate=14336, vocab=32000, max_pos=32768, rope_theta=10000.0, tied=False,
+                               sliding_window=4096),
     # mixtures of experts: 46.7B parameters (12.9B active per token), and 30.5B (3.3B active)
     "mixtral-8x7b": _config("MixtralForCausalLM", hidden=4096, layers=32, heads=32, kv_heads=8, intermediate=14336,
                             vocab=32000, max_pos=32768, rope_theta=1e6, tied=False,
