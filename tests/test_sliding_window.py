@@ -95,19 +95,23 @@ WINDOW_CASES = [  # (heads, kv_heads, head_dim, window, seqs: (cached, new), dec
 ]
 
 
-def _variants():
-    """Tile shapes: the tables' defaults, and small tiles with decode and prefill splits, so every
-    part of the key loop (window edge, unmasked, diagonal) runs in several tiles."""
+def _variant(name: str, window: int) -> tuple[dict, dict]:
+    """(backend arguments, attributes) of a tile variant: the tables' defaults; small tiles with
+    decode and prefill splits planned over the whole context (slices before the window walk
+    nothing); the same planned over the window (as for a model whose every layer has it)."""
     from expresslane.attention.triton_tiles import DecodeTile, PrefillTile
 
+    if name == "default":
+        return {}, {}
     small = {d: ((0, PrefillTile(rows=16, block_n=16)),) for d in (16, 32, 64)}
     split = {d: ((1, DecodeTile(max_splits=4, waves=64, block_n=16)),) for d in (16, 32, 64)}
-    return {"default": {}, "small-split": dict(prefill_tiles=small, decode_tiles=split)}
+    args = dict(prefill_tiles=small, decode_tiles=split, window=window if name == "window-planned" else None)
+    return args, dict(SPLIT_MIN_KEYS=16, sms=64 if name == "small-split" else 1024)
 
 
-@pytest.mark.parametrize("variant", ["default", "small-split"])
+@pytest.mark.parametrize("variant", ["default", "small-split", "window-planned"])
 @pytest.mark.parametrize("case", range(len(WINDOW_CASES)))
-def test_windowed_kernels_match_the_exact_attention(case, variant, monkeypatch):
+def test_windowed_kernels_match_the_exact_attention(case, variant):
     """The torch backend and the Triton kernels (the interpreter on CPU) against float64
     attention, reading no block before a window (the NaN ones)."""
     triton_backend = pytest.importorskip("expresslane.attention.triton_backend")
@@ -117,11 +121,13 @@ def test_windowed_kernels_match_the_exact_attention(case, variant, monkeypatch):
     ref = TorchAttentionBackend().attend(q, kv, meta, scale, window=window)
     assert torch.isfinite(ref).all()
     torch.testing.assert_close(ref, exact, rtol=1e-5, atol=1e-5)
-    backend = triton_backend.TritonAttentionBackend(heads, kv_heads, dim, DEVICE, **_variants()[variant])
-    if variant == "small-split":  # prefill items cut over their keys too
-        monkeypatch.setattr(backend, "SPLIT_MIN_KEYS", 16)
-        backend.sms = 64
+    args, attributes = _variant(variant, window)
+    backend = triton_backend.TritonAttentionBackend(heads, kv_heads, dim, DEVICE, **args)
+    for name, value in attributes.items():
+        setattr(backend, name, value)
     backend.prepare(meta)
+    if variant == "small-split" or (variant == "window-planned" and window >= 48):  # (else too few keys)
+        assert meta.prefill_work[:, 3].max() > 1
     out = backend.attend(q, kv, meta, scale, window=window)
     assert torch.isfinite(out).all()
     err = (out - ref).norm() / ref.norm()

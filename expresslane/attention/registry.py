@@ -11,9 +11,10 @@ from expresslane.attention.backend import AttentionBackend
 
 def get_backend(name: str, num_heads: int, num_kv_heads: int, head_dim: int,
                 device: torch.device, kv_dtype: torch.dtype = torch.bfloat16,
-                prefill_library: str = "triton") -> AttentionBackend:
+                prefill_library: str = "triton", window: int | None = None) -> AttentionBackend:
     """`kv_dtype`: the KV cache's element type (the Triton tiles' shared memory depends on it);
-    `prefill_library`: who runs long prefill chunks in the triton backend (library_prefill.py)."""
+    `prefill_library`: who runs long prefill chunks in the triton backend (library_prefill.py);
+    `window`: the sliding window every layer has (None: some layer sees every key)."""
     if name == "auto":
         name = "triton" if device.type == "cuda" else "torch"
     if name == "torch":
@@ -28,5 +29,5 @@ def get_backend(name: str, num_heads: int, num_kv_heads: int, head_dim: int,
                              "interpreter, TRITON_INTERPRET=1, for tests); use 'torch' or 'auto'")
         from expresslane.attention.triton_backend import TritonAttentionBackend
         return TritonAttentionBackend(num_heads, num_kv_heads, head_dim, device, kv_dtype=kv_dtype,
-                                      prefill_library=prefill_library)
+                                      prefill_library=prefill_library, window=window)
     raise ValueError(f"unknown attention backend {name!r} (available: torch, triton)")

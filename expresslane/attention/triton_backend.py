@@ -59,7 +59,9 @@ class TritonAttentionBackend(AttentionBackend):
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, device: torch.device,
                  prefill_tiles: Table | None = None, decode_tiles: Table | None = None,
                  kv_dtype: torch.dtype = torch.bfloat16, smem_bytes: int | None = None,
-                 prefill_library: str = "triton"):
+                 prefill_library: str = "triton", window: int | None = None):
+        """`window`: the sliding window of every layer, if they all have one: the prefill work list
+        then counts the keys of an item's window only (its order and splits)."""
         if prefill_library not in LIBRARIES:
             raise ValueError(f"prefill_attention must be one of {', '.join(LIBRARIES)}, got {prefill_library!r}")
         # auto only where it was measured (Hopper), or on the interpreter, whose CPU stand-in the tests
@@ -70,6 +72,7 @@ class TritonAttentionBackend(AttentionBackend):
             prefill_library = "auto" if hopper else "triton"
         self.library = prefill_library != "triton" and kv_dtype.itemsize > 1
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.window = window
         self.group = num_heads // num_kv_heads
         self.g_pad = _pow2(self.group)
         self.d_pad = max(16, _pow2(head_dim))
@@ -136,7 +139,10 @@ class TritonAttentionBackend(AttentionBackend):
         seq = np.repeat(np.arange(first_seq, first_seq + len(tiles)), tiles)
         q_off = (np.arange(len(seq)) - np.repeat(np.cumsum(tiles) - tiles, tiles)) * bq
         ctx = np.repeat(np.asarray(seq_lens, dtype=np.int64)[first_seq:first_seq + len(tiles)], tiles)
-        keys = np.minimum(ctx, ctx - np.repeat(q_lens, tiles) + q_off + bq)
+        first = ctx - np.repeat(q_lens, tiles) + q_off  # the item's first query position
+        keys = np.minimum(ctx, first + bq)
+        if self.window is not None:
+            keys -= np.maximum(first - self.window + 1, 0)
         order = np.argsort(-keys, kind="stable")
         seq, q_off, keys = seq[order], q_off[order], keys[order]
         fair = -(-int(keys.sum()) * self.num_kv_heads // (self.SPLIT_WAVES * self.sms))

@@ -76,7 +76,8 @@ class ModelRunner(Runner):
         local_heads, _, local_kv_heads, _ = head_split(heads, kv_heads, self.tp)
         windows = model_class(hf_config).attention_windows(hf_config)
         self.attn_backend = get_backend(config.device.attention_backend, local_heads, local_kv_heads, head_dim,
-                                        self.device, self.kv_dtype, _prefill_library(config, windows))
+                                        self.device, self.kv_dtype, _prefill_library(config, windows),
+                                        None if not windows or None in windows else max(windows))
         self.quant = resolve_quantization(hf_config, config.model.quantization)
         with torch.device(self.device):
             prev = torch.get_default_dtype()
