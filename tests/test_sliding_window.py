@@ -314,6 +314,20 @@ def test_tensor_parallel_windowed_matches_transformers(swa_dir, swa_refs):
     assert not mismatched, f"prompts {mismatched} differ from transformers"
 
 
+def test_prompt_lookup_speculation_with_a_window(swa_dir, swa_refs):
+    """ngram proposals on a windowed model: verify steps of k + 1 tokens read their windows, blocks
+    are freed behind the verified position; tokens as transformers'. Repetitive prompts (the
+    shared-prefix ones, twice over) give proposals."""
+    picked = list(range(len(PROMPTS) - 5, len(PROMPTS)))
+    llm = LLM(str(swa_dir), speculative_method="ngram", num_speculative_tokens=3,
+              speculative_disable_by_batch_size=64, max_num_batched_tokens=64, scheduling_policy="fcfs")
+    outs = llm.generate([{"prompt_token_ids": PROMPTS[i]} for i in picked], GREEDY, use_tqdm=False)
+    mismatched = [i for i, o in zip(picked, outs) if o.outputs[0].token_ids != swa_refs[i]]
+    assert not mismatched, f"prompts {mismatched} differ from transformers"
+    core = llm.engine.core
+    assert core.kv.window_freed_blocks > 0 and core.spec.counters.num_draft_tokens > 0
+
+
 @pytest.mark.parametrize("arch", ["qwen2", "ministral"])
 def test_some_layers_windowed_frees_nothing(tmp_path, arch):
     """A window on one of two layers (Qwen2: the second, from max_window_layers; Ministral: the
