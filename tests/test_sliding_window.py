@@ -237,7 +237,7 @@ def test_windowed_greedy_matches_transformers(swa_dir, swa_refs, case):
     mismatched = [i for i, o in enumerate(outs) if o.outputs[0].token_ids != swa_refs[i]]
     assert not mismatched, f"prompts {mismatched} differ from transformers"
     core = llm.engine.core
-    assert core.runner.kv_window == WINDOW and core.kv.window_freed_blocks > 0
+    assert llm.engine.runner.kv_window == WINDOW and core.kv.window_freed_blocks > 0
     if CASES[case].get("scheduling_policy") == "fcfs" and CASES[case]["enable_prefix_caching"]:
         assert max(o.num_cached_tokens for o in outs) >= 112
     if case == "preempt":
@@ -288,7 +288,7 @@ def test_triton_backend_windowed_matches_transformers(swa_dir, swa_refs):
     picked = [0, 4, 9, 15, 17, 19]  # short, mid and long prompts; three sharing a prefix, one twice
     llm = LLM(str(swa_dir), attention_backend="triton", max_num_batched_tokens=48, max_num_seqs=6,
               max_model_len=384, num_kv_blocks=16)
-    llm.engine.core.runner.build_graphs(llm.config.model.max_model_len, capture=False)
+    llm.engine.runner.build_graphs(llm.config.model.max_model_len, capture=False)
     outs = llm.generate([{"prompt_token_ids": PROMPTS[i]} for i in picked], GREEDY, use_tqdm=False)
     mismatched = [i for i, o in zip(picked, outs) if o.outputs[0].token_ids != swa_refs[i]]
     assert not mismatched, f"prompts {mismatched} differ from transformers"
@@ -306,10 +306,10 @@ def test_tensor_parallel_windowed_matches_transformers(swa_dir, swa_refs):
     try:
         outs = llm.generate([{"prompt_token_ids": PROMPTS[i]} for i in PICKED], GREEDY, use_tqdm=False)
         core = llm.engine.core
-        assert core.runner.kv_window == WINDOW and core.kv.window_freed_blocks > 0
+        assert llm.engine.runner.kv_window == WINDOW and core.kv.window_freed_blocks > 0
         assert core.scheduler.num_preemptions > 0 and core.kv.prefix_cache_hits > 0
     finally:
-        llm.engine.core.runner.shutdown()
+        llm.shutdown()
     mismatched = [i for i, o in zip(PICKED, outs) if o.outputs[0].token_ids != swa_refs[i]]
     assert not mismatched, f"prompts {mismatched} differ from transformers"
 
@@ -338,7 +338,7 @@ def test_some_layers_windowed_frees_nothing(tmp_path, arch):
     picked = [PROMPTS[i] for i in (4, 9, 12)]  # 16, 128 and 255 tokens
     llm = LLM(str(d), max_num_batched_tokens=32)
     windows = [None, 24] if arch == "qwen2" else [24, None]
-    assert llm.engine.core.runner.model.windows == windows and llm.engine.core.runner.kv_window is None
+    assert llm.apply_model(lambda model: model.windows) == [windows] and llm.engine.runner.kv_window is None
     outs = llm.generate([{"prompt_token_ids": p} for p in picked], GREEDY, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(d, p, MAX_TOKENS) for p in picked]
     assert llm.engine.core.kv.window_freed_blocks == 0

@@ -1,7 +1,6 @@
-"""Paged KV-cache bookkeeping with prefix caching and the sliding-window policy: which block ids
-a request uses. Full blocks only are hashed, chained: h1 = H(h0, t16..t31). A block is
-referenced or in the LRU free list, never both; a free block keeps its cached prefix until
-reallocated."""
+"""Paged KV-cache bookkeeping with prefix caching: which block ids a request uses. Full blocks
+only are hashed, chained: h1 = H(h0, t16..t31). A block is referenced or in the LRU free list,
+never both; a free block keeps its cached prefix until reallocated."""
 
 from __future__ import annotations
 
@@ -96,11 +95,11 @@ class KVCacheManager:
         self._req_blocks: dict[str, list[Block | None]] = {}
         self._req_hashes: dict[str, list[bytes]] = {}
         self._req_num_registered: dict[str, int] = {}
-        self._req_num_dropped: dict[str, int] = {}  # leading None entries
+        self._req_num_dropped: dict[str, int] = {}
         self.prefix_cache_queries = 0  # tokens looked up
         self.prefix_cache_hits = 0  # tokens found
-        self.window_freed_blocks = 0  # cumulative
-        self.window_saved_blocks = 0  # None entries now
+        self.window_freed_blocks = 0
+        self.window_saved_blocks = 0
 
     @property
     def usage(self) -> float:
@@ -125,8 +124,8 @@ class KVCacheManager:
         return hashes
 
     def find_cached_prefix(self, req: Request) -> list[Block | None]:
-        """Longest cached prefix of full blocks, for a request with no KV yet; with a window,
-        only the hit's window must be cached (None before it)."""
+        """Longest cached prefix of full blocks, for a request with no KV yet (windowed: None
+        before the hit's window)."""
         if not self.enable_prefix_caching:
             return []
         max_blocks = (req.num_tokens - 1) // self.block_size
@@ -181,7 +180,6 @@ class KVCacheManager:
         return True
 
     def _drop(self, request_id: str, blocks: list[Block | None], upto: int) -> None:
-        """Free blocks[:upto], earliest first in eviction order."""
         start = self._req_num_dropped.get(request_id, 0)
         if upto <= start:
             return
@@ -212,7 +210,6 @@ class KVCacheManager:
             self._req_hashes.pop(req.request_id, None)
 
     def held_block_ids(self, request_id: str) -> list[int]:
-        """Its table without the freed entries."""
         return [b.block_id for b in self._req_blocks.get(request_id, ()) if b is not None]
 
     def num_held_blocks(self, request_id: str | None = None) -> int:
