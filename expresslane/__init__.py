@@ -4,13 +4,14 @@
 sampling params) can be imported without torch.
 """
 
+from expresslane.contract import LoRARequest
 from expresslane.outputs import CompletionOutput, EmbeddingOutput, EmbeddingRequestOutput, RequestMetrics, RequestOutput
 from expresslane.pooling_params import PoolingParams
 from expresslane.sampling_params import SamplingParams
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "SamplingParams", "PoolingParams", "RequestOutput", "CompletionOutput", "RequestMetrics",
-           "EmbeddingRequestOutput", "EmbeddingOutput", "__version__"]
+__all__ = ["LLM", "LoRARequest", "SamplingParams", "PoolingParams", "RequestOutput", "CompletionOutput",
+           "RequestMetrics", "EmbeddingRequestOutput", "EmbeddingOutput", "__version__"]
 
 
 def __getattr__(name: str):

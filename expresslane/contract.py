@@ -22,6 +22,22 @@ from expresslane.sampling_params import SamplingParams
 
 
 # -- messages in and out of the engine core -----------------------------------------------
+@dataclass(slots=True, frozen=True)
+class LoRARequest:
+    """A LoRA adapter, as vLLM names it: a name (the API's `model`), an id unique among the
+    engine's adapters (> 0; 0 is the base model) and a PEFT adapter directory."""
+
+    lora_name: str
+    lora_int_id: int
+    lora_path: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.lora_int_id, int) or self.lora_int_id < 1:
+            raise ValueError(f"lora_int_id must be a positive integer, got {self.lora_int_id!r}")
+        if not self.lora_name:
+            raise ValueError("lora_name must not be empty")
+
+
 @dataclass(slots=True)
 class EngineCoreRequest:
     """A tokenized request, as a frontend (offline LLM or the API server) hands it to the core."""
@@ -39,6 +55,7 @@ class EngineCoreRequest:
     # an embeddings request (a pooling engine): its prefill ends with the pooled hidden state,
     # nothing is sampled (`sampling_params` asks for one token)
     pooling_params: PoolingParams | None = None
+    lora_request: LoRARequest | None = None  # None: the base model
 
 
 # the sampling parameters a pooling request carries: its last chunk's "sample" is its vector
@@ -108,6 +125,12 @@ class StepStats:
     # mixtures of experts, now and then (when a copy of the device counters has landed; else None):
     # per sparse layer index, the tokens routed to each expert since start (cumulative)
     expert_tokens: dict[int, list[int]] | None = None
+    # LoRA adapters (None: enable_lora is off): the names of those running and waiting (comma-joined,
+    # sorted), the slots, and the adapters loaded (read and checked) since start, cumulative
+    lora_running: str | None = None
+    lora_waiting: str | None = None
+    max_loras: int = 0
+    lora_loads: int = 0
 
 
 # -- the step plan: scheduler -> runner -------------------------------------------------------
@@ -130,6 +153,7 @@ class NewRequest:
     # a pooling request (resolved: every field set): its seqs' hidden states are pooled, its
     # last chunk's `sample` pools instead of sampling
     pooling: PoolingParams | None = None
+    lora_id: int = 0  # its LoRA adapter's id (0: the base model); the runner holds the adapter already
 
 
 # The block-table entry of a position whose block the KV manager freed (out of every layer's

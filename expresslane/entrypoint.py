@@ -6,6 +6,7 @@ import itertools
 from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeVar
 
 from expresslane.config import EngineConfig
+from expresslane.contract import LoRARequest
 from expresslane.engine.llm_engine import LLMEngine, Prompt
 from expresslane.outputs import EmbeddingRequestOutput, RequestOutput
 from expresslane.pooling_params import PoolingParams
@@ -64,8 +65,10 @@ class LLM:
 
     def generate(self, prompts: Prompt | Sequence[Prompt], sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  *, priority: int | Sequence[int] | None = None, lane: str | Sequence[str] | None = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
-        """`lane`: interactive or batch (lanes.py); by default picked by priority."""
+                 use_tqdm: bool = True,
+                 lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None) -> list[RequestOutput]:
+        """`lane`: interactive or batch (lanes.py); by default picked by priority. `lora_request`:
+        the LoRA adapter of every prompt, or one per prompt (None: the base model)."""
         self._check_open("generate")
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
@@ -75,11 +78,12 @@ class LLM:
         prios = _per_prompt(priority if priority is not None else 0, len(prompts), "priority")
         lanes = lane if isinstance(lane, (list, tuple)) else [lane] * len(prompts)
         lanes = _per_prompt(lanes, len(prompts), "lane")
+        loras = _per_prompt(lora_request, len(prompts), "lora_request")
         ids = []
         try:
-            for prompt, sp, prio, ln in zip(prompts, params, prios, lanes):
+            for prompt, sp, prio, ln, lora in zip(prompts, params, prios, lanes, loras):
                 rid = str(next(self._ids))
-                self.engine.add_request(rid, prompt, sp, prio, lane=ln)
+                self.engine.add_request(rid, prompt, sp, prio, lane=ln, lora_request=lora)
                 ids.append(rid)
         except Exception:
             for rid in ids:

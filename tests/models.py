@@ -30,6 +30,16 @@ ARCHS = {
     "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
         num_experts=7, num_experts_per_tok=1, norm_topk_prob=False, moe_intermediate_size=48, mlp_only_layers=[1],
         head_dim=32, rope_theta=1e6)),
+    # Gemma: the window (512) caps max_model_len, so every layer sees the whole context (exact);
+    # soft-caps low enough to bind; Gemma 3 with its two RoPE bases, the global one linearly scaled
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(
+        head_dim=16, query_pre_attn_scalar=24, sliding_window=512, attn_logit_softcapping=3.0,
+        final_logit_softcapping=10.0, tie_word_embeddings=True)),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(
+        head_dim=32, query_pre_attn_scalar=32, sliding_window=512, layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+                         "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0}},
+        tie_word_embeddings=True)),
 }
 
 
@@ -56,12 +66,38 @@ def build_model(arch: str, out_dir: Path, seed: int = 0, peak: float = 8.0, **ov
                 p.normal_(0.0, 0.15 if "embed" not in name else 1.0)
             elif "bias" in name:
                 p.normal_(0.0, 0.1)
+            elif arch.startswith("gemma"):  # its norms scale by (1 + w), w zero at init
+                p.normal_(0.0, 0.2)
         head = model.get_output_embeddings().weight
-        head.mul_(peak / head.norm(dim=-1, keepdim=True).mean())
+        if arch.startswith("gemma"):  # tied and scaled by sqrt(hidden): small rows, or each token's own embedding
+            head.div_(head.norm(dim=-1, keepdim=True).mean() * 8.0)  # wins (greedy repeats it); the peak goes
+            model.model.norm.weight.add_(4.0 * peak - 1.0)  # into the final (1 + w) norm instead
+        else:
+            head.mul_(peak / head.norm(dim=-1, keepdim=True).mean())
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)
     save_tokenizer(VOCAB, out_dir, config.max_position_embeddings)
     return out_dir
+
+
+def make_lora_adapter(model_dir: Path, out: Path, rank: int, targets: list[str], rslora: bool = False,
+                      seed: int = 0) -> Path:
+    """A peft LoRA adapter of `model_dir` with random, non-zero A and B (peft starts B at zero),
+    saved as PEFT saves it (adapter_config.json, adapter_model.safetensors)."""
+    import peft
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    config = peft.LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=targets, lora_dropout=0.0,
+                             use_rslora=rslora)
+    model = peft.get_peft_model(model, config)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_" in name:
+                p.normal_(0.0, 0.1)
+    model.save_pretrained(out)
+    return out
 
 
 def hf_greedy(model_dir: Path, prompt_ids: list[int], max_new_tokens: int) -> list[int]:

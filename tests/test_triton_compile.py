@@ -46,7 +46,8 @@ def _cases():
                 yield "paged_attention_kernel", dtype, dict(
                     G=g, G_PAD=pow2(g), HK=kv_heads, BLOCK_Q=max(1, rows // pow2(g)), BLOCK_N=block_n, HEAD_DIM=dim,
                     D_PAD=max(16, pow2(dim)), PAGE=16, DECODE=decode, MASK_ALL=mask_all, FUSED_REDUCE=fused,
-                    PRECISION=precision, HAS_WINDOW=window), cache
+                    PRECISION=precision, MAX_SPLITS=64 if decode else 16, COMBINE_CHUNK=16 if decode else 1,
+                    HAS_WINDOW=window), cache
         yield "reduce_splits_kernel", "bf16", dict(HEAD_DIM=dim, D_PAD=max(16, pow2(dim)), MAX_SPLITS=16)
         yield "merge_lse_kernel", "bf16", dict(HEAD_DIM=dim, D_PAD=max(16, pow2(dim)), BLOCK_T=16)  # library prefill
     # fused norm and SiLU-and-mul (layers/triton_ops.py), also quantizing their output for an FP8 linear
@@ -96,6 +97,11 @@ def _cases():
                     yield "moe_gemm_kernel", dtype, dict(TOP_K=top_k, GATED=gated, WEIGHTED=not gated, BLOCK_M=bm,
                                                          BLOCK_N=bn, BLOCK_K=bk, PRECISION=precision, W4=w4,
                                                          GROUP=group), {**moe, **(int4 if w4 else {})}
+    # multi-LoRA shrink and expand (layers/lora_kernels.py): bf16 and float32 activations
+    lora = dict(sorted_ptr="*i32", starts_ptr="*i32", counts_ptr="*i32", u_ptr="*fp32")
+    for dtype in ("bf16", "fp32"):
+        yield "lora_shrink_kernel", dtype, dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64), lora
+        yield "lora_expand_kernel", dtype, dict(BLOCK_M=16, BLOCK_N=64, BLOCK_R=16), lora
     # the sampler's penalties (runner/penalty_kernel.py): float32 logits, per-row counts and seen flags
     yield "_penalize", "fp32", dict(BLOCK=1024), dict(counts_ptr="*i32", seen_ptr="*u8", logit_rows_ptr="*i64",
                                                      state_rows_ptr="*i64")
@@ -161,7 +167,7 @@ def test_every_triton_kernel_compiles():
     pytest.importorskip("triton.backends.nvidia.compiler")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0 and "compiled 16 kernels" in proc.stdout, proc.stderr[-3000:]
+    assert proc.returncode == 0 and "compiled 18 kernels" in proc.stdout, proc.stderr[-3000:]
 
 
 if __name__ == "__main__":

@@ -75,3 +75,28 @@ def test_model_shares_one_rope_table_and_fuses_by_backend(llama_dir, backend_nam
     norms = [m for m in model.modules() if isinstance(m, RMSNorm)]
     assert norms and all(m.fused == fused for m in norms)
     assert all(layer.mlp.fused == fused for layer in model.layers)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gemma_rms_norm_and_gelu_and_mul(dtype):
+    """Gemma's (1 + w) norm (alone, and with the residual add) and GeGLU against their torch paths;
+    the gelu's argument spans its tails (tanh at +-1)."""
+    from expresslane.layers.activation import gelu_and_mul
+    from expresslane.models.gemma import GemmaRMSNorm
+
+    g = torch.Generator().manual_seed(3)
+    hidden = 96
+    norm = GemmaRMSNorm(hidden, 1e-6).to(dtype)
+    norm.weight.data = torch.randn(hidden, generator=g).to(dtype)
+    fused = GemmaRMSNorm(hidden, 1e-6, fused=True).to(dtype).to(DEVICE)
+    fused.weight.data = norm.weight.data.to(DEVICE)
+    x, r = (torch.randn(7, hidden, generator=g).to(dtype) for _ in range(2))
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    assert torch.allclose(fused(x.to(DEVICE)).cpu().float(), norm(x).float(), atol=tol)
+    out, res = fused(x.to(DEVICE), r.to(DEVICE))
+    ref_out, ref_res = norm(x, r)
+    assert torch.equal(res.cpu(), ref_res) and torch.allclose(out.cpu().float(), ref_out.float(), atol=tol)
+    gate_up = (torch.randn(5, 2 * 300, generator=g) * 6).to(dtype)
+    out = gelu_and_mul(gate_up.to(DEVICE), fused=True).cpu().float()
+    tol = 1e-5 if dtype == torch.float32 else 1e-2  # bf16: a last-bit tanh difference may round the other way
+    assert torch.allclose(out, gelu_and_mul(gate_up).float(), rtol=tol, atol=tol)

@@ -116,11 +116,14 @@ def _load_kv(ptrs, mask, d_mask, CAUSAL: tl.constexpr, MASK_D: tl.constexpr):
 
 @triton.jit
 def _attend_keys(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, table_ptr, start, hi, q_pos, kv_head_off, d, d_ok,
-                 qk_scale, stride_kb, stride_ks, k_min, window, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
-                 CAUSAL: tl.constexpr, MASK_D: tl.constexpr, PRECISION: tl.constexpr, HAS_WINDOW: tl.constexpr):
+                 qk_scale, cap_in, cap_out, stride_kb, stride_ks, k_min, window, BLOCK_N: tl.constexpr,
+                 PAGE: tl.constexpr, CAUSAL: tl.constexpr, MASK_D: tl.constexpr, PRECISION: tl.constexpr,
+                 SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr):
     """Keys start..start+BLOCK_N into the online softmax of the tile's rows. CAUSAL=False is
     only for a tile whose keys are all < hi and visible to every row: no masks, no -inf.
-    HAS_WINDOW: keys before `k_min` (no row's window reaches them) are not loaded."""
+    SOFTCAP: each raw score s becomes cap_out * tanh(s * cap_in), already in the exp2 domain
+    (the caller passes qk_scale 1). HAS_WINDOW: keys before `k_min` (no row's window reaches
+    them) are not loaded."""
     n = start + tl.arange(0, BLOCK_N)
     n_ok = n < hi
     if HAS_WINDOW:
@@ -133,6 +136,8 @@ def _attend_keys(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, table_ptr, start, h
     k = _load_kv(k_cache_ptr + kv_off[None, :] + d[:, None], n_ok[None, :] & d_ok[:, None], d_ok[:, None], CAUSAL,
                  MASK_D).to(q.dtype)  # (a no-op unless the cache is FP8)
     s = tl.dot(q, k, input_precision=PRECISION)
+    if SOFTCAP:  # tanh(x) = 1 - 2 / (e^2x + 1): exact at both ends (e^2x = inf or 0)
+        s = (1.0 - 2.0 / (tl.math.exp2(s * (cap_in * 2.8853900817779268)) + 1.0)) * cap_out
     if CAUSAL:
         seen = n_ok[None, :] & (n[None, :] <= q_pos[:, None])
         if HAS_WINDOW:
@@ -157,13 +162,13 @@ def _attend_keys(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, table_ptr, start, h
 def paged_attention_kernel(
         q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_acc_ptr, part_ml_ptr, count_ptr,
         block_tables_ptr, seq_lens_ptr, query_start_loc_ptr, work_ptr,
-        scale, num_splits, k_scale, v_scale, window,
+        scale, num_splits, k_scale, v_scale, softcap, window,
         stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_ot, stride_oh, stride_bt,
         stride_pa_s, stride_pa_p, stride_pa_t, stride_pa_h, stride_ml_s, stride_ml_p, stride_ml_t, stride_ml_h,
         G: tl.constexpr, G_PAD: tl.constexpr, HK: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
         HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, PAGE: tl.constexpr, DECODE: tl.constexpr,
         MASK_ALL: tl.constexpr, FUSED_REDUCE: tl.constexpr, PRECISION: tl.constexpr, MAX_SPLITS: tl.constexpr,
-        COMBINE_CHUNK: tl.constexpr, HAS_WINDOW: tl.constexpr):
+        COMBINE_CHUNK: tl.constexpr, SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr):
     """Prefill (DECODE=False): one program per (work item, KV head), the HK KV heads of an item
     adjacent (program w * HK + kv_head), so the work list's order is the launch order. An item
     (work_ptr row: seq, q_off, split, splits, slot) is a tile of a seq's query tokens and, when
@@ -240,20 +245,26 @@ def paged_attention_kernel(
     l_i = tl.zeros([BLOCK_Q * G_PAD], tl.float32)
     acc = tl.zeros([BLOCK_Q * G_PAD, D_PAD], tl.float32)
     qk_scale = scale * k_scale * 1.4426950408889634  # exp(x) = exp2(x * log2 e); an FP8 cache's k scale
+    cap_in = scale * k_scale
+    cap_out = 1.0
+    if SOFTCAP:  # softcap * tanh(scaled score / softcap), times log2 e
+        cap_in = cap_in / softcap
+        cap_out = softcap * 1.4426950408889634
+        qk_scale = 1.0
     table = block_tables_ptr + seq * stride_bt
     kv_head_off = kv_head * stride_kh
     for start in range(lo, full, BLOCK_N):
         acc, m_i, l_i = _attend_keys(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, table, start, hi, q_pos, kv_head_off,
-                                     d, d_ok, qk_scale, stride_kb, stride_ks, k_min, window, BLOCK_N, PAGE, True,
-                                     HEAD_DIM != D_PAD, PRECISION, HAS_WINDOW)
+                                     d, d_ok, qk_scale, cap_in, cap_out, stride_kb, stride_ks, k_min, window, BLOCK_N,
+                                     PAGE, True, HEAD_DIM != D_PAD, PRECISION, SOFTCAP, HAS_WINDOW)
     for start in range(full, mid, BLOCK_N):
         acc, m_i, l_i = _attend_keys(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, table, start, hi, q_pos, kv_head_off,
-                                     d, d_ok, qk_scale, stride_kb, stride_ks, k_min, window, BLOCK_N, PAGE, False,
-                                     HEAD_DIM != D_PAD, PRECISION, HAS_WINDOW)
+                                     d, d_ok, qk_scale, cap_in, cap_out, stride_kb, stride_ks, k_min, window, BLOCK_N,
+                                     PAGE, False, HEAD_DIM != D_PAD, PRECISION, SOFTCAP, HAS_WINDOW)
     for start in range(mid, hi, BLOCK_N):
         acc, m_i, l_i = _attend_keys(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, table, start, hi, q_pos, kv_head_off,
-                                     d, d_ok, qk_scale, stride_kb, stride_ks, k_min, window, BLOCK_N, PAGE, True,
-                                     HEAD_DIM != D_PAD, PRECISION, HAS_WINDOW)
+                                     d, d_ok, qk_scale, cap_in, cap_out, stride_kb, stride_ks, k_min, window, BLOCK_N,
+                                     PAGE, True, HEAD_DIM != D_PAD, PRECISION, SOFTCAP, HAS_WINDOW)
 
     acc = acc * v_scale
     o = out_ptr + (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from expresslane.config.flags import _knob, add_args, check_choices, given
+from expresslane.contract import LoRARequest
 from expresslane.lanes import DEFAULT_LANE_SLO, Lanes
 from expresslane.pooling_params import parse_pooler_config, resolve_runner
 
@@ -210,6 +212,29 @@ class StructuredOutputConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class LoRAConfig:
+    enable_lora: bool = _knob(False, "serve LoRA adapters (PEFT directories) beside the base model: a request "
+                              "picks one by its model name (server) or lora_request (offline)")
+    lora_modules: tuple[str, ...] = _knob((), "adapters served from start, as name=path (PEFT adapter "
+                                          "directories) or JSON {\"name\": ..., \"path\": ...}; needs enable_lora",
+                                          nargs="+")
+    max_loras: int = _knob(1, "adapters one step may use (their weights' slots on the device)")
+    max_lora_rank: int = _knob(16, "largest adapter rank accepted (every slot is sized for it)")
+    max_cpu_loras: int | None = _knob(None, "adapters kept in host memory, least recently used out first "
+                                      "(re-read from their directory when needed again); default: max_loras")
+
+    @property
+    def cpu_loras(self) -> int:
+        return self.max_loras if self.max_cpu_loras is None else self.max_cpu_loras
+
+    def startup_loras(self) -> list[LoRARequest]:
+        """`lora_modules` as adapters with ids 1, 2, ... in the order given (the API process and
+        the engine number them alike; adapters loaded later get the next ids)."""
+        return [LoRARequest(name, i, path) for i, (name, path) in
+                enumerate(parse_lora_modules(self.lora_modules).items(), 1)]
+
+
+@dataclass(frozen=True, slots=True)
 class EngineConfig:
     TITLE: ClassVar[str] = "engine"
 
@@ -220,6 +245,7 @@ class EngineConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     structured_output: StructuredOutputConfig = field(default_factory=StructuredOutputConfig)
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> "EngineConfig":
@@ -294,8 +320,27 @@ class EngineConfig:
             resolve_runner(m.runner, m.task, [], ".")  # a bad pair named now; auto is resolved with the model
         for text, name in ((m.override_pooler_config, "override_pooler_config"), (m.pooler_config, "pooler_config")):
             parse_pooler_config(text, name)
+        self._validate_lora()
         for section in (m, c, s, self.device, p, sd, self.structured_output):
             check_choices(section)
+
+    def _validate_lora(self) -> None:
+        lo = self.lora
+        for name, value in (("max_loras", lo.max_loras), ("max_lora_rank", lo.max_lora_rank),
+                            ("max_cpu_loras", lo.cpu_loras)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if lo.cpu_loras < lo.max_loras:
+            raise ValueError(f"max_cpu_loras ({lo.cpu_loras}) must be at least max_loras ({lo.max_loras})")
+        if lo.lora_modules and not lo.enable_lora:
+            raise ValueError("lora_modules needs enable_lora")
+        parse_lora_modules(lo.lora_modules)
+        if not lo.enable_lora:
+            return
+        if self.speculative.method is not None:
+            raise ValueError("enable_lora is not combined with speculative decoding (for now)")
+        if self.device.fused_decode_layer:
+            raise ValueError("enable_lora is not combined with fused_decode_layer (for now)")
 
     def replace(self, **kwargs: Any) -> "EngineConfig":
         """A copy with some flat fields changed (used when resolving discovered values)."""
@@ -309,7 +354,27 @@ class EngineConfig:
 
 _SECTIONS = {"model": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig, "device": DeviceConfig,
              "parallel": ParallelConfig, "speculative": SpeculativeConfig,
-             "structured_output": StructuredOutputConfig}
+             "structured_output": StructuredOutputConfig, "lora": LoRAConfig}
+
+
+def parse_lora_modules(modules: tuple[str, ...]) -> dict[str, str]:
+    """``name=path`` entries (``--lora-modules``), or vLLM's JSON form ``{"name": ..., "path": ...}``,
+    as {name: path}; names are unique."""
+    out: dict[str, str] = {}
+    for entry in modules:
+        name, sep, path = entry.partition("=")
+        if entry.lstrip().startswith("{"):
+            try:
+                spec = json.loads(entry)
+                name, path, sep = spec["name"], spec["path"], "="
+            except (ValueError, KeyError, TypeError):
+                raise ValueError(f"lora_modules: expected a JSON object with name and path, got {entry!r}") from None
+        if not sep or not isinstance(name, str) or not isinstance(path, str) or not name.strip() or not path.strip():
+            raise ValueError(f"lora_modules: expected name=path, got {entry!r}")
+        if name.strip() in out:
+            raise ValueError(f"lora_modules: the name {name.strip()!r} is given twice")
+        out[name.strip()] = path.strip()
+    return out
 
 
 def _field_owners() -> dict[str, str]:

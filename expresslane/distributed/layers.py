@@ -70,8 +70,10 @@ class RowParallelLinear(nn.Linear):
         src = tensor.narrow(1, self.in_start, self.in_features) if part == "weight" else tensor
         _copy(getattr(self, part).data, src)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.tp.all_reduce(F.linear(x, self.weight))
+    def forward(self, x: torch.Tensor, add=None) -> torch.Tensor:
+        """`add(partial, x)`: more of this rank's partial sum before the reduction (a LoRA delta)."""
+        y = F.linear(x, self.weight)
+        y = self.tp.all_reduce(y if add is None else add(y, x))
         return y if self.bias is None else y + self.bias
 
 

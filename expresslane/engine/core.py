@@ -9,13 +9,14 @@ from pathlib import Path
 
 from expresslane.config import EngineConfig
 from expresslane.scheduler.batching import make_scheduler
-from expresslane.contract import EngineCoreOutput, EngineCoreRequest, StepPlan, StepStats
+from expresslane.contract import EngineCoreOutput, EngineCoreRequest, LoRARequest, StepPlan, StepStats
 from expresslane.cost_model.base import StepCostModel, StepShape
 from expresslane.cost_model.piecewise import PiecewiseStepCostModel
 from expresslane.cost_model.registry import make_cost_model
 from expresslane.scheduler.kv_cache import KVCacheManager, max_blocks_per_request
 from expresslane.scheduler.request import Request, check_prompt_length
 from expresslane.scheduler.spec_decode import SpecDecoder
+from expresslane.engine.lora import EngineLoRAs
 from expresslane.engine.structured_output import Grammars, tokenizer_loader
 from expresslane.models.model_dir import check_model_dir, load_hf_config
 from expresslane.pooling_params import PoolerConfig, pooler_config, resolve_runner
@@ -44,6 +45,8 @@ def resolve_model_dir(model: str | None) -> Path:
 
 
 def resolve_max_model_len(requested: int | None, hf_config) -> int:
+    """The model's limit, or `requested` within it (a sliding window does not limit it: the
+    attention backends apply it)."""
     limit = getattr(hf_config, "max_position_embeddings", None) or 2048
     if requested is None:
         return limit
@@ -115,7 +118,12 @@ class EngineCore:
         if self.spec is not None:
             self.spec.draft_cost_ratio = self.runner.draft_cost_ratio()
             self.spec.max_rows = self.runner.verify_rows()
-        self.scheduler = make_scheduler(config.scheduler, self.kv, cost_model=self.cost_model, spec=self.spec)
+        lora = config.lora
+        self.scheduler = make_scheduler(config.scheduler, self.kv, cost_model=self.cost_model, spec=self.spec,
+                                        max_loras=lora.max_loras if lora.enable_lora else 0)
+        self.loras = EngineLoRAs(self.runner, lora.enable_lora)
+        for adapter in lora.startup_loras():
+            self.loras.add(adapter)
         self.grammars = Grammars(tokenizer_loader(Path(config.model.tokenizer or self.model_dir), self.model_dir,
                                                   self.hf_config), self.hf_config.vocab_size,
                                  config.structured_output)
@@ -157,6 +165,7 @@ class EngineCore:
                 else "presence_penalty, frequency_penalty and repetition_penalty"
             raise ValueError(f"{which}: not supported with speculative decoding (--speculative-method)")
         request = Request.from_core_request(req, self.max_model_len)
+        self.loras.bind(request, req.lora_request)
         if sp.structured_outputs is None:
             self.scheduler.add_request(request)
         else:
@@ -165,6 +174,23 @@ class EngineCore:
     def abort(self, request_ids: list[str]) -> list[EngineCoreOutput]:
         self.grammars.forget(request_ids)
         return self.scheduler.abort(request_ids)
+
+    # LoRA adapters (vLLM's add_lora, remove_lora, list_loras)
+    def add_lora(self, lora: LoRARequest) -> None:
+        self.loras.add(lora)
+
+    def remove_lora(self, lora_id: int) -> bool:
+        """False: no such adapter. Its requests run to their end; it is unloaded after the last."""
+        removed = self.loras.remove(lora_id)
+        self._collect_loras()
+        return removed
+
+    def list_loras(self) -> list[LoRARequest]:
+        return self.loras.serving()
+
+    def _collect_loras(self) -> None:
+        if self.loras.unloading:
+            self.loras.collect([*self.scheduler.requests.values(), *self.grammars.waiting_requests()])
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or self.grammars.num_waiting > 0
@@ -231,6 +257,7 @@ class EngineCore:
             launched.ends = max(time.monotonic() if prev_done is None else prev_done, t0) + self.cost_model.predict(
                 launched.shape)
         self._in_flight = launched
+        self._collect_loras()
         self._last = self._stats(plan.num_batched_tokens, len(plan.seqs), time.monotonic() - t0, measured, predicted)
         return outputs
 
@@ -251,6 +278,12 @@ class EngineCore:
             prefix_cache_hits=self.kv.prefix_cache_hits, num_preemptions=self.scheduler.num_preemptions,
             window_freed_blocks=self.kv.window_freed_blocks, window_saved_blocks=self.kv.window_saved_blocks,
             step_time=measured, predicted_step_time=predicted, expert_tokens=self._expert_load(seqs > 0))
+        if self.loras.enabled:
+            running = self.scheduler.running
+            stats.lora_running = self.loras.names(r.lora_id for r in running.values())
+            stats.lora_waiting = self.loras.names(r.lora_id for r in self.scheduler.requests.values()
+                                                  if r.request_id not in running)
+            stats.max_loras, stats.lora_loads = self.config.lora.max_loras, self.loras.num_loads
         if self.spec is not None:
             c = self.spec.counters
             stats.spec_num_drafts, stats.spec_num_draft_tokens = c.num_drafts, c.num_draft_tokens

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from expresslane.config import EngineConfig
-from expresslane.contract import POOLING_SAMPLING, EngineCoreRequest
+from expresslane.contract import POOLING_SAMPLING, EngineCoreRequest, LoRARequest
 from expresslane.engine.core import EngineCore
 from expresslane.engine.generation_config import sampling_defaults
 from expresslane.engine.inputs import InputProcessor, Prompt
@@ -37,7 +37,8 @@ class LLMEngine:
         return self.core.runner
 
     def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams, priority: int = 0,
-                    arrival_time: float | None = None, lane: str | None = None) -> None:
+                    arrival_time: float | None = None, lane: str | None = None,
+                    lora_request: LoRARequest | None = None) -> None:
         if self.core.pooler is not None:
             raise ValueError("this engine runs pooling (runner): generation needs runner generate; LLM.embed "
                              "serves embeddings")
@@ -46,9 +47,23 @@ class LLMEngine:
         self.inputs.check(ids, params)
         arrival = time.monotonic() if arrival_time is None else arrival_time
         child_ids = self.outputs.add_request(request_id, text, ids, params, arrival)
-        for i, cid in enumerate(child_ids):
-            sp = params if params.n == 1 else child_params(params, i)
-            self.core.add_request(EngineCoreRequest(cid, ids, sp, self.inputs.eos, arrival, priority, lane))
+        try:
+            for i, cid in enumerate(child_ids):
+                sp = params if params.n == 1 else child_params(params, i)
+                self.core.add_request(EngineCoreRequest(cid, ids, sp, self.inputs.eos, arrival, priority, lane,
+                                                        lora_request=lora_request))
+        except Exception:  # refused by the core (its adapter, say): no trace of it stays
+            self.abort(request_id)
+            raise
+
+    def add_lora(self, lora_request: LoRARequest) -> None:
+        self.core.add_lora(lora_request)
+
+    def remove_lora(self, lora_id: int) -> bool:
+        return self.core.remove_lora(lora_id)
+
+    def list_loras(self) -> set[int]:
+        return {lora.lora_int_id for lora in self.core.list_loras()}
 
     def add_pooling_request(self, request_id: str, prompt: Prompt, params: PoolingParams, priority: int = 0,
                             arrival_time: float | None = None, lane: str | None = None) -> None:

@@ -116,6 +116,10 @@ class Grammars:
     def num_waiting(self) -> int:
         return len(self._waiting)
 
+    def waiting_requests(self) -> list:
+        """The requests whose grammar is still compiling."""
+        return [req for req, _, _ in self._waiting.values()]
+
     @property
     def needs_last_tokens(self) -> bool:
         """A step's masks depend on the previous step's tokens (which may end a request's thinking)."""

@@ -1,5 +1,5 @@
 """Rotary position embedding (rotate-half / NeoX layout, as Hugging Face Llama), with
-llama3 frequency scaling. cos/sin are precomputed for every position once per model
+llama3 or linear frequency scaling. cos/sin are precomputed for every position once per model
 (one table shared by every layer). The `triton` backend rotates inside its fused
 RoPE + KV-write kernel from the same table; `forward` is the torch backend's path."""
 
@@ -41,9 +41,12 @@ class RotaryEmbedding(nn.Module):
         inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
         if scaling is not None:
             kind = scaling.get("rope_type", scaling.get("type"))
-            if kind != "llama3":
-                raise ValueError(f"unsupported rope scaling {kind!r} (supported: llama3)")
-            inv_freq = _llama3_inv_freq(inv_freq, scaling)
+            if kind == "llama3":
+                inv_freq = _llama3_inv_freq(inv_freq, scaling)
+            elif kind == "linear":  # positions divided by the factor (Gemma 3's global layers)
+                inv_freq = inv_freq / scaling["factor"]
+            else:
+                raise ValueError(f"unsupported rope scaling {kind!r} (supported: llama3, linear)")
         freqs = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq)
         self.register_buffer("cos_sin", torch.cat([freqs.cos(), freqs.sin()], dim=-1), persistent=False)
 

@@ -1,7 +1,8 @@
-"""Fused elementwise kernels for the `triton` backend: RMSNorm (+ residual add) and
-SiLU-and-mul (RoPE is fused with the KV-cache write: attention/triton_kernels.py). Each rounds where transformers rounds (to the activation dtype after
-the residual add, after the normalisation and after the SiLU), so bf16 results match
-the reference path bit for bit up to the order of the variance sum.
+"""Fused elementwise kernels for the `triton` backend: RMSNorm (+ residual add; Gemma's
+(1 + w) form too) and SiLU-and-mul (or GeGLU's gelu-and-mul); RoPE is fused with the KV-cache
+write (attention/triton_kernels.py). Each rounds where transformers rounds (to the activation
+dtype after the residual add, after the normalisation and after the activation), so bf16 results
+match the reference path bit for bit up to the order of the variance sum.
 
 For an FP8 (W8A8) consumer (`fp8_out`), a program that holds a whole output row also
 quantizes it per token: scale = max|y| / 448 of the rounded output y, q = e4m3(y / scale),
@@ -34,9 +35,11 @@ def _store_fp8_row(y, q_ptr, scale_ptr, row, i, m):
 
 @triton.jit
 def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, q_ptr, scale_ptr, stride_x, stride_r, stride_o, n,
-                    eps, HAS_RES: tl.constexpr, FP8_OUT: tl.constexpr, BLOCK: tl.constexpr, PARTS: tl.constexpr):
+                    eps, HAS_RES: tl.constexpr, FP8_OUT: tl.constexpr, BLOCK: tl.constexpr, PARTS: tl.constexpr,
+                    OFFSET: tl.constexpr):
     """PARTS > 1: x's row holds that many rows of n to sum first (a token's experts), in float32
-    and rounded once, as torch's sum of them."""
+    and rounded once, as torch's sum of them. OFFSET: Gemma's norm, x / rms(x) * (1 + w) in
+    float32, rounded once."""
     row = tl.program_id(0).to(tl.int64)
     i = tl.arange(0, BLOCK)
     m = i < n
@@ -52,9 +55,12 @@ def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, q_ptr, scale_pt
         tl.store(res_out_ptr + row * n + i, x, mask=m)
     xf = x.to(tl.float32)
     var = tl.sum(xf * xf, 0) / n
-    y = (xf * tl.math.rsqrt(var + eps)).to(x.dtype).to(tl.float32)
     w = tl.load(w_ptr + i, mask=m, other=0.0).to(tl.float32)
-    out = (w * y).to(out_ptr.dtype.element_ty)
+    if OFFSET:
+        out = (xf * tl.math.rsqrt(var + eps) * (1.0 + w)).to(out_ptr.dtype.element_ty)
+    else:
+        y = (xf * tl.math.rsqrt(var + eps)).to(x.dtype).to(tl.float32)
+        out = (w * y).to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + row * stride_o + i, out, mask=m)
     if FP8_OUT:
         _store_fp8_row(out.to(tl.float32), q_ptr + row * n, scale_ptr, row, i, m)
@@ -66,10 +72,11 @@ def _fp8_buffers(rows: int, n: int, device: torch.device) -> tuple[torch.Tensor,
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
-             fp8_out: bool = False):
+             fp8_out: bool = False, offset: bool = False):
     """Like RMSNorm.forward: norm(x), or (norm(x + residual), x + residual); with `fp8_out`
     (x [T, n]) the norm comes as an Fp8Activation. With a residual, x may be [T, P, n]: P parts
-    of each row (the fused MoE's rows of a token's experts), summed here first."""
+    of each row (the fused MoE's rows of a token's experts), summed here first. `offset`: scaled
+    by (1 + weight), as GemmaRMSNorm."""
     n = x.shape[-1]
     parts = x.shape[-2] if residual is not None and x.dim() == residual.dim() + 1 else 1
     shape = residual.shape if parts > 1 else x.shape
@@ -80,30 +87,36 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     q, scale = _fp8_buffers(x2.shape[0], n, x.device) if fp8_out else (out, out)
     _rmsnorm_kernel[(x2.shape[0],)](x2, r2, weight, out, res_out, q, scale, x2.stride(0), r2.stride(0), out.stride(0),
                                     n, eps, HAS_RES=residual is not None, FP8_OUT=fp8_out, BLOCK=_pow2(n),
-                                    PARTS=parts, num_warps=4 if n <= 4096 else 8)
+                                    PARTS=parts, OFFSET=offset, num_warps=4 if n <= 4096 else 8)
     normed = Fp8Activation(out, q, scale) if fp8_out else out.view(shape)
     return normed if residual is None else (normed, res_out.view(shape))
 
 
 @triton.jit
-def _silu_mul_kernel(x_ptr, out_ptr, q_ptr, scale_ptr, stride_x, n, FP8_OUT: tl.constexpr, BLOCK: tl.constexpr):
-    """Row `program_id(0)`, outputs from program_id(1) * BLOCK; FP8_OUT: the whole row (BLOCK >= n)."""
+def _silu_mul_kernel(x_ptr, out_ptr, q_ptr, scale_ptr, stride_x, n, FP8_OUT: tl.constexpr, BLOCK: tl.constexpr,
+                     GELU: tl.constexpr):
+    """Row `program_id(0)`, outputs from program_id(1) * BLOCK; FP8_OUT: the whole row (BLOCK >= n).
+    GELU: GeGLU, gelu with the tanh approximation (Gemma's gelu_pytorch_tanh) in place of SiLU."""
     row = tl.program_id(0).to(tl.int64)
     i = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = i < n
     g = tl.load(x_ptr + row * stride_x + i, mask=m, other=0.0).to(tl.float32)
     u = tl.load(x_ptr + row * stride_x + n + i, mask=m, other=0.0)
-    silu = (g / (1.0 + tl.exp(-g))).to(u.dtype).to(tl.float32)
-    out = (silu * u.to(tl.float32)).to(out_ptr.dtype.element_ty)
+    if GELU:  # 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))), tanh(z) = 1 - 2 / (e^2z + 1)
+        z = 0.7978845608028654 * (g + 0.044715 * g * g * g)
+        act = (0.5 * g * (2.0 - 2.0 / (tl.exp(2.0 * z) + 1.0))).to(u.dtype).to(tl.float32)
+    else:
+        act = (g / (1.0 + tl.exp(-g))).to(u.dtype).to(tl.float32)
+    out = (act * u.to(tl.float32)).to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + row * n + i, out, mask=m)
     if FP8_OUT:
         _store_fp8_row(out.to(tl.float32), q_ptr + row * n, scale_ptr, row, i, m)
 
 
-def silu_and_mul(gate_up: torch.Tensor, fp8_out: bool = False) -> torch.Tensor | Fp8Activation:
-    """SwiGLU of gate_up [T, 2n] -> [T, n]. With `fp8_out`, decode-sized inputs (T <= FP8_ROWS,
-    n <= FP8_WIDTH) come as an Fp8Activation, one program per row; longer ones are tiled
-    over the row and come plain (their consumer quantizes them)."""
+def silu_and_mul(gate_up: torch.Tensor, fp8_out: bool = False, gelu: bool = False) -> torch.Tensor | Fp8Activation:
+    """SwiGLU of gate_up [T, 2n] -> [T, n] (`gelu`: GeGLU). With `fp8_out`, decode-sized inputs
+    (T <= FP8_ROWS, n <= FP8_WIDTH) come as an Fp8Activation, one program per row; longer ones
+    are tiled over the row and come plain (their consumer quantizes them)."""
     rows, n = gate_up.shape[0], gate_up.shape[-1] // 2
     out = torch.empty(rows, n, dtype=gate_up.dtype, device=gate_up.device)
     fp8_out = fp8_out and rows <= FP8_ROWS and n <= FP8_WIDTH
@@ -115,5 +128,5 @@ def silu_and_mul(gate_up: torch.Tensor, fp8_out: bool = False) -> torch.Tensor |
         q = scale = out
         block, warps = min(1024, _pow2(n)), 4
     _silu_mul_kernel[(rows, triton.cdiv(n, block))](gate_up, out, q, scale, gate_up.stride(0), n, FP8_OUT=fp8_out,
-                                                    BLOCK=block, num_warps=warps)
+                                                    BLOCK=block, GELU=gelu, num_warps=warps)
     return Fp8Activation(out, q, scale) if fp8_out else out

@@ -19,6 +19,7 @@ from expresslane.distributed.group import TPGroup
 from expresslane.distributed.layers import (ColumnParallelLinear, ParallelLMHead, RowParallelLinear,
                                             VocabParallelEmbedding, even_split, gather_logits, head_split)
 from expresslane.layers.activation import silu_and_mul
+from expresslane.layers.lora import LoRAState
 from expresslane.layers.moe import SparseMoE
 from expresslane.layers.norm import RMSNorm
 from expresslane.layers.rotary import RotaryEmbedding, rope_parameters
@@ -35,11 +36,12 @@ def _linear(in_features: int, shard_sizes: list[int], bias: bool, quant: QuantCo
 
 
 class Attention(nn.Module):
+    sliding_window: int | None = None  # a query at position p sees keys in (p - window, p]; None: all before it
+
     def __init__(self, cfg, backend: AttentionBackend, rotary: RotaryEmbedding, qkv_bias: bool, qk_norm: bool,
                  quant: QuantConfig | None, prefix: str, tp: TPGroup, window: int | None = None):
-        """`window`: a query at position p sees keys in (p - window, p] (None: all before it)."""
         super().__init__()
-        self.window = window
+        self.sliding_window = window
         heads = cfg.num_attention_heads
         kv_heads = cfg.num_key_value_heads or heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
@@ -77,7 +79,8 @@ class Attention(nn.Module):
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         qk_norm = None if self.q_norm is None else (self.q_norm, self.k_norm)  # the backend applies them
         q = self.backend.store(positions, q, k, v, self.rotary, self.kv_cache, meta, self.kv_scales, qk_norm)
-        return self.backend.attend(q, self.kv_cache, meta, self.scale, self.kv_scales, self.window).flatten(1)
+        return self.backend.attend(q, self.kv_cache, meta, self.scale, self.kv_scales,
+                                   window=self.sliding_window).flatten(1)
 
 
 class MLP(nn.Module):
@@ -204,21 +207,38 @@ class LlamaForCausalLM(nn.Module):
             raise ValueError(f"tensor parallelism with quantized weights ({quant.name}) is not supported yet; "
                              "use tensor_parallel_size=1 or an unquantized checkpoint")
         sharded = tp.size > 1
-        self.embed_tokens = (VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp) if sharded
-                             else nn.Embedding(cfg.vocab_size, cfg.hidden_size))
-        qkv_bias = self.qkv_bias or bool(getattr(cfg, "attention_bias", False))
+        self.embed_tokens = self.make_embedding(cfg, tp)
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        self.rotary = RotaryEmbedding(head_dim, cfg.max_position_embeddings, *rope_parameters(cfg))
+        self.rotary = self.make_rotary(cfg, head_dim)
         self.windows = self.attention_windows(cfg)
-        self.layers = nn.ModuleList(
-            DecoderLayer(cfg, backend, self.rotary, qkv_bias, self.qk_norm, quant, f"model.layers.{i}", tp,
-                         self.make_mlp(cfg, i, quant, f"model.layers.{i}.mlp", tp, backend.fused_ops), window)
-            for i, window in enumerate(self.windows))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, backend.fused_ops)
+        self.layers = nn.ModuleList(self.make_layer(cfg, i, backend, quant, tp) for i in range(cfg.num_hidden_layers))
+        self.norm = self.make_norm(cfg, backend.fused_ops)
         self.tie_word_embeddings = not self.has_lm_head or bool(getattr(cfg, "tie_word_embeddings", False))
         head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, tp) if sharded else nn.Linear(
             cfg.hidden_size, cfg.vocab_size, bias=False)
         self.lm_head = None if self.tie_word_embeddings else head
+        self.lora_state: LoRAState | None = None  # set when adapters are attached (models/lora_adapter.py)
+
+    # -- the family's parts (Gemma overrides them: gemma.py) ----------------------------------
+    def make_embedding(self, cfg, tp: TPGroup) -> nn.Module:
+        if tp.size > 1:
+            return VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
+        return nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+
+    def make_rotary(self, cfg, head_dim: int) -> RotaryEmbedding:
+        """The RoPE table the layers share."""
+        return RotaryEmbedding(head_dim, cfg.max_position_embeddings, *rope_parameters(cfg))
+
+    def make_layer(self, cfg, index: int, backend: AttentionBackend, quant: QuantConfig | None,
+                   tp: TPGroup) -> nn.Module:
+        prefix = f"model.layers.{index}"
+        qkv_bias = self.qkv_bias or bool(getattr(cfg, "attention_bias", False))
+        return DecoderLayer(cfg, backend, self.rotary, qkv_bias, self.qk_norm, quant, prefix, tp,
+                            self.make_mlp(cfg, index, quant, f"{prefix}.mlp", tp, backend.fused_ops),
+                            self.windows[index])
+
+    def make_norm(self, cfg, fused: bool) -> nn.Module:
+        return RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, fused)
 
     def make_mlp(self, cfg, index: int, quant: QuantConfig | None, prefix: str, tp: TPGroup,
                  fused: bool) -> nn.Module:

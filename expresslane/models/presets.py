@@ -41,11 +41,11 @@ _ST_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"
 
 def _config(arch: str, *, hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int, vocab: int,
             max_pos: int, rope_theta: float, tied: bool, dtype: str = "bfloat16", rms_norm_eps: float = 1e-5,
-            rope_scaling: dict | None = None, head_dim: int | None = None, moe: dict | None = None,
-            sliding_window: int | None = None) -> dict:
+            rope_scaling: dict | None = None, head_dim: int | None = None, extra: dict | None = None) -> dict:
     specials = special_token_ids(vocab)
     model_type = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "MistralForCausalLM": "mistral",
-                  "MixtralForCausalLM": "mixtral", "Qwen3MoeForCausalLM": "qwen3_moe"}[arch]
+                  "MixtralForCausalLM": "mixtral", "Qwen3MoeForCausalLM": "qwen3_moe", "Gemma2ForCausalLM": "gemma2",
+                  "Gemma3ForCausalLM": "gemma3_text"}[arch]
     config = {
         "architectures": [arch],
         "model_type": model_type,
@@ -74,9 +74,12 @@ def _config(arch: str, *, hidden: int, layers: int, heads: int, kv_heads: int, i
         config |= {"attention_bias": False, "mlp_bias": False}
     elif model_type == "qwen2":  # Qwen2 always has q/k/v biases; no flag
         config |= {"use_sliding_window": False, "sliding_window": None, "max_window_layers": layers}
+    elif model_type.startswith("gemma"):
+        config |= {"hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh",
+                   "attention_bias": False, "pad_token_id": 0}
     else:
-        config |= {"sliding_window": sliding_window}
-    return config | (moe or {})
+        config |= {"sliding_window": None}
+    return config | (extra or {})  # family fields: experts, windows, soft-caps
 
 
 PRESETS: dict[str, dict] = {
@@ -97,19 +100,34 @@ PRESETS: dict[str, dict] = {
     # the first Mistral: a 4096-token sliding window on every layer
     "mistral-7b-v0.1": _config("MistralForCausalLM", hidden=4096, layers=32, heads=32, kv_heads=8,
                                intermediate=14336, vocab=32000, max_pos=32768, rope_theta=10000.0, tied=False,
-                               sliding_window=4096),
+                               extra={"sliding_window": 4096}),
     # mixtures of experts: 46.7B parameters (12.9B active per token), and 30.5B (3.3B active)
     "mixtral-8x7b": _config("MixtralForCausalLM", hidden=4096, layers=32, heads=32, kv_heads=8, intermediate=14336,
                             vocab=32000, max_pos=32768, rope_theta=1e6, tied=False,
-                            moe=dict(num_local_experts=8, num_experts_per_tok=2, router_jitter_noise=0.0,
-                                     output_router_logits=False, router_aux_loss_coef=0.02)),
+                            extra=dict(num_local_experts=8, num_experts_per_tok=2, router_jitter_noise=0.0,
+                                       output_router_logits=False, router_aux_loss_coef=0.02)),
     "qwen3-30b-a3b": _config("Qwen3MoeForCausalLM", hidden=2048, layers=48, heads=32, kv_heads=4, head_dim=128,
                              intermediate=6144, vocab=151936, max_pos=40960, rope_theta=1e6, tied=False,
                              rms_norm_eps=1e-6,
-                             moe=dict(num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768,
-                                      norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
-                                      attention_bias=False, use_sliding_window=False, max_window_layers=48,
-                                      output_router_logits=False, router_aux_loss_coef=0.001)),
+                             extra=dict(num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768,
+                                        norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+                                        attention_bias=False, use_sliding_window=False, max_window_layers=48,
+                                        output_router_logits=False, router_aux_loss_coef=0.001)),
+    # Gemma: sliding layers (every other one; Gemma 3 five of six, with their own RoPE base) and
+    # global ones, soft-caps (Gemma 2), (1 + w) norms; the engine caps max_model_len at the window
+    "gemma-2-9b": _config("Gemma2ForCausalLM", hidden=3584, layers=42, heads=16, kv_heads=8, head_dim=256,
+                          intermediate=14336, vocab=256000, max_pos=8192, rope_theta=10000.0, tied=True,
+                          rms_norm_eps=1e-6,
+                          extra=dict(query_pre_attn_scalar=256, sliding_window=4096, attn_logit_softcapping=50.0,
+                                     final_logit_softcapping=30.0,
+                                     layer_types=["sliding_attention", "full_attention"] * 21)),
+    "gemma-3-12b": _config("Gemma3ForCausalLM", hidden=3840, layers=48, heads=16, kv_heads=8, head_dim=256,
+                           intermediate=15360, vocab=262208, max_pos=131072, rope_theta=1e6, tied=True,
+                           rms_norm_eps=1e-6, rope_scaling={"rope_type": "linear", "factor": 8.0},
+                           extra=dict(query_pre_attn_scalar=256, sliding_window=1024, rope_local_base_freq=10000.0,
+                                      sliding_window_pattern=6, attn_logit_softcapping=None,
+                                      final_logit_softcapping=None,
+                                      layer_types=(["sliding_attention"] * 5 + ["full_attention"]) * 8)),
 }
 
 
@@ -122,7 +140,7 @@ def num_experts(config: dict) -> int:
 class ParamSpec:
     name: str
     shape: tuple[int, ...]
-    init: str  # "normal" (matrices), "bias" or "ones" (norms)
+    init: str  # "normal" (matrices), "bias", "ones" or "zeros" (norms; Gemma's scale by 1 + w)
 
 
 def param_specs(config: dict) -> list[ParamSpec]:
@@ -135,7 +153,9 @@ def param_specs(config: dict) -> list[ParamSpec]:
     hd = config.get("head_dim") or h // heads
     q_out, kv_out = heads * hd, (config.get("num_key_value_heads") or heads) * hd
     biased = config["model_type"] == "qwen2"
-    qk_norm = config["model_type"] in ("qwen3", "qwen3_moe")
+    qk_norm = config["model_type"] in ("qwen3", "qwen3_moe", "gemma3_text")
+    gemma = config["model_type"].startswith("gemma")
+    norm = "zeros" if gemma else "ones"  # Gemma's norms scale by (1 + w)
     specs = [ParamSpec("model.embed_tokens.weight", (config["vocab_size"], h), "normal")]
     for i in range(config["num_hidden_layers"]):
         p = f"model.layers.{i}"
@@ -145,17 +165,17 @@ def param_specs(config: dict) -> list[ParamSpec]:
                 specs.append(ParamSpec(f"{p}.self_attn.{proj}.bias", (out,), "bias"))
         specs.append(ParamSpec(f"{p}.self_attn.o_proj.weight", (h, q_out), "normal"))
         if qk_norm:
-            specs += [ParamSpec(f"{p}.self_attn.{n}.weight", (hd,), "ones") for n in ("q_norm", "k_norm")]
-        specs += _mlp_specs(config, i, p) + [
-                  ParamSpec(f"{p}.input_layernorm.weight", (h,), "ones"),
-                  ParamSpec(f"{p}.post_attention_layernorm.weight", (h,), "ones")]
-    specs.append(ParamSpec("model.norm.weight", (h,), "ones"))
+            specs += [ParamSpec(f"{p}.self_attn.{n}.weight", (hd,), norm) for n in ("q_norm", "k_norm")]
+        norms = ["input_layernorm", "post_attention_layernorm"]
+        norms += ["pre_feedforward_layernorm", "post_feedforward_layernorm"] if gemma else []
+        specs += _mlp_specs(config, i, p) + [ParamSpec(f"{p}.{n}.weight", (h,), norm) for n in norms]
+    specs.append(ParamSpec("model.norm.weight", (h,), norm))
     if not config.get("tie_word_embeddings", False):
         specs.append(ParamSpec("lm_head.weight", (config["vocab_size"], h), "normal"))
     return specs
 
 
-_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe")
+_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe", "gemma2", "gemma3_text")
 
 
 def _mlp_specs(config: dict, index: int, p: str) -> list[ParamSpec]:
@@ -196,8 +216,8 @@ def dummy_weights(config: dict, seed: int = 0, device: str | torch.device = "cpu
 
 def _generate(spec: ParamSpec, seed: int, dtype: torch.dtype, device: str) -> torch.Tensor:
     """One tensor on `device`, a pure function of (seed, name) and the device's RNG."""
-    if spec.init == "ones":
-        return torch.ones(spec.shape, dtype=dtype)
+    if spec.init in ("ones", "zeros"):
+        return (torch.ones if spec.init == "ones" else torch.zeros)(spec.shape, dtype=dtype)
     digest = hashlib.sha256(f"{seed}:{spec.name}".encode()).digest()
     gen = torch.Generator(device=device)
     gen.manual_seed(int.from_bytes(digest[:8], "little") >> 1)  # manual_seed wants < 2**63

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from expresslane.contract import StepPlan
+    from expresslane.contract import LoRARequest, StepPlan
     from expresslane.runner.expert_load import ExpertTokensCopy
     from expresslane.runner.proposer import Proposer
     from expresslane.runner.step_result import StepResult
@@ -84,6 +84,14 @@ class Runner(ABC):
 
     def sample(self, step: Forward) -> StepResult:
         raise NotImplementedError(f"{type(self).__name__} samples with its forward (samples_late is False)")
+
+    # LoRA adapters (enable_lora)
+    def add_lora(self, lora: LoRARequest) -> None:
+        """ValueError naming the file at fault."""
+        raise ValueError(f"{type(self).__name__} serves no LoRA adapters (tensor_parallel_size 1 only, for now)")
+
+    def remove_lora(self, lora_id: int) -> None:
+        """Forget an adapter no request uses any more."""
 
     @abstractmethod
     def release(self, request_ids: list[str]) -> None:

@@ -10,6 +10,7 @@ import torch
 
 from expresslane.attention.backend import AttentionMetadata
 from expresslane.device import stage
+from expresslane.layers.lora import LoRAStep
 from expresslane.runner.request_rows import StepInputs
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,8 @@ class _Graphs:
         self.seq_lens = torch.zeros(max_seqs, dtype=torch.int32, device=device)
         self.query_start_loc = torch.arange(max_seqs + 1, dtype=torch.int32, device=device)
         self.logits_rows = torch.zeros(max_seqs, dtype=torch.int64, device=device)
+        lora = model.lora_state
+        self.lora = None if lora is None else LoRAStep.static(max_tokens, lora.num_slots, device)
         self.graphs: dict[int, list[torch.cuda.CUDAGraph]] = {}
 
     @property
@@ -66,6 +69,8 @@ class _Graphs:
 
         def piece(i: int):
             def run():
+                if self.lora is not None:
+                    model.lora_state.step = self.lora
                 x, res = (model.embed_tokens(self.input_ids[:size]), None) if i == 0 else carry["hidden"]
                 x, res = model.run_layers(positions, x, res, meta, bounds[i], bounds[i + 1])
                 if i + 1 < self.num_pieces:
@@ -112,9 +117,12 @@ class _Graphs:
     def _token_fields(self, inputs: StepInputs, padded: int, num_seqs: int) -> list:
         """Padded to `padded` tokens and `num_seqs` seqs."""
         t, (b, width) = inputs.num_tokens, inputs.block_tables.shape
-        return [(self.input_ids[:t], inputs.token_ids, 0), (self.positions[:padded], inputs.positions, 0),
-                (self.slot_mapping[:padded], inputs.slot_mapping, -1), (self.seq_lens[:num_seqs], inputs.seq_lens, 0),
-                (self.block_tables[:b, :width], inputs.block_tables, 0)]
+        fields = [(self.input_ids[:t], inputs.token_ids, 0), (self.positions[:padded], inputs.positions, 0),
+                  (self.slot_mapping[:padded], inputs.slot_mapping, -1), (self.seq_lens[:num_seqs], inputs.seq_lens, 0),
+                  (self.block_tables[:b, :width], inputs.block_tables, 0)]
+        if self.lora is not None:
+            fields += self.lora.fields(self.model.lora_state.step, padded)
+        return fields
 
     def _replay(self, size: int, rows: int) -> torch.Tensor:
         if size in self.graphs:

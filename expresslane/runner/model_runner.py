@@ -15,7 +15,7 @@ from expresslane.config import EngineConfig
 from expresslane.device import kv_zeros, stage, to_device
 from expresslane.distributed.group import TPGroup
 from expresslane.distributed.layers import head_split
-from expresslane.contract import NewRequest, ScheduledSeq, StepPlan
+from expresslane.contract import LoRARequest, NewRequest, ScheduledSeq, StepPlan
 from expresslane.models.loader import iter_weights
 from expresslane.models.model_dir import read_config
 from expresslane.models.presets import dummy_weights
@@ -24,6 +24,7 @@ from expresslane.quant import resolve_quantization
 from expresslane.runner.bad_words import BadWords
 from expresslane.runner.base import Forward, Runner
 from expresslane.runner.cuda_graphs import DecodeGraphs, MixedGraphs, Patch
+from expresslane.runner.lora_slots import LoRASlots
 from expresslane.runner.expert_load import ExpertTokensCopy, copy_expert_tokens, reset_expert_tokens
 from expresslane.runner.request_rows import RequestRows, StepInputs
 from expresslane.runner.penalties import Penalties
@@ -77,6 +78,7 @@ class ModelRunner(Runner):
         windows = model_class(hf_config).attention_windows(hf_config)
         self.attn_backend = get_backend(config.device.attention_backend, local_heads, local_kv_heads, head_dim,
                                         self.device, self.kv_dtype, _prefill_library(config, windows),
+                                        getattr(hf_config, "attn_logit_softcapping", None),
                                         None if not windows or None in windows else max(windows))
         self.quant = resolve_quantization(hf_config, config.model.quantization)
         with torch.device(self.device):
@@ -94,6 +96,8 @@ class ModelRunner(Runner):
         self.model.eval()
         if config.device.fused_decode_layer:
             self._fuse_decode_layers()
+        self.lora = LoRASlots(self.model, config.lora, self.device, self.dtype, self.attn_backend.fused_ops) \
+            if config.lora.enable_lora else None
         self.proposer = make_proposer(config.speculative, hf_config.vocab_size, self.device, self.dtype,
                                       config.device.attention_backend)
         self.kv_window = self._kv_window(windows)
@@ -199,6 +203,9 @@ class ModelRunner(Runner):
             log.info("built %d cuDNN attention plans in %.1fs", n, time.monotonic() - t0)
         if self.config.device.enforce_eager or not self.attn_backend.supports_cuda_graphs:
             return
+        if self.lora is not None and not self.lora.state.use_triton:
+            log.warning("CUDA graphs are off with enable_lora on the torch attention backend")
+            return
         if capture and self.device.type != "cuda":
             return
         max_blocks = -(-max_model_len // self.block_size)
@@ -268,6 +275,8 @@ class ModelRunner(Runner):
             self.penalties.remove(self.rows.row_of.get(rid))
             self.bad_words.remove(self.rows.row_of.get(rid))
         inputs = self.rows.apply(plan)
+        if self.lora is not None:
+            self.lora.prepare(self.rows.token_lora_ids(inputs))
         for new in plan.new_requests:
             self.penalties.add(self.rows.row_of[new.request_id], new)
             self.bad_words.add(self.rows.row_of[new.request_id], new)
@@ -294,6 +303,15 @@ class ModelRunner(Runner):
             self.bad_words.sampled(rows, tokens)
         self._prev_tokens, self._prev_rows = tokens, {rid: i for i, rid in enumerate(ids)}
         return StepResult(self.device, ids, tokens, logprobs, prompt_logprobs=prompt, pooled=pooled)
+
+    def add_lora(self, lora: LoRARequest) -> None:
+        if self.lora is None:
+            raise ValueError(f"LoRA adapter {lora.lora_name!r}: the engine was started without enable_lora")
+        self.lora.add(lora)
+
+    def remove_lora(self, lora_id: int) -> None:
+        if self.lora is not None:
+            self.lora.remove(lora_id)
 
     def release(self, request_ids: list[str]) -> None:
         for rid in request_ids:

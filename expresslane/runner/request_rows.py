@@ -45,6 +45,7 @@ class RequestRows:
         self.params: list[SamplingParams | None] = [None] * max_rows
         self.banned: list[tuple[int, ...]] = [()] * max_rows
         self.num_banned_samples = [0] * max_rows
+        self.lora_ids = np.zeros(max_rows, dtype=np.int64)
         self.pooling: list[PoolingParams | None] = [None] * max_rows
 
     def apply(self, plan: StepPlan) -> StepInputs:
@@ -67,6 +68,7 @@ class RequestRows:
         self.params[row] = new.sampling_params
         self.banned[row] = new.banned_token_ids
         self.num_banned_samples[row] = new.num_banned_samples
+        self.lora_ids[row] = new.lora_id
         self.pooling[row] = new.pooling
 
     def _remove(self, request_id: str) -> None:
@@ -117,6 +119,10 @@ class RequestRows:
             sampling=np.array(sampling, dtype=np.int64), pooling=np.array(pooling, dtype=np.int64),
             from_previous=np.array(from_previous, dtype=np.int64),
             num_spec=num_spec)
+
+    def token_lora_ids(self, inputs: StepInputs) -> np.ndarray:
+        """[T] each token's adapter id."""
+        return np.repeat(self.lora_ids[inputs.rows], np.diff(inputs.query_start_loc))
 
     def sampling_rows(self, inputs: StepInputs) -> tuple[list[SamplingParams], list[tuple[int, ...]]]:
         """Sampling seqs' parameters and banned tokens; counts down `min_tokens`."""

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from expresslane.config import EngineConfig
+from expresslane.contract import LoRARequest
 from expresslane.distributed.group import TPGroup
 from expresslane.distributed.layers import even_split, head_split
 from expresslane.layers.moe import check_expert_split, num_experts_of
@@ -179,6 +180,13 @@ class TPExecutor(Runner):
 
     def release(self, request_ids: list[str]) -> None:
         self._call("release", request_ids)
+
+    def add_lora(self, lora: LoRARequest) -> None:
+        self.runner.add_lora(lora)  # checked on rank 0 first: a bad directory fails here, not in a worker
+        dist.broadcast_object_list([("add_lora", (lora,))], src=0, group=self._control)
+
+    def remove_lora(self, lora_id: int) -> None:
+        self._call("remove_lora", lora_id)
 
     def verify_rows(self) -> int | None:
         return self.runner.verify_rows()

@@ -38,6 +38,7 @@ class FixedBatchScheduler(Scheduler):
 
 
 def make_scheduler(config: SchedulerConfig, kv: KVCacheManager, clock=time.monotonic,
-                   cost_model: StepCostModel | None = None, spec: SpecDecoder | None = None) -> Scheduler:
+                   cost_model: StepCostModel | None = None, spec: SpecDecoder | None = None,
+                   max_loras: int = 0) -> Scheduler:
     cls = Scheduler if config.batching == "continuous" else FixedBatchScheduler
-    return cls(config, kv, clock, cost_model, spec)
+    return cls(config, kv, clock, cost_model, spec, max_loras)

@@ -1,5 +1,5 @@
 """Paged KV-cache bookkeeping with prefix caching: which block ids a request uses. Full blocks
-only are hashed, chained: h1 = H(h0, t16..t31). A block is referenced or in the LRU free list,
+only are hashed, chained: h1 = H(h0, t16..t31); h0 = H(salt, t0..t15), salt: the adapter's. A block is referenced or in the LRU free list,
 never both; a free block keeps its cached prefix until reallocated."""
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ class KVCacheManager:
         bs = self.block_size
         while (len(hashes) + 1) * bs <= req.num_tokens:
             i = len(hashes)
-            hashes.append(hash_block(hashes[-1] if hashes else None, req.all_token_ids[i * bs:(i + 1) * bs]))
+            hashes.append(hash_block(hashes[-1] if hashes else req.cache_salt, req.all_token_ids[i * bs:(i + 1) * bs]))
         return hashes
 
     def find_cached_prefix(self, req: Request) -> list[Block | None]:

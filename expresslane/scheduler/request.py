@@ -60,6 +60,8 @@ class Request:
     # prompt positions scored (kept across preemption); scores go with the first token
     num_prompt_logprobs_scheduled: int = 0
     prompt_logprobs: ScoredPrompt | None = None
+    lora_id: int = 0
+    cache_salt: bytes | None = None
     pooling_params: PoolingParams | None = None  # resolved; an embeddings request: one "sample", pooled
     seq: int = field(default_factory=lambda: next(_arrival_counter))  # tie-break
 
@@ -82,6 +84,7 @@ class Request:
             lane=req.lane,
             all_token_ids=list(req.prompt_token_ids),
             request_prompt_tokens=req.request_prompt_tokens,
+            lora_id=req.lora_request.lora_int_id if req.lora_request else 0,
             pooling_params=req.pooling_params,
         )
 
@@ -130,9 +133,10 @@ class Request:
         left = sp.min_tokens - self.num_output_tokens - self.num_pending
         n, known = len(self.prompt_token_ids), (list(self.all_token_ids) if sp.penalized or sp.bad_words_token_ids else [])
         if left <= 0 or self.pooling_params is not None:
-            return NewRequest(self.request_id, sp, num_prompt_tokens=n, token_ids=known, pooling=self.pooling_params)
+            return NewRequest(self.request_id, sp, num_prompt_tokens=n, token_ids=known, pooling=self.pooling_params,
+                              lora_id=self.lora_id)
         return NewRequest(self.request_id, sp, tuple(sorted(self.eos_token_ids | set(sp.stop_token_ids))), left, n,
-                          known)
+                          known, lora_id=self.lora_id)
 
     def append_token(self, token_id: int) -> None:
         """Sets finish_reason when done."""

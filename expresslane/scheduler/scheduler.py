@@ -19,7 +19,7 @@ from expresslane.lanes import LANES
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv: KVCacheManager, clock=time.monotonic,
-                 cost_model: StepCostModel | None = None, spec: SpecDecoder | None = None):
+                 cost_model: StepCostModel | None = None, spec: SpecDecoder | None = None, max_loras: int = 0):
         self.config = config
         self.kv = kv
         self.clock = clock
@@ -37,6 +37,8 @@ class Scheduler:
         self.spec = spec
         self._proposals: dict[str, list[int]] = {}  # this plan's proposals
         self._speculate: bool | None = None  # `speculating()`'s answer, until a change
+        self.max_loras = max_loras
+        self._step_loras: set[int] = set()
 
     def add_request(self, req: Request) -> None:
         if req.request_id in self.requests:
@@ -67,6 +69,7 @@ class Scheduler:
         return bool(self.requests)
 
     def schedule(self) -> StepPlan:
+        self._step_loras.clear()
         scheduled = self._schedule()
         plan = StepPlan(next(self._step_ids), [], sum(n for _, n in scheduled))
         if not scheduled:
@@ -130,7 +133,7 @@ class Scheduler:
             i += 1
             if req.num_pending and req.will_finish_by_length():
                 continue
-            if self.policy.steps_aside(req, budget, now):
+            if self.policy.steps_aside(req, budget, now) or not self._lora_fits(req):
                 continue
             wanted = req.num_tokens_with_pending - req.num_computed_tokens
             proposals = self._propose(req, budget) if speculate else []
@@ -152,6 +155,8 @@ class Scheduler:
             else:
                 scheduled.append((req, n))
                 budget.spend(req, n)
+                if req.lora_id:
+                    self._step_loras.add(req.lora_id)
                 if wanted > 1:
                     budget.running_prefill -= n
                 if proposals:
@@ -162,11 +167,29 @@ class Scheduler:
         k = min(self.spec.max_tokens_for(req), budget.take(req, 1 << 30) - 1)
         return self.spec.propose(req, k) if k > 0 else []
 
+    def _lora_fits(self, req: Request) -> bool:
+        """Its adapter has a slot in this step."""
+        loras = self._step_loras
+        return not req.lora_id or req.lora_id in loras or len(loras) < self.max_loras
+
     def _admit(self, scheduled: list[tuple[Request, int]], budget: StepBudget, max_running: int) -> None:
+        """Waiting requests in policy order; one without an adapter slot is passed over."""
+        passed: list[tuple[tuple, Request]] = []
+        try:
+            self._admit_waiting(scheduled, budget, max_running, passed)
+        finally:
+            for entry in passed:
+                heapq.heappush(self._waiting, entry)
+
+    def _admit_waiting(self, scheduled: list[tuple[Request, int]], budget: StepBudget, max_running: int,
+                       passed: list[tuple[tuple, Request]]) -> None:
         while budget.tokens > 0:
             req = self._peek_waiting()
             if req is None or req.num_pending:
                 break  # a preempted request waits for its in-flight token
+            if not self._lora_fits(req):
+                passed.append(heapq.heappop(self._waiting))
+                continue
             if len(self.running) >= max_running:
                 if not self._make_room(req, scheduled, budget):
                     break
@@ -193,6 +216,8 @@ class Scheduler:
             self.running[req.request_id] = req
             scheduled.append((req, n))
             budget.spend(req, n)
+            if req.lora_id:
+                self._step_loras.add(req.lora_id)
 
     def _can_seat(self, req: Request) -> bool:
         return len(self.running) < self.config.max_num_seqs or self.policy.victim(req, self.running.values()) is not None

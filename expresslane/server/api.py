@@ -23,6 +23,7 @@ from starlette.requests import ClientDisconnect
 
 from expresslane import __version__
 from expresslane.config.server import ServerConfig
+from expresslane.contract import LoRARequest
 from expresslane.server import errors
 from expresslane.server.api_keys import KeyRing, token_cost
 from expresslane.server.batch_routes import BatchService
@@ -33,6 +34,7 @@ from expresslane.server.engine_client import EngineClient
 from expresslane.server.http_middleware import HeadAndRequestId
 from expresslane.server.limits import check_chars, check_tokens, precheck, read_body
 from expresslane.server.load import load_snapshot
+from expresslane.server.lora_routes import LoRAModels, lora_router
 from expresslane.server.merging import RequestMerger
 from expresslane.server.metrics import Metrics
 from expresslane.server.protocol import (
@@ -176,9 +178,16 @@ def build_app(client: EngineClient, settings: ServerConfig, metrics: Metrics,
         keys.charge_request(key)  # 429 + Retry-After over the key's requests/s
         request.state.api_key = key
 
-    def check_model(name: str | None) -> None:
-        if name is not None and name != model_name:
+    loras = LoRAModels(client.engine_kwargs, model_name)
+
+    def check_model(name: str | None) -> LoRARequest | None:
+        """The LoRA adapter a request's model names (None: the served model)."""
+        if name is None or name == model_name:
+            return None
+        lora = loras.get(name)
+        if lora is None:
             raise errors.model_not_found(name, model_name)
+        return lora
 
     auth = [Depends(authorize)]
 
@@ -214,12 +223,12 @@ def build_app(client: EngineClient, settings: ServerConfig, metrics: Metrics,
 
     @app.get("/v1/models", dependencies=auth)
     async def models() -> dict:
-        return {"object": "list", "data": [model_card()]}
+        return {"object": "list", "data": [model_card(), *loras.cards()]}
 
     @app.get("/v1/models/{model:path}", dependencies=auth)  # a served name may hold slashes (org/name)
     async def model(model: str) -> dict:
-        check_model(model)
-        return model_card()
+        lora = check_model(model)
+        return model_card() if lora is None else loras.card(lora)
 
     async def body(request: Request) -> tuple[object, int]:
         """The decoded body and its size in bytes. A large one is checked against the limits before
@@ -234,7 +243,7 @@ def build_app(client: EngineClient, settings: ServerConfig, metrics: Metrics,
         return obj, len(raw)
 
     async def run(request: Request, req: SamplingRequest, prepare, endpoint, prefix: str, size: int) -> Response:
-        check_model(req.model)
+        lora = check_model(req.model)
         client.check_accepting()
         if client.runner_type == "pooling":
             raise generation_refused()
@@ -247,10 +256,14 @@ def build_app(client: EngineClient, settings: ServerConfig, metrics: Metrics,
         if getattr(request.state, "api_key", None) is not None:  # 429 + Retry-After over the key's tokens/min
             keys.charge_tokens(request.state.api_key, token_cost(prompts, params, client.max_model_len))
         rid = new_id(prefix)
-        group = (merger or client).submit(rid, prompts, params, priority=req.priority, lane=req.lane,
-                                          timeout=settings.request_timeout)
-        ep = endpoint(client, model_name, rid, group, params, req.include_usage, req.return_metrics,
-                      req.continuous_usage)
+        if lora is None:
+            group = (merger or client).submit(rid, prompts, params, priority=req.priority, lane=req.lane,
+                                              timeout=settings.request_timeout)
+        else:  # (never merged with a base-model request)
+            group = client.submit(rid, prompts, params, priority=req.priority, lane=req.lane,
+                                  timeout=settings.request_timeout, lora_request=lora)
+        ep = endpoint(client, model_name if lora is None else lora.lora_name, rid, group, params, req.include_usage,
+                      req.return_metrics, req.continuous_usage)
         # a grammar that fails (or prompt logprobs the engine refuses) is a 400, not an event
         if req.stream and (params.structured_outputs is not None or params.prompt_logprobs is not None):
             await group.started()
@@ -343,7 +356,15 @@ def build_app(client: EngineClient, settings: ServerConfig, metrics: Metrics,
             raise errors.bad_request(f"token ids must be in [0, {vocab})", "tokens")
         return {"prompt": client.tokenizer.decode(req.tokens)}
 
-    add_pooling_routes(app, PoolingRoutes(client, settings, model_name, check_model, _unless_client_gone), body, auth)
+    app.include_router(lora_router(client, loras, auth, settings.limits.max_request_body_bytes))
+
+    def check_base_model(name: str | None) -> None:
+        if check_model(name) is not None:
+            raise errors.bad_request(f"the model {name!r} is a LoRA adapter: pooling serves the base model only",
+                                     "model")
+
+    add_pooling_routes(app, PoolingRoutes(client, settings, model_name, check_base_model, _unless_client_gone), body,
+                       auth)
     if batches is not None:
         app.include_router(batches.router(auth))
     _describe_bodies(app, {"/v1/completions": CompletionRequest, "/v1/chat/completions": ChatCompletionRequest,

@@ -36,7 +36,8 @@ from expresslane.server.engine_link import EngineLink, EngineStartError
 from expresslane.server.limits import longest_token_chars
 from expresslane.server.metrics import Metrics
 from expresslane.server.tracker import RequestGroup, RequestTracker
-from expresslane.server.wire import Abort, OutputsIn, Profile, Profiled, add_messages
+from expresslane.contract import LoRARequest
+from expresslane.server.wire import Abort, LoadLoRA, LoRADone, OutputsIn, Profile, Profiled, UnloadLoRA, add_messages
 from expresslane.tokenizer import eos_token_ids, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,12 @@ class EngineClient:
         self._runner: asyncio.Task | None = None  # run(), when start() began it
         self.profile_dir = profile_dir
         self._profile_replies: collections.deque[asyncio.Future] = collections.deque()  # the engine answers in order
+        self._lora_replies: collections.deque[asyncio.Future] = collections.deque()  # (in order too)
+
+    @property
+    def engine_kwargs(self) -> dict[str, Any]:
+        """The engine's flags (the model directory resolved once it runs)."""
+        return self._engine_kwargs
 
     @property
     def num_inflight(self) -> int:
@@ -198,18 +205,20 @@ class EngineClient:
                 to_abort = self.tracker.handle(msg)
                 if to_abort:
                     link.send(Abort(to_abort))
-            elif isinstance(msg, Profiled) and self._profile_replies:
-                reply = self._profile_replies.popleft()
-                if not reply.done():  # cancelled when its HTTP client went away
+            elif isinstance(msg, (Profiled, LoRADone)):
+                replies = self._profile_replies if isinstance(msg, Profiled) else self._lora_replies
+                reply = replies.popleft() if replies else None
+                if reply is not None and not reply.done():  # cancelled when its HTTP client went away
                     reply.set_result(msg)
 
     def _fail_in_flight(self, error: errors.APIError) -> None:
         if self.tracker is not None:
             self.tracker.fail_all(error)
-        while self._profile_replies:
-            reply = self._profile_replies.popleft()
-            if not reply.done():
-                reply.set_exception(error)
+        for replies in (self._profile_replies, self._lora_replies):
+            while replies:
+                reply = replies.popleft()
+                if not reply.done():
+                    reply.set_exception(error)
         self.metrics.engine_stopped()
 
     async def profile(self, start: bool) -> Profiled:
@@ -227,6 +236,18 @@ class EngineClient:
                                   else "internal_error", None, "profile_state" if msg.status == 400
                                   else "profile_failed")
         return msg
+
+    async def change_lora(self, msg: LoadLoRA | UnloadLoRA) -> None:
+        """Load or unload an adapter in the engine; raises APIError when the engine refuses."""
+        self.check_accepting()
+        reply = asyncio.get_running_loop().create_future()
+        self._lora_replies.append(reply)
+        self._link.send(msg)
+        done: LoRADone = await reply
+        if done.error is not None:
+            raise errors.APIError(done.status, done.error, "not_found_error" if done.status == 404
+                                  else "invalid_request_error", "lora_name" if done.status == 404 else "lora_path",
+                                  "lora_not_found" if done.status == 404 else "invalid_lora_adapter")
 
     def start_draining(self) -> None:
         if self.state == "ready":
@@ -261,7 +282,7 @@ class EngineClient:
 
     def submit(self, request_id: str, prompts: list[tuple[str | None, list[int]]],
                params: SamplingParams | PoolingParams, *, priority: int, lane: str | None,
-               timeout: float | None) -> RequestGroup:
+               timeout: float | None, lora_request: LoRARequest | None = None) -> RequestGroup:
         """Admit and send one HTTP request's prompts (already validated); raises APIError 503 when full.
         PoolingParams: embeddings (a pooling engine), one vector a prompt."""
         self.check_accepting()
@@ -273,7 +294,7 @@ class EngineClient:
                                                     timeout=timeout)
         else:
             group, batch = self.tracker.add(request_id, prompts, params, lane=lane, priority=priority,
-                                            eos=self.inputs.eos, timeout=timeout)
+                                            eos=self.inputs.eos, timeout=timeout, lora_request=lora_request)
         group.abort = self.abort
         try:
             self._link.send(*add_messages(batch))

@@ -23,7 +23,8 @@ from expresslane.child_process import exit_with_parent, ignore_stop_signals
 from expresslane.config import EngineConfig
 from expresslane.server.inbox import Inbox
 from expresslane.server.profiler import EngineProfiler, ProfileError
-from expresslane.server.wire import Abort, Add, Failed, Outputs, Profile, Profiled, Ready, Shutdown, ToEngine
+from expresslane.server.wire import (Abort, Add, Failed, LoadLoRA, LoRADone, Outputs, Profile, Profiled, Ready,
+                                    Shutdown, ToEngine, UnloadLoRA)
 
 if TYPE_CHECKING:  # imported by run_engine, in the engine process: the API process imports this module too
     from expresslane.engine.core import EngineCore
@@ -102,6 +103,18 @@ def _profile(profiler: EngineProfiler | None, start: bool) -> Profiled:
         return Profiled(error=f"{type(e).__name__}: {e}", status=500)
 
 
+def _lora(core: EngineCore, msg: LoadLoRA | UnloadLoRA) -> LoRADone:
+    if isinstance(msg, UnloadLoRA):
+        if core.remove_lora(msg.lora_int_id):
+            return LoRADone()
+        return LoRADone(f"no LoRA adapter with id {msg.lora_int_id}", 404)
+    try:
+        core.add_lora(msg.lora)
+    except ValueError as e:  # a bad directory, a rank over --max-lora-rank, --enable-lora off
+        return LoRADone(str(e), 400)
+    return LoRADone()
+
+
 def _loop(core: EngineCore, inp: zmq.Socket, out: zmq.Socket, encode, profiler: EngineProfiler | None) -> None:
     inbox = Inbox(msgspec.msgpack.Decoder(ToEngine).decode)
     while True:
@@ -127,6 +140,8 @@ def _loop(core: EngineCore, inp: zmq.Socket, out: zmq.Socket, encode, profiler: 
                 inbox.aborted(msg.request_ids)
             elif isinstance(msg, Profile):
                 out.send(encode(_profile(profiler, msg.start)))
+            elif isinstance(msg, (LoadLoRA, UnloadLoRA)):
+                out.send(encode(_lora(core, msg)))
             elif isinstance(msg, Shutdown):
                 return
         if not (busy or handled):

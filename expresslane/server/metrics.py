@@ -105,8 +105,16 @@ class Metrics:
         self.expert_imbalance = gauge("moe_expert_load_imbalance", "Mixture of experts, per sparse layer: tokens of "
                                       "its busiest expert over the mean per expert, in the traffic between the last "
                                       "two updates (1 = balanced; E/k = every token on the same k experts).", moe)
+        self.lora_info = gauge("lora_requests_info", "LoRA adapters (vLLM's series): the one sample's labels name "
+                               "the adapters of running and waiting requests (comma-joined) and the slots; its "
+                               "value is when the engine said so (Unix time).",
+                               ("model_name", "running_lora_adapters", "waiting_lora_adapters", "max_lora"))
+        self.lora_loads = counter("lora_adapter_loads", "LoRA adapters read from their directory and checked "
+                                  "(--lora-modules, /v1/load_lora_adapter, or a request's adapter the engine did not "
+                                  "hold).")
         self._engine_totals = StepStats(0, 0, 0.0)
         self._expert_totals: dict[int, list[int]] = {}
+        self._lora_labels: tuple | None = None
         for lane in LANES:  # every series exists from the start, at 0
             for reason in FINISH_REASONS:
                 self.success.labels(model_name, lane, reason)
@@ -157,6 +165,13 @@ class Metrics:
             self.step_time_predicted.labels(m).observe(s.predicted_step_time)
         if s.expert_tokens is not None:
             self._expert_load(s.expert_tokens)
+        if s.lora_running is not None:
+            self.lora_loads.labels(m).inc(max(0, s.lora_loads - last.lora_loads))
+            labels = (m, s.lora_running, s.lora_waiting, str(s.max_loras))
+            if labels != self._lora_labels:  # one sample: the adapters as they are now
+                self.lora_info.clear()
+                self._lora_labels = labels
+            self.lora_info.labels(*labels).set_to_current_time()
 
     def _expert_load(self, totals: dict[int, list[int]]) -> None:
         """The engine's cumulative per-expert counters: counters advance by the difference;

@@ -22,7 +22,7 @@ from typing import AsyncIterator, Callable
 import msgspec
 
 from expresslane.engine.output_processor import OutputProcessor, child_params
-from expresslane.contract import POOLING_SAMPLING, EngineCoreOutput, EngineCoreRequest
+from expresslane.contract import POOLING_SAMPLING, EngineCoreOutput, EngineCoreRequest, LoRARequest
 from expresslane.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestMetrics, RequestOutput
 from expresslane.pooling_params import PoolingParams
 from expresslane.sampling_params import SamplingParams
@@ -153,8 +153,8 @@ class RequestTracker:
         return len(self._prompts)
 
     def add(self, request_id: str, prompts: list[tuple[str | None, list[int]]], params: SamplingParams, *,
-            lane: str, priority: int, eos: tuple[int, ...], timeout: float | None
-            ) -> tuple[RequestGroup, list[EngineCoreRequest]]:
+            lane: str, priority: int, eos: tuple[int, ...], timeout: float | None,
+            lora_request: LoRARequest | None = None) -> tuple[RequestGroup, list[EngineCoreRequest]]:
         """Register an admitted request; returns its group and the engine requests to send."""
         arrival = time.monotonic()
         self.num_added += 1
@@ -170,7 +170,7 @@ class RequestTracker:
             for j, sid in enumerate(seq_ids):
                 self._seqs[sid] = p
                 sp = engine_params if params.n == 1 else child_params(engine_params, j)
-                batch.append(EngineCoreRequest(sid, ids, sp, eos, arrival, priority, lane, work))
+                batch.append(EngineCoreRequest(sid, ids, sp, eos, arrival, priority, lane, work, lora_request=lora_request))
             self.admission.add(lane, len(seq_ids), len(seq_ids) * len(ids))
         return group, batch
 

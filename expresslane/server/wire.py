@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from expresslane.contract import EngineCoreOutput, EngineCoreRequest, StepStats
+from expresslane.contract import EngineCoreOutput, EngineCoreRequest, LoRARequest, StepStats
 
 
 ADD_PIECE_TOKENS = 32_768  # prompt tokens per Add message at most (unless one prompt is longer)
@@ -48,6 +48,22 @@ class Profiled(msgspec.Struct, tag=True):
     status: int = 200  # the HTTP status the API answers with: 400 (wrong state) or 500 (the trace failed)
 
 
+class LoadLoRA(msgspec.Struct, tag=True):
+    lora: LoRARequest
+
+
+class UnloadLoRA(msgspec.Struct, tag=True):
+    lora_int_id: int
+
+
+class LoRADone(msgspec.Struct, tag=True):
+    """The engine's answer to ``LoadLoRA`` or ``UnloadLoRA``, in order: None, or why it refused
+    and the HTTP status to answer with (400: a bad adapter; 404: no such adapter)."""
+
+    error: str | None = None
+    status: int = 200
+
+
 class Ready(msgspec.Struct, tag=True):
     max_model_len: int
     num_kv_blocks: int
@@ -89,5 +105,5 @@ class OutputId(msgspec.Struct):
     request_id: str
 
 
-ToEngine = Add | Abort | Shutdown | Profile
-FromEngine = Ready | Failed | OutputsIn | Profiled  # what the API process decodes (the engine encodes Outputs)
+ToEngine = Add | Abort | Shutdown | Profile | LoadLoRA | UnloadLoRA
+FromEngine = Ready | Failed | OutputsIn | Profiled | LoRADone  # what the API process decodes (the engine encodes Outputs)

@@ -1,0 +1,215 @@
+"""Gemma 2 and Gemma 3 (text): the Llama-family model (models/llama.py: projections, weights
+loading, tensor parallelism) with what Gemma does differently, as transformers computes it:
+
+    norms       RMSNorm scaled by (1 + w), in float32, rounded once; four a layer: before and
+                after attention, before and after the MLP (the residual adds the post-norms' output)
+    embedding   times sqrt(hidden_size), rounded to the model dtype first
+    MLP         GeGLU: gelu (tanh approximation) of the gate times up
+    attention   scale query_pre_attn_scalar ** -0.5; Gemma 2 caps each score at
+                attn_logit_softcapping (softcap * tanh(s / softcap)); Gemma 3 normalises q and k
+                per head and gives its sliding layers their own RoPE base (the local one)
+    logits      capped at final_logit_softcapping (when set)
+
+With the `triton` backend the norms (residual add included) and GeGLU are fused Triton kernels,
+as Llama's are (layers/triton_ops.py).
+
+A layer's attention keeps its `sliding_window` (None on global layers), which the attention
+backends apply; the global layers read every key, so the KV manager frees no block.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from expresslane.attention.backend import AttentionBackend, AttentionMetadata
+from expresslane.distributed.group import TPGroup
+from expresslane.distributed.layers import VocabParallelEmbedding
+from expresslane.layers.activation import gelu_and_mul
+from expresslane.layers.rotary import RotaryEmbedding, rope_parameters
+from expresslane.models.llama import MLP, Attention, LlamaForCausalLM
+from expresslane.quant import QuantConfig
+
+SLIDING, FULL = "sliding_attention", "full_attention"
+ACTIVATIONS = ("gelu_pytorch_tanh",)  # gelu with the tanh approximation, as torch computes it
+
+
+class GemmaRMSNorm(nn.Module):
+    """x / rms(x) * (1 + w), computed in float32 and rounded to x's dtype once (w stays as loaded:
+    storing 1 + w in bfloat16 would round it); one fused Triton pass when `fused`."""
+
+    def __init__(self, size: int, eps: float, fused: bool = False):
+        super().__init__()
+        self.eps = eps
+        self.fused = fused
+        self.weight = nn.Parameter(torch.zeros(size))
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        f = x.float()
+        f = f * torch.rsqrt(f.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (f * (1.0 + self.weight.float())).to(x.dtype)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """As RMSNorm.forward: norm(x), or (norm(x + residual), x + residual)."""
+        if self.fused:
+            from expresslane.layers.triton_ops import rms_norm
+            return rms_norm(x, self.weight, self.eps, residual, offset=True)
+        if residual is None:
+            return self._norm(x)
+        x = x + residual
+        return self._norm(x), x
+
+
+class _ScaledEmbedding:
+    """The embedding times `embed_scale` (a buffer in the weight's dtype)."""
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return super().forward(ids) * self.embed_scale
+
+
+class ScaledEmbedding(_ScaledEmbedding, nn.Embedding):
+    pass
+
+
+class ScaledVocabParallelEmbedding(_ScaledEmbedding, VocabParallelEmbedding):
+    pass
+
+
+class GemmaMLP(MLP):
+    def forward(self, x):
+        return self.down_proj(gelu_and_mul(self.gate_up_proj(x), self.fused, self.fp8_act))
+
+
+class GemmaAttention(Attention):
+    def __init__(self, cfg, backend: AttentionBackend, rotary: RotaryEmbedding, layer_type: str, qk_norm: bool,
+                 quant: QuantConfig | None, prefix: str, tp: TPGroup):
+        super().__init__(cfg, backend, rotary, False, False, quant, prefix, tp)
+        self.scale = float(cfg.query_pre_attn_scalar) ** -0.5
+        self.softcap = getattr(cfg, "attn_logit_softcapping", None)
+        self.sliding_window = cfg.sliding_window if layer_type == SLIDING else None
+        if qk_norm:  # over the head dim of [T, heads, D]: the fused kernel takes any leading shape
+            self.q_norm = GemmaRMSNorm(self.head_dim, cfg.rms_norm_eps, backend.fused_ops)
+            self.k_norm = GemmaRMSNorm(self.head_dim, cfg.rms_norm_eps, backend.fused_ops)
+
+    def attention(self, positions, qkv, meta: AttentionMetadata):
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:  # here, not in the backend's kernel: its norm is Llama's (w, not 1 + w)
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = self.backend.store(positions, q, k, v, self.rotary, self.kv_cache, meta, self.kv_scales)
+        return self.backend.attend(q, self.kv_cache, meta, self.scale, self.kv_scales, self.softcap,
+                                   window=self.sliding_window).flatten(1)
+
+
+class GemmaDecoderLayer(nn.Module):
+    sparse = False
+    fused_rows = 0  # the fused decode layer is Llama's layer
+
+    def __init__(self, cfg, attn: GemmaAttention, mlp: GemmaMLP, fused: bool):
+        super().__init__()
+        self.self_attn, self.mlp = attn, mlp
+        for name in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                     "post_feedforward_layernorm"):
+            setattr(self, name, GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps, fused))
+
+    def fused_decode_refusal(self) -> str | None:
+        return "Gemma's layers (four (1 + w) norms, GeGLU)"
+
+    def forward(self, positions, x, residual, meta: AttentionMetadata):
+        """(hidden, residual) in and out, as the Llama layer: their sum is the residual stream.
+        The post-norms' outputs join it in the next norm's residual add."""
+        if residual is None:
+            x, residual = self.input_layernorm(x), x
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.post_attention_layernorm(self.self_attn(positions, x, meta))
+        x, residual = self.pre_feedforward_layernorm(x, residual)
+        return self.post_feedforward_layernorm(self.mlp(x)), residual
+
+
+def layer_types(cfg, pattern: int) -> list[str]:
+    """Each layer's kind: config.json's `layer_types`, or else every `sliding_window_pattern`-th
+    layer global (`pattern`: the family's default)."""
+    n = cfg.num_hidden_layers
+    types = getattr(cfg, "layer_types", None)
+    if types is None:
+        pattern = getattr(cfg, "sliding_window_pattern", None) or pattern
+        return [SLIDING if (i + 1) % pattern else FULL for i in range(n)]
+    types = list(types)
+    if len(types) != n or not set(types) <= {SLIDING, FULL}:
+        raise ValueError(f"layer_types must list {n} entries of {SLIDING!r} or {FULL!r}, got {types}")
+    return types
+
+
+def layer_rope(cfg, layer_type: str) -> tuple[float, dict | None]:
+    """(theta, scaling) of one kind of layer: transformers 5 keeps one entry per kind in
+    `rope_parameters`; 4.x configs give sliding layers `rope_local_base_freq`, unscaled."""
+    params = getattr(cfg, "rope_parameters", None) or {}
+    if layer_type in params:
+        p = params[layer_type]
+        return float(p["rope_theta"]), (p if p.get("rope_type", "default") != "default" else None)
+    local = getattr(cfg, "rope_local_base_freq", None)
+    if layer_type == SLIDING and local is not None:
+        return float(local), None
+    return rope_parameters(cfg)
+
+
+class Gemma2ForCausalLM(LlamaForCausalLM):
+    window_pattern = 2  # every other layer global, when config.json lists no layer types
+    qk_norm = False
+
+    @classmethod
+    def attention_windows(cls, cfg) -> list[int | None]:
+        return [cfg.sliding_window if kind == SLIDING else None for kind in layer_types(cfg, cls.window_pattern)]
+
+    def __init__(self, cfg, backend: AttentionBackend, quant: QuantConfig | None = None, tp: TPGroup | None = None):
+        act = getattr(cfg, "hidden_activation", None) or getattr(cfg, "hidden_act", None)
+        if act not in ACTIVATIONS:
+            raise ValueError(f"hidden_activation {act!r} is not supported for {type(self).__name__} "
+                             f"(supported: {', '.join(ACTIVATIONS)})")
+        if getattr(cfg, "use_bidirectional_attention", False):
+            raise ValueError("use_bidirectional_attention is not supported (causal attention only)")
+        self.final_softcap = getattr(cfg, "final_logit_softcapping", None)
+        self.layer_types = layer_types(cfg, self.window_pattern)
+        super().__init__(cfg, backend, quant, tp)
+
+    def make_embedding(self, cfg, tp: TPGroup) -> nn.Module:
+        emb = (ScaledVocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp) if tp.size > 1
+               else ScaledEmbedding(cfg.vocab_size, cfg.hidden_size))
+        scale = torch.tensor(cfg.hidden_size ** 0.5, dtype=torch.float32).to(emb.weight.dtype)
+        emb.register_buffer("embed_scale", scale, persistent=False)
+        return emb
+
+    def make_rotary(self, cfg, head_dim: int) -> RotaryEmbedding:
+        """The global layers' table; sliding layers with another base get `local_rotary`."""
+        rotary = RotaryEmbedding(head_dim, cfg.max_position_embeddings, *layer_rope(cfg, FULL))
+        local = layer_rope(cfg, SLIDING)
+        same = local == layer_rope(cfg, FULL)
+        self.local_rotary = rotary if same else RotaryEmbedding(head_dim, cfg.max_position_embeddings, *local)
+        return rotary
+
+    def make_layer(self, cfg, index: int, backend: AttentionBackend, quant: QuantConfig | None,
+                   tp: TPGroup) -> nn.Module:
+        prefix = f"model.layers.{index}"
+        kind = self.layer_types[index]
+        rotary = self.local_rotary if kind == SLIDING else self.rotary
+        attn = GemmaAttention(cfg, backend, rotary, kind, self.qk_norm, quant, f"{prefix}.self_attn", tp)
+        mlp = GemmaMLP(cfg, quant, f"{prefix}.mlp", tp, backend.fused_ops)
+        return GemmaDecoderLayer(cfg, attn, mlp, backend.fused_ops)
+
+    def make_norm(self, cfg, fused: bool) -> nn.Module:
+        return GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps, fused)
+
+    def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """float32 logits, capped at final_logit_softcapping (in float32) when it is set."""
+        logits = super().compute_logits(hidden, out)
+        if self.final_softcap is None:
+            return logits
+        return logits.div_(self.final_softcap).tanh_().mul_(self.final_softcap)
+
+
+class Gemma3ForCausalLM(Gemma2ForCausalLM):
+    window_pattern = 6
+    qk_norm = True
