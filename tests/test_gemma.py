@@ -2,7 +2,6 @@
 test_equivalence.py checks for every architecture: logprobs, the soft-caps in the Triton kernels
 (through the interpreter), the per-layer RoPE tables and windows, and the refusals."""
 
-import logging
 import random
 
 import pytest
