@@ -56,8 +56,7 @@ def resolve_max_model_len(requested: int | None, hf_config) -> int:
 
 
 def max_step_tokens(config: EngineConfig) -> int:
-    """Most tokens one request computes in a step: a chunk of the budget, or a whole prompt when
-    static or dynamic batching prefills a batch in one step."""
+    """Most tokens one request computes in a step (static batching: a whole prompt)."""
     if config.scheduler.batching != "continuous":
         return config.model.max_model_len
     return min(config.scheduler.max_num_batched_tokens, config.model.max_model_len)

@@ -132,8 +132,7 @@ class ModelRunner(Runner):
         log.info("fused decode layer: the norms folded into %d layers' QKV and gate|up weights", len(self.model.layers))
 
     def _kv_window(self, windows: list[int | None]) -> int | None:
-        """The window past which no layer reads a key (None: some layer reads them all, or a
-        draft model shares the block ids with a cache of its own)."""
+        """None: some layer reads every key, or a draft model's cache shares the block ids."""
         if not windows or None in windows:
             if any(w is not None for w in windows):
                 log.info("sliding window on %d of %d layers: the others attend to every key, so no KV block is "
@@ -443,7 +442,7 @@ class ModelRunner(Runner):
 
 
 def _prefill_library(config: EngineConfig, windows: list[int | None]) -> str:
-    """prefill_attention, except that the library path has no sliding window ('auto' keeps the kernel)."""
+    """prefill_attention; the library has no window."""
     choice = config.device.prefill_attention
     if choice == "triton" or all(w is None for w in windows):
         return choice
