@@ -17,7 +17,7 @@ _POINTERS = {"pos_ptr": "*i64", "slot_ptr": "*i64", "block_tables_ptr": "*i32", 
              "query_start_loc_ptr": "*i32", "work_ptr": "*i32", "cos_sin_ptr": "*fp32", "part_acc_ptr": "*fp32",
              "part_ml_ptr": "*fp32", "part_ptr": "*fp32", "count_ptr": "*i32", "lse_a_ptr": "*fp32",
              "lse_b_ptr": "*fp32"}
-_FLOATS = {"scale", "eps", "k_scale", "v_scale", "norm_eps"}
+_FLOATS = {"scale", "eps", "k_scale", "v_scale", "norm_eps", "softcap"}
 
 
 def _cases():
@@ -47,7 +47,7 @@ def _cases():
                     G=g, G_PAD=pow2(g), HK=kv_heads, BLOCK_Q=max(1, rows // pow2(g)), BLOCK_N=block_n, HEAD_DIM=dim,
                     D_PAD=max(16, pow2(dim)), PAGE=16, DECODE=decode, MASK_ALL=mask_all, FUSED_REDUCE=fused,
                     PRECISION=precision, MAX_SPLITS=64 if decode else 16, COMBINE_CHUNK=16 if decode else 1,
-                    HAS_WINDOW=window), cache
+                    SOFTCAP=False, HAS_WINDOW=window), cache
         yield "reduce_splits_kernel", "bf16", dict(HEAD_DIM=dim, D_PAD=max(16, pow2(dim)), MAX_SPLITS=16)
         yield "merge_lse_kernel", "bf16", dict(HEAD_DIM=dim, D_PAD=max(16, pow2(dim)), BLOCK_T=16)  # library prefill
     # fused norm and SiLU-and-mul (layers/triton_ops.py), also quantizing their output for an FP8 linear
