@@ -134,6 +134,23 @@ def test_windowed_kernels_match_the_exact_attention(case, variant):
     assert err < 1e-5, f"relative error {err:.2e}"
 
 
+def test_window_with_a_soft_cap():
+    """Gemma 2's sliding layers: the window and the score cap together, Triton against torch."""
+    triton_backend = pytest.importorskip("expresslane.attention.triton_backend")
+    heads, kv_heads, dim, window, seqs = WINDOW_CASES[0]
+    q, kv, meta, _ = windowed_step(heads, kv_heads, dim, window, seqs, seed=5)
+    q = q * 4  # scores far past the cap
+    ref = TorchAttentionBackend().attend(q, kv, meta, dim ** -0.5, softcap=2.0, window=window)
+    args, attributes = _variant("small-split", window)
+    backend = triton_backend.TritonAttentionBackend(heads, kv_heads, dim, DEVICE, **args)
+    for name, value in attributes.items():
+        setattr(backend, name, value)
+    backend.prepare(meta)
+    out = backend.attend(q, kv, meta, dim ** -0.5, softcap=2.0, window=window)
+    assert torch.isfinite(ref).all() and torch.isfinite(out).all()
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
 def test_the_kernel_walks_only_the_window(monkeypatch):
     """Key tiles walked (through the interpreter): a decode at 400 keys and a 16-token chunk after
     300 walk the tiles from their first window on, not every tile of the context."""
