@@ -60,8 +60,7 @@ def _compile_all() -> None:
         ir = compile_ir(triton_kernels.paged_attention_kernel, {**ptrs, **scalars, **strides}, {
             "G": 4, "G_PAD": 4, "HK": 8, "BLOCK_Q": 4 if decode else 16, "BLOCK_N": 64, "HEAD_DIM": 128, "D_PAD": 128,
             "PAGE": 16, "DECODE": decode, "MASK_ALL": False, "FUSED_REDUCE": decode, "PRECISION": "tf32",
-            "MAX_SPLITS": 64 if decode else 16, "COMBINE_CHUNK": 16 if decode else 1, "SOFTCAP": False,
-            "HAS_WINDOW": False})
+            "SOFTCAP": False, "HAS_WINDOW": False})
         assert "tt.dot" in ir
     print("compiled")
 

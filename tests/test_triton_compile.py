@@ -46,8 +46,7 @@ def _cases():
                 yield "paged_attention_kernel", dtype, dict(
                     G=g, G_PAD=pow2(g), HK=kv_heads, BLOCK_Q=max(1, rows // pow2(g)), BLOCK_N=block_n, HEAD_DIM=dim,
                     D_PAD=max(16, pow2(dim)), PAGE=16, DECODE=decode, MASK_ALL=mask_all, FUSED_REDUCE=fused,
-                    PRECISION=precision, MAX_SPLITS=64 if decode else 16, COMBINE_CHUNK=16 if decode else 1,
-                    SOFTCAP=False, HAS_WINDOW=window), cache
+                    PRECISION=precision, SOFTCAP=False, HAS_WINDOW=window), cache
         yield "reduce_splits_kernel", "bf16", dict(HEAD_DIM=dim, D_PAD=max(16, pow2(dim)), MAX_SPLITS=16)
         yield "merge_lse_kernel", "bf16", dict(HEAD_DIM=dim, D_PAD=max(16, pow2(dim)), BLOCK_T=16)  # library prefill
     # fused norm and SiLU-and-mul (layers/triton_ops.py), also quantizing their output for an FP8 linear

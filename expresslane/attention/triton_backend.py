@@ -53,7 +53,6 @@ class TritonAttentionBackend(AttentionBackend):
     AUTO_MIN_CONTEXT = 4096
     SPLIT_MIN_KEYS = 512  # keys a slice of a split prefill item has at least
     MAX_PREFILL_SPLITS = 16  # slices of one item at most
-    COMBINE_CHUNK = 16  # decode splits a program combines per load (prefill tiles, of many rows: one)
     SPLIT_WAVES = 2  # split items fill about this many waves of programs
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, device: torch.device,
@@ -264,9 +263,7 @@ class TritonAttentionBackend(AttentionBackend):
                 part_acc.stride(0), part_acc.stride(2), 0, part_acc.stride(1),
                 part_ml.stride(0), part_ml.stride(2), 0, part_ml.stride(1),
                 BLOCK_Q=self.decode_q, BLOCK_N=tile.block_n, DECODE=True, MASK_ALL=tile.mask_all,
-                FUSED_REDUCE=tile.fused_reduce, MAX_SPLITS=_pow2(tile.max_splits),
-                COMBINE_CHUNK=min(self.COMBINE_CHUNK, _pow2(tile.max_splits)), num_warps=tile.num_warps,
-                num_stages=tile.num_stages, **common)
+                FUSED_REDUCE=tile.fused_reduce, num_warps=tile.num_warps, num_stages=tile.num_stages, **common)
             if not tile.fused_reduce and s > 1:  # one split wrote the output itself
                 reduce_splits_kernel[(nd, self.num_heads)](
                     part_acc, part_ml, out, s, part_acc.stride(0), part_acc.stride(1), part_ml.stride(0),
@@ -279,7 +276,7 @@ class TritonAttentionBackend(AttentionBackend):
                 meta.prefill_work, scale, 1, *kv_scales, softcap or 1.0, window or 0, *strides, acc.stride(0),
                 acc.stride(0), acc.stride(1), acc.stride(2), ml.stride(0), ml.stride(0), ml.stride(1), ml.stride(2),
                 BLOCK_Q=bq, BLOCK_N=tile.block_n, DECODE=False, MASK_ALL=tile.mask_all,
-                FUSED_REDUCE=False, MAX_SPLITS=_pow2(self.MAX_PREFILL_SPLITS), COMBINE_CHUNK=1,
+                FUSED_REDUCE=False,
                 num_warps=tile.num_warps, num_stages=tile.num_stages, **common)
         for i in meta.library_seqs:
             seq_attention(q, kv_cache, meta, i, scale, out)

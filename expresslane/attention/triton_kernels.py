@@ -167,8 +167,8 @@ def paged_attention_kernel(
         stride_pa_s, stride_pa_p, stride_pa_t, stride_pa_h, stride_ml_s, stride_ml_p, stride_ml_t, stride_ml_h,
         G: tl.constexpr, G_PAD: tl.constexpr, HK: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
         HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, PAGE: tl.constexpr, DECODE: tl.constexpr,
-        MASK_ALL: tl.constexpr, FUSED_REDUCE: tl.constexpr, PRECISION: tl.constexpr, MAX_SPLITS: tl.constexpr,
-        COMBINE_CHUNK: tl.constexpr, SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr):
+        MASK_ALL: tl.constexpr, FUSED_REDUCE: tl.constexpr, PRECISION: tl.constexpr, SOFTCAP: tl.constexpr,
+        HAS_WINDOW: tl.constexpr):
     """Prefill (DECODE=False): one program per (work item, KV head), the HK KV heads of an item
     adjacent (program w * HK + kv_head), so the work list's order is the launch order. An item
     (work_ptr row: seq, q_off, split, splits, slot) is a tile of a seq's query tokens and, when
@@ -279,8 +279,7 @@ def paged_attention_kernel(
             tl.debug_barrier()  # every thread's partial is written before the (single-thread) atomic
             count = tl.atomic_add(count_ptr + slot * HK + kv_head, 1, sem="acq_rel", scope="gpu")
             if count == splits - 1:
-                _combine_splits(pa, ml, splits, stride_pa_p, stride_ml_p, o, row_ok, d_ok, BLOCK_Q * G_PAD, D_PAD,
-                                MAX_SPLITS, COMBINE_CHUNK)
+                _combine_splits(pa, ml, splits, stride_pa_p, stride_ml_p, o, row_ok, d_ok, BLOCK_Q * G_PAD, D_PAD)
                 tl.store(count_ptr + slot * HK + kv_head, 0)
     else:
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
@@ -289,27 +288,23 @@ def paged_attention_kernel(
 
 @triton.jit
 def _combine_splits(acc_ptrs, ml_ptrs, num_splits, stride_acc, stride_ml, out_ptrs, row_ok, d_ok, ROWS: tl.constexpr,
-                    D_PAD: tl.constexpr, MAX_SPLITS: tl.constexpr, CHUNK: tl.constexpr):
+                    D_PAD: tl.constexpr):
     """The rows' output from their splits' partials (acc at acc_ptrs + split * stride_acc, m and
-    l at ml_ptrs + split * stride_ml, + 1), read past L1 (other programs wrote them): every
-    split's m at once for the common maximum, then the weighted partials CHUNK splits a load
-    (independent loads in flight, not one split's latency after another)."""
-    s = tl.arange(0, MAX_SPLITS)
-    s_ok = (s < num_splits)[:, None] & row_ok[None, :]
-    m_s = tl.load(ml_ptrs[None, :] + s[:, None] * stride_ml, mask=s_ok, other=float("-inf"), cache_modifier=".cg")
-    l_s = tl.load(ml_ptrs[None, :] + s[:, None] * stride_ml + 1, mask=s_ok, other=0.0, cache_modifier=".cg")
-    m = tl.max(m_s, 0)
-    m_safe = tl.where(m == float("-inf"), 0.0, m)  # no key in any split
-    l = tl.sum(l_s * tl.math.exp2(m_s - m_safe[None, :]), 0)
+    l at ml_ptrs + split * stride_ml, + 1): an online softmax over the splits, read past L1
+    (other programs wrote them)."""
+    m = tl.full([ROWS], float("-inf"), tl.float32)
+    l = tl.zeros([ROWS], tl.float32)
     acc = tl.zeros([ROWS, D_PAD], tl.float32)
-    c = tl.arange(0, CHUNK)
-    for first in range(0, num_splits, CHUNK):
-        sc = first + c
-        ok = (sc < num_splits)[:, None] & row_ok[None, :]
-        m_c = tl.load(ml_ptrs[None, :] + sc[:, None] * stride_ml, mask=ok, other=float("-inf"), cache_modifier=".cg")
-        a = tl.load(acc_ptrs[None, :, :] + sc[:, None, None] * stride_acc, mask=ok[:, :, None], other=0.0,
-                    cache_modifier=".cg")
-        acc += tl.sum(a * tl.math.exp2(m_c - m_safe[None, :])[:, :, None], 0)
+    for s in range(num_splits):
+        m_s = tl.load(ml_ptrs + s * stride_ml, mask=row_ok, other=float("-inf"), cache_modifier=".cg")
+        l_s = tl.load(ml_ptrs + s * stride_ml + 1, mask=row_ok, other=0.0, cache_modifier=".cg")
+        a_s = tl.load(acc_ptrs + s * stride_acc, mask=row_ok[:, None], other=0.0, cache_modifier=".cg")
+        m_new = tl.maximum(m, m_s)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key in any split so far
+        alpha, beta = tl.math.exp2(m - m_safe), tl.math.exp2(m_s - m_safe)
+        acc = acc * alpha[:, None] + a_s * beta[:, None]
+        l = l * alpha + l_s * beta
+        m = m_new
     out = acc / tl.where(l == 0.0, 1.0, l)[:, None]
     tl.store(out_ptrs, out.to(out_ptrs.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
 
