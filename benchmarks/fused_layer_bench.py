@@ -6,9 +6,9 @@
 1. One dense layer of the Llama-3-8B shape (hidden 4096, intermediate 14336, 32 q / 8 kv heads
    of 128; random weights), batch 1 and 8, each seq decoding at 1k and 32k tokens of context:
    ``fused_layer``: us per layer (a CUDA graph of 32 calls of the layer, replayed, divided by
-   the calls) off, on, and on with today's decode attention (``on_split_reduce``: its splits
-   combined by a second kernel, as the tables choose, where ``on`` combines them in the
-   attention kernel); the weight-read floor at the copy bandwidth measured here, kernel
+   the calls) off, on (the attention's splits combined by a second kernel, as the tables
+   choose), and on with a one-launch attention (``on_one_launch``: the last split combines
+   them; ``--fused-splits``: also with at most that many splits); the weight-read floor at the copy bandwidth measured here, kernel
    launches per layer (torch.profiler over one eager call: each kernel's name and us), and
    the on-vs-off difference of the layer's output (the residual stream after it), relative
    to its largest value.
@@ -150,16 +150,13 @@ def layer_bench(args, out) -> None:
                 got = got.float()
                 if not smoke:
                     timings["on"] = measure(on)
-                    for most in args.fused_splits:  # the one-launch attention with fewer splits to combine
-                        base = dataclasses.replace(backend.decode_tile(batch), fused_reduce=False)
-                        backend._fused_reduce_tiles[base] = dataclasses.replace(base, fused_reduce=True,
-                                                                                max_splits=most)
+                    tables, tile = backend.decode_tiles, backend.decode_tile(batch)
+                    for most in [tile.max_splits, *args.fused_splits]:  # one launch: the last split combines
+                        one = dataclasses.replace(tile, fused_reduce=True, max_splits=most)
+                        backend.decode_tiles = {backend.d_pad: ((0, one),)}
                         backend.prepare(meta)
-                        timings[f"on_splits{most}"] = measure(on)
-                        del backend._fused_reduce_tiles[base]
-                    backend.fused_reduce_rows = 0  # the fused GEMVs beside today's attention (+ a reduce kernel)
-                    backend.prepare(meta)
-                    timings["on_split_reduce"] = measure(on)
+                        timings["on_one_launch" + ("" if most == tile.max_splits else f"_splits{most}")] = measure(on)
+                    backend.decode_tiles = tables
             err = float((got - want).abs().max() / want.abs().max())
             row = dict(bench="fused_layer", shape="smoke" if smoke else "llama-3-8b", batch=batch, context=context,
                        max_rel_diff_on_vs_off=err)
@@ -172,7 +169,7 @@ def layer_bench(args, out) -> None:
                     row[f"{mode}_launches"] = len(kernels)
                     row[f"{mode}_kernels_us"] = [(name[:50], round(t, 2)) for name, t in kernels]
                 row.update(speedup=round(row["off_us"] / row["on_us"], 3),
-                           speedup_split_reduce=round(row["off_us"] / row["on_split_reduce_us"], 3))
+                           speedup_one_launch=round(row["off_us"] / row["on_one_launch_us"], 3))
             emit(out, **row)
             del model, backend, layer, meta
 
@@ -244,7 +241,7 @@ def main() -> None:
     ap.add_argument("--contexts", type=lambda s: [int(x) for x in s.split(",")], default=[1024, 32768],
                     help="tokens of context each decoding seq of the one-layer part has")
     ap.add_argument("--fused-splits", type=lambda s: [int(x) for x in s.split(",") if x], default=[],
-                    help="also time the one-launch attention with at most these many splits")
+                    help="also time the one-launch attention (its last split combines) with at most these many splits")
     ap.add_argument("--smoke", action="store_true", help="CPU (Triton's interpreter), a tiny layer: on vs off only")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()

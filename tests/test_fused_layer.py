@@ -175,7 +175,7 @@ def _assert_close(got: torch.Tensor, want: torch.Tensor) -> None:
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])  # qwen3: per-head q/k norms in the RoPE kernel after QKV
 @pytest.mark.parametrize("lens", [[7], [3, 20, 16], [1, 5, 9, 17, 33, 2, 16, 30]], ids=["1", "3", "8"])
 def test_fused_decode_layer_matches_the_unfused_one(model_dirs, monkeypatch, arch, lens):
-    """Switch off vs on (norms folded into the weights, six launches a layer): the same final
+    """Switch off vs on (norms folded into the weights, seven launches a layer): the same final
     hidden states and KV writes within float32 rounding. Small tiles so that every GEMV of
     the tiny model runs split over K (2 to 4 programs a tile)."""
     from expresslane.layers import fused_gemv as fg
@@ -184,7 +184,6 @@ def test_fused_decode_layer_matches_the_unfused_one(model_dirs, monkeypatch, arc
     plain, backend, head_dim = _tiny_model(model_dirs[arch], seed=1)
     fused, fused_backend, _ = _tiny_model(model_dirs[arch], seed=1)
     fused.enable_fused_decode()
-    assert fused_backend.fused_reduce_rows == 16 and backend.fused_reduce_rows == 0
     assert all(layer.fused_rows == 16 for layer in fused.layers)
     assert all(bool((layer.input_layernorm.weight == 1).all()) for layer in fused.layers)
     from triton.runtime.jit import KernelInterface
@@ -197,8 +196,9 @@ def test_fused_decode_layer_matches_the_unfused_one(model_dirs, monkeypatch, arc
     assert "fused_gemv_kernel" not in launches  # switch off: today's path
     launches.clear()
     got, got_caches = _decode_step(fused, fused_backend, head_dim, lens, seed=2)
-    # six launches a layer, the final norm after them
-    per_layer = ["fused_gemv_kernel", "rope_store_kernel", "paged_attention_kernel"] + ["fused_gemv_kernel"] * 3
+    # seven launches a layer (six where the attention runs unsplit), the final norm after them
+    reduce = ["reduce_splits_kernel"] if fused_backend.num_splits(len(lens)) > 1 else []
+    per_layer = ["fused_gemv_kernel", "rope_store_kernel", "paged_attention_kernel", *reduce] + ["fused_gemv_kernel"] * 3
     assert launches == per_layer * len(fused.layers) + ["_rmsnorm_kernel"], launches
     for a, b in zip([got, *got_caches], [want, *want_caches]):
         _assert_close(a, b)
@@ -231,7 +231,6 @@ def test_the_engine_keeps_todays_path_where_the_switch_does_not_apply(llama_dir,
 
     with caplog.at_level("WARNING", logger="expresslane.runner.model_runner"):
         llm = LLM(str(llama_dir), max_model_len=64, num_kv_blocks=8, fused_decode_layer=True, **engine)
-    [(fused_rows, reduce_rows)] = llm.apply_model(lambda model: (
-        [layer.fused_rows for layer in model.layers], model.layers[0].self_attn.backend.fused_reduce_rows))
+    [fused_rows] = llm.apply_model(lambda model: [layer.fused_rows for layer in model.layers])
     assert "fused_decode_layer is off" in caplog.text
-    assert fused_rows and not any(fused_rows) and reduce_rows == 0
+    assert fused_rows and not any(fused_rows)

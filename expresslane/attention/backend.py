@@ -55,7 +55,6 @@ class AttentionBackend(ABC):
     supports_cuda_graphs: bool = False  # then the graph hooks below are implemented
     fused_ops: bool = False  # the model's RMSNorm and SiLU-and-mul use the fused Triton kernels too
     interpreted: bool = False  # kernels run under Triton's interpreter: step times say nothing of a device
-    fused_reduce_rows: int = 0  # decode batches up to this size attend in one launch (the fused decode layer)
 
     @abstractmethod
     def prepare(self, meta: AttentionMetadata) -> None:

@@ -13,7 +13,6 @@ least `AUTO_MIN_TOKENS` query tokens and `AUTO_MIN_CONTEXT` keys do.
 
 from __future__ import annotations
 
-import dataclasses
 
 import numpy as np
 import torch
@@ -87,7 +86,6 @@ class TritonAttentionBackend(AttentionBackend):
         if decode_tiles is None:
             decode_tiles = FP8_DECODE_TILES if self.kv_itemsize == 1 else DECODE_TILES
         self.decode_tiles = decode_tiles
-        self._fused_reduce_tiles: dict[DecodeTile, DecodeTile] = {}
 
     def prefill_tile(self, num_tokens: int) -> PrefillTile:
         """The tile of a step with `num_tokens` prefill tokens (a mixed graph: its bucket size); the
@@ -98,15 +96,8 @@ class TritonAttentionBackend(AttentionBackend):
         return tile
 
     def decode_tile(self, num_decodes: int) -> DecodeTile:
-        """The table's tile for a decode batch; up to `fused_reduce_rows` decodes, with its splits
-        combined by the last of them (one launch: the fused decode layer's attention)."""
-        tile = pick(self.decode_tiles, self.d_pad, num_decodes, DecodeTile())
-        if num_decodes <= self.fused_reduce_rows and not tile.fused_reduce:
-            fused = self._fused_reduce_tiles.get(tile)
-            if fused is None:
-                fused = self._fused_reduce_tiles[tile] = dataclasses.replace(tile, fused_reduce=True)
-            return fused
-        return tile
+        """The table's tile for a decode batch."""
+        return pick(self.decode_tiles, self.d_pad, num_decodes, DecodeTile())
 
     def block_q(self, tile: PrefillTile) -> int:
         """Query tokens per prefill program: the tile's rows over the padded group (at least one)."""

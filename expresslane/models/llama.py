@@ -266,13 +266,11 @@ class LlamaForCausalLM(nn.Module):
 
     def enable_fused_decode(self) -> None:
         """Turn on the fused decode layer (``fused_decode_layer``), once, after loading: every
-        layer's norm weights folded into its QKV and gate|up weights, and the backend's decode
-        attention combining its splits itself at those batch sizes (one launch, not two)."""
+        layer's norm weights folded into its QKV and gate|up weights."""
         if why := self.fused_decode_refusal():
             raise ValueError(f"the fused decode layer cannot run {why}")
         for layer in self.layers:
             layer.fold_norms()
-        self.layers[0].self_attn.backend.fused_reduce_rows = self.layers[0].fused_rows
 
     def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """float32 logits; into `out` when given (a CUDA graph's static output)."""
