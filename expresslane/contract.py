@@ -110,6 +110,10 @@ class StepStats:
     prefix_cache_queries: int = 0  # cumulative, tokens
     prefix_cache_hits: int = 0  # cumulative, tokens
     num_preemptions: int = 0  # cumulative
+    # a sliding window on every layer: KV blocks freed while their request ran (cumulative), and
+    # the blocks the running requests would hold without the window (now)
+    window_freed_blocks: int = 0
+    window_saved_blocks: int = 0
     # the step that completed during this call: its time (completion to completion, when it
     # ran right behind the one before; 0 otherwise) and what the step-cost model predicted
     step_time: float = 0.0
@@ -153,6 +157,11 @@ class NewRequest:
     rope_length: int = 0  # the length RoPE that depends on it sees (Request.rope_length); 0: the prompt's
 
 
+# The block-table entry of a position whose block the KV manager freed (out of every layer's
+# sliding window) or never held (before a windowed prefix-cache hit): no kernel reads it.
+NULL_BLOCK_ID = 0
+
+
 @dataclass(slots=True)
 class ScheduledSeq:
     """One request's share of a step."""
@@ -160,7 +169,7 @@ class ScheduledSeq:
     request_id: str
     token_ids: list[int]  # the tokens to compute now (a placeholder where `from_previous`)
     start_pos: int  # position of token_ids[0] = tokens already in the KV cache
-    new_block_ids: list[int]  # appended to the request's block table (all of it when it is new)
+    new_block_ids: list[int]  # appended to the request's block table (all of it when it is new; NULL_BLOCK_ID)
     sample: bool  # this step reaches the request's last token: sample the next one
     # the (single) input token is the one this request sampled in the previous step, still
     # on the device: the runner takes it from there

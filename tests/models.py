@@ -56,12 +56,21 @@ ARCHS = {
 }
 
 
-def build_model(arch: str, out_dir: Path, seed: int = 0, peak: float = 8.0) -> Path:
-    """A seeded random model whose next-token distributions are peaky (few near-ties)."""
+# built only where a test asks for them
+MORE_ARCHS = {
+    # Ministral: Mistral with a window on the layers `layer_types` names (here the first of two)
+    "ministral": ("MinistralConfig", "MinistralForCausalLM", dict(
+        head_dim=16, sliding_window=24, layer_types=["sliding_attention", "full_attention"])),
+}
+
+
+def build_model(arch: str, out_dir: Path, seed: int = 0, peak: float = 8.0, **overrides) -> Path:
+    """A seeded random model whose next-token distributions are peaky (few near-ties);
+    `overrides`: config fields over the arch's (e.g. sliding_window)."""
     import transformers
 
-    config_name, model_name, extra = ARCHS[arch]
-    config = getattr(transformers, config_name)(**{**_COMMON, **extra})
+    config_name, model_name, extra = ARCHS[arch] if arch in ARCHS else MORE_ARCHS[arch]
+    config = getattr(transformers, config_name)(**{**_COMMON, **extra, **overrides})
     torch.manual_seed(seed)
     model = getattr(transformers, model_name)(config).float().eval()
     with torch.no_grad():

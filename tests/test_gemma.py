@@ -2,12 +2,11 @@
 test_equivalence.py checks for every architecture: logprobs, the soft-caps in the Triton kernels
 (through the interpreter), the per-layer RoPE tables and windows, and the refusals."""
 
-import logging
 import random
 
 import pytest
 import torch
-from models import hf_greedy
+from models import build_model, hf_greedy
 
 from expresslane import LLM, SamplingParams
 from expresslane.attention.torch_backend import TorchAttentionBackend
@@ -132,13 +131,19 @@ def test_layers_windows_and_rope_bases_match_transformers(model_dirs):
     assert [layer.self_attn.sliding_window for layer in g2.layers] == [512, None]
 
 
-def test_max_model_len_capped_at_the_window(model_dirs, caplog):
-    with caplog.at_level(logging.INFO, logger="expresslane.engine.core"):
-        llm = LLM(str(model_dirs["gemma2"]))
-    assert llm.config.model.max_model_len == 512
-    assert "capped at the model's sliding_window" in caplog.text
-    with pytest.raises(ValueError, match=r"--max-model-len 600 is larger than the model's sliding_window of 512"):
-        LLM(str(model_dirs["gemma2"]), max_model_len=600)
+@pytest.mark.parametrize("arch", ["gemma2", "gemma3"])
+def test_windows_past_the_prompt_match_transformers(arch, tmp_path):
+    """A window of 24 tokens on the sliding layers, prompts past it in 16-token chunks: tokens as
+    transformers'; max_model_len is the model's, and with global layers beside them no block is
+    freed."""
+    d = build_model(arch, tmp_path / arch, sliding_window=24)
+    llm = LLM(str(d), max_num_batched_tokens=16)
+    assert llm.config.model.max_model_len == load_hf_config(d).max_position_embeddings
+    prompts = [[(7 * i + 3 * j) % 500 for j in range(n)] for i, n in enumerate((40, 100))]
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(temperature=0, max_tokens=8,
+                                                                                   ignore_eos=True), use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(d, p, 8) for p in prompts]
+    assert llm.engine.runner.kv_window is None and llm.engine.core.kv.window_freed_blocks == 0
 
 
 def test_refusals(model_dirs):

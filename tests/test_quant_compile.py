@@ -51,14 +51,16 @@ def _compile_all() -> None:
             "part_acc_ptr": "*fp32", "part_ml_ptr": "*fp32", "count_ptr": "*i32", "block_tables_ptr": "*i32",
             "seq_lens_ptr": "*i32",
             "query_start_loc_ptr": "*i32", "work_ptr": "*i32"}
-    scalars = {"scale": "fp32", "num_splits": "i32", "k_scale": "fp32", "v_scale": "fp32"}
+    scalars = {"scale": "fp32", "num_splits": "i32", "k_scale": "fp32", "v_scale": "fp32", "softcap": "fp32",
+               "window": "i32"}
     strides = dict.fromkeys(["stride_qt", "stride_qh", "stride_kb", "stride_ks", "stride_kh", "stride_ot",
                              "stride_oh", "stride_bt", "stride_pa_s", "stride_pa_p", "stride_pa_t", "stride_pa_h",
                              "stride_ml_s", "stride_ml_p", "stride_ml_t", "stride_ml_h"], "i32")
     for decode in (True, False):
         ir = compile_ir(triton_kernels.paged_attention_kernel, {**ptrs, **scalars, **strides}, {
             "G": 4, "G_PAD": 4, "HK": 8, "BLOCK_Q": 4 if decode else 16, "BLOCK_N": 64, "HEAD_DIM": 128, "D_PAD": 128,
-            "PAGE": 16, "DECODE": decode, "MASK_ALL": False, "FUSED_REDUCE": decode, "PRECISION": "tf32"})
+            "PAGE": 16, "DECODE": decode, "MASK_ALL": False, "FUSED_REDUCE": decode, "PRECISION": "tf32",
+            "SOFTCAP": False, "HAS_WINDOW": False})
         assert "tt.dot" in ir
     print("compiled")
 

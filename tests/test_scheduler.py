@@ -9,7 +9,7 @@ import pytest
 from expresslane.config import SchedulerConfig
 from expresslane.scheduler.batching import make_scheduler
 from expresslane.contract import EngineCoreRequest, StepPlan
-from expresslane.scheduler.kv_cache import KVCacheManager
+from expresslane.scheduler.kv_cache import KVCacheManager, hash_block, max_blocks_per_request
 from expresslane.scheduler.request import Request
 from expresslane.scheduler.scheduler import Scheduler
 from expresslane.sampling_params import SamplingParams
@@ -25,7 +25,7 @@ def make_request(rid, prompt, max_tokens, priority=0, t=0.0, max_model_len=4096,
 def check_invariants(sched: Scheduler, kv: KVCacheManager) -> None:
     holders: dict[int, int] = {}
     for rid in list(sched.requests):
-        for b in kv.block_ids(rid):
+        for b in kv.held_block_ids(rid):
             holders[b] = holders.get(b, 0) + 1
     for block in kv.pool.blocks:
         assert block.ref_cnt == holders.get(block.block_id, 0), f"block {block.block_id} refcount off"
@@ -38,11 +38,29 @@ def check_invariants(sched: Scheduler, kv: KVCacheManager) -> None:
             assert not kv.block_ids(rid), "a waiting request holds blocks"
 
 
-def drive(seed, num_blocks, budget, max_seqs, policy, caching, steps=4000, pipelined=False):
+def check_block_contents(sched: Scheduler, kv: KVCacheManager) -> None:
+    """Every block a running request holds at table index i is either unpublished or published
+    for exactly the tokens of its block i: a prefix hit never reads a block for other positions."""
+    for rid, req in sched.running.items():
+        held, table = kv.held_block_ids(rid), kv.block_ids(rid)
+        offset = len(table) - len(held)  # the freed entries lead
+        parent = None
+        hashes = []
+        for i in range(req.num_tokens // kv.block_size):
+            parent = hash_block(parent, req.all_token_ids[i * kv.block_size:(i + 1) * kv.block_size])
+            hashes.append(parent)
+        for j, block_id in enumerate(held):
+            published = kv.pool.blocks[block_id].block_hash
+            if published is not None:
+                assert published == hashes[offset + j], f"block {block_id} published for other tokens"
+
+
+def drive(seed, num_blocks, budget, max_seqs, policy, caching, steps=4000, pipelined=False, window=None):
     """Random arrivals, aborts and tokens. `pipelined`: step N+1 is planned before step N's
-    tokens are applied, as the engine does to overlap host and GPU work."""
+    tokens are applied, as the engine does to overlap host and GPU work. `window`: a sliding
+    window on every layer (the KV manager frees blocks out of it)."""
     rng = random.Random(seed)
-    kv = KVCacheManager(num_blocks, 4, enable_prefix_caching=caching)
+    kv = KVCacheManager(num_blocks, 4, enable_prefix_caching=caching, sliding_window=window)
     now = [0.0]  # one step = 10 ms: deadline's long prompts step aside for a while, then not
     sched = Scheduler(SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget,
                                       scheduling_policy=policy), kv, clock=lambda: now[0])
@@ -79,8 +97,12 @@ def drive(seed, num_blocks, budget, max_seqs, policy, caching, steps=4000, pipel
                 tables[new.request_id] = []
         for s in plan.seqs:
             tables[s.request_id] += s.new_block_ids
-            assert tables[s.request_id] == kv.block_ids(s.request_id)
+            first = kv.first_needed_block(s.start_pos)  # (0 without a window) the blocks this step reads
+            assert tables[s.request_id][first:] == kv.block_ids(s.request_id)[first:]
             assert len(tables[s.request_id]) * kv.block_size >= s.start_pos + len(s.token_ids)
+            if window is not None:
+                assert kv.num_held_blocks(s.request_id) <= max_blocks_per_request(4096, 4, window, budget)
+                assert kv.block_ids(s.request_id)[first:] == kv.held_block_ids(s.request_id)
         for s in plan.seqs:
             assert s.from_previous == (pipelined and s.request_id in prev_sampled), "input token source"
         sampled = {s.request_id: rng.choice([EOS] + list(range(1, 50)) * 8) for s in plan.seqs if s.sample}
@@ -90,6 +112,8 @@ def drive(seed, num_blocks, budget, max_seqs, policy, caching, steps=4000, pipel
             if out.finish_reason:
                 finished.add(out.request_id)
         check_invariants(sched, kv)
+        if window is not None:
+            check_block_contents(sched, kv)
         if next_id >= 60 and not sched.has_unfinished() and not prev_plan.seqs:
             break
     assert not sched.has_unfinished(), "every request must finish"
@@ -106,6 +130,17 @@ def test_random_workload_invariants(seed, policy, caching, pipelined):
     sched = drive(seed, num_blocks=16, budget=rng_budget(seed), max_seqs=6, policy=policy, caching=caching,
                   pipelined=pipelined)
     assert sched.num_preemptions > 0  # 16 blocks of 4 tokens is tight on purpose
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("pipelined", [False, True])
+def test_random_workload_invariants_with_a_sliding_window(seed, pipelined):
+    """A window of 6 tokens (blocks of 4) on every layer: blocks freed as requests move on,
+    windowed prefix hits, preemptions; refcounts, tables and bounds hold at every step."""
+    sched = drive(seed, num_blocks=16, budget=rng_budget(seed), max_seqs=6, policy="fcfs", caching=True,
+                  pipelined=pipelined, window=6)
+    assert sched.num_preemptions > 0 and sched.kv.window_freed_blocks > 0 and sched.kv.window_saved_blocks == 0
+    assert sched.kv.prefix_cache_hits > 0
 
 
 def rng_budget(seed):

@@ -17,7 +17,7 @@ _POINTERS = {"pos_ptr": "*i64", "slot_ptr": "*i64", "block_tables_ptr": "*i32", 
              "query_start_loc_ptr": "*i32", "work_ptr": "*i32", "cos_sin_ptr": "*fp32", "part_acc_ptr": "*fp32",
              "part_ml_ptr": "*fp32", "part_ptr": "*fp32", "count_ptr": "*i32", "lse_a_ptr": "*fp32",
              "lse_b_ptr": "*fp32"}
-_FLOATS = {"scale", "eps", "k_scale", "v_scale", "norm_eps"}
+_FLOATS = {"scale", "eps", "k_scale", "v_scale", "norm_eps", "softcap"}
 
 
 def _cases():
@@ -42,14 +42,17 @@ def _cases():
         for dtype, precision, cache in (("bf16", "tf32", {}), ("fp32", "ieee", {}),
                                         ("bf16", "tf32", dict(k_cache_ptr="*fp8e4nv", v_cache_ptr="*fp8e4nv"))):
             # decode, then every prefill tile shape the benchmark sweeps (the tables' entries among them)
-            for decode, rows, block_n, mask_all, fused in (
-                    (True, 16, 64, False, False), (True, 16, 64, True, False), (True, 16, 64, False, True),
-                    (False, 64, 64, False, False), (False, 64, 64, True, False), (False, 128, 128, False, False),
-                    (False, 256, 32, False, False), (False, 64, 32, False, False)):
+            # (a sliding window with the first of each kind)
+            for decode, rows, block_n, mask_all, fused, window in (
+                    (True, 16, 64, False, False, True), (True, 16, 64, False, False, False),
+                    (True, 16, 64, True, False, False), (True, 16, 64, False, True, False),
+                    (False, 64, 64, False, False, True), (False, 64, 64, False, False, False),
+                    (False, 64, 64, True, False, False), (False, 128, 128, False, False, False),
+                    (False, 256, 32, False, False, False), (False, 64, 32, False, False, False)):
                 yield "paged_attention_kernel", dtype, dict(
                     G=g, G_PAD=pow2(g), HK=kv_heads, BLOCK_Q=max(1, rows // pow2(g)), BLOCK_N=block_n, HEAD_DIM=dim,
                     D_PAD=max(16, pow2(dim)), PAGE=16, DECODE=decode, MASK_ALL=mask_all, FUSED_REDUCE=fused,
-                    PRECISION=precision), cache
+                    PRECISION=precision, SOFTCAP=False, HAS_WINDOW=window), cache
         yield "reduce_splits_kernel", "bf16", dict(HEAD_DIM=dim, D_PAD=max(16, pow2(dim)), MAX_SPLITS=16)
         yield "merge_lse_kernel", "bf16", dict(HEAD_DIM=dim, D_PAD=max(16, pow2(dim)), BLOCK_T=16)  # library prefill
     # fused norm and SiLU-and-mul (layers/triton_ops.py), also quantizing their output for an FP8 linear

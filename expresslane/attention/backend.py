@@ -16,7 +16,7 @@ for every new token. An FP8 cache (float8_e4m3fn) holds k / k_scale and v / v_sc
 (``kv_scales``, per layer), clamped to +-448 and rounded to nearest; readers multiply back.
 
 A layer calls ``store`` (RoPE on q and k, the new k/v of every token into the cache),
-then ``attend``. Invariant for every backend: the step's new k/v of *all* seqs are
+then ``attend`` (with the layer's sliding window, if it has one). Invariant for every backend: the step's new k/v of *all* seqs are
 written before any seq reads the cache, because a prefix-cache hit may point at
 blocks that another seq computes in this very step.
 """
@@ -74,9 +74,12 @@ class AttentionBackend(ABC):
 
     @abstractmethod
     def attend(self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
-               kv_scales: tuple[float, float] = (1.0, 1.0), softcap: float | None = None) -> torch.Tensor:
+               kv_scales: tuple[float, float] = (1.0, 1.0), softcap: float | None = None,
+               window: int | None = None) -> torch.Tensor:
         """Attention of the step's (rotated) queries over the cache: [T, Hq, D]. `softcap` (Gemma 2's
-        attn_logit_softcapping): each scaled score s becomes softcap * tanh(s / softcap) before the softmax."""
+        attn_logit_softcapping): each scaled score s becomes softcap * tanh(s / softcap) before the softmax.
+        `window` (the layer's sliding window): a query at position p sees keys p - window < j <= p, and
+        the blocks wholly before that are not read (the KV manager may have freed them)."""
 
     def warm_library(self, dtype: torch.dtype, device: torch.device, max_model_len: int, budget: int) -> int:
         """Build a library kernel's plans before serving (eager steps); returns how many (0: none)."""

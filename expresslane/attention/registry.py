@@ -11,10 +11,12 @@ from expresslane.attention.backend import AttentionBackend
 
 def get_backend(name: str, num_heads: int, num_kv_heads: int, head_dim: int,
                 device: torch.device, kv_dtype: torch.dtype = torch.bfloat16,
-                prefill_library: str = "triton", softcap: float | None = None) -> AttentionBackend:
+                prefill_library: str = "triton", softcap: float | None = None,
+                window: int | None = None) -> AttentionBackend:
     """`kv_dtype`: the KV cache's element type (the Triton tiles' shared memory depends on it);
     `prefill_library`: who runs long prefill chunks in the triton backend (library_prefill.py);
-    `softcap`: the model's attention-score cap (the library has none: "auto" keeps to the kernel)."""
+    `softcap`: the model's attention-score cap (the library has none: "auto" keeps to the kernel);
+    `window`: the sliding window every layer has (None: some layer sees every key)."""
     if name == "auto":
         name = "triton" if device.type == "cuda" else "torch"
     if name == "torch":
@@ -34,5 +36,5 @@ def get_backend(name: str, num_heads: int, num_kv_heads: int, head_dim: int,
             prefill_library = "triton"
         from expresslane.attention.triton_backend import TritonAttentionBackend
         return TritonAttentionBackend(num_heads, num_kv_heads, head_dim, device, kv_dtype=kv_dtype,
-                                      prefill_library=prefill_library)
+                                      prefill_library=prefill_library, window=window)
     raise ValueError(f"unknown attention backend {name!r} (available: torch, triton)")

@@ -53,34 +53,52 @@ class TorchAttentionBackend(AttentionBackend):
         return q
 
     def attend(self, q, kv_cache, meta: AttentionMetadata, scale: float, kv_scales=(1.0, 1.0),
-               softcap: float | None = None) -> torch.Tensor:
+               softcap: float | None = None, window: int | None = None) -> torch.Tensor:
         out = torch.empty_like(q)
         nd = meta.num_decodes
         if nd:
-            out[:nd] = self._decode(q[:nd], kv_cache, meta, scale, kv_scales, softcap)
+            out[:nd] = self._decode(q[:nd], kv_cache, meta, scale, kv_scales, softcap, window)
         starts = meta.query_start_loc_cpu
         for i in range(nd, len(starts) - 1):
             lo, hi, ctx = starts[i], starts[i + 1], meta.seq_lens_cpu[i]
-            out[lo:hi] = self._prefill(q[lo:hi], kv_cache, meta.block_tables[i:i + 1], ctx, scale, kv_scales, softcap)
+            out[lo:hi] = self._prefill(q[lo:hi], kv_cache, meta.block_tables[i:i + 1], ctx, scale, kv_scales, softcap,
+                                       window)
         return out
 
     @staticmethod
-    def _decode(q, kv_cache, meta: AttentionMetadata, scale, kv_scales, softcap):
+    def _decode(q, kv_cache, meta: AttentionMetadata, scale, kv_scales, softcap, window):
         nd, max_len = meta.num_decodes, meta.max_decode_seq_len
-        k, v = gather_kv(kv_cache, meta.block_tables[:nd], max_len)
+        lens = meta.seq_lens[:nd, None].long()
+        if window is None:
+            k, v = gather_kv(kv_cache, meta.block_tables[:nd], max_len)
+            valid = torch.arange(max_len, device=q.device)[None, :] < lens
+        else:  # each seq's blocks from the first its window reaches (clamped to its last: masked)
+            bs = kv_cache.shape[2]
+            first = (lens - window).clamp(min=0) // bs
+            span = min(-(-(window - 1) // bs) + 1, -(-max_len // bs))
+            idx = torch.minimum(first + torch.arange(span, device=q.device), (lens - 1).clamp(min=0) // bs)
+            kv = kv_cache[:, meta.block_tables[:nd].gather(1, idx.long()).long()].flatten(2, 3)
+            k, v = kv[0], kv[1]
+            pos = first * bs + torch.arange(span * bs, device=q.device)
+            valid = (pos < lens) & (pos >= lens - window)
         k, v = _dequant(k, kv_scales[0], q.dtype), _dequant(v, kv_scales[1], q.dtype)
-        valid = torch.arange(max_len, device=q.device)[None, :] < meta.seq_lens[:nd, None]
         o = _attention(q.unsqueeze(2), k.transpose(1, 2), v.transpose(1, 2),  # [B, H, 1, D], [B, Hk, L, D]
                        valid[:, None, None, :], scale, softcap)
         return o.squeeze(2)
 
     @staticmethod
-    def _prefill(q, kv_cache, block_table, ctx: int, scale, kv_scales, softcap):
-        n = q.shape[0]
-        k, v = gather_kv(kv_cache, block_table, ctx)
+    def _prefill(q, kv_cache, block_table, ctx: int, scale, kv_scales, softcap, window):
+        n, bs = q.shape[0], kv_cache.shape[2]
+        # keys from the block holding the first query's window start (none before: the KV manager may free them)
+        first = 0 if window is None else max(0, ctx - n - window + 1) // bs
+        k, v = gather_kv(kv_cache, block_table[:, first:], ctx - first * bs)
         k, v = _dequant(k, kv_scales[0], q.dtype), _dequant(v, kv_scales[1], q.dtype)
-        # query j sits at position ctx - n + j and sees keys 0 .. ctx - n + j
-        mask = torch.ones(n, ctx, dtype=torch.bool, device=q.device).tril(diagonal=ctx - n)
+        # query j sits at position ctx - n + j and sees keys up to it (and, windowed, after it - window)
+        q_pos = torch.arange(ctx - n, ctx, device=q.device)[:, None]
+        k_pos = torch.arange(first * bs, ctx, device=q.device)[None, :]
+        mask = k_pos <= q_pos
+        if window is not None:
+            mask &= k_pos > q_pos - window
         o = _attention(q.transpose(0, 1)[None], k[0].transpose(0, 1)[None], v[0].transpose(0, 1)[None], mask,
                        scale, softcap)
         return o[0].transpose(0, 1)

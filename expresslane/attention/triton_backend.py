@@ -57,7 +57,9 @@ class TritonAttentionBackend(AttentionBackend):
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, device: torch.device,
                  prefill_tiles: Table | None = None, decode_tiles: Table | None = None,
                  kv_dtype: torch.dtype = torch.bfloat16, smem_bytes: int | None = None,
-                 prefill_library: str = "triton"):
+                 prefill_library: str = "triton", window: int | None = None):
+        """`window`: the sliding window of every layer, if they all have one: the prefill work list
+        then counts the keys of an item's window only (its order and splits)."""
         if prefill_library not in LIBRARIES:
             raise ValueError(f"prefill_attention must be one of {', '.join(LIBRARIES)}, got {prefill_library!r}")
         # auto only where it was measured (Hopper), or on the interpreter, whose CPU stand-in the tests
@@ -68,6 +70,7 @@ class TritonAttentionBackend(AttentionBackend):
             prefill_library = "auto" if hopper else "triton"
         self.library = prefill_library != "triton" and kv_dtype.itemsize > 1
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.window = window
         self.group = num_heads // num_kv_heads
         self.g_pad = _pow2(self.group)
         self.d_pad = max(16, _pow2(head_dim))
@@ -126,7 +129,10 @@ class TritonAttentionBackend(AttentionBackend):
         seq = np.repeat(np.arange(first_seq, first_seq + len(tiles)), tiles)
         q_off = (np.arange(len(seq)) - np.repeat(np.cumsum(tiles) - tiles, tiles)) * bq
         ctx = np.repeat(np.asarray(seq_lens, dtype=np.int64)[first_seq:first_seq + len(tiles)], tiles)
-        keys = np.minimum(ctx, ctx - np.repeat(q_lens, tiles) + q_off + bq)
+        first = ctx - np.repeat(q_lens, tiles) + q_off  # the item's first query position
+        keys = np.minimum(ctx, first + bq)
+        if self.window is not None:
+            keys -= np.maximum(first - self.window + 1, 0)
         order = np.argsort(-keys, kind="stable")
         seq, q_off, keys = seq[order], q_off[order], keys[order]
         fair = -(-int(keys.sum()) * self.num_kv_heads // (self.SPLIT_WAVES * self.sms))
@@ -224,15 +230,15 @@ class TritonAttentionBackend(AttentionBackend):
         return q_out
 
     def attend(self, q, kv_cache, meta: AttentionMetadata, scale: float, kv_scales=(1.0, 1.0),
-               softcap: float | None = None) -> torch.Tensor:
-        if softcap is not None and meta.library_seqs:
-            raise ValueError("the library prefill path cannot soft-cap attention scores (attn_logit_softcapping); "
-                             "use prefill_attention 'triton'")
+               softcap: float | None = None, window: int | None = None) -> torch.Tensor:
+        if (softcap is not None or window is not None) and meta.library_seqs:
+            raise ValueError("the library prefill path has no soft-cap (attn_logit_softcapping) and no sliding "
+                             "window; use prefill_attention 'triton'")
         hk, d = self.num_kv_heads, self.head_dim
         out = torch.empty_like(q)
         kc, vc = kv_cache[0], kv_cache[1]
         common = dict(G=self.group, G_PAD=self.g_pad, HK=hk, HEAD_DIM=d, D_PAD=self.d_pad,
-                      PAGE=kc.shape[1],
+                      PAGE=kc.shape[1], HAS_WINDOW=window is not None,
                       # float32 means "reference accuracy": no TF32 rounding of the dot operands
                       PRECISION="ieee" if q.dtype == torch.float32 else "tf32", SOFTCAP=softcap is not None)
         strides = (q.stride(0), q.stride(1), kc.stride(0), kc.stride(1), kc.stride(2), out.stride(0), out.stride(1),
@@ -247,7 +253,7 @@ class TritonAttentionBackend(AttentionBackend):
             part_ml = torch.empty(nd, self.num_heads, s, 2, dtype=torch.float32, device=q.device)
             paged_attention_kernel[(nd, hk, s)](
                 q, kc, vc, out, part_acc, part_ml, counters, meta.block_tables, meta.seq_lens, meta.query_start_loc,
-                meta.seq_lens, scale, s, *kv_scales, softcap or 1.0, *strides,  # partials: slot = seq, no token stride
+                meta.seq_lens, scale, s, *kv_scales, softcap or 1.0, window or 0, *strides,  # partials: slot = seq
                 part_acc.stride(0), part_acc.stride(2), 0, part_acc.stride(1),
                 part_ml.stride(0), part_ml.stride(2), 0, part_ml.stride(1),
                 BLOCK_Q=self.decode_q, BLOCK_N=tile.block_n, DECODE=True, MASK_ALL=tile.mask_all,
@@ -261,8 +267,8 @@ class TritonAttentionBackend(AttentionBackend):
             acc, ml = self._partials(bq, q.device)  # partials: slot + split, token, head
             paged_attention_kernel[(meta.prefill_work.shape[0] * hk,)](
                 q, kc, vc, out, acc, ml, counters, meta.block_tables, meta.seq_lens, meta.query_start_loc,
-                meta.prefill_work, scale, 1, *kv_scales, softcap or 1.0, *strides, acc.stride(0), acc.stride(0), acc.stride(1),
-                acc.stride(2), ml.stride(0), ml.stride(0), ml.stride(1), ml.stride(2),
+                meta.prefill_work, scale, 1, *kv_scales, softcap or 1.0, window or 0, *strides, acc.stride(0),
+                acc.stride(0), acc.stride(1), acc.stride(2), ml.stride(0), ml.stride(0), ml.stride(1), ml.stride(2),
                 BLOCK_Q=bq, BLOCK_N=tile.block_n, DECODE=False, MASK_ALL=tile.mask_all,
                 FUSED_REDUCE=False,
                 num_warps=tile.num_warps, num_stages=tile.num_stages, **common)

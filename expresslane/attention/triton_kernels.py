@@ -8,16 +8,19 @@ padded to a power of two), so each K/V tile is loaded once for the whole group::
     rows of the q tile:  (t0,h0) (t0,h1) .. (t0,h{G_PAD-1}) (t1,h0) ..
     row r -> token q_off + r // G_PAD, query head kv_head * G + r % G_PAD (valid if < G)
 
-A key at position j is visible to a query at position p iff j <= p; a query's
-position is ``seq_len - q_len + token``. Softmax is online (running max m, sum l).
+A key at position j is visible to a query at position p iff j <= p, and with a sliding
+window W also p - W < j (transformers' sliding_window_overlay); a query's position is
+``seq_len - q_len + token``. Key tiles wholly before a tile's first window are never read
+(nor their block-table entries: the KV manager frees those blocks). Softmax is online (running max m, sum l).
 Rows with nothing to attend to (padding, empty splits) produce zeros, never NaN. A decode's
 splits are combined by ``reduce_splits_kernel``, or (FUSED_REDUCE) by the last of them to
 finish, counted in on the device's arrival counters as the split-K GEMVs do; a split prefill
 item's slices always combine that way.
 
-The key loop runs in two parts: whole BLOCK_N tiles of keys that every row of the tile
-sees (all of a cached prefix and the keys before the tile's first query token) without
-masks, then the few tiles that cross the diagonal (or a decode split's ragged end) masked.
+The key loop runs in three parts: the tiles that cross the window's lower edge (none
+without a window) masked, then whole BLOCK_N tiles of keys that every row of the tile sees
+(all of a cached prefix and the keys before the tile's first query token) without masks,
+then the few tiles that cross the diagonal (or a decode split's ragged end) masked.
 """
 
 from __future__ import annotations
@@ -133,14 +136,18 @@ def _load_kv(ptrs, mask, d_mask, CAUSAL: tl.constexpr, MASK_D: tl.constexpr):
 
 @triton.jit
 def _attend_keys(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, table_ptr, start, hi, q_pos, kv_head_off, d, d_ok,
-                 qk_scale, cap_in, cap_out, stride_kb, stride_ks, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
-                 CAUSAL: tl.constexpr, MASK_D: tl.constexpr, PRECISION: tl.constexpr, SOFTCAP: tl.constexpr):
+                 qk_scale, cap_in, cap_out, stride_kb, stride_ks, k_min, window, BLOCK_N: tl.constexpr,
+                 PAGE: tl.constexpr, CAUSAL: tl.constexpr, MASK_D: tl.constexpr, PRECISION: tl.constexpr,
+                 SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr):
     """Keys start..start+BLOCK_N into the online softmax of the tile's rows. CAUSAL=False is
     only for a tile whose keys are all < hi and visible to every row: no masks, no -inf.
     SOFTCAP: each raw score s becomes cap_out * tanh(s * cap_in), already in the exp2 domain
-    (the caller passes qk_scale 1)."""
+    (the caller passes qk_scale 1). HAS_WINDOW: keys before `k_min` (no row's window reaches
+    them) are not loaded."""
     n = start + tl.arange(0, BLOCK_N)
     n_ok = n < hi
+    if HAS_WINDOW:
+        n_ok = n_ok & (n >= k_min)
     if CAUSAL:
         page = tl.load(table_ptr + n // PAGE, mask=n_ok, other=0)
     else:
@@ -152,7 +159,10 @@ def _attend_keys(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, table_ptr, start, h
     if SOFTCAP:  # tanh(x) = 1 - 2 / (e^2x + 1): exact at both ends (e^2x = inf or 0)
         s = (1.0 - 2.0 / (tl.math.exp2(s * (cap_in * 2.8853900817779268)) + 1.0)) * cap_out
     if CAUSAL:
-        s = tl.where(n_ok[None, :] & (n[None, :] <= q_pos[:, None]), s * qk_scale, float("-inf"))
+        seen = n_ok[None, :] & (n[None, :] <= q_pos[:, None])
+        if HAS_WINDOW:
+            seen = seen & (n[None, :] > q_pos[:, None] - window)
+        s = tl.where(seen, s * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that sees no key yet
         p = tl.math.exp2(s - m_safe[:, None])
@@ -172,12 +182,13 @@ def _attend_keys(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, table_ptr, start, h
 def paged_attention_kernel(
         q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_acc_ptr, part_ml_ptr, count_ptr,
         block_tables_ptr, seq_lens_ptr, query_start_loc_ptr, work_ptr,
-        scale, num_splits, k_scale, v_scale, softcap,
+        scale, num_splits, k_scale, v_scale, softcap, window,
         stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_ot, stride_oh, stride_bt,
         stride_pa_s, stride_pa_p, stride_pa_t, stride_pa_h, stride_ml_s, stride_ml_p, stride_ml_t, stride_ml_h,
         G: tl.constexpr, G_PAD: tl.constexpr, HK: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
         HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, PAGE: tl.constexpr, DECODE: tl.constexpr,
-        MASK_ALL: tl.constexpr, FUSED_REDUCE: tl.constexpr, PRECISION: tl.constexpr, SOFTCAP: tl.constexpr):
+        MASK_ALL: tl.constexpr, FUSED_REDUCE: tl.constexpr, PRECISION: tl.constexpr, SOFTCAP: tl.constexpr,
+        HAS_WINDOW: tl.constexpr):
     """Prefill (DECODE=False): one program per (work item, KV head), the HK KV heads of an item
     adjacent (program w * HK + kv_head), so the work list's order is the launch order. An item
     (work_ptr row: seq, q_off, split, splits, slot) is a tile of a seq's query tokens and, when
@@ -187,7 +198,8 @@ def paged_attention_kernel(
     = seq, 1-axis = KV head, 2-axis = split of its keys; with more than one split, partials go
     to part_acc/part_ml (slot: the seq), combined by the last split (FUSED_REDUCE) or by
     reduce_splits_kernel; one split writes its output itself. A work row whose seq is -1 is
-    padding: its programs return at once.
+    padding: its programs return at once. HAS_WINDOW: each query sees its last `window` keys;
+    the keys split start at the tile's first window.
     Partial addresses: slot * stride_s + split * stride_p + token in the tile * stride_t +
     head * stride_h (+ the head dim for part_acc, + 0 / 1 for m / l in part_ml)."""
     if DECODE:
@@ -229,8 +241,13 @@ def paged_attention_kernel(
 
     # keys this tile can see at all; a split takes a BLOCK_N-aligned slice of them (one split: all)
     kv_end = tl.minimum(ctx, q_first + BLOCK_Q)
-    per_split = tl.cdiv(tl.cdiv(kv_end, splits), BLOCK_N) * BLOCK_N
-    lo = split * per_split
+    if HAS_WINDOW:
+        k_min = tl.maximum(q_first - window + 1, 0)  # the first row's window: no row sees a key before it
+    else:
+        k_min = 0
+    k_start = k_min // BLOCK_N * BLOCK_N
+    per_split = tl.cdiv(tl.cdiv(kv_end - k_start, splits), BLOCK_N) * BLOCK_N
+    lo = k_start + split * per_split
     hi = tl.minimum(lo + per_split, kv_end)
     # keys lo..mid are visible to every row (<= q_first) and fill whole tiles: no masks there;
     # only the tiles from mid on (the diagonal, a split's ragged end) are masked. MASK_ALL masks
@@ -239,6 +256,10 @@ def paged_attention_kernel(
         mid = lo
     else:
         mid = lo + tl.maximum(tl.minimum(hi, q_first + 1) - lo, 0) // BLOCK_N * BLOCK_N
+    if HAS_WINDOW:  # tiles before `full` cross some row's window edge (the last valid row's is kv_end - window)
+        full = tl.minimum(lo + tl.cdiv(tl.maximum(kv_end - window - lo, 0), BLOCK_N) * BLOCK_N, mid)
+    else:
+        full = lo
 
     m_i = tl.full([BLOCK_Q * G_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_Q * G_PAD], tl.float32)
@@ -252,14 +273,18 @@ def paged_attention_kernel(
         qk_scale = 1.0
     table = block_tables_ptr + seq * stride_bt
     kv_head_off = kv_head * stride_kh
-    for start in range(lo, mid, BLOCK_N):
+    for start in range(lo, full, BLOCK_N):
         acc, m_i, l_i = _attend_keys(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, table, start, hi, q_pos, kv_head_off,
-                                     d, d_ok, qk_scale, cap_in, cap_out, stride_kb, stride_ks, BLOCK_N, PAGE, False,
-                                     HEAD_DIM != D_PAD, PRECISION, SOFTCAP)
+                                     d, d_ok, qk_scale, cap_in, cap_out, stride_kb, stride_ks, k_min, window, BLOCK_N,
+                                     PAGE, True, HEAD_DIM != D_PAD, PRECISION, SOFTCAP, HAS_WINDOW)
+    for start in range(full, mid, BLOCK_N):
+        acc, m_i, l_i = _attend_keys(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, table, start, hi, q_pos, kv_head_off,
+                                     d, d_ok, qk_scale, cap_in, cap_out, stride_kb, stride_ks, k_min, window, BLOCK_N,
+                                     PAGE, False, HEAD_DIM != D_PAD, PRECISION, SOFTCAP, HAS_WINDOW)
     for start in range(mid, hi, BLOCK_N):
         acc, m_i, l_i = _attend_keys(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, table, start, hi, q_pos, kv_head_off,
-                                     d, d_ok, qk_scale, cap_in, cap_out, stride_kb, stride_ks, BLOCK_N, PAGE, True,
-                                     HEAD_DIM != D_PAD, PRECISION, SOFTCAP)
+                                     d, d_ok, qk_scale, cap_in, cap_out, stride_kb, stride_ks, k_min, window, BLOCK_N,
+                                     PAGE, True, HEAD_DIM != D_PAD, PRECISION, SOFTCAP, HAS_WINDOW)
 
     acc = acc * v_scale
     o = out_ptr + (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]

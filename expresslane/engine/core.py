@@ -13,7 +13,7 @@ from expresslane.contract import EngineCoreOutput, EngineCoreRequest, LoRAReques
 from expresslane.cost_model.base import StepCostModel, StepShape
 from expresslane.cost_model.piecewise import PiecewiseStepCostModel
 from expresslane.cost_model.registry import make_cost_model
-from expresslane.scheduler.kv_cache import KVCacheManager
+from expresslane.scheduler.kv_cache import KVCacheManager, max_blocks_per_request
 from expresslane.scheduler.request import Request, check_prompt_length
 from expresslane.scheduler.spec_decode import SpecDecoder
 from expresslane.engine.lora import EngineLoRAs
@@ -46,26 +46,21 @@ def resolve_model_dir(model: str | None) -> Path:
 
 
 def resolve_max_model_len(requested: int | None, hf_config) -> int:
-    """The model's limit (its RoPE's), or `requested` within it. A model with a sliding window
-    (Mistral, Gemma 2/3) is capped at the window: the attention kernels apply no window, and
-    full attention equals windowed attention only within it."""
+    """The model's limit (its RoPE's), or `requested` within it (a sliding window does not limit it:
+    the attention backends apply it)."""
     limit = rope_context_limit(hf_config)
-    window = getattr(hf_config, "sliding_window", None)
-    uses_window = getattr(hf_config, "use_sliding_window", True)
-    if window and uses_window and window < limit:
-        if requested is not None and requested > window:
-            raise ValueError(f"--max-model-len {requested} is larger than the model's sliding_window of {window} "
-                             "tokens: sliding-window attention is not supported yet, and without it outputs are "
-                             f"exact only within the window; give --max-model-len {window} or less")
-        if requested is None:
-            log.info("max_model_len capped at the model's sliding_window, %d tokens (of %d positions): "
-                     "sliding-window attention is not supported yet", window, limit)
-        limit = window
     if requested is None:
         return limit
     if requested > limit:
         raise ValueError(f"max_model_len {requested} is larger than the model's limit of {limit} tokens")
     return requested
+
+
+def max_step_tokens(config: EngineConfig) -> int:
+    """Most tokens one request computes in a step (static batching: a whole prompt)."""
+    if config.scheduler.batching != "continuous":
+        return config.model.max_model_len
+    return min(config.scheduler.max_num_batched_tokens, config.model.max_model_len)
 
 
 class EngineCore:
@@ -86,12 +81,15 @@ class EngineCore:
                      "normalised" if self.pooler.normalize else "not normalised")
         self.runner = make_runner(config, self.hf_config, self.model_dir)
         bs = config.cache.block_size
-        max_blocks = config.scheduler.max_num_seqs * -(-config.model.max_model_len // bs) + 1
-        num_blocks = self.runner.profile_num_blocks(max_blocks)
-        if num_blocks * bs < config.model.max_model_len:
-            raise ValueError(f"the KV cache holds {num_blocks * bs} tokens ({num_blocks} blocks), less than "
-                             f"max_model_len={config.model.max_model_len}; lower max_model_len or give it "
-                             "more memory (num_kv_blocks, gpu_memory_utilization, cpu_kv_cache_space_gb)")
+        window = self.runner.kv_window
+        per_request = max_blocks_per_request(config.model.max_model_len, bs, window, max_step_tokens(config))
+        num_blocks = self.runner.profile_num_blocks(config.scheduler.max_num_seqs * per_request + 1)
+        if num_blocks < per_request:
+            need = (f"the {per_request} blocks a request holds with a sliding window of {window}" if window
+                    else f"max_model_len={config.model.max_model_len}")
+            raise ValueError(f"the KV cache holds {num_blocks * bs} tokens ({num_blocks} blocks), less than {need}; "
+                             "lower max_model_len or give it more memory (num_kv_blocks, gpu_memory_utilization, "
+                             "cpu_kv_cache_space_gb)")
         self.runner.allocate_kv_cache(num_blocks)
         self.runner.build_graphs(config.model.max_model_len)
         s = config.scheduler
@@ -114,7 +112,8 @@ class EngineCore:
         self.expert_tokens: dict[int, list[int]] | None = None
         self.config = config.replace(num_kv_blocks=num_blocks, device=str(self.runner.device),
                                      dtype=str(self.runner.dtype).removeprefix("torch."))  # "auto" resolved
-        self.kv = KVCacheManager(num_blocks, bs, config.cache.enable_prefix_caching, length_class(self.hf_config))
+        self.kv = KVCacheManager(num_blocks, bs, config.cache.enable_prefix_caching, window,
+                                 length_class(self.hf_config))
         proposer = self.runner.proposer
         self.spec = None if proposer is None else SpecDecoder(config.speculative, self.cost_model, proposer)
         if self.spec is not None:
@@ -140,6 +139,12 @@ class EngineCore:
         self._last_done: tuple[float, int] | None = None  # (done, index)
         log.info("KV cache: %d blocks of %d tokens (%.2f GiB, %s)", num_blocks, bs,
                  num_blocks * self.runner.kv_block_bytes() / 2**30, str(self.runner.kv_dtype).removeprefix("torch."))
+        if window:
+            full = -(-config.model.max_model_len // bs)
+            log.info("sliding window of %d tokens on every layer: blocks that leave it are freed while their request "
+                     "runs, so a request holds at most %d blocks (%.3f GiB), not %d (%.3f GiB) at max_model_len %d",
+                     window, per_request, per_request * self.runner.kv_block_bytes() / 2**30, full,
+                     full * self.runner.kv_block_bytes() / 2**30, config.model.max_model_len)
 
     @property
     def max_model_len(self) -> int:
@@ -273,6 +278,7 @@ class EngineCore:
             kv_cache_usage=self.kv.usage, num_batched_tokens=tokens, batch_size=seqs,
             step_duration=duration, prefix_cache_queries=self.kv.prefix_cache_queries,
             prefix_cache_hits=self.kv.prefix_cache_hits, num_preemptions=self.scheduler.num_preemptions,
+            window_freed_blocks=self.kv.window_freed_blocks, window_saved_blocks=self.kv.window_saved_blocks,
             step_time=measured, predicted_step_time=predicted, expert_tokens=self._expert_load(seqs > 0))
         if self.loras.enabled:
             running = self.scheduler.running

@@ -13,9 +13,8 @@ loading, tensor parallelism) with what Gemma does differently, as transformers c
 With the `triton` backend the norms (residual add included) and GeGLU are fused Triton kernels,
 as Llama's are (layers/triton_ops.py).
 
-A layer's attention keeps its `sliding_window` (None on global layers). The attention kernels
-do not apply windows: the engine caps max_model_len at the window (engine/core.py), so every
-layer sees the whole context and the result is exact.
+A layer's attention keeps its `sliding_window` (None on global layers), which the attention
+backends apply; the global layers read every key, so the KV manager frees no block.
 """
 
 from __future__ import annotations
@@ -100,7 +99,8 @@ class GemmaAttention(Attention):
         if self.q_norm is not None:  # here, not in the backend's kernel: its norm is Llama's (w, not 1 + w)
             q, k = self.q_norm(q), self.k_norm(k)
         q = self.backend.store(positions, q, k, v, self.rotary, self.kv_cache, meta, self.kv_scales)
-        return self.backend.attend(q, self.kv_cache, meta, self.scale, self.kv_scales, self.softcap).flatten(1)
+        return self.backend.attend(q, self.kv_cache, meta, self.scale, self.kv_scales, self.softcap,
+                                   window=self.sliding_window).flatten(1)
 
 
 class GemmaDecoderLayer(nn.Module):
@@ -170,6 +170,10 @@ def gemma_rotary(head_dim: int, max_position: int, theta: float, scaling: dict |
 class Gemma2ForCausalLM(LlamaForCausalLM):
     window_pattern = 2  # every other layer global, when config.json lists no layer types
     qk_norm = False
+
+    @classmethod
+    def attention_windows(cls, cfg) -> list[int | None]:
+        return [cfg.sliding_window if kind == SLIDING else None for kind in layer_types(cfg, cls.window_pattern)]
 
     def __init__(self, cfg, backend: AttentionBackend, quant: QuantConfig | None = None, tp: TPGroup | None = None):
         act = getattr(cfg, "hidden_activation", None) or getattr(cfg, "hidden_act", None)

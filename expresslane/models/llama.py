@@ -1,5 +1,5 @@
-"""The Llama family: Llama, Mistral, Qwen2 (qkv bias), Qwen3 (per-head q/k RMSNorm), Phi-3
-(fused checkpoint projections, partial rotary, LongRoPE); the mixtures of experts
+"""The Llama family: Llama, Mistral, Ministral, Qwen2 (qkv bias), Qwen3 (per-head q/k RMSNorm),
+Phi-3 (fused checkpoint projections, partial rotary, LongRoPE); the mixtures of experts
 (models/moe.py) are this model with a sparse MoE block as the MLP.
 
 The model sees flattened token ids, their positions, and one AttentionMetadata per
@@ -38,11 +38,12 @@ def _linear(in_features: int, shard_sizes: list[int], bias: bool, quant: QuantCo
 
 
 class Attention(nn.Module):
-    sliding_window: int | None = None  # keys a query sees at most (Gemma's sliding layers); None: all
+    sliding_window: int | None = None  # a query at position p sees keys in (p - window, p]; None: all before it
 
     def __init__(self, cfg, backend: AttentionBackend, rotary: RotaryEmbedding, qkv_bias: bool, qk_norm: bool,
-                 quant: QuantConfig | None, prefix: str, tp: TPGroup):
+                 quant: QuantConfig | None, prefix: str, tp: TPGroup, window: int | None = None):
         super().__init__()
+        self.sliding_window = window
         heads = cfg.num_attention_heads
         kv_heads = cfg.num_key_value_heads or heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
@@ -80,7 +81,8 @@ class Attention(nn.Module):
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         qk_norm = None if self.q_norm is None else (self.q_norm, self.k_norm)  # the backend applies them
         q = self.backend.store(positions, q, k, v, self.rotary, self.kv_cache, meta, self.kv_scales, qk_norm)
-        return self.backend.attend(q, self.kv_cache, meta, self.scale, self.kv_scales).flatten(1)
+        return self.backend.attend(q, self.kv_cache, meta, self.scale, self.kv_scales,
+                                   window=self.sliding_window).flatten(1)
 
 
 class MLP(nn.Module):
@@ -105,10 +107,10 @@ class MLP(nn.Module):
 
 class DecoderLayer(nn.Module):
     def __init__(self, cfg, backend: AttentionBackend, rotary: RotaryEmbedding, qkv_bias: bool, qk_norm: bool,
-                 quant: QuantConfig | None, prefix: str, tp: TPGroup, mlp: nn.Module):
+                 quant: QuantConfig | None, prefix: str, tp: TPGroup, mlp: nn.Module, window: int | None = None):
         super().__init__()
         fused = backend.fused_ops
-        self.self_attn = Attention(cfg, backend, rotary, qkv_bias, qk_norm, quant, f"{prefix}.self_attn", tp)
+        self.self_attn = Attention(cfg, backend, rotary, qkv_bias, qk_norm, quant, f"{prefix}.self_attn", tp, window)
         self.mlp = mlp
         self.sparse = isinstance(mlp, SparseMoE)
         # an FP8 projection after a fused norm gets its input quantized by the norm's kernel
@@ -175,6 +177,28 @@ class LlamaForCausalLM(nn.Module):
     qkv_bias = False
     qk_norm = False
     has_lm_head = True  # a base-model checkpoint (`*Model`, embeddings) has none: logits use the embeddings
+    # which layers slide over `sliding_window` as transformers' class of the family reads the config:
+    # "none" (Llama ignores it), "all" (Mistral, Mixtral, Qwen3-MoE), "layer_types" (Ministral, Qwen2,
+    # Qwen3: the layers typed "sliding_attention"; Qwen's from `use_sliding_window`, `max_window_layers`)
+    window_layers = "none"
+
+    @classmethod
+    def attention_windows(cls, cfg) -> list[int | None]:
+        """Each layer's sliding window in tokens (None: global attention)."""
+        n = cfg.num_hidden_layers
+        window = getattr(cfg, "sliding_window", None)
+        if cls.window_layers == "none" or not window or getattr(cfg, "use_sliding_window", True) is False:
+            return [None] * n
+        if not isinstance(window, int) or window < 1:
+            raise ValueError(f"config.json: sliding_window must be a positive integer, got {window!r}")
+        if cls.window_layers == "all":
+            return [window] * n
+        first = getattr(cfg, "max_window_layers", 0) or 0  # (configs written before `layer_types`)
+        types = getattr(cfg, "layer_types", None) or ["sliding_attention" if i >= first else "full_attention"
+                                                      for i in range(n)]
+        if len(types) != n:
+            raise ValueError(f"config.json: layer_types has {len(types)} entries for {n} layers")
+        return [window if t == "sliding_attention" else None for t in types]
 
     def __init__(self, cfg, backend: AttentionBackend, quant: QuantConfig | None = None, tp: TPGroup | None = None):
         """`tp`: the tensor-parallel group this rank's slice of the model is built for."""
@@ -188,6 +212,7 @@ class LlamaForCausalLM(nn.Module):
         self.embed_tokens = self.make_embedding(cfg, tp)
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.rotary = self.make_rotary(cfg, head_dim)
+        self.windows = self.attention_windows(cfg)
         self.layers = nn.ModuleList(self.make_layer(cfg, i, backend, quant, tp) for i in range(cfg.num_hidden_layers))
         self.norm = self.make_norm(cfg, backend.fused_ops)
         self.tie_word_embeddings = not self.has_lm_head or bool(getattr(cfg, "tie_word_embeddings", False))
@@ -212,7 +237,8 @@ class LlamaForCausalLM(nn.Module):
         prefix = f"model.layers.{index}"
         qkv_bias = self.qkv_bias or bool(getattr(cfg, "attention_bias", False))
         return DecoderLayer(cfg, backend, self.rotary, qkv_bias, self.qk_norm, quant, prefix, tp,
-                            self.make_mlp(cfg, index, quant, f"{prefix}.mlp", tp, backend.fused_ops))
+                            self.make_mlp(cfg, index, quant, f"{prefix}.mlp", tp, backend.fused_ops),
+                            self.windows[index])
 
     def make_norm(self, cfg, fused: bool) -> nn.Module:
         return RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, fused)
@@ -366,15 +392,21 @@ def _copy_shard(param: nn.Parameter, tensor: torch.Tensor, shard, model: LlamaFo
 
 
 class MistralForCausalLM(LlamaForCausalLM):
-    pass
+    window_layers = "all"
+
+
+class MinistralForCausalLM(LlamaForCausalLM):
+    window_layers = "layer_types"
 
 
 class Qwen2ForCausalLM(LlamaForCausalLM):
     qkv_bias = True
+    window_layers = "layer_types"
 
 
 class Qwen3ForCausalLM(LlamaForCausalLM):
     qk_norm = True
+    window_layers = "layer_types"
 
 
 def base_model(causal_lm: type[LlamaForCausalLM]) -> type[LlamaForCausalLM]:
@@ -386,3 +418,4 @@ def base_model(causal_lm: type[LlamaForCausalLM]) -> type[LlamaForCausalLM]:
 class Phi3ForCausalLM(LlamaForCausalLM):
     """Phi-3, Phi-3.5 and Phi-4: Llama's computation; the checkpoint fuses qkv_proj and
     gate_up_proj (cut by the loader), partial rotary and LongRoPE come from the config."""
+    window_layers = "all"  # transformers' Phi-3 applies `sliding_window` on every layer

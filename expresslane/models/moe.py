@@ -41,6 +41,7 @@ class _MoEModel(LlamaForCausalLM):
 
 class MixtralForCausalLM(_MoEModel):
     expert_projections = ("w1", "w3", "w2")
+    window_layers = "all"
 
     def make_mlp(self, cfg, index: int, quant, prefix: str, tp: TPGroup, fused: bool) -> nn.Module:
         hf_prefix = prefix.replace(".mlp", ".block_sparse_moe")
@@ -50,6 +51,7 @@ class MixtralForCausalLM(_MoEModel):
 
 class Qwen3MoeForCausalLM(_MoEModel):
     qk_norm = True
+    window_layers = "all"
 
     def make_mlp(self, cfg, index: int, quant, prefix: str, tp: TPGroup, fused: bool) -> nn.Module:
         experts = num_experts_of(cfg)

@@ -112,6 +112,10 @@ PRESETS: dict[str, dict] = {
     "phi-4": _config("Phi3ForCausalLM", hidden=5120, layers=40, heads=40, kv_heads=10, intermediate=17920,
                      vocab=100352, max_pos=16384, rope_theta=250000.0, tied=False,
                      extra={"original_max_position_embeddings": 16384}),
+    # the first Mistral: a 4096-token sliding window on every layer
+    "mistral-7b-v0.1": _config("MistralForCausalLM", hidden=4096, layers=32, heads=32, kv_heads=8,
+                               intermediate=14336, vocab=32000, max_pos=32768, rope_theta=10000.0, tied=False,
+                               extra={"sliding_window": 4096}),
     # mixtures of experts: 46.7B parameters (12.9B active per token), and 30.5B (3.3B active)
     "mixtral-8x7b": _config("MixtralForCausalLM", hidden=4096, layers=32, heads=32, kv_heads=8, intermediate=14336,
                             vocab=32000, max_pos=32768, rope_theta=1e6, tied=False,

@@ -75,9 +75,11 @@ class ModelRunner(Runner):
         kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
         head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
         local_heads, _, local_kv_heads, _ = head_split(heads, kv_heads, self.tp)
+        windows = model_class(hf_config).attention_windows(hf_config)
         self.attn_backend = get_backend(config.device.attention_backend, local_heads, local_kv_heads, head_dim,
-                                        self.device, self.kv_dtype, config.device.prefill_attention,
-                                        getattr(hf_config, "attn_logit_softcapping", None))
+                                        self.device, self.kv_dtype, _prefill_library(config, windows),
+                                        getattr(hf_config, "attn_logit_softcapping", None),
+                                        None if not windows or None in windows else max(windows))
         self.quant = resolve_quantization(hf_config, config.model.quantization)
         with torch.device(self.device):
             prev = torch.get_default_dtype()
@@ -98,6 +100,7 @@ class ModelRunner(Runner):
             if config.lora.enable_lora else None
         self.proposer = make_proposer(config.speculative, hf_config.vocab_size, self.device, self.dtype,
                                       config.device.attention_backend)
+        self.kv_window = self._kv_window(windows)
         log.info("loaded %s in %.1fs on %s (%s%s)", model_dir, time.monotonic() - t0, self.device, self.dtype,
                  f", {self.quant.name} weights" if self.quant else "")
         self.sampler = Sampler(self.device, config.model.seed)
@@ -127,6 +130,19 @@ class ModelRunner(Runner):
             return
         self.model.enable_fused_decode()
         log.info("fused decode layer: the norms folded into %d layers' QKV and gate|up weights", len(self.model.layers))
+
+    def _kv_window(self, windows: list[int | None]) -> int | None:
+        """None: some layer reads every key, or a draft model's cache shares the block ids."""
+        if not windows or None in windows:
+            if any(w is not None for w in windows):
+                log.info("sliding window on %d of %d layers: the others attend to every key, so no KV block is "
+                         "freed while a request runs", sum(w is not None for w in windows), len(windows))
+            return None
+        if self.proposer is not None and self.proposer.kv_block_bytes(self.block_size, self.kv_dtype):
+            log.info("sliding window: the draft model's cache shares the block ids, so no KV block is freed "
+                     "while a request runs")
+            return None
+        return max(windows)
 
     def kv_block_bytes(self) -> int:
         attn = self.model.layers[0].self_attn
@@ -423,6 +439,17 @@ class ModelRunner(Runner):
             max_decode_seq_len=int(inputs.seq_lens[:nd].max()) if nd else 0, rope_lengths=rope_lengths)
         (backend or self.attn_backend).prepare(meta)
         return input_ids, positions, meta
+
+
+def _prefill_library(config: EngineConfig, windows: list[int | None]) -> str:
+    """prefill_attention; the library has no window."""
+    choice = config.device.prefill_attention
+    if choice == "triton" or all(w is None for w in windows):
+        return choice
+    if choice == "cudnn":
+        raise ValueError("prefill_attention 'cudnn' cannot run this model's sliding-window attention; use 'auto' "
+                         "or 'triton'")
+    return "triton"
 
 
 _GREEDY = SamplingParams(temperature=0.0, max_tokens=1)

@@ -1,7 +1,6 @@
 """Paged KV-cache bookkeeping with prefix caching: which block ids a request uses. Full blocks
-only are hashed, chained: h1 = H(h0, t16..t31); h0 = H(seed, t0..t15), the seed from the
-request's LoRA adapter and its RoPE length class (layers/rotary.py), so neither adapters nor
-classes share blocks. A block is referenced or in the LRU free list, never both; a free block
+only are hashed, chained: h1 = H(h0, t16..t31); h0 = H(seed, t0..t15), seeded by LoRA adapter
+and RoPE length class. A block is referenced or in the LRU free list, never both; a free block
 keeps its cached prefix until reallocated."""
 
 from __future__ import annotations
@@ -12,6 +11,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
 
+from expresslane.contract import NULL_BLOCK_ID
 from expresslane.scheduler.request import Request
 
 
@@ -81,17 +81,28 @@ class BlockPool:
 
 
 class KVCacheManager:
+    """With a `sliding_window` on every layer, blocks before a step's window are freed (None)::
+
+        window 8, block 4, next query at 13:  [None, None, b7, b2]   keys 6..13 visible
+    """
+
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
-                 length_class: Callable[[int], int] | None = None):
+                 sliding_window: int | None = None, length_class: Callable[[int], int] | None = None):
+        if sliding_window is not None and sliding_window < 1:
+            raise ValueError(f"sliding_window must be a positive number of tokens, got {sliding_window}")
         self.block_size = block_size
         self.length_class = length_class
         self.enable_prefix_caching = enable_prefix_caching
+        self.sliding_window = sliding_window
         self.pool = BlockPool(num_blocks)
-        self._req_blocks: dict[str, list[Block]] = {}
+        self._req_blocks: dict[str, list[Block | None]] = {}
         self._req_hashes: dict[str, list[bytes]] = {}
         self._req_num_registered: dict[str, int] = {}
+        self._req_num_dropped: dict[str, int] = {}
         self.prefix_cache_queries = 0  # tokens looked up
         self.prefix_cache_hits = 0  # tokens found
+        self.window_freed_blocks = 0
+        self.window_saved_blocks = 0
 
     @property
     def usage(self) -> float:
@@ -99,12 +110,18 @@ class KVCacheManager:
 
     def block_ids(self, request_id: str, start: int = 0) -> list[int]:
         """From the `start`-th block on."""
-        return [b.block_id for b in self._req_blocks.get(request_id, ())[start:]]
+        return [NULL_BLOCK_ID if b is None else b.block_id for b in self._req_blocks.get(request_id, ())[start:]]
+
+    def first_needed_block(self, position: int) -> int:
+        """The first block a query at `position` reads."""
+        if self.sliding_window is None:
+            return 0
+        return max(0, position - self.sliding_window + 1) // self.block_size
 
     def _block_hashes(self, req: Request) -> list[bytes]:
         hashes = self._req_hashes.setdefault(req.request_id, [])
         bs = self.block_size
-        seed = req.cache_salt  # the adapter's (LoRA), then RoPE's length class
+        seed = req.cache_salt
         if not hashes and self.length_class is not None:
             cls = self.length_class(req.rope_length)
             if cls:
@@ -114,62 +131,108 @@ class KVCacheManager:
             hashes.append(hash_block(hashes[-1] if hashes else seed, req.all_token_ids[i * bs:(i + 1) * bs]))
         return hashes
 
-    def find_cached_prefix(self, req: Request) -> list[Block]:
-        """Longest cached prefix of full blocks, for a request with no KV yet."""
+    def find_cached_prefix(self, req: Request) -> list[Block | None]:
+        """Longest cached prefix of full blocks, for a request with no KV yet (windowed: None
+        before the hit's window)."""
         if not self.enable_prefix_caching:
             return []
         max_blocks = (req.num_tokens - 1) // self.block_size
-        hits: list[Block] = []
-        for block_hash in self._block_hashes(req)[:max_blocks]:
-            block = self.pool.lookup(block_hash)
-            if block is None:
-                break
-            hits.append(block)
-        return hits
+        hashes = self._block_hashes(req)[:max_blocks]
+        if self.sliding_window is None:
+            hits: list[Block | None] = []
+            for block_hash in hashes:
+                block = self.pool.lookup(block_hash)
+                if block is None:
+                    break
+                hits.append(block)
+            return hits
+        best = run = 0
+        for i, block_hash in enumerate(hashes):
+            run = run + 1 if self.pool.lookup(block_hash) is not None else 0
+            if run and run >= i + 1 - self.first_needed_block((i + 1) * self.block_size):
+                best = i + 1
+        first = self.first_needed_block(best * self.block_size)
+        return [None] * first + [self.pool.lookup(h) for h in hashes[first:best]]
 
     def record_lookup(self, num_tokens: int, num_hit_tokens: int) -> None:
         if self.enable_prefix_caching:
             self.prefix_cache_queries += num_tokens
             self.prefix_cache_hits += num_hit_tokens
 
-    def allocate_slots(self, req: Request, num_new_tokens: int, cached: list[Block] = ()) -> bool:
+    def allocate_slots(self, req: Request, num_new_tokens: int, cached: list[Block | None] = ()) -> bool:
         """Room for `num_new_tokens` more (after `cached` hits); False if out of blocks."""
         blocks = self._req_blocks.setdefault(req.request_id, [])
         num_computed = req.num_computed_tokens + len(cached) * self.block_size
         total = num_computed + num_new_tokens
         num_needed = -(-total // self.block_size) - len(blocks) - len(cached)
-        reviving = sum(1 for b in cached if b.ref_cnt == 0)
+        first = self.first_needed_block(num_computed)
+        if blocks:
+            self._drop(req.request_id, blocks, first)
+        kept = [b for b in cached[first:] if b is not None]
+        reviving = sum(1 for b in kept if b.ref_cnt == 0)
         if num_needed > self.pool.num_free - reviving:
             if not blocks:
                 del self._req_blocks[req.request_id]
             return False
-        self.pool.touch(list(cached))
-        blocks.extend(cached)
+        self.pool.touch(kept)
+        if cached:
+            skipped = min(first, len(cached))
+            blocks.extend([None] * skipped)
+            self._req_num_dropped[req.request_id] = skipped
+            self.window_saved_blocks += skipped
+            blocks.extend(kept)
         if num_needed > 0:
             blocks.extend(self.pool.allocate(num_needed))
         if self.enable_prefix_caching:  # blocks of known tokens only
             self._register_full_blocks(req, blocks, min(total, req.num_tokens) // self.block_size)
         return True
 
-    def _register_full_blocks(self, req: Request, blocks: list[Block], num_full: int) -> None:
+    def _drop(self, request_id: str, blocks: list[Block | None], upto: int) -> None:
+        start = self._req_num_dropped.get(request_id, 0)
+        if upto <= start:
+            return
+        freed = [b for b in blocks[start:upto] if b is not None]
+        blocks[start:upto] = [None] * (upto - start)
+        self.pool.release(freed)
+        self._req_num_dropped[request_id] = upto
+        self.window_freed_blocks += len(freed)
+        self.window_saved_blocks += upto - start
+
+    def _register_full_blocks(self, req: Request, blocks: list[Block | None], num_full: int) -> None:
         start = self._req_num_registered.get(req.request_id, 0)
         if num_full <= start:
             return
         hashes = self._block_hashes(req)
         for i in range(start, num_full):
-            self.pool.register(blocks[i], hashes[i])
+            if blocks[i] is not None:
+                self.pool.register(blocks[i], hashes[i])
         self._req_num_registered[req.request_id] = num_full
 
     def free(self, req: Request) -> None:
         """Drop the blocks, tail first in eviction order."""
         blocks = self._req_blocks.pop(req.request_id, [])
-        self.pool.release(blocks[::-1])
+        self.pool.release([b for b in reversed(blocks) if b is not None])
         self._req_num_registered.pop(req.request_id, None)
+        self.window_saved_blocks -= self._req_num_dropped.pop(req.request_id, 0)
         if req.is_finished:
             self._req_hashes.pop(req.request_id, None)
 
     def forget_hashes(self, request_id: str) -> None:
         self._req_hashes.pop(request_id, None)
 
-    def num_held_blocks(self) -> int:
-        return sum(len(b) for b in self._req_blocks.values())
+    def held_block_ids(self, request_id: str) -> list[int]:
+        return [b.block_id for b in self._req_blocks.get(request_id, ()) if b is not None]
+
+    def num_held_blocks(self, request_id: str | None = None) -> int:
+        lists = self._req_blocks.values() if request_id is None else [self._req_blocks.get(request_id, ())]
+        return sum(1 for blocks in lists for b in blocks if b is not None)
+
+
+def max_blocks_per_request(max_model_len: int, block_size: int, sliding_window: int | None,
+                           max_step_tokens: int) -> int:
+    """Blocks one request holds at once: with a window, the window - 1 + step keys of a step,
+    straddling one more block."""
+    full = -(-max_model_len // block_size)
+    if sliding_window is None:
+        return full
+    return min(full, -(-(sliding_window - 1 + max_step_tokens) // block_size) + 1)

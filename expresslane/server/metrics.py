@@ -71,6 +71,10 @@ class Metrics:
         self.prefix_queries = counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
         self.prefix_hits = counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.")
         self.preemptions = counter("num_preemptions", "Requests preempted (recomputed later).")
+        self.window_freed = counter("sliding_window_freed_blocks", "KV blocks freed while their request ran, "
+                                    "out of every layer's sliding window.")
+        self.window_saved = gauge("sliding_window_saved_blocks", "KV blocks the running requests would hold "
+                                  "without the sliding window (0: no window on every layer).")
         self.spec_drafts = counter("spec_decode_num_drafts", "Speculative decoding: verify steps of a request with "
                                    "at least one proposed token.")
         self.spec_draft_tokens = counter("spec_decode_num_draft_tokens", "Speculative decoding: tokens proposed "
@@ -118,9 +122,9 @@ class Metrics:
             self.generation_tokens.labels(model_name, lane)
         for status, reason in SERVER_ERRORS:  # the error-ratio rule and alert see 0, not "no data"
             self.errors.labels(model_name, status, reason)
-        for g in (self.running, self.waiting, self.kv_usage):
+        for g in (self.running, self.waiting, self.kv_usage, self.window_saved):
             g.labels(model_name).set(0)
-        for c in (self.prefix_queries, self.prefix_hits, self.preemptions, self.spec_drafts, self.spec_draft_tokens,
+        for c in (self.prefix_queries, self.prefix_hits, self.preemptions, self.window_freed, self.spec_drafts, self.spec_draft_tokens,
                   self.spec_accepted_tokens, self.spec_acceptance):
             c.labels(model_name)
         for lane, slo in (lane_slo or {}).items():
@@ -144,6 +148,8 @@ class Metrics:
         self.prefix_queries.labels(m).inc(max(0, s.prefix_cache_queries - last.prefix_cache_queries))
         self.prefix_hits.labels(m).inc(max(0, s.prefix_cache_hits - last.prefix_cache_hits))
         self.preemptions.labels(m).inc(max(0, s.num_preemptions - last.num_preemptions))
+        self.window_freed.labels(m).inc(max(0, s.window_freed_blocks - last.window_freed_blocks))
+        self.window_saved.labels(m).set(s.window_saved_blocks)
         self.spec_drafts.labels(m).inc(max(0, s.spec_num_drafts - last.spec_num_drafts))
         self.spec_draft_tokens.labels(m).inc(max(0, s.spec_num_draft_tokens - last.spec_num_draft_tokens))
         self.spec_accepted_tokens.labels(m).inc(max(0, s.spec_num_accepted_tokens - last.spec_num_accepted_tokens))
@@ -185,7 +191,7 @@ class Metrics:
         return self._engine_totals
 
     def engine_stopped(self) -> None:
-        for g in (self.running, self.waiting, self.kv_usage):
+        for g in (self.running, self.waiting, self.kv_usage, self.window_saved):
             g.labels(self.model_name).set(0)
         self._engine_totals = StepStats(0, 0, 0.0)  # a restarted engine counts from 0 again
         self._expert_totals = {}
