@@ -142,35 +142,27 @@ class PoolingRoutes:
 def add_pooling_routes(app: FastAPI, routes: PoolingRoutes, body, auth) -> None:
     """`body(request) -> (decoded JSON, size)`: api.py's reader (limits first)."""
 
-    @app.post("/v1/embeddings", dependencies=auth)
-    async def embeddings(request: Request) -> Response:
-        obj, size = await body(request)
-        req = parse(EmbeddingRequest, obj)
-        b64 = req.encoding_format == "base64"
+    def vectors(model, name: str, obj: str, field: str, prefix: str):
+        """The handler of a route that answers one vector per input (`obj` objects, in `field`)."""
+        async def handler(request: Request) -> Response:
+            decoded, size = await body(request)
+            req = parse(model, decoded)
+            b64 = req.encoding_format == "base64"
 
-        def answer(outs: list[EmbeddingRequestOutput]) -> dict:
-            data = [{"object": "embedding", "index": i,
-                     "embedding": base64_floats(o.outputs.embedding) if b64 else o.outputs.embedding}
-                    for i, o in enumerate(outs)]
-            return {**routes.header("embd", outs), "data": data}
+            def answer(outs: list[EmbeddingRequestOutput]) -> dict:
+                data = [{"object": obj, "index": i,
+                         field: base64_floats(o.outputs.embedding) if b64 else o.outputs.embedding}
+                        for i, o in enumerate(outs)]
+                return {**routes.header(prefix, outs), "data": data}
 
-        return await routes.run(request, req, inputs_of(req.input), field_names("input", req.input),
-                                PoolingParams(req.dimensions, req.normalize), "embd", size, answer)
+            return await routes.run(request, req, inputs_of(req.input), field_names("input", req.input),
+                                    PoolingParams(req.dimensions, req.normalize), prefix, size, answer)
+        handler.__name__ = name
+        return handler
 
-    @app.post("/pooling", dependencies=auth)
-    async def pooling(request: Request) -> Response:
-        obj, size = await body(request)
-        req = parse(PoolingRequest, obj)
-        b64 = req.encoding_format == "base64"
-
-        def answer(outs: list[EmbeddingRequestOutput]) -> dict:
-            data = [{"object": "pooling", "index": i,
-                     "data": base64_floats(o.outputs.embedding) if b64 else o.outputs.embedding}
-                    for i, o in enumerate(outs)]
-            return {**routes.header("pool", outs), "data": data}
-
-        return await routes.run(request, req, inputs_of(req.input), field_names("input", req.input),
-                                PoolingParams(req.dimensions, req.normalize), "pool", size, answer)
+    app.post("/v1/embeddings", dependencies=auth)(vectors(EmbeddingRequest, "embeddings", "embedding", "embedding",
+                                                          "embd"))
+    app.post("/pooling", dependencies=auth)(vectors(PoolingRequest, "pooling", "pooling", "data", "pool"))
 
     async def score(request: Request) -> Response:
         obj, size = await body(request)
