@@ -217,9 +217,10 @@ for p in POSTS:
         case(f"{method} {p}", method, p, None, None, 405)
 for p in GETS:
     case(f"POST {p}", "POST", p, b"{}", None, 405)
-for p in ["/", "/v1", "/v1/completion", "/v2/completions", "/v1/engines/tiny", "/v1/embeddings", "/v1/../etc/passwd",
+for p in ["/", "/v1", "/v1/completion", "/v2/completions", "/v1/engines/tiny", "/v1/../etc/passwd",
           "/%00", "/" + "a" * 8000, "/v1/chat/completions/x"]:
     case(f"unknown path {p[:20]}", "POST", p, OK[C], None, 404)
+case("embeddings from a generating server", "POST", "/v1/embeddings", b'{"model": "tiny", "input": "hi"}', None, 400)
 
 
 @pytest.mark.parametrize("name,method,path,body,headers,status",
