@@ -12,6 +12,11 @@
 #   fusedgemv: issue #42: the fused layer's four GEMVs (norm / residual / SiLU folded in) one by one against
 #            the kernels they replace, tiles and splits swept at batch 1, the best at 1 and 8 (fused_gemv_sweep.py;
 #            FUSED_GEMV_QUICK=1: two tiles); ~3 min
+#   lora:    issue #41: llama-3-8b base (no adapters) then with rank-16 adapters on every projection
+#            (benchmarks/lora_bench.py): batch-1 decode with one adapter, batch 64 over 8 adapters, and 16
+#            streams' inter-token p99 while arrivals name adapters in slots (warm) or only in host memory (cold)
+#   models:  issue #43/#41 on CUDA: Gemma 2/3, Phi-3, RoPE linear/dynamic/YaRN, sliding windows, LoRA and
+#            embeddings (tests/test_gpu_models.py)
 #   lanes:   issue #6's scenario (16 short requests arriving while an 8k prompt and 32
 #            batch requests run) under static, continuous and continuous-lanes, 8B
 #            shape, with the long prompt interactive and then in the batch lane
@@ -162,6 +167,16 @@ for section in $SECTIONS; do
         | tail -3 || status=1
       echo "== the fused decode layer off vs on: one layer (8B shape) at batch 1 and 8, then llama-3-8b batch-1 decode"
       run python3 benchmarks/fused_layer_bench.py --model "$MODELS/llama-3-8b" ${FUSED_SPLITS:+--fused-splits $FUSED_SPLITS} ;;
+    lora)
+      model llama-3-8b
+      for mode in base lora; do
+        echo "== multi-LoRA (llama-3-8b, rank-16 adapters on every projection): $mode"
+        run python3 benchmarks/lora_bench.py --model "$MODELS/llama-3-8b" --mode $mode
+      done ;;
+    models)
+      echo "== new families, RoPE types, sliding windows, LoRA and embeddings on CUDA"
+      python3 -m pytest -q tests/test_gpu_models.py -p no:cacheprovider 2>&1 | tee -a "$OUT/gpu-tests.log" \
+        | tail -15 || status=1 ;;
     fusedgemv)
       echo "== the fused layer's GEMVs against the kernels they replace, tiles swept (8B shapes)"
       run python3 benchmarks/fused_gemv_sweep.py ${FUSED_GEMV_QUICK:+--quick} ;;

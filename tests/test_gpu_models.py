@@ -1,0 +1,94 @@
+"""Issue #43's and #41's model capabilities on CUDA (Triton kernels, captured graphs): greedy tokens
+equal transformers' for the families and RoPE types added; sliding windows smaller than the prompt;
+LoRA adapters and embeddings on CUDA equal the same engine on CPU (which CI checks against peft and
+transformers)."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from models import build_model, hf_greedy
+
+from expresslane import LLM, LoRARequest, SamplingParams
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+PROMPTS = [[(7 * i + 3 * j) % 500 for j in range(n)] for i, n in enumerate((1, 17, 64, 150, 300, 33))]
+GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+
+
+def cuda_llm(model_dir, **kw) -> LLM:
+    torch.backends.cuda.matmul.allow_tf32 = False
+    return LLM(str(model_dir), device="cuda", dtype="float32", num_kv_blocks=256, **kw)
+
+
+def tokens(llm: LLM, prompts, **kw) -> list[list[int]]:
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], GREEDY, use_tqdm=False, **kw)
+    return [o.outputs[0].token_ids for o in outs]
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "gemma3", "phi3", "llama_linear", "llama_dynamic", "qwen2_yarn"])
+def test_new_families_match_transformers_on_cuda(model_dirs, arch):
+    llm = cuda_llm(model_dirs[arch], max_num_batched_tokens=64)
+    assert llm.cuda_graph_sizes["decode"]
+    got = tokens(llm, PROMPTS)
+    mismatched = [i for i, p in enumerate(PROMPTS) if got[i] != hf_greedy(model_dirs[arch], p, 8)]
+    assert not mismatched, f"prompts {mismatched} differ from transformers"
+
+
+@pytest.mark.parametrize("arch,window", [("mistral", 48), ("ministral", 24)])
+def test_sliding_window_smaller_than_the_prompt_on_cuda(tmp_path, arch, window):
+    model_dir = build_model(arch, tmp_path / arch, sliding_window=window)
+    llm = cuda_llm(model_dir, max_num_batched_tokens=64)
+    got = tokens(llm, PROMPTS)
+    mismatched = [i for i, p in enumerate(PROMPTS) if got[i] != hf_greedy(model_dir, p, 8)]
+    assert not mismatched, f"prompts {mismatched} differ from transformers"
+    if arch == "mistral":  # every layer slides: blocks behind the window were freed as the requests ran
+        assert llm.engine.core.kv.window_freed_blocks > 0
+
+
+def write_adapter(model_dir: Path, out: Path, rank: int, seed: int) -> Path:
+    from safetensors.torch import save_file
+
+    cfg = json.loads((model_dir / "config.json").read_text())
+    h, inter = cfg["hidden_size"], cfg["intermediate_size"]
+    d = cfg.get("head_dim") or h // cfg["num_attention_heads"]
+    q, kv = cfg["num_attention_heads"] * d, cfg["num_key_value_heads"] * d
+    shapes = {"self_attn.q_proj": (h, q), "self_attn.k_proj": (h, kv), "self_attn.v_proj": (h, kv),
+              "self_attn.o_proj": (q, h), "mlp.gate_proj": (h, inter), "mlp.up_proj": (h, inter),
+              "mlp.down_proj": (inter, h)}
+    gen = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for layer in range(cfg["num_hidden_layers"]):
+        for name, (fan_in, fan_out) in shapes.items():
+            prefix = f"base_model.model.model.layers.{layer}.{name}"
+            tensors[f"{prefix}.lora_A.weight"] = torch.randn(rank, fan_in, generator=gen) * 0.1
+            tensors[f"{prefix}.lora_B.weight"] = torch.randn(fan_out, rank, generator=gen) * 0.1
+    out.mkdir(parents=True)
+    save_file(tensors, str(out / "adapter_model.safetensors"))
+    (out / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank}))
+    return out
+
+
+def test_lora_on_cuda_equals_cpu(llama_dir, tmp_path):
+    """A batch mixing the base model and three adapters of different ranks, through the Triton
+    shrink/expand and captured graphs, gives the CPU engine's tokens."""
+    loras = [LoRARequest(f"r{r}", i, str(write_adapter(llama_dir, tmp_path / f"r{r}", r, i)))
+             for i, r in enumerate((4, 8, 16), 1)]
+    jobs = [(lora, p) for p in PROMPTS[:4] for lora in [None] + loras]
+    kw = dict(enable_lora=True, max_loras=2, max_lora_rank=16, max_num_batched_tokens=64)
+    cpu = LLM(str(llama_dir), num_kv_blocks=256, **kw)
+    want = tokens(cpu, [p for _, p in jobs], lora_request=[lora for lora, _ in jobs])
+    llm = cuda_llm(llama_dir, **kw)
+    assert llm.cuda_graph_sizes["decode"]
+    got = tokens(llm, [p for _, p in jobs], lora_request=[lora for lora, _ in jobs])
+    assert got == want
+    assert len({tuple(t) for t, (_, p) in zip(want, jobs) if p == PROMPTS[3]}) > 1, "the adapters change nothing"
+
+
+def test_embeddings_on_cuda_equal_cpu(llama_dir):
+    prompts = [{"prompt_token_ids": p} for p in PROMPTS]
+    want = [o.outputs.embedding for o in LLM(str(llama_dir), runner="pooling").embed(prompts, use_tqdm=False)]
+    got = [o.outputs.embedding for o in cuda_llm(llama_dir, runner="pooling").embed(prompts, use_tqdm=False)]
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(want), atol=1e-4, rtol=0)
