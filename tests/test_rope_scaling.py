@@ -173,3 +173,16 @@ def test_longrope_request_restarts_once_past_its_threshold():
     assert steps == [([], [(6, 6)], [(0, 6)]), ([], [], [(6, 1)]), ([], [], [(7, 1)]),
                      (["a"], [(9, 6)], [(0, 9)])]
     assert sched.num_preemptions == 0 and kv.num_held_blocks() == 0
+
+
+@pytest.mark.parametrize("kind", list(CONFIGS))
+def test_tables_are_built_on_the_models_device(kind):
+    """The runner builds the model under a device context (CUDA on a GPU); transformers computes
+    scaled frequencies on the CPU: the tables follow the context's device (meta here stands for CUDA)."""
+    name, kwargs, _ = CONFIGS[kind]
+    hf_config = getattr(transformers, name)(**_SMALL, **kwargs)
+    head_dim = hf_config.hidden_size // hf_config.num_attention_heads
+    freqs = rope_frequencies(hf_config, head_dim, 64)  # on the CPU
+    with torch.device("meta"):
+        rotary = RotaryEmbedding(head_dim, 64, freqs=freqs)
+    assert {b.device.type for b in rotary.buffers()} == {"meta"}

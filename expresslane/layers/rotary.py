@@ -175,13 +175,15 @@ class RotaryEmbedding(nn.Module):
             raise ValueError(f"rotary dims {self.rotary_dim} exceed the head dim {head_dim}")
         self.max_position = max_position
         self.length_dependent = freqs.kind in LENGTH_DEPENDENT
-        positions = torch.arange(max_position, dtype=torch.float32)
-        table = self._rows(positions, freqs.inv_freq)
+        positions = torch.arange(max_position, dtype=torch.float32)  # on the device the model is built on
+        inv_freq = freqs.inv_freq.to(positions.device)  # (transformers computes scaled ones on the CPU)
+        longer = None if freqs.longer is None else freqs.longer.to(positions.device)
+        table = self._rows(positions, inv_freq)
         if freqs.kind == "longrope":
-            table = torch.cat([table, self._rows(positions, freqs.longer)])
+            table = torch.cat([table, self._rows(positions, longer)])
         self.register_buffer("cos_sin", table, persistent=False)
         if freqs.kind == "dynamic":  # row i: lengths up to the threshold (i = 0), then threshold + i
-            rows = [freqs.inv_freq[None]] + ([freqs.longer] if freqs.longer is not None else [])
+            rows = [inv_freq[None]] + ([longer] if longer is not None else [])
             self.register_buffer("dynamic_inv_freq", torch.cat(rows), persistent=False)
 
     def _rows(self, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
