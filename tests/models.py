@@ -141,3 +141,28 @@ def _hf_model(model_dir: Path):
     if model_dir not in _CACHE:
         _CACHE[model_dir] = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     return _CACHE[model_dir]
+
+
+def multimodal_checkpoint(text_dir, out):
+    """A Gemma3ForConditionalGeneration directory (transformers' class, a tiny vision tower) whose
+    language model holds `text_dir`'s weights, with its tokenizer; as the hub ships Gemma 3 4b-27b."""
+    import shutil
+
+    from transformers import (AutoModelForCausalLM, Gemma3Config, Gemma3ForConditionalGeneration, Gemma3TextConfig,
+                              SiglipVisionConfig)
+
+    text = Gemma3TextConfig.from_pretrained(text_dir)
+    vision = SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                image_size=28, patch_size=14)
+    config = Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4, image_token_index=497,
+                          boi_token_index=498, eoi_token_index=499, eos_token_id=[1, 2])
+    torch.manual_seed(0)
+    model = Gemma3ForConditionalGeneration(config).float().eval()
+    source = AutoModelForCausalLM.from_pretrained(text_dir, dtype=torch.float32)
+    model.model.language_model.load_state_dict(source.model.state_dict())
+    model.save_pretrained(out)
+    for f in text_dir.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens")):
+            shutil.copy(f, out / f.name)
+    return out, model
+

@@ -6,7 +6,7 @@ import random
 
 import pytest
 import torch
-from models import build_model, hf_greedy
+from models import build_model, hf_greedy, multimodal_checkpoint
 
 from expresslane import LLM, SamplingParams
 from expresslane.attention.torch_backend import TorchAttentionBackend
@@ -227,3 +227,32 @@ def test_chat_template_from_the_tokenizer_directory(model_dirs, tmp_path):
     assert ids == tokenizer.encode(text, add_special_tokens=False)
     with pytest.raises(errors.APIError, match="System role not supported"):
         chat_prompt(tokenizer, [ChatMessage(role="system", content="be brief")], add_generation_prompt=True)
+
+
+def test_multimodal_checkpoint_serves_its_text_model(model_dirs, tmp_path):
+    """Gemma 3 4b-27b ship as Gemma3ForConditionalGeneration: its text model loads (the vision tower is
+    left out) and gives transformers' multimodal class's greedy tokens on text, its top-level eos ids
+    kept; random weights of its shape (`load_format dummy`) load too."""
+    path, hf = multimodal_checkpoint(model_dirs["gemma3"], tmp_path / "gemma3-mm")
+    llm = LLM(str(path), max_num_batched_tokens=16)
+    assert llm.engine.core.hf_config.eos_token_id == [1, 2]
+    prompts = [prompt(n, seed=n) for n in (1, 17, 40)]
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(temperature=0.0, max_tokens=6,
+                                                                                   ignore_eos=True), use_tqdm=False)
+    for p, out in zip(prompts, outs):
+        with torch.no_grad():
+            ref = hf.generate(torch.tensor([p]), max_new_tokens=6, do_sample=False, min_new_tokens=6)[0, len(p):]
+        assert out.outputs[0].token_ids == ref.tolist() == hf_greedy(model_dirs["gemma3"], p, 6)
+    dummy = LLM(str(path), load_format="dummy")
+    assert len(dummy.generate(["hi"], SamplingParams(max_tokens=2, ignore_eos=True), use_tqdm=False)[0].outputs[0]
+               .token_ids) == 2
+
+
+def test_multimodal_checkpoint_tensors_of_neither_side_are_named(model_dirs, tmp_path):
+    from expresslane.models.gemma import text_weights
+
+    with pytest.raises(ValueError, match="'audio_tower.x'"):
+        list(text_weights([("language_model.model.norm.weight", torch.ones(1)), ("audio_tower.x", torch.ones(1))]))
+    assert [n for n, _ in text_weights([("model.language_model.norm.weight", 0), ("vision_tower.a", 0),
+                                        ("language_model.lm_head.weight", 0), ("model.norm.weight", 0)])] == [
+        "model.norm.weight", "lm_head.weight", "model.norm.weight"]

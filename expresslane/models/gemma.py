@@ -224,3 +224,26 @@ class Gemma2ForCausalLM(LlamaForCausalLM):
 class Gemma3ForCausalLM(Gemma2ForCausalLM):
     window_pattern = 6
     qk_norm = True
+
+    def load_weights(self, weights) -> None:
+        if getattr(self.config, "served_text_of", None):  # a Gemma3ForConditionalGeneration checkpoint
+            weights = text_weights(weights)
+        super().load_weights(weights)
+
+
+# a multimodal checkpoint's tensor name prefix -> ours (None: the vision side, not loaded), the first
+# that matches: the hub's layout, transformers' own, and the text names (random weights, make-model)
+_TEXT_PREFIXES = {"language_model.model.": "model.", "model.language_model.": "model.",
+                  "language_model.lm_head.": "lm_head.", "vision_tower.": None, "model.vision_tower.": None,
+                  "multi_modal_projector.": None, "model.multi_modal_projector.": None, "model.": "model.",
+                  "lm_head.": "lm_head."}
+
+
+def text_weights(weights):
+    """The text model's (name, tensor) of a multimodal checkpoint, renamed as a text checkpoint names them."""
+    for name, tensor in weights:
+        prefix = next((p for p in _TEXT_PREFIXES if name.startswith(p)), None)
+        if prefix is None:
+            raise ValueError(f"checkpoint tensor {name!r} belongs to neither the text model nor the vision tower")
+        if _TEXT_PREFIXES[prefix] is not None:
+            yield _TEXT_PREFIXES[prefix] + name.removeprefix(prefix), tensor

@@ -47,12 +47,46 @@ def read_config(path: str | Path) -> dict:
         raise ValueError(f"broken config.json in {str(p)!r}: {e}") from e
 
 
+# Multimodal checkpoints whose text model is served (their vision tower is not loaded; requests
+# carry text only): the checkpoint's architecture -> the text model's
+TEXT_MODEL_OF = {"Gemma3ForConditionalGeneration": "Gemma3ForCausalLM"}
+# what the text section takes from the top level of config.json (the special tokens: the top's win)
+_TOP_LEVEL_TOKENS = ("eos_token_id", "bos_token_id", "pad_token_id")
+
+
+def _wrapper(architectures) -> str | None:
+    return next((a for a in architectures or () if a in TEXT_MODEL_OF), None)
+
+
+def text_config(config: dict) -> dict:
+    """config.json as the served model reads it: a TEXT_MODEL_OF checkpoint's `text_config`
+    (which may leave fields at their class defaults, e.g. `vocab_size`), else `config` itself."""
+    wrapper = _wrapper(config.get("architectures"))
+    if wrapper is None or not isinstance(config.get("text_config"), dict):
+        return config
+    text = {**config["text_config"], **{k: config[k] for k in _TOP_LEVEL_TOKENS if config.get(k) is not None}}
+    for key in ("dtype", "torch_dtype"):
+        if key in config:
+            text.setdefault(key, config[key])
+    return {**text, "architectures": [TEXT_MODEL_OF[wrapper]], "served_text_of": wrapper}
+
+
 def load_hf_config(path: str | Path):
+    """transformers' config of the served model (a multimodal checkpoint's text config, see TEXT_MODEL_OF)."""
     from transformers import AutoConfig
 
     p = check_model_dir(path)
     try:
         json.loads((p / "config.json").read_text())
-        return AutoConfig.from_pretrained(p)
+        config = AutoConfig.from_pretrained(p)
     except (ValueError, KeyError, json.JSONDecodeError) as e:
         raise ValueError(f"broken config.json in {str(p)!r}: {e}") from e
+    wrapper = _wrapper(getattr(config, "architectures", None))
+    if wrapper is None:
+        return config
+    text = config.get_text_config()
+    for key in _TOP_LEVEL_TOKENS:
+        if getattr(config, key, None) is not None:
+            setattr(text, key, getattr(config, key))
+    text.architectures, text.served_text_of = [TEXT_MODEL_OF[wrapper]], wrapper
+    return text

@@ -17,7 +17,7 @@ from expresslane.distributed.group import TPGroup
 from expresslane.distributed.layers import head_split
 from expresslane.contract import LoRARequest, NewRequest, ScheduledSeq, StepPlan
 from expresslane.models.loader import iter_weights
-from expresslane.models.model_dir import read_config
+from expresslane.models.model_dir import read_config, text_config
 from expresslane.models.presets import dummy_weights
 from expresslane.models.registry import model_class
 from expresslane.quant import resolve_quantization
@@ -89,7 +89,7 @@ class ModelRunner(Runner):
             finally:
                 torch.set_default_dtype(prev)
         if config.model.load_format == "dummy":
-            weights = dummy_weights(read_config(model_dir), device=self.device)
+            weights = dummy_weights(text_config(read_config(model_dir)), device=self.device)
         else:
             weights = iter_weights(model_dir, self.device)
         self.model.load_weights(weights)

@@ -27,7 +27,7 @@ from expresslane.config.server import ServerConfig
 from expresslane.engine.generation_config import sampling_defaults
 from expresslane.engine.inputs import InputProcessor
 from expresslane.lanes import resolve_lane
-from expresslane.models.model_dir import check_model_dir, default_model_path, read_config
+from expresslane.models.model_dir import check_model_dir, default_model_path, read_config, text_config
 from expresslane.pooling_params import PoolingParams
 from expresslane.sampling_params import SamplingParams
 from expresslane.server import errors
@@ -97,11 +97,11 @@ class EngineClient:
             self.model_dir = await asyncio.to_thread(check_model_dir, model)
             self._engine_kwargs = {**self._engine_kwargs, "model": str(self.model_dir)}
         frontend = None
-        if self.model_dir.is_dir():  # the tokenizer loads while the engine does
-            frontend = asyncio.ensure_future(asyncio.to_thread(self._load_frontend))
+        if self.model_dir.is_dir() and "vocab_size" in text_config(read_config(self.model_dir)):
+            frontend = asyncio.ensure_future(asyncio.to_thread(self._load_frontend))  # while the engine loads
         ready = await self._start_engine()
         tokenizer, vocab_size, eos, longest_token, token_texts = await (frontend or asyncio.to_thread(
-            self._load_frontend))
+            self._load_frontend, ready.vocab_size))
         self.tokenizer = tokenizer
         self.max_model_len = ready.max_model_len
         self.num_kv_blocks = ready.num_kv_blocks
@@ -162,12 +162,14 @@ class EngineClient:
         if not ready.done():
             self._runner.result()
 
-    def _load_frontend(self):
-        config = read_config(self.model_dir)  # not AutoConfig: this process imports no torch
+    def _load_frontend(self, vocab_size: int | None = None):
+        """`vocab_size`: the engine's, where config.json does not state it."""
+        config = text_config(read_config(self.model_dir))  # not AutoConfig: this process imports no torch
+        vocab_size = config.get("vocab_size", vocab_size)
         tokenizer = load_tokenizer(self._engine_kwargs.get("tokenizer") or self.model_dir)
         eos = eos_token_ids(self.model_dir, SimpleNamespace(eos_token_id=config.get("eos_token_id")), tokenizer)
-        token_texts = tuple(tokenizer.batch_decode([[t] for t in range(config["vocab_size"])]))
-        return tokenizer, config["vocab_size"], eos, longest_token_chars(tokenizer), token_texts
+        token_texts = tuple(tokenizer.batch_decode([[t] for t in range(vocab_size)]))
+        return tokenizer, vocab_size, eos, longest_token_chars(tokenizer), token_texts
 
     async def _start_engine(self):
         if self._link is not None:

@@ -72,6 +72,7 @@ class Ready(msgspec.Struct, tag=True):
     scheduling_policy: str | None = None  # filled by the engine (None: an engine that did not say)
     runner_type: str = "generate"  # generate or pooling (embeddings): the routes the API serves
     hidden_size: int = 0  # the pooled vectors' length (`dimensions` is checked against it)
+    vocab_size: int = 0  # for a config.json that leaves it at its class default (a multimodal one's text part)
 
 
 class Failed(msgspec.Struct, tag=True):
