@@ -313,23 +313,32 @@ def test_lora_flags_are_checked(llama_dir):
             ["hi"], GREEDY, use_tqdm=False, lora_request=LoRARequest("x", 1, "/x"))
 
 
-def test_triton_shrink_expand_match_torch():
+# (slices, the input dim): slices off the output tiles (a launch each) and on them (one launch); an
+# input dim the shrink splits in parts, the last one short
+LAYOUTS = {"per-slice": ([(0, 32), (32, 16), (48, 16)], 48), "one-launch": ([(0, 128), (128, 64), (192, 64)], 300)}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("num_tokens", [11, 40])
+def test_triton_shrink_expand_match_torch(layout, num_tokens):
     pytest.importorskip("triton")
     from expresslane.layers.lora import LoRAStep, add_lora
+    from expresslane.layers.lora_kernels import num_splits
 
     torch.manual_seed(0)
-    slots, rank, hidden = 4, 16, 48
-    slices = [(0, 32), (32, 16), (48, 16)]
+    slices, hidden = LAYOUTS[layout]
+    slots, rank, out = 4, 16, slices[-1][0] + slices[-1][1]
     a = torch.randn(slots, len(slices) * rank, hidden)
-    b = torch.randn(slots, 64, rank)
+    b = torch.randn(slots, out, rank)
     a[0], b[0] = 0, 0
-    token_slots = np.array([0, 2, 2, 1, 0, 3, 2, 1, 1, 0, 3], dtype=np.int64)
+    token_slots = np.random.default_rng(num_tokens).integers(0, slots, num_tokens)
     step = LoRAStep.of(token_slots, slots, torch.device("cpu"))
-    x = torch.randn(len(token_slots), hidden)
-    y = torch.randn(len(token_slots), 64)
+    x = torch.randn(num_tokens, hidden)
+    y = torch.randn(num_tokens, out)
     want = add_lora(y.clone(), x, a, b, slices, step, use_triton=False)
     got = add_lora(y.clone(), x, a, b, slices, step, use_triton=True)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     base_rows = torch.from_numpy(token_slots == 0)
     torch.testing.assert_close(got[base_rows], y[base_rows])  # the base model's rows untouched
+    assert hidden < 128 or num_splits(num_tokens, hidden) > 1  # the partial sums are exercised
     assert LoRAStep.of(np.zeros(5, dtype=np.int64), slots, torch.device("cpu")) is None

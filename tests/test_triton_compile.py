@@ -103,10 +103,11 @@ def _cases():
                                                          BLOCK_N=bn, BLOCK_K=bk, PRECISION=precision, W4=w4,
                                                          GROUP=group), {**moe, **(int4 if w4 else {})}
     # multi-LoRA shrink and expand (layers/lora_kernels.py): bf16 and float32 activations
-    lora = dict(sorted_ptr="*i32", starts_ptr="*i32", counts_ptr="*i32", u_ptr="*fp32")
-    for dtype in ("bf16", "fp32"):
-        yield "lora_shrink_kernel", dtype, dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64), lora
-        yield "lora_expand_kernel", dtype, dict(BLOCK_M=16, BLOCK_N=64, BLOCK_R=16), lora
+    lora = dict(sorted_ptr="*i32", starts_ptr="*i32", counts_ptr="*i32", part_ptr="*fp32")
+    for dtype, precision in (("bf16", "tf32"), ("fp32", "ieee")):
+        for n in (16, 64, 256):  # the shrink's rank columns: one slice of rank 16 .. three of rank 64
+            yield "lora_shrink_kernel", dtype, dict(BLOCK_M=16, BLOCK_N=n, BLOCK_K=64, PRECISION=precision), lora
+        yield "lora_expand_kernel", dtype, dict(BLOCK_M=16, BLOCK_N=64, BLOCK_R=16, PRECISION=precision), lora
     # the sampler's penalties (runner/penalty_kernel.py): float32 logits, per-row counts and seen flags
     yield "_penalize", "fp32", dict(BLOCK=1024), dict(counts_ptr="*i32", seen_ptr="*u8", logit_rows_ptr="*i64",
                                                      state_rows_ptr="*i64")

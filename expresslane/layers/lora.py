@@ -133,8 +133,7 @@ def add_lora(y: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_b: tor
     if use_triton:
         from expresslane.layers.lora_kernels import lora_expand, lora_shrink
 
-        u = lora_shrink(x, lora_a, step)
-        lora_expand(u, lora_b, y, slices, step)
+        lora_expand(lora_shrink(x, lora_a, step), lora_b, y, slices, step)
         return y
     r_max = lora_b.shape[-1]
     for slot, idx in step.groups:

@@ -1,12 +1,16 @@
 """Segmented LoRA kernels (Punica / S-LoRA's shrink and expand) over a step's tokens grouped by
 adapter slot: `LoRAStep.sorted_tokens` lists the tokens slot by slot, `slot_starts` and
-`slot_counts` say where each slot's run is. The grid is (token tiles, output tiles, slots - 1)
-for the worst case (every token in one slot): its size depends on the token count and the
-slot count only, so a CUDA graph captures it; a program past its slot's run returns at once.
-Slot 0 (the base model) gets no program.
+`slot_counts` say where each slot's run is. Each grid is sized for the worst case (every token in
+one slot): its size depends on the token count and the shapes only, so a CUDA graph captures it;
+a program past its slot's run returns at once. Slot 0 (the base model) gets no program.
 
-  shrink: u[t, :]        = x[t, :] @ A[slot(t)]^T                    (float32, [T, slices * R])
-  expand: y[t, off:off+n] += u[t, i*R:(i+1)*R] @ B[slot(t), off:off+n]^T   (one launch per slice)
+  shrink: part[s, t, :] = x[t, K_s] @ A[slot(t), :, K_s]^T      split s of the input dim (float32)
+  expand: y[t, off:off+n] += (sum_s part[s, t, i*R:(i+1)*R]) @ B[slot(t), off:off+n]^T
+
+A decode step's shrink reads A [slices * R, in] for a handful of tokens: one program per slot
+would read all of it alone, so the input dim is split over programs (no atomics: the expand sums
+the partials). The expand runs every slice of a merged projection in one launch when the slice
+boundaries fall on whole output tiles (they do for real models), else one launch per slice.
 """
 
 from __future__ import annotations
@@ -16,9 +20,10 @@ import torch
 from expresslane.triton_setup import tl, triton
 
 BLOCK_M = 16
-BLOCK_N = 64
+BLOCK_N = 64  # the expand's output tile
 BLOCK_K = 64
 BLOCK_R = 16
+_SPLIT_PROGRAMS = 64  # shrink programs per slot the split aims at (a decode step: ~ half the SMs' worth)
 
 
 @triton.jit
@@ -33,72 +38,111 @@ def _token_rows(sorted_ptr, starts_ptr, counts_ptr, slot, pid_m, BLOCK_M: tl.con
 
 
 @triton.jit
-def lora_shrink_kernel(x_ptr, a_ptr, u_ptr, sorted_ptr, starts_ptr, counts_ptr, n, k, stride_x, stride_as,
-                       stride_an, stride_u, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    pid_m, pid_n, slot = tl.program_id(0), tl.program_id(1), tl.program_id(2) + 1
+def lora_shrink_kernel(x_ptr, a_ptr, part_ptr, sorted_ptr, starts_ptr, counts_ptr, n, k, k_per_split, stride_x,
+                       stride_as, stride_an, stride_ps, stride_pt, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
+    pid_m, pid_s, slot = tl.program_id(0), tl.program_id(1), tl.program_id(2) + 1
     if pid_m * BLOCK_M >= tl.load(counts_ptr + slot):
         return
     rows, valid = _token_rows(sorted_ptr, starts_ptr, counts_ptr, slot, pid_m, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_n = tl.arange(0, BLOCK_N)
     mask_n = offs_n < n
     a_base = a_ptr + slot.to(tl.int64) * stride_as
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, k, BLOCK_K):
+    k_lo = pid_s * k_per_split
+    for k0 in range(k_lo, k_lo + k_per_split, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         mask_k = offs_k < k
         xt = tl.load(x_ptr + rows[:, None] * stride_x + offs_k[None, :], mask=valid[:, None] & mask_k[None, :],
                      other=0.0)
         at = tl.load(a_base + offs_n[None, :] * stride_an + offs_k[:, None], mask=mask_k[:, None] & mask_n[None, :],
                      other=0.0)
-        acc += tl.dot(xt.to(tl.float32), at.to(tl.float32), input_precision="ieee")
-    tl.store(u_ptr + rows[:, None] * stride_u + offs_n[None, :], acc, mask=valid[:, None] & mask_n[None, :])
+        acc += tl.dot(xt, at.to(xt.dtype), input_precision=PRECISION)
+    tl.store(part_ptr + pid_s * stride_ps + rows[:, None] * stride_pt + offs_n[None, :], acc,
+             mask=valid[:, None] & mask_n[None, :])
 
 
 @triton.jit
-def lora_expand_kernel(u_ptr, b_ptr, y_ptr, sorted_ptr, starts_ptr, counts_ptr, n, rank, u_offset, y_offset,
-                       stride_u, stride_bs, stride_bn, stride_y, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_R: tl.constexpr):
+def lora_expand_kernel(part_ptr, b_ptr, y_ptr, sorted_ptr, starts_ptr, counts_ptr, n, rank, splits, bound1, bound2,
+                       u_offset, y_offset, stride_ps, stride_pt, stride_bs, stride_bn, stride_y,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, PRECISION: tl.constexpr):
+    """Output columns y_offset .. y_offset + n, up to three slices: a tile's slice is the number of
+    slice boundaries (bound1, bound2, relative to y_offset; multiples of BLOCK_N) at or before its
+    first column; it reads rank columns u_offset + slice * rank onwards."""
     pid_m, pid_n, slot = tl.program_id(0), tl.program_id(1), tl.program_id(2) + 1
     if pid_m * BLOCK_M >= tl.load(counts_ptr + slot):
         return
     rows, valid = _token_rows(sorted_ptr, starts_ptr, counts_ptr, slot, pid_m, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < n
+    first = pid_n * BLOCK_N
+    u_col = u_offset + ((first >= bound1).to(tl.int32) + (first >= bound2).to(tl.int32)) * rank
     b_base = b_ptr + slot.to(tl.int64) * stride_bs + y_offset * stride_bn
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for r0 in range(0, rank, BLOCK_R):
         offs_r = r0 + tl.arange(0, BLOCK_R)
         mask_r = offs_r < rank
-        ut = tl.load(u_ptr + rows[:, None] * stride_u + u_offset + offs_r[None, :],
-                     mask=valid[:, None] & mask_r[None, :], other=0.0)
+        u_mask = valid[:, None] & mask_r[None, :]
+        ut = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+        for s in range(splits):  # the shrink's partial sums
+            ut += tl.load(part_ptr + s * stride_ps + rows[:, None] * stride_pt + u_col + offs_r[None, :], mask=u_mask,
+                          other=0.0)
         bt = tl.load(b_base + offs_n[None, :] * stride_bn + offs_r[:, None], mask=mask_r[:, None] & mask_n[None, :],
                      other=0.0)
-        acc += tl.dot(ut, bt.to(tl.float32), input_precision="ieee")
+        acc += tl.dot(ut.to(bt.dtype), bt, input_precision=PRECISION)
     y_tile = y_ptr + rows[:, None] * stride_y + y_offset + offs_n[None, :]
     mask = valid[:, None] & mask_n[None, :]
     y = tl.load(y_tile, mask=mask, other=0.0)
     tl.store(y_tile, (y.to(tl.float32) + acc).to(y_ptr.dtype.element_ty), mask=mask)
 
 
+def _precision(dtype: torch.dtype) -> str:
+    return "ieee" if dtype == torch.float32 else "tf32"  # (tf32 only applies to float32 operands)
+
+
+def num_splits(num_tokens: int, k: int) -> int:
+    """How many parts the shrink cuts the input dim into: about _SPLIT_PROGRAMS programs per slot,
+    each at least two BLOCK_K steps."""
+    k_blocks = triton.cdiv(k, BLOCK_K)
+    return max(1, min(k_blocks // 2, _SPLIT_PROGRAMS // triton.cdiv(num_tokens, BLOCK_M)))
+
+
 def lora_shrink(x: torch.Tensor, lora_a: torch.Tensor, step) -> torch.Tensor:
-    """u [T, slices * R] float32 (rows of base-model tokens are left unwritten); `step`: a
-    `layers.lora.LoRAStep`."""
+    """part [splits, T, slices * R] float32, its sum over splits x @ A^T (rows of base-model tokens
+    left unwritten); `step`: a `layers.lora.LoRAStep`."""
     num_slots, n, k = lora_a.shape
     x = x if x.stride(-1) == 1 else x.contiguous()
-    u = torch.empty(x.shape[0], n, dtype=torch.float32, device=x.device)
-    grid = (triton.cdiv(x.shape[0], BLOCK_M), triton.cdiv(n, BLOCK_N), num_slots - 1)
-    lora_shrink_kernel[grid](x, lora_a, u, step.sorted_tokens, step.slot_starts, step.slot_counts, n, k, x.stride(0),
-                             lora_a.stride(0), lora_a.stride(1), u.stride(0), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-                             BLOCK_K=BLOCK_K)
-    return u
+    splits = num_splits(x.shape[0], k)
+    k_per_split = triton.cdiv(triton.cdiv(k, BLOCK_K), splits) * BLOCK_K
+    splits = triton.cdiv(k, k_per_split)
+    part = torch.empty(splits, x.shape[0], n, dtype=torch.float32, device=x.device)
+    grid = (triton.cdiv(x.shape[0], BLOCK_M), splits, num_slots - 1)
+    lora_shrink_kernel[grid](x, lora_a, part, step.sorted_tokens, step.slot_starts, step.slot_counts, n, k, k_per_split,
+                             x.stride(0), lora_a.stride(0), lora_a.stride(1), part.stride(0), part.stride(1),
+                             BLOCK_M=BLOCK_M, BLOCK_N=max(16, triton.next_power_of_2(n)), BLOCK_K=BLOCK_K,
+                             PRECISION=_precision(x.dtype))
+    return part
 
 
-def lora_expand(u: torch.Tensor, lora_b: torch.Tensor, y: torch.Tensor, slices: list[tuple[int, int]],
+def lora_expand(part: torch.Tensor, lora_b: torch.Tensor, y: torch.Tensor, slices: list[tuple[int, int]],
                 step) -> None:
-    """y[:, slice] += u's slice of rank space @ B[slot, slice]^T, in place, slice by slice."""
+    """y[:, slice] += the slice's rank space @ B[slot, slice]^T, in place: the slices of a merged
+    projection (consecutive, up to three) in one launch when their boundaries fall on whole output
+    tiles (they do for real models), else slice by slice."""
     num_slots, _, rank = lora_b.shape
-    for i, (offset, size) in enumerate(slices):
-        grid = (triton.cdiv(y.shape[0], BLOCK_M), triton.cdiv(size, BLOCK_N), num_slots - 1)
-        lora_expand_kernel[grid](u, lora_b, y, step.sorted_tokens, step.slot_starts, step.slot_counts, size, rank,
-                                 i * rank, offset, u.stride(0), lora_b.stride(0), lora_b.stride(1), y.stride(0),
-                                 BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_R=BLOCK_R)
+    start = slices[0][0]
+    bounds = [off - start for off, _ in slices[1:]]
+    one = len(slices) <= 3 and all(b % BLOCK_N == 0 for b in bounds) and all(
+        slices[i][0] + slices[i][1] == slices[i + 1][0] for i in range(len(slices) - 1))
+    huge = 1 << 30  # a boundary no column reaches
+    if one:
+        bounds += [huge] * (2 - len(bounds))
+        groups = [(0, start, slices[-1][0] + slices[-1][1] - start, *bounds)]
+    else:
+        groups = [(i, off, size, huge, huge) for i, (off, size) in enumerate(slices)]
+    for first, offset, n, bound1, bound2 in groups:
+        grid = (triton.cdiv(y.shape[0], BLOCK_M), triton.cdiv(n, BLOCK_N), num_slots - 1)
+        lora_expand_kernel[grid](part, lora_b, y, step.sorted_tokens, step.slot_starts, step.slot_counts, n, rank,
+                                 part.shape[0], bound1, bound2, first * rank, offset, part.stride(0), part.stride(1),
+                                 lora_b.stride(0), lora_b.stride(1), y.stride(0),
+                                 BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_R=BLOCK_R, PRECISION=_precision(y.dtype))
