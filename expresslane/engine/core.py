@@ -233,6 +233,8 @@ class EngineCore:
             self._in_flight = prev = None
             late = False
         planned = time.monotonic()
+        if self.loras.enabled:
+            self.loras.stage(self.scheduler)
         plan = self.scheduler.schedule()
         launched = None
         if not plan.is_empty:

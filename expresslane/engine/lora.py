@@ -9,6 +9,7 @@ from typing import Iterable
 from expresslane.contract import LoRARequest
 from expresslane.runner.base import Runner
 from expresslane.scheduler.request import Request
+from expresslane.scheduler.scheduler import Scheduler
 
 
 class EngineLoRAs:
@@ -55,6 +56,11 @@ class EngineLoRAs:
             self.runner.remove_lora(lora_id)
             del self.loaded[lora_id], self._salts[lora_id]
             self.unloading.discard(lora_id)
+
+    def stage(self, scheduler: Scheduler) -> None:
+        """Before a plan: load what the last one passed over."""
+        keep = {r.lora_id for r in scheduler.running.values() if r.lora_id}
+        scheduler.lora_ready = self.runner.stage_loras(list(scheduler.lora_wanted), keep)
 
     def names(self, ids: Iterable[int]) -> str:
         """The adapters' names, sorted and comma-joined (for metrics)."""

@@ -111,20 +111,32 @@ class LoRALinear(nn.Module):
     def _add(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         return add_lora(y, x, self.lora_a, self.lora_b, self.slices, self.state.step, self.state.use_triton)
 
-    def load_slot(self, slot: int, parts: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """Write an adapter into `slot`: `parts` by slice index (A [r, in], B [size, r], the full
-        checkpoint shapes); the slices it does not adapt, and the ranks past its own, become zeros."""
+    def host_slot(self, parts: dict[int, tuple[torch.Tensor, torch.Tensor]], pin: bool
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """An adapter as one slot holds it, on the host (pinned: `pin`), in the slots' dtype: `parts`
+        by slice index (A [r, in], B [size, r], the full checkpoint shapes); the slices it does
+        not adapt, and the ranks past its own, are zeros."""
         r_max = self.state.max_rank
-        self.lora_a[slot].zero_()
-        self.lora_b[slot].zero_()
+        a = torch.zeros(self.lora_a.shape[1:], dtype=self.lora_a.dtype, pin_memory=pin)
+        b = torch.zeros(self.lora_b.shape[1:], dtype=self.lora_b.dtype, pin_memory=pin)
         col, cols = self.a_cols
-        for i, (a, b) in parts.items():
+        for i, (part_a, part_b) in parts.items():
             offset, size = self.slices[i]
             row, rows = self.b_rows[i]
-            r = a.shape[0]
-            self.lora_a[slot, i * r_max:i * r_max + r].copy_(a[:, col:col + cols], non_blocking=True)
-            self.lora_b[slot, offset:offset + size, :r].copy_(b[row:row + rows], non_blocking=True)
+            r = part_a.shape[0]
+            a[i * r_max:i * r_max + r].copy_(part_a[:, col:col + cols])
+            b[offset:offset + size, :r].copy_(part_b[row:row + rows])
+        return a, b
 
+    def load_slot(self, slot: int, host: tuple[torch.Tensor, torch.Tensor] | None) -> None:
+        """Copy `host_slot`'s tensors into `slot` without waiting (None: zeros, an adapter that
+        leaves this projection alone)."""
+        if host is None:
+            self.lora_a[slot].zero_()
+            self.lora_b[slot].zero_()
+            return
+        self.lora_a[slot].copy_(host[0], non_blocking=True)
+        self.lora_b[slot].copy_(host[1], non_blocking=True)
 
 def add_lora(y: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor,
              slices: list[tuple[int, int]], step: LoRAStep, use_triton: bool) -> torch.Tensor:

@@ -94,6 +94,10 @@ class Runner(ABC):
         """Forget an adapter no request uses any more."""
 
     @abstractmethod
+    def stage_loras(self, wanted: list[int], keep: set[int]) -> set[int]:
+        """Load ``wanted`` over slots ``keep`` does not hold; the ready ones."""
+
+    @abstractmethod
     def release(self, request_ids: list[str]) -> None:
         """Forget these requests' rows without a step."""
 

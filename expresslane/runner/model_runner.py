@@ -96,7 +96,8 @@ class ModelRunner(Runner):
         self.model.eval()
         if config.device.fused_decode_layer:
             self._fuse_decode_layers()
-        self.lora = LoRASlots(self.model, config.lora, self.device, self.dtype, self.attn_backend.fused_ops) \
+        self.lora = LoRASlots(self.model, config.lora, self.device, self.dtype, self.attn_backend.fused_ops,
+                              wait_reads=self.device.type != "cuda" or self.tp.size > 1) \
             if config.lora.enable_lora else None
         self.proposer = make_proposer(config.speculative, hf_config.vocab_size, self.device, self.dtype,
                                       config.device.attention_backend)
@@ -311,6 +312,14 @@ class ModelRunner(Runner):
     def remove_lora(self, lora_id: int) -> None:
         if self.lora is not None:
             self.lora.remove(lora_id)
+
+    @torch.inference_mode()
+    def stage_loras(self, wanted: list[int], keep: set[int]) -> set[int]:
+        return set() if self.lora is None else self.lora.stage(wanted, keep)
+
+    def shutdown(self) -> None:
+        if self.lora is not None:
+            self.lora.close()
 
     def release(self, request_ids: list[str]) -> None:
         for rid in request_ids:

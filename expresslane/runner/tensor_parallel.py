@@ -188,6 +188,10 @@ class TPExecutor(Runner):
     def remove_lora(self, lora_id: int) -> None:
         self._call("remove_lora", lora_id)
 
+    def stage_loras(self, wanted: list[int], keep: set[int]) -> set[int]:
+        """Rank 0's copies say what is ready."""
+        return self._call("stage_loras", wanted, keep)
+
     def verify_rows(self) -> int | None:
         return self.runner.verify_rows()
 
