@@ -115,9 +115,9 @@ def test_mixed_batch_equals_each_alone(llama_dir, adapters, references, case):
     stage = runner.stage_loras
 
     def keeping(wanted, keep):
-        ready = stage(wanted, keep)
-        assert keep <= ready, "a running request's adapter lost its slot"
-        return ready
+        staging = stage(wanted, keep)
+        assert keep <= staging.ready, "a running request's adapter lost its slot"
+        return staging
 
     runner.stage_loras = keeping
     names = [None, *adapters]
@@ -330,15 +330,18 @@ def test_a_request_whose_adapter_is_loading_holds_up_no_one(llama_dir, adapters,
     assert copies.waited == [1], "the compute stream waits for the copy once, at its first use"
 
 
-def test_a_disk_read_runs_off_the_step_loop(llama_dir, adapters, references):
-    """One adapter on the host, two registered: the other's read blocks on a background thread
-    while the steps go on for the base model and the adapter on the host; released, the read
-    lands, the slot loads between steps, and every request equals transformers."""
+@pytest.mark.parametrize("cold_by", ["host-miss", "request"])
+def test_a_disk_read_runs_off_the_step_loop(llama_dir, adapters, references, cold_by):
+    """One adapter on the host; the other, evicted from it (host-miss) or named first by a request,
+    is read on a background thread, blocked, while the steps go on for the base model and the
+    adapter on the host; released, the read lands, the slot loads between steps, and every
+    request equals transformers."""
     llm = LLM(str(llama_dir), enable_lora=True, max_loras=1, max_cpu_loras=1, max_lora_rank=16,
               scheduling_policy="fcfs")
     engine, slots = llm.engine, llm.engine.runner.lora
     cold, warm = adapters["all8"], adapters["qv16"]
-    engine.add_lora(cold)
+    if cold_by == "host-miss":
+        engine.add_lora(cold)
     engine.add_lora(warm)
     assert list(slots.host) == [warm.lora_int_id]
     gate, started, threads = threading.Event(), threading.Event(), []
@@ -370,17 +373,36 @@ def test_a_disk_read_runs_off_the_step_loop(llama_dir, adapters, references):
     slots.reader.close()
 
 
+def test_an_adapter_read_that_fails_rejects_its_requests_only(llama_dir, adapters, references):
+    """Read off the step loop, an adapter over max_lora_rank: its request is rejected with the
+    reason, the adapter forgotten; the base-model request runs on."""
+    llm = LLM(str(llama_dir), enable_lora=True, max_lora_rank=8, scheduling_policy="fcfs")
+    core, slots = llm.engine.core, llm.engine.runner.lora
+    slots.reader.wait = False
+    bad = adapters["qv16"]
+    core.add_request(EngineCoreRequest("bad", PROMPTS[2], GREEDY, (0,), 0.0, lora_request=bad))
+    core.add_request(EngineCoreRequest("base", PROMPTS[1], GREEDY, (0,), 0.0))
+    slots.reader.join()
+    tokens = [t for out in core.step() for t in out.new_token_ids]
+    assert core.take_rejected() == {"bad": f"LoRA adapter {bad.lora_path!r}: rank 16 is over max_lora_rank 8"}
+    assert "bad" not in core.scheduler.requests and bad.lora_int_id not in core.loras.loaded
+    assert bad.lora_int_id not in slots.registered
+    while core.has_unfinished():
+        tokens += [t for out in core.step() for t in out.new_token_ids]
+    assert tokens == references[None][1]
+
+
 def test_eviction_never_picks_a_slot_a_running_request_uses(llama_dir, adapters):
     llm = LLM(str(llama_dir), enable_lora=True, max_loras=2, max_cpu_loras=3, max_lora_rank=16)
     slots = llm.engine.runner.lora
     for lora in adapters.values():
         llm.engine.add_lora(lora)
     one, two, three = (lora.lora_int_id for lora in adapters.values())
-    assert slots.stage([one, two], keep=set()) == {one, two}
-    assert slots.stage([three], keep={one}) == {one, three}, "two goes, though one is older"
-    assert slots.stage([two], keep={one, three}) == {one, three}, "every slot is in use: two waits"
+    assert slots.stage([one, two], keep=set()).ready == {one, two}
+    assert slots.stage([three], keep={one}).ready == {one, three}, "two goes, though one is older"
+    assert slots.stage([two], keep={one, three}).ready == {one, three}, "every slot is in use: two waits"
     assert two not in slots.slot_of and slots.num_loads == 3
-    assert slots.stage([two, one], keep=set()) == {two, one}, "the wanted keep theirs: three goes"
+    assert slots.stage([two, one], keep=set()).ready == {two, one}, "the wanted keep theirs: three goes"
 
 
 def test_a_request_whose_adapter_is_not_ready_is_passed_over():

@@ -43,10 +43,18 @@ class AdapterReader:
     def join(self) -> None:
         wait([future for _, future in self._reads])
 
-    def take(self) -> list[tuple[LoRARequest, HostAdapter]]:
+    def take(self) -> list[tuple[LoRARequest, HostAdapter | ValueError]]:
+        """The finished reads: the adapter, or the AdapterError naming the file at fault."""
         finished = [(lora, future, future.done()) for lora, future in self._reads]
         self._reads = [(lora, future) for lora, future, done in finished if not done]
-        return [(lora, future.result()) for lora, future, done in finished if done]
+        return [(lora, _outcome(future)) for lora, future, done in finished if done]
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _outcome(future: Future) -> HostAdapter | ValueError:
+    error = future.exception()
+    if error is not None and not isinstance(error, ValueError):
+        raise error
+    return error or future.result()

@@ -13,6 +13,7 @@ from expresslane.config import LoRAConfig
 from expresslane.contract import LoRARequest
 from expresslane.layers.lora import LoRAState, LoRAStep
 from expresslane.models.lora_adapter import attach_lora
+from expresslane.runner.base import LoRAStaging
 from expresslane.runner.lora_copies import SlotCopies
 from expresslane.runner.lora_host import AdapterReader, HostAdapter, read_host_adapter
 
@@ -31,16 +32,20 @@ class LoRASlots:
         self._copying: dict[int, tuple[object, HostAdapter]] = {}  # id -> (copy's event, source) until used
         self.copies = SlotCopies(device)
         self.reader = AdapterReader(self._read, wait_reads)
+        self._reads: dict[int, str | None] = {}  # for the next LoRAStaging
         self.num_loads = 0
 
     def _read(self, lora: LoRARequest) -> HostAdapter:
         return read_host_adapter(lora, self.modules, self.config.max_lora_rank, self.device.type == "cuda")
 
-    def add(self, lora: LoRARequest) -> None:
-        host = self._read(lora)
+    def add(self, lora: LoRARequest, wait: bool) -> None:
+        host = self._read(lora) if wait else None
         self.remove(lora.lora_int_id)  # the same id again: the new directory wins
         self.registered[lora.lora_int_id] = lora
-        self._keep_on_host(lora.lora_int_id, host)
+        if host is None:
+            self.reader.submit(lora)
+        else:
+            self._keep_on_host(lora.lora_int_id, host)
 
     def remove(self, lora_id: int) -> None:
         self.registered.pop(lora_id, None)
@@ -50,7 +55,7 @@ class LoRASlots:
         if slot is not None:
             self._free_slots.append(slot)
 
-    def stage(self, wanted: list[int], keep: set[int]) -> set[int]:
+    def stage(self, wanted: list[int], keep: set[int]) -> LoRAStaging:
         """Runner.stage_loras."""
         self._take_reads()
         protected = set(keep)
@@ -65,7 +70,9 @@ class LoRASlots:
             if slot is None:
                 break
             self._load(lora_id, slot, host)
-        return {i for i in self.slot_of if i not in self._copying or self.copies.done(self._copying[i][0])}
+        ready = {i for i in self.slot_of if i not in self._copying or self.copies.done(self._copying[i][0])}
+        staging, self._reads = LoRAStaging(ready, self._reads), {}
+        return staging
 
     def _host_copy(self, lora_id: int) -> HostAdapter | None:
         if lora_id not in self.host:
@@ -77,8 +84,15 @@ class LoRASlots:
 
     def _take_reads(self) -> None:
         for lora, host in self.reader.take():
-            if self.registered.get(lora.lora_int_id) is lora:  # not removed or replaced since
-                self._keep_on_host(lora.lora_int_id, host)
+            lora_id = lora.lora_int_id
+            if self.registered.get(lora_id) is not lora:  # removed or replaced since
+                continue
+            if isinstance(host, ValueError):
+                self.remove(lora_id)
+                self._reads[lora_id] = str(host)
+            else:
+                self._keep_on_host(lora_id, host)
+                self._reads[lora_id] = None
 
     def _free_slot(self, protected: set[int]) -> int | None:
         if self._free_slots:

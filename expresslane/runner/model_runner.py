@@ -22,7 +22,7 @@ from expresslane.models.presets import dummy_weights
 from expresslane.models.registry import model_class
 from expresslane.quant import resolve_quantization
 from expresslane.runner.bad_words import BadWords
-from expresslane.runner.base import Forward, Runner
+from expresslane.runner.base import Forward, LoRAStaging, Runner
 from expresslane.runner.cuda_graphs import DecodeGraphs, MixedGraphs, Patch
 from expresslane.runner.lora_slots import LoRASlots
 from expresslane.runner.expert_load import ExpertTokensCopy, copy_expert_tokens, reset_expert_tokens
@@ -304,18 +304,18 @@ class ModelRunner(Runner):
         self._prev_tokens, self._prev_rows = tokens, {rid: i for i, rid in enumerate(ids)}
         return StepResult(self.device, ids, tokens, logprobs, prompt_logprobs=prompt, pooled=pooled)
 
-    def add_lora(self, lora: LoRARequest) -> None:
+    def add_lora(self, lora: LoRARequest, wait: bool = True) -> None:
         if self.lora is None:
             raise ValueError(f"LoRA adapter {lora.lora_name!r}: the engine was started without enable_lora")
-        self.lora.add(lora)
+        self.lora.add(lora, wait)
 
     def remove_lora(self, lora_id: int) -> None:
         if self.lora is not None:
             self.lora.remove(lora_id)
 
     @torch.inference_mode()
-    def stage_loras(self, wanted: list[int], keep: set[int]) -> set[int]:
-        return set() if self.lora is None else self.lora.stage(wanted, keep)
+    def stage_loras(self, wanted: list[int], keep: set[int]) -> LoRAStaging:
+        return LoRAStaging(set()) if self.lora is None else self.lora.stage(wanted, keep)
 
     def shutdown(self) -> None:
         if self.lora is not None:
