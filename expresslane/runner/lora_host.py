@@ -40,6 +40,10 @@ class AdapterReader:
         if self.wait:
             self.join()
 
+    @property
+    def pending(self) -> bool:
+        return bool(self._reads)
+
     def join(self) -> None:
         wait([future for _, future in self._reads])
 

@@ -70,6 +70,13 @@ class LoRASlots:
             if slot is None:
                 break
             self._load(lora_id, slot, host)
+        return self.staging()
+
+    def settled(self) -> bool:
+        """No read in flight or untold: `stage([], keep)` would change nothing."""
+        return not self._reads and not self.reader.pending
+
+    def staging(self) -> LoRAStaging:
         ready = {i for i in self.slot_of if i not in self._copying or self.copies.done(self._copying[i][0])}
         staging, self._reads = LoRAStaging(ready, self._reads), {}
         return staging

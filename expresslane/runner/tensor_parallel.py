@@ -189,7 +189,10 @@ class TPExecutor(Runner):
         self._call("remove_lora", lora_id)
 
     def stage_loras(self, wanted: list[int], keep: set[int]) -> LoRAStaging:
-        """Rank 0's copies say what is ready."""
+        """Rank 0's copies say what is ready; a step with nothing to stage sends nothing."""
+        lora = self.runner.lora
+        if lora is not None and not wanted and lora.settled():
+            return lora.staging()
         return self._call("stage_loras", wanted, keep)
 
     def verify_rows(self) -> int | None:
