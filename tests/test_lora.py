@@ -370,6 +370,8 @@ def test_a_disk_read_runs_off_the_step_loop(llama_dir, adapters, references, col
     done = {}
     run_until_done(engine, done)
     assert done == {"cold": references["all8"][3], "base": references[None][1], "warm": references["qv16"][4]}
+    loras = engine.core.loras
+    assert loras.num_loads == 2 and not loras.reading, "two adapters read and checked; a host-tier miss is no load"
     slots.reader.close()
 
 

@@ -74,6 +74,7 @@ class EngineLoRAs:
         failed = {}
         for lora_id, error in staging.read.items():
             if lora_id in self.reading:
+                self.reading.discard(lora_id)
                 self.read[lora_id] = error
                 self.num_loads += error is None
             if error is not None and lora_id in self.loaded:

@@ -229,6 +229,7 @@ class TPExecutor(Runner):
         if self._closed:
             return
         self._closed = True
+        self.runner.shutdown()
         try:
             dist.broadcast_object_list([("shutdown", ())], src=0, group=self._control)
         except Exception:  # gone already
