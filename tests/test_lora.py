@@ -254,7 +254,7 @@ def test_unload_waits_for_its_requests_and_leaks_no_slot(llama_dir, adapters, re
         engine.add_request(str(i), {"prompt_token_ids": prompt}, GREEDY, lora_request=lora)
     engine.step()
     engine.step()
-    host_a = weakref.ref(next(iter(slots.host[a.lora_int_id].values()))[0])
+    host_a = weakref.ref(slots.host[a.lora_int_id])
     assert engine.remove_lora(a.lora_int_id)
     assert engine.list_loras() == {b.lora_int_id}
     assert a.lora_int_id in slots.registered, "its requests still run: it stays"
@@ -401,6 +401,10 @@ def test_eviction_never_picks_a_slot_a_running_request_uses(llama_dir, adapters)
         llm.engine.add_lora(lora)
     one, two, three = (lora.lora_int_id for lora in adapters.values())
     assert slots.stage([one, two], keep=set()).ready == {one, two}
+    arena = slots.state.slots  # every projection's A and B are views of it: a slot loads in one copy
+    storage = arena.untyped_storage().data_ptr()
+    assert all(m.lora_a.untyped_storage().data_ptr() == storage for m in slots.modules.values())
+    assert torch.equal(arena[slots.slot_of[one]], slots.host[one]) and not arena[0].any()
     assert slots.stage([three], keep={one}).ready == {one, three}, "two goes, though one is older"
     assert slots.stage([two], keep={one, three}).ready == {one, three}, "every slot is in use: two waits"
     assert two not in slots.slot_of and slots.num_loads == 3

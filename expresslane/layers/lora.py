@@ -6,6 +6,9 @@ Each wrapped projection holds its adapters' weights stacked by slot::
     A  [slots, num_slices * R, in]    slice i's A in rows i*R .. i*R + r_i (zeros past its rank)
     B  [slots, out, R]                 slice i's output columns, scale folded in (zeros past r_i)
 
+as views of one buffer, `LoRAState.slots` [slots, elements], each projection's A then B side by
+side in a slot's row, so an adapter loads into a slot with one copy.
+
 Slot 0 is the base model: its rows stay zero and no kernel reads them. A step's rows reach
 the layers through `LoRAState.step`, which the runner sets before each forward (one object
 the wrapped layers share, as the attention layers share their KV cache). A step's metadata
@@ -75,6 +78,14 @@ class LoRAState:
         self.dtype = dtype  # the activations' (the slots' weights are kept in it)
         self.use_triton = use_triton
         self.step: LoRAStep | None = None
+        self.slots: torch.Tensor | None = None
+
+    def allocate(self, modules: list[LoRALinear], device: torch.device) -> None:
+        elements = sum(m.slot_elements for m in modules)
+        self.slots = torch.zeros(self.num_slots, elements, dtype=self.dtype, device=device)
+        offset = 0
+        for module in modules:
+            offset = module.place(self.slots, offset)
 
 
 class LoRALinear(nn.Module):
@@ -93,12 +104,11 @@ class LoRALinear(nn.Module):
         self.a_cols = a_cols or (0, full_in)
         self.row_parallel = isinstance(base, RowParallelLinear)
         self.state = state
-        out = sum(size for _, size in slices)
-        device = next(base.parameters()).device
-        self.register_buffer("lora_a", torch.zeros(state.num_slots, len(slices) * state.max_rank, self.a_cols[1],
-                                                   dtype=state.dtype, device=device), persistent=False)
-        self.register_buffer("lora_b", torch.zeros(state.num_slots, out, state.max_rank, dtype=state.dtype,
-                                                   device=device), persistent=False)
+        self.a_shape = (len(slices) * state.max_rank, self.a_cols[1])
+        self.b_shape = (sum(size for _, size in slices), state.max_rank)
+        self.slot_elements = self.a_shape[0] * self.a_shape[1] + self.b_shape[0] * self.b_shape[1]
+        self.offset = 0  # in a slot's row of `LoRAState.slots`
+        self.lora_a = self.lora_b = None  # set by `place`
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         step = self.state.step
@@ -111,32 +121,29 @@ class LoRALinear(nn.Module):
     def _add(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         return add_lora(y, x, self.lora_a, self.lora_b, self.slices, self.state.step, self.state.use_triton)
 
-    def host_slot(self, parts: dict[int, tuple[torch.Tensor, torch.Tensor]], pin: bool
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
-        """An adapter as one slot holds it, on the host (pinned: `pin`), in the slots' dtype: `parts`
-        by slice index (A [r, in], B [size, r], the full checkpoint shapes); the slices it does
-        not adapt, and the ranks past its own, are zeros."""
+    def place(self, slots: torch.Tensor, offset: int) -> int:
+        """Take A and B as views of `slots` from `offset`; the offset past them."""
+        self.offset = offset
+        self.lora_a, self.lora_b = self._views(slots)
+        return offset + self.slot_elements
+
+    def _views(self, row: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        start, mid = self.offset, self.offset + self.a_shape[0] * self.a_shape[1]
+        return (row[..., start:mid].unflatten(-1, self.a_shape),
+                row[..., mid:start + self.slot_elements].unflatten(-1, self.b_shape))
+
+    def write_slot(self, row: torch.Tensor, parts: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Write an adapter into `row` (one slot's elements, zeros): `parts` by slice index (A [r, in],
+        B [size, r], the full checkpoint shapes)."""
         r_max = self.state.max_rank
-        a = torch.zeros(self.lora_a.shape[1:], dtype=self.lora_a.dtype, pin_memory=pin)
-        b = torch.zeros(self.lora_b.shape[1:], dtype=self.lora_b.dtype, pin_memory=pin)
+        a, b = self._views(row)
         col, cols = self.a_cols
         for i, (part_a, part_b) in parts.items():
             offset, size = self.slices[i]
-            row, rows = self.b_rows[i]
+            first, rows = self.b_rows[i]
             r = part_a.shape[0]
             a[i * r_max:i * r_max + r].copy_(part_a[:, col:col + cols])
-            b[offset:offset + size, :r].copy_(part_b[row:row + rows])
-        return a, b
-
-    def load_slot(self, slot: int, host: tuple[torch.Tensor, torch.Tensor] | None) -> None:
-        """Copy `host_slot`'s tensors into `slot` without waiting (None: zeros, an adapter that
-        leaves this projection alone)."""
-        if host is None:
-            self.lora_a[slot].zero_()
-            self.lora_b[slot].zero_()
-            return
-        self.lora_a[slot].copy_(host[0], non_blocking=True)
-        self.lora_b[slot].copy_(host[1], non_blocking=True)
+            b[offset:offset + size, :r].copy_(part_b[first:first + rows])
 
 def add_lora(y: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor,
              slices: list[tuple[int, int]], step: LoRAStep, use_triton: bool) -> torch.Tensor:

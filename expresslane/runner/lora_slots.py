@@ -15,7 +15,7 @@ from expresslane.layers.lora import LoRAState, LoRAStep
 from expresslane.models.lora_adapter import attach_lora
 from expresslane.runner.base import LoRAStaging
 from expresslane.runner.lora_copies import SlotCopies
-from expresslane.runner.lora_host import AdapterReader, HostAdapter, read_host_adapter
+from expresslane.runner.lora_host import AdapterReader, read_host_adapter
 
 
 class LoRASlots:
@@ -26,17 +26,17 @@ class LoRASlots:
         self.state = LoRAState(config.max_loras + 1, config.max_lora_rank, use_triton, dtype)
         self.modules = attach_lora(model, self.state)
         self.registered: dict[int, LoRARequest] = {}
-        self.host: OrderedDict[int, HostAdapter] = OrderedDict()
+        self.host: OrderedDict[int, torch.Tensor] = OrderedDict()  # id -> a slot's row
         self.slot_of: OrderedDict[int, int] = OrderedDict()  # adapter id -> slot, least recently used first
         self._free_slots = list(range(config.max_loras, 0, -1))
-        self._copying: dict[int, tuple[object, HostAdapter]] = {}  # id -> (copy's event, source) until used
+        self._copying: dict[int, tuple[object, torch.Tensor]] = {}  # id -> (copy's event, source) until used
         self.copies = SlotCopies(device)
         self.reader = AdapterReader(self._read, wait_reads)
         self._reads: dict[int, str | None] = {}  # for the next LoRAStaging
         self.num_loads = 0
 
-    def _read(self, lora: LoRARequest) -> HostAdapter:
-        return read_host_adapter(lora, self.modules, self.config.max_lora_rank, self.device.type == "cuda")
+    def _read(self, lora: LoRARequest) -> torch.Tensor:
+        return read_host_adapter(lora, self.modules, self.state, self.device.type == "cuda")
 
     def add(self, lora: LoRARequest, wait: bool) -> None:
         host = self._read(lora) if wait else None
@@ -81,7 +81,7 @@ class LoRASlots:
         staging, self._reads = LoRAStaging(ready, self._reads), {}
         return staging
 
-    def _host_copy(self, lora_id: int) -> HostAdapter | None:
+    def _host_copy(self, lora_id: int) -> torch.Tensor | None:
         if lora_id not in self.host:
             self.reader.submit(self.registered[lora_id])
             self._take_reads()
@@ -110,12 +110,9 @@ class LoRASlots:
         self._copying.pop(victim, None)
         return self.slot_of.pop(victim)
 
-    def _load(self, lora_id: int, slot: int, host: HostAdapter) -> None:
-        def copy() -> None:
-            for key, module in self.modules.items():
-                module.load_slot(slot, host.get(key))
-
-        self._copying[lora_id] = (self.copies.run(copy), host)
+    def _load(self, lora_id: int, slot: int, host: torch.Tensor) -> None:
+        target = self.state.slots[slot]
+        self._copying[lora_id] = (self.copies.run(lambda: target.copy_(host, non_blocking=True)), host)
         self.slot_of[lora_id] = slot
         self.num_loads += 1
 
@@ -140,7 +137,7 @@ class LoRASlots:
         self.state.step = LoRAStep.of(table[token_lora_ids], self.state.num_slots, self.device,
                                       groups=not self.state.use_triton)
 
-    def _keep_on_host(self, lora_id: int, adapter: HostAdapter) -> None:
+    def _keep_on_host(self, lora_id: int, adapter: torch.Tensor) -> None:
         self.host[lora_id] = adapter
         self.host.move_to_end(lora_id)
         while len(self.host) > self.config.cpu_loras:
