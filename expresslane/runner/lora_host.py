@@ -63,4 +63,4 @@ def _outcome(future: Future) -> torch.Tensor | ValueError:
     error = future.exception()
     if error is not None and not isinstance(error, ValueError):
         raise error
-    return error or future.result()
+    return error if error is not None else future.result()
