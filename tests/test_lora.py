@@ -404,6 +404,8 @@ def test_eviction_never_picks_a_slot_a_running_request_uses(llama_dir, adapters)
     arena = slots.state.slots  # every projection's A and B are views of it: a slot loads in one copy
     storage = arena.untyped_storage().data_ptr()
     assert all(m.lora_a.untyped_storage().data_ptr() == storage for m in slots.modules.values())
+    starts = [t.storage_offset() for m in slots.modules.values() for t in (m.lora_a, m.lora_b)]
+    assert all(start % 64 == 0 for start in starts) and len(set(starts)) == len(starts)
     assert torch.equal(arena[slots.slot_of[one]], slots.host[one]) and not arena[0].any()
     assert slots.stage([three], keep={one}).ready == {one, three}, "two goes, though one is older"
     assert slots.stage([two], keep={one, three}).ready == {one, three}, "every slot is in use: two waits"

@@ -81,11 +81,12 @@ class LoRAState:
         self.slots: torch.Tensor | None = None
 
     def allocate(self, modules: list[LoRALinear], device: torch.device) -> None:
-        elements = sum(m.slot_elements for m in modules)
-        self.slots = torch.zeros(self.num_slots, elements, dtype=self.dtype, device=device)
+        self.slots = torch.zeros(self.num_slots, sum(m.slot_elements for m in modules), dtype=self.dtype,
+                                 device=device)
         offset = 0
         for module in modules:
-            offset = module.place(self.slots, offset)
+            module.place(self.slots, offset)
+            offset += module.slot_elements
 
 
 class LoRALinear(nn.Module):
@@ -106,7 +107,8 @@ class LoRALinear(nn.Module):
         self.state = state
         self.a_shape = (len(slices) * state.max_rank, self.a_cols[1])
         self.b_shape = (sum(size for _, size in slices), state.max_rank)
-        self.slot_elements = self.a_shape[0] * self.a_shape[1] + self.b_shape[0] * self.b_shape[1]
+        self.a_elements, self.b_elements = self.a_shape[0] * self.a_shape[1], self.b_shape[0] * self.b_shape[1]
+        self.slot_elements = _aligned(self.a_elements) + _aligned(self.b_elements)
         self.offset = 0  # in a slot's row of `LoRAState.slots`
         self.lora_a = self.lora_b = None  # set by `place`
 
@@ -121,16 +123,15 @@ class LoRALinear(nn.Module):
     def _add(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         return add_lora(y, x, self.lora_a, self.lora_b, self.slices, self.state.step, self.state.use_triton)
 
-    def place(self, slots: torch.Tensor, offset: int) -> int:
-        """Take A and B as views of `slots` from `offset`; the offset past them."""
+    def place(self, slots: torch.Tensor, offset: int) -> None:
+        """Take A and B as views of `slots` from `offset`."""
         self.offset = offset
         self.lora_a, self.lora_b = self._views(slots)
-        return offset + self.slot_elements
 
     def _views(self, row: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        start, mid = self.offset, self.offset + self.a_shape[0] * self.a_shape[1]
-        return (row[..., start:mid].unflatten(-1, self.a_shape),
-                row[..., mid:start + self.slot_elements].unflatten(-1, self.b_shape))
+        a, b = self.offset, self.offset + _aligned(self.a_elements)
+        return (row[..., a:a + self.a_elements].unflatten(-1, self.a_shape),
+                row[..., b:b + self.b_elements].unflatten(-1, self.b_shape))
 
     def write_slot(self, row: torch.Tensor, parts: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Write an adapter into `row` (one slot's elements, zeros): `parts` by slice index (A [r, in],
@@ -144,6 +145,11 @@ class LoRALinear(nn.Module):
             r = part_a.shape[0]
             a[i * r_max:i * r_max + r].copy_(part_a[:, col:col + cols])
             b[offset:offset + size, :r].copy_(part_b[first:first + rows])
+
+def _aligned(elements: int) -> int:
+    """Rounded up to 64 elements: every A and B starts aligned for the kernels' loads."""
+    return -(-elements // 64) * 64
+
 
 def add_lora(y: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor,
              slices: list[tuple[int, int]], step: LoRAStep, use_triton: bool) -> torch.Tensor:
