@@ -146,6 +146,7 @@ class LoRALinear(nn.Module):
             a[i * r_max:i * r_max + r].copy_(part_a[:, col:col + cols])
             b[offset:offset + size, :r].copy_(part_b[first:first + rows])
 
+
 def _aligned(elements: int) -> int:
     """Rounded up to 64 elements: every A and B starts aligned for the kernels' loads."""
     return -(-elements // 64) * 64
