@@ -411,6 +411,7 @@ def test_eviction_never_picks_a_slot_a_running_request_uses(llama_dir, adapters)
     assert slots.stage([two], keep={one, three}).ready == {one, three}, "every slot is in use: two waits"
     assert two not in slots.slot_of and slots.num_loads == 3
     assert slots.stage([two, one], keep=set()).ready == {two, one}, "the wanted keep theirs: three goes"
+    assert slots.num_loads == 4, "one stayed in its slot"
 
 
 def test_a_request_whose_adapter_is_not_ready_is_passed_over():

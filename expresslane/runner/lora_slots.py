@@ -58,9 +58,8 @@ class LoRASlots:
     def stage(self, wanted: list[int], keep: set[int]) -> LoRAStaging:
         """Runner.stage_loras."""
         self._take_reads()
-        protected = set(keep)
+        protected = set(keep) | set(wanted)
         for lora_id in wanted:
-            protected.add(lora_id)
             if lora_id in self.slot_of or lora_id not in self.registered:
                 continue
             host = self._host_copy(lora_id)
