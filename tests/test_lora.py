@@ -1,12 +1,17 @@
 """Multi-LoRA serving (issue #41): adapters made by peft itself on a tiny random model; greedy
 tokens with an adapter equal transformers' with the same adapter merged (float32), alone or in
 a batch mixing the base model and three adapters of different ranks, through chunked prefill,
-prefix hits (never across adapters), preemption, slot and host-tier evictions, and unloads."""
+prefix hits (never across adapters), preemption, slot and host-tier evictions, unloads, and
+loads in flight (a held copy, a blocked disk read) while other requests run."""
 
 from __future__ import annotations
 
+import gc
+import itertools
 import json
 import random
+import threading
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +23,8 @@ from expresslane import LLM, LoRARequest, SamplingParams
 from expresslane.config import EngineConfig, SchedulerConfig
 from expresslane.contract import EngineCoreRequest
 from expresslane.models.lora_adapter import AdapterError, read_adapter
+from expresslane.runner.lora_copies import SlotCopies
+from expresslane.runner.lora_host import AdapterReader
 from expresslane.scheduler.kv_cache import KVCacheManager
 from expresslane.scheduler.request import Request
 from expresslane.scheduler.scheduler import Scheduler
@@ -105,6 +112,14 @@ def test_mixed_batch_equals_each_alone(llama_dir, adapters, references, case):
         prepare(token_lora_ids)
 
     runner.lora.prepare = counting
+    stage = runner.stage_loras
+
+    def keeping(wanted, keep):
+        staging = stage(wanted, keep)
+        assert keep <= staging.ready, "a running request's adapter lost its slot"
+        return staging
+
+    runner.stage_loras = keeping
     names = [None, *adapters]
     jobs = [(names[(i + j) % 4], p) for i, p in enumerate(PROMPTS) for j in range(4)]
     outs = llm.generate([{"prompt_token_ids": p} for _, p in jobs], GREEDY, use_tqdm=False,
@@ -239,6 +254,7 @@ def test_unload_waits_for_its_requests_and_leaks_no_slot(llama_dir, adapters, re
         engine.add_request(str(i), {"prompt_token_ids": prompt}, GREEDY, lora_request=lora)
     engine.step()
     engine.step()
+    host_a = weakref.ref(slots.host[a.lora_int_id])
     assert engine.remove_lora(a.lora_int_id)
     assert engine.list_loras() == {b.lora_int_id}
     assert a.lora_int_id in slots.registered, "its requests still run: it stays"
@@ -252,11 +268,170 @@ def test_unload_waits_for_its_requests_and_leaks_no_slot(llama_dir, adapters, re
     assert a.lora_int_id not in slots.registered and a.lora_int_id not in slots.slot_of
     assert a.lora_int_id not in slots.host
     assert len(slots._free_slots) + len(slots.slot_of) == 2, "every slot is free or held by a served adapter"
+    gc.collect()
+    assert host_a() is None, "no host (pinned on CUDA) buffer of the unloaded adapter is left"
     assert not engine.remove_lora(a.lora_int_id)
     # loaded again under a new id: served again, right
     again = LoRARequest("all8-again", 9, a.lora_path)
     out = llm.generate([{"prompt_token_ids": PROMPTS[5]}], GREEDY, use_tqdm=False, lora_request=again)
     assert out[0].outputs[0].token_ids == references["all8"][5]
+
+
+class HeldCopies(SlotCopies):
+    """Slot copies that run at once but report done only after `finish()`: a copy in flight."""
+
+    def __init__(self):
+        super().__init__(torch.device("cpu"))
+        self.finished = False
+        self.waited: list[int] = []
+        self._events = itertools.count(1)
+
+    def run(self, copy):
+        copy()
+        return next(self._events)
+
+    def done(self, event):
+        return self.finished
+
+    def wait(self, event):
+        self.waited.append(event)
+
+    def finish(self):
+        self.finished = True
+
+
+def run_until_done(engine, done):
+    """Step `engine` until no request is left; `done`: request id -> tokens."""
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out.outputs[0].token_ids
+
+
+def test_a_request_whose_adapter_is_loading_holds_up_no_one(llama_dir, adapters, references):
+    """While its adapter's slot copy is in flight the request is passed over and the base-model
+    request decodes; once the copy is done it runs (its first step waits for the copy on the
+    device), and both equal transformers."""
+    llm = LLM(str(llama_dir), enable_lora=True, max_loras=1, max_lora_rank=16, scheduling_policy="fcfs")
+    engine, slots = llm.engine, llm.engine.runner.lora
+    slots.copies = copies = HeldCopies()
+    lora = adapters["all8"]
+    engine.add_request("lora", {"prompt_token_ids": PROMPTS[2]}, GREEDY, lora_request=lora)
+    engine.add_request("base", {"prompt_token_ids": PROMPTS[1]}, GREEDY)
+    seen = [out.request_id for _ in range(5) for out in engine.step()]
+    assert seen.count("base") >= 3 and "lora" not in seen
+    assert lora.lora_int_id in slots.slot_of, "its copy was started"
+    assert engine.core.scheduler.requests["lora"].num_computed_tokens == 0
+    assert lora.lora_int_id in engine.core.scheduler.lora_wanted
+    copies.finish()
+    done = {}
+    run_until_done(engine, done)
+    assert done == {"lora": references["all8"][2], "base": references[None][1]}
+    assert copies.waited == [1], "the compute stream waits for the copy once, at its first use"
+
+
+@pytest.mark.parametrize("cold_by", ["host-miss", "request"])
+def test_a_disk_read_runs_off_the_step_loop(llama_dir, adapters, references, cold_by):
+    """One adapter on the host; the other, evicted from it (host-miss) or named first by a request,
+    is read on a background thread, blocked, while the steps go on for the base model and the
+    adapter on the host; released, the read lands, the slot loads between steps, and every
+    request equals transformers."""
+    llm = LLM(str(llama_dir), enable_lora=True, max_loras=1, max_cpu_loras=1, max_lora_rank=16,
+              scheduling_policy="fcfs")
+    engine, slots = llm.engine, llm.engine.runner.lora
+    cold, warm = adapters["all8"], adapters["qv16"]
+    if cold_by == "host-miss":
+        engine.add_lora(cold)
+    engine.add_lora(warm)
+    assert list(slots.host) == [warm.lora_int_id]
+    gate, started, threads = threading.Event(), threading.Event(), []
+    read = slots.reader.read
+
+    def blocked(lora):
+        threads.append(threading.current_thread())
+        started.set()
+        gate.wait(60)  # bounded: a read on the step loop must not hang the test
+        return read(lora)
+
+    slots.reader.close()
+    slots.reader = AdapterReader(blocked, wait=False)
+    engine.add_request("cold", {"prompt_token_ids": PROMPTS[3]}, GREEDY, lora_request=cold)
+    engine.add_request("base", {"prompt_token_ids": PROMPTS[1]}, GREEDY)
+    engine.add_request("warm", {"prompt_token_ids": PROMPTS[4]}, GREEDY, lora_request=warm)
+    try:
+        seen = [out.request_id for _ in range(2) for out in engine.step()]
+        assert started.wait(60), "the read was submitted"
+        seen += [out.request_id for _ in range(4) for out in engine.step()]
+    finally:
+        gate.set()
+    assert threads and threads[0] is not threading.main_thread()
+    assert seen.count("base") >= 4 and seen.count("warm") >= 4 and "cold" not in seen
+    slots.reader.join()
+    done = {}
+    run_until_done(engine, done)
+    assert done == {"cold": references["all8"][3], "base": references[None][1], "warm": references["qv16"][4]}
+    loras = engine.core.loras
+    assert loras.num_loads == 2 and not loras.reading, "two adapters read and checked; a host-tier miss is no load"
+    slots.reader.close()
+
+
+def test_an_adapter_read_that_fails_rejects_its_requests_only(llama_dir, adapters, references):
+    """Read off the step loop, an adapter over max_lora_rank: its request is rejected with the
+    reason, the adapter forgotten; the base-model request runs on."""
+    llm = LLM(str(llama_dir), enable_lora=True, max_lora_rank=8, scheduling_policy="fcfs")
+    core, slots = llm.engine.core, llm.engine.runner.lora
+    slots.reader.wait = False
+    bad = adapters["qv16"]
+    core.add_request(EngineCoreRequest("bad", PROMPTS[2], GREEDY, (0,), 0.0, lora_request=bad))
+    core.add_request(EngineCoreRequest("base", PROMPTS[1], GREEDY, (0,), 0.0))
+    slots.reader.join()
+    tokens = [t for out in core.step() for t in out.new_token_ids]
+    assert core.take_rejected() == {"bad": f"LoRA adapter {bad.lora_path!r}: rank 16 is over max_lora_rank 8"}
+    assert "bad" not in core.scheduler.requests and bad.lora_int_id not in core.loras.loaded
+    assert bad.lora_int_id not in slots.registered
+    while core.has_unfinished():
+        tokens += [t for out in core.step() for t in out.new_token_ids]
+    assert tokens == references[None][1]
+
+
+def test_eviction_never_picks_a_slot_a_running_request_uses(llama_dir, adapters):
+    llm = LLM(str(llama_dir), enable_lora=True, max_loras=2, max_cpu_loras=3, max_lora_rank=16)
+    slots = llm.engine.runner.lora
+    for lora in adapters.values():
+        llm.engine.add_lora(lora)
+    one, two, three = (lora.lora_int_id for lora in adapters.values())
+    assert slots.stage([one, two], keep=set()).ready == {one, two}
+    arena = slots.state.slots  # every projection's A and B are views of it: a slot loads in one copy
+    storage = arena.untyped_storage().data_ptr()
+    assert all(m.lora_a.untyped_storage().data_ptr() == storage for m in slots.modules.values())
+    starts = [t.storage_offset() for m in slots.modules.values() for t in (m.lora_a, m.lora_b)]
+    assert all(start % 64 == 0 for start in starts) and len(set(starts)) == len(starts)
+    assert torch.equal(arena[slots.slot_of[one]], slots.host[one]) and not arena[0].any()
+    assert slots.stage([three], keep={one}).ready == {one, three}, "two goes, though one is older"
+    assert slots.stage([two], keep={one, three}).ready == {one, three}, "every slot is in use: two waits"
+    assert two not in slots.slot_of and slots.num_loads == 3
+    assert slots.stage([two, one], keep=set()).ready == {two, one}, "the wanted keep theirs: three goes"
+    assert slots.num_loads == 4, "one stayed in its slot"
+
+
+def test_a_request_whose_adapter_is_not_ready_is_passed_over():
+    kv = KVCacheManager(256, 4)
+    sched = Scheduler(SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=256, scheduling_policy="fcfs"), kv,
+                      max_loras=2)
+    sp = SamplingParams(temperature=0.0, max_tokens=2)
+    for rid, lora_id in (("cold", 2), ("warm", 1), ("base", 0), ("cold2", 2)):
+        lora = LoRARequest(f"l{lora_id}", lora_id, "/x") if lora_id else None
+        sched.add_request(Request.from_core_request(EngineCoreRequest(rid, [1, 2, 3], sp, (0,), 0.0,
+                                                                      lora_request=lora), 64))
+    sched.lora_ready = {1}
+    plan = sched.schedule()
+    assert {s.request_id for s in plan.seqs} == {"warm", "base"}
+    assert list(sched.lora_wanted) == [2]
+    sched.update(plan, {s.request_id: 5 for s in plan.seqs})
+    sched.lora_ready = {1, 2}
+    plan = sched.schedule()
+    assert {s.request_id for s in plan.seqs} == {"cold", "cold2", "warm", "base"}
+    assert not sched.lora_wanted
 
 
 def test_bad_adapters_are_refused_naming_the_file(llama_dir, adapters, tmp_path):

@@ -178,8 +178,21 @@ class EngineCore:
         return self.scheduler.abort(request_ids)
 
     # LoRA adapters (vLLM's add_lora, remove_lora, list_loras)
-    def add_lora(self, lora: LoRARequest) -> None:
-        self.loras.add(lora)
+    def add_lora(self, lora: LoRARequest, wait: bool = True) -> None:
+        self.loras.add(lora, wait)
+
+    def take_lora_reads(self) -> dict[int, str | None]:
+        """Reads since the last call (`add_lora(wait=False)`)."""
+        read, self.loras.read = self.loras.read, {}
+        return read
+
+    def _drop_requests_of(self, failed: dict[int, str]) -> None:
+        if failed:
+            dropped = {r.request_id: failed[r.lora_id] for r in (*self.scheduler.requests.values(),
+                                                                 *self.grammars.waiting_requests())
+                       if r.lora_id in failed}
+            self.abort(list(dropped))
+            self._rejected.update(dropped)
 
     def remove_lora(self, lora_id: int) -> bool:
         """False: no such adapter. Its requests run to their end; it is unloaded after the last."""
@@ -233,6 +246,8 @@ class EngineCore:
             self._in_flight = prev = None
             late = False
         planned = time.monotonic()
+        if self.loras.enabled:
+            self._drop_requests_of(self.loras.stage(self.scheduler))
         plan = self.scheduler.schedule()
         launched = None
         if not plan.is_empty:

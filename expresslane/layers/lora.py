@@ -6,6 +6,9 @@ Each wrapped projection holds its adapters' weights stacked by slot::
     A  [slots, num_slices * R, in]    slice i's A in rows i*R .. i*R + r_i (zeros past its rank)
     B  [slots, out, R]                 slice i's output columns, scale folded in (zeros past r_i)
 
+as views of one buffer, `LoRAState.slots` [slots, elements], each projection's A then B side by
+side in a slot's row, so an adapter loads into a slot with one copy.
+
 Slot 0 is the base model: its rows stay zero and no kernel reads them. A step's rows reach
 the layers through `LoRAState.step`, which the runner sets before each forward (one object
 the wrapped layers share, as the attention layers share their KV cache). A step's metadata
@@ -75,6 +78,15 @@ class LoRAState:
         self.dtype = dtype  # the activations' (the slots' weights are kept in it)
         self.use_triton = use_triton
         self.step: LoRAStep | None = None
+        self.slots: torch.Tensor | None = None
+
+    def allocate(self, modules: list[LoRALinear], device: torch.device) -> None:
+        self.slots = torch.zeros(self.num_slots, sum(m.slot_elements for m in modules), dtype=self.dtype,
+                                 device=device)
+        offset = 0
+        for module in modules:
+            module.place(self.slots, offset)
+            offset += module.slot_elements
 
 
 class LoRALinear(nn.Module):
@@ -93,12 +105,12 @@ class LoRALinear(nn.Module):
         self.a_cols = a_cols or (0, full_in)
         self.row_parallel = isinstance(base, RowParallelLinear)
         self.state = state
-        out = sum(size for _, size in slices)
-        device = next(base.parameters()).device
-        self.register_buffer("lora_a", torch.zeros(state.num_slots, len(slices) * state.max_rank, self.a_cols[1],
-                                                   dtype=state.dtype, device=device), persistent=False)
-        self.register_buffer("lora_b", torch.zeros(state.num_slots, out, state.max_rank, dtype=state.dtype,
-                                                   device=device), persistent=False)
+        self.a_shape = (len(slices) * state.max_rank, self.a_cols[1])
+        self.b_shape = (sum(size for _, size in slices), state.max_rank)
+        self.a_elements, self.b_elements = self.a_shape[0] * self.a_shape[1], self.b_shape[0] * self.b_shape[1]
+        self.slot_elements = _aligned(self.a_elements) + _aligned(self.b_elements)
+        self.offset = 0  # in a slot's row of `LoRAState.slots`
+        self.lora_a = self.lora_b = None  # set by `place`
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         step = self.state.step
@@ -111,19 +123,33 @@ class LoRALinear(nn.Module):
     def _add(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         return add_lora(y, x, self.lora_a, self.lora_b, self.slices, self.state.step, self.state.use_triton)
 
-    def load_slot(self, slot: int, parts: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """Write an adapter into `slot`: `parts` by slice index (A [r, in], B [size, r], the full
-        checkpoint shapes); the slices it does not adapt, and the ranks past its own, become zeros."""
+    def place(self, slots: torch.Tensor, offset: int) -> None:
+        """Take A and B as views of `slots` from `offset`."""
+        self.offset = offset
+        self.lora_a, self.lora_b = self._views(slots)
+
+    def _views(self, row: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        a, b = self.offset, self.offset + _aligned(self.a_elements)
+        return (row[..., a:a + self.a_elements].unflatten(-1, self.a_shape),
+                row[..., b:b + self.b_elements].unflatten(-1, self.b_shape))
+
+    def write_slot(self, row: torch.Tensor, parts: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Write an adapter into `row` (one slot's elements, zeros): `parts` by slice index (A [r, in],
+        B [size, r], the full checkpoint shapes)."""
         r_max = self.state.max_rank
-        self.lora_a[slot].zero_()
-        self.lora_b[slot].zero_()
+        a, b = self._views(row)
         col, cols = self.a_cols
-        for i, (a, b) in parts.items():
+        for i, (part_a, part_b) in parts.items():
             offset, size = self.slices[i]
-            row, rows = self.b_rows[i]
-            r = a.shape[0]
-            self.lora_a[slot, i * r_max:i * r_max + r].copy_(a[:, col:col + cols], non_blocking=True)
-            self.lora_b[slot, offset:offset + size, :r].copy_(b[row:row + rows], non_blocking=True)
+            first, rows = self.b_rows[i]
+            r = part_a.shape[0]
+            a[i * r_max:i * r_max + r].copy_(part_a[:, col:col + cols])
+            b[offset:offset + size, :r].copy_(part_b[first:first + rows])
+
+
+def _aligned(elements: int) -> int:
+    """Rounded up to 64 elements: every A and B starts aligned for the kernels' loads."""
+    return -(-elements // 64) * 64
 
 
 def add_lora(y: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor,

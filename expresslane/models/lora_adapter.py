@@ -161,6 +161,7 @@ def attach_lora(model, state: LoRAState) -> dict[tuple[int, str], LoRALinear]:
             module = LoRALinear(base, slices, full_sizes, full_in, state, b_rows, a_cols)
             setattr(owner, attr, module)
             wrapped[index, name] = module
+    state.allocate(list(wrapped.values()), next(model.parameters()).device)
     return wrapped
 
 

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -31,6 +31,12 @@ class Forward:
     logits: Any  # None: no seq samples
     prompt_logprobs: Any = None  # request id -> ScoredPrompt, on the host
     pooled: Any = None  # runner/pooling.py's PooledVectors
+
+
+@dataclass(slots=True)
+class LoRAStaging:
+    ready: set[int]  # adapters a step may use now
+    read: dict[int, str | None] = field(default_factory=dict)  # reads finished since: None, or why one failed
 
 
 class Runner(ABC):
@@ -86,12 +92,16 @@ class Runner(ABC):
         raise NotImplementedError(f"{type(self).__name__} samples with its forward (samples_late is False)")
 
     # LoRA adapters (enable_lora)
-    def add_lora(self, lora: LoRARequest) -> None:
-        """ValueError naming the file at fault."""
+    def add_lora(self, lora: LoRARequest, wait: bool = True) -> None:
+        """``wait``: read now (ValueError naming the file at fault); else ``stage_loras`` tells."""
         raise ValueError(f"{type(self).__name__} serves no LoRA adapters (tensor_parallel_size 1 only, for now)")
 
     def remove_lora(self, lora_id: int) -> None:
         """Forget an adapter no request uses any more."""
+
+    @abstractmethod
+    def stage_loras(self, wanted: list[int], keep: set[int]) -> LoRAStaging:
+        """Load ``wanted`` over slots ``keep`` does not hold."""
 
     @abstractmethod
     def release(self, request_ids: list[str]) -> None:

@@ -22,7 +22,7 @@ from expresslane.models.presets import dummy_weights
 from expresslane.models.registry import model_class
 from expresslane.quant import resolve_quantization
 from expresslane.runner.bad_words import BadWords
-from expresslane.runner.base import Forward, Runner
+from expresslane.runner.base import Forward, LoRAStaging, Runner
 from expresslane.runner.cuda_graphs import DecodeGraphs, MixedGraphs, Patch
 from expresslane.runner.lora_slots import LoRASlots
 from expresslane.runner.expert_load import ExpertTokensCopy, copy_expert_tokens, reset_expert_tokens
@@ -96,7 +96,8 @@ class ModelRunner(Runner):
         self.model.eval()
         if config.device.fused_decode_layer:
             self._fuse_decode_layers()
-        self.lora = LoRASlots(self.model, config.lora, self.device, self.dtype, self.attn_backend.fused_ops) \
+        self.lora = LoRASlots(self.model, config.lora, self.device, self.dtype, self.attn_backend.fused_ops,
+                              wait_reads=self.device.type != "cuda" or self.tp.size > 1) \
             if config.lora.enable_lora else None
         self.proposer = make_proposer(config.speculative, hf_config.vocab_size, self.device, self.dtype,
                                       config.device.attention_backend)
@@ -303,14 +304,22 @@ class ModelRunner(Runner):
         self._prev_tokens, self._prev_rows = tokens, {rid: i for i, rid in enumerate(ids)}
         return StepResult(self.device, ids, tokens, logprobs, prompt_logprobs=prompt, pooled=pooled)
 
-    def add_lora(self, lora: LoRARequest) -> None:
+    def add_lora(self, lora: LoRARequest, wait: bool = True) -> None:
         if self.lora is None:
             raise ValueError(f"LoRA adapter {lora.lora_name!r}: the engine was started without enable_lora")
-        self.lora.add(lora)
+        self.lora.add(lora, wait)
 
     def remove_lora(self, lora_id: int) -> None:
         if self.lora is not None:
             self.lora.remove(lora_id)
+
+    @torch.inference_mode()
+    def stage_loras(self, wanted: list[int], keep: set[int]) -> LoRAStaging:
+        return LoRAStaging(set()) if self.lora is None else self.lora.stage(wanted, keep)
+
+    def shutdown(self) -> None:
+        if self.lora is not None:
+            self.lora.close()
 
     def release(self, request_ids: list[str]) -> None:
         for rid in request_ids:

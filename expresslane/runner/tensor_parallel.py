@@ -20,7 +20,7 @@ from expresslane.contract import LoRARequest
 from expresslane.distributed.group import TPGroup
 from expresslane.distributed.layers import even_split, head_split
 from expresslane.layers.moe import check_expert_split, num_experts_of
-from expresslane.runner.base import Runner
+from expresslane.runner.base import LoRAStaging, Runner
 from expresslane.runner.model_runner import ModelRunner, resolve_device
 
 log = logging.getLogger(__name__)
@@ -181,12 +181,19 @@ class TPExecutor(Runner):
     def release(self, request_ids: list[str]) -> None:
         self._call("release", request_ids)
 
-    def add_lora(self, lora: LoRARequest) -> None:
-        self.runner.add_lora(lora)  # checked on rank 0 first: a bad directory fails here, not in a worker
-        dist.broadcast_object_list([("add_lora", (lora,))], src=0, group=self._control)
+    def add_lora(self, lora: LoRARequest, wait: bool = True) -> None:
+        self.runner.add_lora(lora, wait)  # checked on rank 0 first: a bad directory fails here, not in a worker
+        dist.broadcast_object_list([("add_lora", (lora, wait))], src=0, group=self._control)
 
     def remove_lora(self, lora_id: int) -> None:
         self._call("remove_lora", lora_id)
+
+    def stage_loras(self, wanted: list[int], keep: set[int]) -> LoRAStaging:
+        """Rank 0's copies say what is ready; a step with nothing to stage sends nothing."""
+        lora = self.runner.lora
+        if lora is not None and not wanted and lora.settled():
+            return lora.staging()
+        return self._call("stage_loras", wanted, keep)
 
     def verify_rows(self) -> int | None:
         return self.runner.verify_rows()
@@ -222,6 +229,7 @@ class TPExecutor(Runner):
         if self._closed:
             return
         self._closed = True
+        self.runner.shutdown()
         try:
             dist.broadcast_object_list([("shutdown", ())], src=0, group=self._control)
         except Exception:  # gone already

@@ -42,6 +42,8 @@ class Scheduler:
         self._speculate: bool | None = None  # `speculating()`'s answer, until a change
         self.max_loras = max_loras
         self._step_loras: set[int] = set()
+        self.lora_ready: set[int] | None = None  # None: all
+        self.lora_wanted: dict[int, None] = {}  # passed over, not ready
 
     def add_request(self, req: Request) -> None:
         if req.request_id in self.requests:
@@ -73,6 +75,7 @@ class Scheduler:
 
     def schedule(self) -> StepPlan:
         self._step_loras.clear()
+        self.lora_wanted.clear()
         scheduled = self._schedule()
         plan = StepPlan(next(self._step_ids), [], sum(n for _, n in scheduled))
         if not scheduled:
@@ -177,7 +180,10 @@ class Scheduler:
         return self.spec.propose(req, k) if k > 0 else []
 
     def _lora_fits(self, req: Request) -> bool:
-        """Its adapter has a slot in this step."""
+        """Its adapter is ready, with a slot in this step."""
+        if self.lora_ready is not None and req.lora_id and req.lora_id not in self.lora_ready:
+            self.lora_wanted[req.lora_id] = None
+            return False
         loras = self._step_loras
         return not req.lora_id or req.lora_id in loras or len(loras) < self.max_loras
 

@@ -103,24 +103,38 @@ def _profile(profiler: EngineProfiler | None, start: bool) -> Profiled:
         return Profiled(error=f"{type(e).__name__}: {e}", status=500)
 
 
-def _lora(core: EngineCore, msg: LoadLoRA | UnloadLoRA) -> LoRADone:
+def _lora(core: EngineCore, msg: LoadLoRA | UnloadLoRA, loading: set[int]) -> LoRADone | None:
+    """The answer, or None: a load read off the step loop, answered by `_loaded` (the API process
+    sends one change at a time)."""
     if isinstance(msg, UnloadLoRA):
         if core.remove_lora(msg.lora_int_id):
             return LoRADone()
         return LoRADone(f"no LoRA adapter with id {msg.lora_int_id}", 404)
     try:
-        core.add_lora(msg.lora)
-    except ValueError as e:  # a bad directory, a rank over --max-lora-rank, --enable-lora off
+        core.add_lora(msg.lora, wait=False)
+    except ValueError as e:  # --enable-lora off
         return LoRADone(str(e), 400)
-    return LoRADone()
+    loading.add(msg.lora.lora_int_id)
+    return None
+
+
+def _loaded(core: EngineCore, loading: set[int]) -> list[LoRADone]:
+    """The answers to loads whose read has finished (a bad directory, a rank over --max-lora-rank: 400)."""
+    done = []
+    for lora_id, error in core.take_lora_reads().items():
+        if lora_id in loading:
+            loading.discard(lora_id)
+            done.append(LoRADone() if error is None else LoRADone(error, 400))
+    return done
 
 
 def _loop(core: EngineCore, inp: zmq.Socket, out: zmq.Socket, encode, profiler: EngineProfiler | None) -> None:
     inbox = Inbox(msgspec.msgpack.Decoder(ToEngine).decode)
+    loading: set[int] = set()  # adapters read for a LoadLoRA
     while True:
         busy = core.has_unfinished() or inbox.has_bulk
         if not busy:
-            inp.poll()  # idle: wait for a message
+            inp.poll(1 if loading else None)  # idle: wait for a message (a read in flight: 1 ms at most)
         while inp.poll(0):
             inbox.put(inp.recv())
         outputs, received, rejected, handled = [], {}, {}, False
@@ -141,12 +155,16 @@ def _loop(core: EngineCore, inp: zmq.Socket, out: zmq.Socket, encode, profiler: 
             elif isinstance(msg, Profile):
                 out.send(encode(_profile(profiler, msg.start)))
             elif isinstance(msg, (LoadLoRA, UnloadLoRA)):
-                out.send(encode(_lora(core, msg)))
+                done = _lora(core, msg, loading)
+                if done is not None:
+                    out.send(encode(done))
             elif isinstance(msg, Shutdown):
                 return
-        if not (busy or handled):
+        if not (busy or handled or loading):
             continue
         outputs += core.step()  # with nothing to run, an empty step just refreshes the stats
+        for done in _loaded(core, loading):
+            out.send(encode(done))
         rejected.update(core.take_rejected())
         if core.held and not (outputs or received or rejected):
             continue  # nothing launched (the step on the GPU is far from its end): nothing to tell

@@ -120,3 +120,27 @@ def test_load_and_unload_at_run_time(lora_server, adapter_dirs, expected, tmp_pa
     assert _post(lora_server, "/v1/load_lora_adapter", body).status_code == 200
     assert _complete(client, "qv16") == expected["qv16"]
     assert _complete(client, "all8") == expected["all8"]
+
+
+def test_a_load_is_answered_once_its_read_has_finished():
+    """The engine process reads a LoadLoRA's adapter off its step loop and answers when the read
+    is told finished; a read a request started is nobody's answer."""
+    from expresslane.server.engine_proc import _lora, _loaded
+    from expresslane.server.wire import LoadLoRA, LoRADone
+
+    class Core:
+        reads: dict = {}
+
+        def add_lora(self, lora, wait=True):
+            assert not wait, "read off the step loop"
+
+        def take_lora_reads(self):
+            reads, self.reads = self.reads, {}
+            return reads
+
+    core, loading = Core(), set()
+    assert _lora(core, LoadLoRA(LoRARequest("a", 3, "/x")), loading) is None and loading == {3}
+    assert _loaded(core, loading) == [], "still reading: no answer yet"
+    core.reads = {4: None, 3: "LoRA adapter '/x': no such directory"}
+    assert _loaded(core, loading) == [LoRADone("LoRA adapter '/x': no such directory", 400)]
+    assert not loading
