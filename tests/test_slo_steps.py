@@ -32,11 +32,11 @@ def request(rid: str, n: int, out: int, t: float, lane: str = "interactive") -> 
     return Request.from_core_request(EngineCoreRequest(rid, prompt, sp, (0,), t, 0, lane), 16384)
 
 
-def scheduler(now: list[float], **config) -> Scheduler:
+def scheduler(now: list[float], cost: PiecewiseStepCostModel = H200, **config) -> Scheduler:
     config = {"max_num_batched_tokens": 2048, "max_num_seqs": 256, "scheduling_policy": "deadline",
               "lane_slo": f"interactive:ttft={TTFT * 1e3:g}ms,tpot={TPOT * 1e3:g}ms,slack={SLACK}", **config}
     cfg = SchedulerConfig(**config)
-    return Scheduler(cfg, KVCacheManager(40_000, 16), clock=lambda: now[0], cost_model=H200)
+    return Scheduler(cfg, KVCacheManager(40_000, 16), clock=lambda: now[0], cost_model=cost)
 
 
 def land(sched: Scheduler, plan) -> None:
@@ -58,8 +58,10 @@ def shape_of(plan) -> StepShape:
 class Sim:
     """Arrivals at given times; each step takes the model's time for it."""
 
-    def __init__(self, sched: Scheduler, now: list[float], arrivals: list[Request]):
+    def __init__(self, sched: Scheduler, now: list[float], arrivals: list[Request],
+                 cost: PiecewiseStepCostModel = H200):
         self.sched, self.now, self.todo = sched, now, sorted(arrivals, key=lambda r: r.arrival_time)
+        self.cost = cost
         self.first_scheduled_step: dict[str, int] = {}
         self.added_before_step: dict[str, int] = {}
         self.first_token: dict[str, float] = {}
@@ -78,7 +80,7 @@ class Sim:
         for s in plan.seqs:
             self.first_scheduled_step.setdefault(s.request_id, self.steps)
         self.steps += 1
-        self.now[0] += max(H200.predict(shape_of(plan)), 1e-4)
+        self.now[0] += max(self.cost.predict(shape_of(plan)), 1e-4)
         outs = self.sched.update(plan, {s.request_id: 5 for s in plan.seqs if s.sample})
         for o in outs:
             self.first_token.setdefault(o.request_id, self.now[0])

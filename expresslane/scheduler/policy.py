@@ -24,6 +24,7 @@ class StepBudget:
     short_first: bool = False  # long interactive prefills may step aside
     running_prefill: int = 1 << 62  # the running prompts' chunks together
     whole: int = 0  # waiting interactive prompts up to this: whole
+    starts: int = 1 << 62  # other waiting prompts' first chunks, together
 
     @classmethod
     def unlimited(cls) -> "StepBudget":
@@ -31,11 +32,14 @@ class StepBudget:
         return cls(n, n, dict.fromkeys(LANES, n))
 
     def take(self, req: Request, wanted: int) -> int:
-        """Of `wanted` tokens, what `req` may have now."""
-        cap = self.prefill_cap
-        if wanted <= self.whole and req.lane == "interactive" and req.status is RequestStatus.WAITING:
-            cap = wanted
-        return max(0, min(wanted, self.tokens, cap, self.lanes[req.lane]))
+        """What `req` may have of `wanted`; books a waiting prompt's first chunk."""
+        waiting = req.status is RequestStatus.WAITING
+        whole = waiting and wanted <= self.whole and req.lane == "interactive"
+        cap = wanted if whole else min(self.prefill_cap, self.starts) if waiting else self.prefill_cap
+        n = max(0, min(wanted, self.tokens, cap, self.lanes[req.lane]))
+        if waiting and not whole:
+            self.starts -= n
+        return n
 
     def spend(self, req: Request, n: int) -> None:
         self.tokens -= n
@@ -107,7 +111,7 @@ class DeadlinePolicy(SchedulingPolicy):
         return self.cost_model.predict(StepShape(0).plus_chunk(start, tokens))
 
     def due(self, req: Request, now: float) -> bool:
-        """Near its deadline (`aging_factor` x its prefill left alone): yields no more."""
+        """Its deadline is within `aging_factor` x its prefill left alone."""
         deadline, aging = self.deadline(req), self.config.aging_factor
         if self.cost_model is None or now >= deadline:
             return now >= deadline
@@ -125,8 +129,8 @@ class DeadlinePolicy(SchedulingPolicy):
         sized = ("interactive" in busy and self.cost_model is not None
                  and self.config.long_prefill_token_threshold is None)
         if sized:
-            sizes = self.slo_sized(head, running, sum(waiting_by_lane.values()), now, spec_tokens)
-            budget.tokens, budget.prefill_cap, budget.running_prefill, budget.whole = sizes
+            sizes = self.slo_sized(head, running, waiting_by_lane, now, spec_tokens)
+            budget.tokens, budget.prefill_cap, budget.running_prefill, budget.whole, budget.starts = sizes
         if "interactive" in busy:  # sized: holds interactive work
             share = int(self.lanes["batch"].share * budget.tokens)
             budget.lanes = {"interactive": budget.tokens - (share if "batch" in busy and not sized else 0),
@@ -135,9 +139,9 @@ class DeadlinePolicy(SchedulingPolicy):
                               and head.num_tokens <= max(budget.prefill_cap, budget.whole))
         return budget
 
-    def slo_sized(self, head: Request | None, running: Collection[Request], waiting: int, now: float,
-                  spec_tokens: int = 0) -> tuple[int, int, int, int]:
-        """(step tokens, prefill cap, running prompts' share, whole): targets as ceilings."""
+    def slo_sized(self, head: Request | None, running: Collection[Request], waiting_by_lane: dict[str, int], now: float,
+                  spec_tokens: int = 0) -> tuple[int, int, int, int, int]:
+        """(tokens, cap, running share, whole, starts): targets as ceilings."""
         slo, top = self.lanes["interactive"], self.config.max_num_batched_tokens
         decodes, start, pace, due, batch_only = [], 0, False, False, True
         for r in running:
@@ -149,14 +153,15 @@ class DeadlinePolicy(SchedulingPolicy):
                 start = max(start, r.num_computed_tokens)  # costliest place for a chunk
                 due = due or self.due(r, now)
                 batch_only = batch_only and r.lane == "batch"
+        waiting = sum(waiting_by_lane.values())
         if (not pace and not waiting) or (not running and waiting == 1):
-            return top, top, top, top  # nothing to protect
+            return top, top, top, top, top  # nothing to protect
         base = StepShape.of(decodes)
         lone = self.cost_model.predict(StepShape(1))
         alone = self.cost_model.predict(base) if decodes else lone
-        slack = min(slo.tpot, max((1.0 + slo.slack) * lone, alone))  # what others' prefill may add
+        slack = min(slo.tpot, max((1.0 + slo.slack) * lone, alone))  # for others' prefill
         limit = top - base.num_tokens
-        ceiling = slo.tpot if pace else slo.ttft / self.config.lone_step_share  # what starters may fill
+        ceiling = slo.tpot if pace else slo.ttft / self.config.lone_step_share  # for starters
         if due:
             slack = ceiling if pace else math.inf
         late = now - self.deadline(head) if head is not None else -math.inf
@@ -167,18 +172,21 @@ class DeadlinePolicy(SchedulingPolicy):
         floor = min(self.config.min_prefill_chunk, limit)
         room = max(floor, self.cost_model.max_chunk(base, start, limit, slack), 1)
         if head is None or head.lane != "interactive":
-            return min(top, base.num_tokens + room), room, room, 0
+            return min(top, base.num_tokens + room), room, room, 0, room
         whole = max(min(limit, self.prefill_cap), self.cost_model.max_chunk(base, 0, limit, ceiling))
         starting = head.num_tokens if head.num_tokens <= whole else min(head.num_tokens, room)
-        if due:
-            starting = max(starting, min(limit, self.prefill_cap, whole))
+        if due:  # room for starters like the head
+            starting = max(starting, min(limit, whole, waiting_by_lane["interactive"] * head.num_tokens))
         elif batch_only and starting == head.num_tokens and slack < math.inf:
             slack = self.cost_model.predict(base.plus_chunk(0, starting))  # batch only where free
         rest = self.cost_model.max_chunk(base.plus_chunk(0, starting), start, limit - starting, slack)
-        rest = max(rest, min(floor - starting, limit - starting))  # the floor is the step's, shared
-        fill = self.cost_model.max_chunk(base.plus_chunk(start, rest), 0, limit - rest, ceiling)
-        fill = max(fill, starting) if starting == head.num_tokens else starting  # long: one a step
-        return min(top, base.num_tokens + rest + fill), max(room, rest), rest, fill
+        rest = max(rest, min(floor - starting, limit - starting))  # floor: the step's, shared
+        if starting < head.num_tokens:  # long: one start a step
+            return min(top, base.num_tokens + rest + starting), max(room, rest), rest, 0, starting
+        fill = limit - rest
+        if pace:
+            fill = max(starting, self.cost_model.max_chunk(base.plus_chunk(start, rest), 0, fill, ceiling))
+        return min(top, base.num_tokens + rest + fill), max(room, rest), rest, whole, room
 
     def order_running(self, running: Collection[Request], now: float = 0.0) -> list[Request]:
         """Decodes by deadline, then prompts: due first, then fewest tokens left."""
