@@ -108,9 +108,9 @@ class SchedulerConfig:
     prefill_stretch: float = _knob(16.0, "deadline: a prompt's TTFT deadline is its lane's target plus this many "
                                    "times its prefill time alone (a factor): short prompts go before long ones "
                                    "that arrived up to this stretch of their work earlier")
-    lone_step_share: int = _knob(8, "deadline: with requests waiting and no interactive decode running, the "
-                                 "prompts starting in a step go whole while it lasts at most the interactive TTFT "
-                                 "target divided by this (a divisor): what a request arriving meanwhile waits")
+    lone_step_share: int = _knob(8, "deadline: with no interactive decode running, a waiting prompt goes whole "
+                                 "if its step alone lasts at most the interactive TTFT target divided by this (a "
+                                 "divisor), else it starts with a short chunk")
     aging_factor: float = _knob(2.0, "deadline: a prompt stops yielding to shorter ones and takes the largest "
                                 "steps within the ceilings once its TTFT deadline is this many times its "
                                 "remaining prefill time alone away (a factor)")
