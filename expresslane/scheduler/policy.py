@@ -175,7 +175,7 @@ class DeadlinePolicy(SchedulingPolicy):
             return min(top, base.num_tokens + room), room, room, 0, room
         whole = max(min(limit, self.prefill_cap), self.cost_model.max_chunk(base, 0, limit, ceiling))
         starting = head.num_tokens if head.num_tokens <= whole else min(head.num_tokens, room)
-        if due:  # room for starters like the head
+        if due and starting == head.num_tokens:  # room for starters like the head
             starting = max(starting, min(limit, whole, waiting_by_lane["interactive"] * head.num_tokens))
         elif batch_only and starting == head.num_tokens and slack < math.inf:
             slack = self.cost_model.predict(base.plus_chunk(0, starting))  # batch only where free
