@@ -131,7 +131,7 @@ class Scheduler:
         scheduled: list[tuple[Request, int]] = []
         preempted = False
         now = self.clock()
-        order = self.policy.order_running(self.running.values())
+        order = self.policy.order_running(self.running.values(), now)
         tail = len(order)  # order[i:tail]: not yet scheduled
         i = 0
         while i < tail and budget.tokens > 0:
