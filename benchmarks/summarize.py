@@ -102,8 +102,8 @@ def fmt(r: dict) -> str:
     if b == "fused_layer" and "on_us" in r:
         return (f"fused layer b={r['batch']} @{r['context']}: off {r['off_us']:.1f} us ({r['off_launches']} launches, "
                 f"{r['off_pct_of_floor']:.0f}% of floor) -> on {r['on_us']:.1f} us ({r['on_launches']}, "
-                f"{r['on_pct_of_floor']:.0f}%) {r['speedup']:.2f}x; with today's attention "
-                f"{r['on_split_reduce_us']:.1f} us ({r['on_split_reduce_launches']}) {r['speedup_split_reduce']:.2f}x; "
+                f"{r['on_pct_of_floor']:.0f}%) {r['speedup']:.2f}x; one-launch attention "
+                f"{r['on_one_launch_us']:.1f} us ({r['on_one_launch_launches']}) {r['speedup_one_launch']:.2f}x; "
                 f"on vs off max rel diff {r['max_rel_diff_on_vs_off']:.1e}")
     if b == "fused_layer_model":
         return (f"fused layer {'on ' if r['fused'] else 'off'} (applied {r['applied']}) batch-1 "
