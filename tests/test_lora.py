@@ -194,17 +194,23 @@ def test_prefix_cache_keys_include_the_adapter():
     assert kv.find_cached_prefix(request("d", 0)) == []  # the base model: none
 
 
-def test_a_request_waiting_for_a_slot_blocks_no_one():
-    """One slot, two adapters: a step never holds both; base-model requests behind the second
-    adapter's are admitted at once."""
+def lora_scheduler(max_loras: int, requests) -> Scheduler:
+    """An fcfs scheduler holding `requests` ((id, adapter id; 0: none), three-token prompts) in order."""
     kv = KVCacheManager(256, 4)
     sched = Scheduler(SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=256, scheduling_policy="fcfs"), kv,
-                      max_loras=1)
+                      max_loras=max_loras)
     sp = SamplingParams(temperature=0.0, max_tokens=3)
-    for rid, lora_id in (("a1", 1), ("b1", 2), ("base", 0), ("a2", 1)):
+    for rid, lora_id in requests:
         lora = LoRARequest(f"l{lora_id}", lora_id, "/x") if lora_id else None
         sched.add_request(Request.from_core_request(EngineCoreRequest(rid, [1, 2, 3], sp, (0,), 0.0,
                                                                       lora_request=lora), 64))
+    return sched
+
+
+def test_a_request_waiting_for_a_slot_blocks_no_one():
+    """One slot, two adapters: a step never holds both; base-model requests behind the second
+    adapter's are admitted at once."""
+    sched = lora_scheduler(1, (("a1", 1), ("b1", 2), ("base", 0), ("a2", 1)))
     plan = sched.schedule()
     assert {s.request_id for s in plan.seqs} == {"a1", "base", "a2"}
     assert sched.num_waiting == 1
@@ -415,14 +421,7 @@ def test_eviction_never_picks_a_slot_a_running_request_uses(llama_dir, adapters)
 
 
 def test_a_request_whose_adapter_is_not_ready_is_passed_over():
-    kv = KVCacheManager(256, 4)
-    sched = Scheduler(SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=256, scheduling_policy="fcfs"), kv,
-                      max_loras=2)
-    sp = SamplingParams(temperature=0.0, max_tokens=2)
-    for rid, lora_id in (("cold", 2), ("warm", 1), ("base", 0), ("cold2", 2)):
-        lora = LoRARequest(f"l{lora_id}", lora_id, "/x") if lora_id else None
-        sched.add_request(Request.from_core_request(EngineCoreRequest(rid, [1, 2, 3], sp, (0,), 0.0,
-                                                                      lora_request=lora), 64))
+    sched = lora_scheduler(2, (("cold", 2), ("warm", 1), ("base", 0), ("cold2", 2)))
     sched.lora_ready = {1}
     plan = sched.schedule()
     assert {s.request_id for s in plan.seqs} == {"warm", "base"}
