@@ -212,16 +212,13 @@ def test_a_backlog_starts_now_within_the_tpot_target_and_in_full_steps_once_past
 
 def test_deadlines_grow_with_the_prompt_s_work():
     """A short prompt arriving 300 ms after an 8k one still ranks first; the 8k prompt's
-    deadline is its lane's target plus the stretch of its own prefill time alone, in the steps
-    it runs alone."""
+    deadline is its lane's target plus the stretch of its own prefill time alone."""
     now = [0.0]
     policy = scheduler(now).policy
     long, short = request("long", 8192, 4, 0.0), request("short", 64, 4, 0.3)
     assert policy.key(short) < policy.key(long)
-    sim = Sim(scheduler(now), now, [request("lone", 8192, 4, 0.0)])
-    for _ in sim.run():
-        pass
-    assert policy.deadline(long) == pytest.approx(TTFT + PREFILL_STRETCH * sim.first_token["lone"])
+    work = H200.predict(StepShape(0).plus_chunk(0, 8192))
+    assert policy.deadline(long) == pytest.approx(TTFT + PREFILL_STRETCH * work)
 
 
 def test_the_flags_override_the_sizing():
@@ -380,3 +377,25 @@ def test_a_prompt_arriving_to_an_idle_engine_takes_the_knee():
     slack_bound = (1 + SLACK) * H200.predict(StepShape(1))
     assert prefill(2048) > TTFT / 8
     assert all(prefill(n) <= slack_bound for n in first_chunks(2048, 2048))
+
+
+def test_a_due_prompt_stays_due_until_its_prefill_ends():
+    """Due once its deadline is within `aging_factor` times its prefill left alone; the steps it then
+    takes shrink what is left, which by that rule alone makes it not due again, so it yielded until the
+    line caught up and tracked it into its deadline (its first token within a step of it)."""
+    now = [0.0]
+    sched = scheduler(now)
+    decoding(sched, 8)
+    long = request("long", 8192, 4, 0.0)
+    sched.add_request(long)
+    land(sched, sched.schedule())
+    policy, aging = sched.policy, sched.config.aging_factor
+
+    def line() -> float:
+        return policy.deadline(long) - aging * policy.prefill_alone(8192 - long.num_computed_tokens,
+                                                                    long.num_computed_tokens)
+    now[0] = line()
+    assert policy.due(long, now[0])
+    land(sched, sched.schedule())
+    assert now[0] < line() and long.num_computed_tokens < 8192  # not due by the rule alone
+    assert policy.due(long, now[0])

@@ -47,7 +47,6 @@ class StepBudget:
 
 
 def lone_chunk(knee: int, left: int, limit: int) -> int:
-    """Alone: the knee, or the rest under two knees."""
     return left if knee < left < 2 * knee and left <= limit else min(knee, left)
 
 
@@ -113,16 +112,16 @@ class DeadlinePolicy(SchedulingPolicy):
         return req.ttft_deadline
 
     def prefill_alone(self, tokens: int, start: int = 0) -> float:
-        top, seconds = self.config.max_num_batched_tokens, 0.0
-        knee = self.cost_model.knee(StepShape(0), start, top, self.config.knee_margin)
-        while tokens > 0:
-            n = lone_chunk(knee, tokens, top)
-            seconds += self.cost_model.predict(StepShape(0).plus_chunk(start, n))
-            start, tokens = start + n, tokens - n
-        return seconds
+        return self.cost_model.predict(StepShape(0).plus_chunk(start, tokens))
 
     def due(self, req: Request, now: float) -> bool:
-        """Its deadline is within `aging_factor` x its prefill left alone."""
+        """Once its deadline is within `aging_factor` x its prefill left alone, until that prefill ends."""
+        if req.due:
+            return req.num_computed_tokens < req.num_tokens
+        req.due = self._due(req, now)
+        return req.due
+
+    def _due(self, req: Request, now: float) -> bool:
         deadline, aging = self.deadline(req), self.config.aging_factor
         if self.cost_model is None or now >= deadline:
             return now >= deadline
