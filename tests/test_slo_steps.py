@@ -378,24 +378,3 @@ def test_a_prompt_arriving_to_an_idle_engine_takes_the_knee():
     assert prefill(2048) > TTFT / 8
     assert all(prefill(n) <= slack_bound for n in first_chunks(2048, 2048))
 
-
-def test_a_due_prompt_stays_due_until_its_prefill_ends():
-    """Due once its deadline is within `aging_factor` times its prefill left alone; the steps it then
-    takes shrink what is left, which by that rule alone makes it not due again, so it yielded until the
-    line caught up and tracked it into its deadline (its first token within a step of it)."""
-    now = [0.0]
-    sched = scheduler(now)
-    decoding(sched, 8)
-    long = request("long", 8192, 4, 0.0)
-    sched.add_request(long)
-    land(sched, sched.schedule())
-    policy, aging = sched.policy, sched.config.aging_factor
-
-    def line() -> float:
-        return policy.deadline(long) - aging * policy.prefill_alone(8192 - long.num_computed_tokens,
-                                                                    long.num_computed_tokens)
-    now[0] = line()
-    assert policy.due(long, now[0])
-    land(sched, sched.schedule())
-    assert now[0] < line() and long.num_computed_tokens < 8192  # not due by the rule alone
-    assert policy.due(long, now[0])

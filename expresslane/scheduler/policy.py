@@ -115,21 +115,17 @@ class DeadlinePolicy(SchedulingPolicy):
         return self.cost_model.predict(StepShape(0).plus_chunk(start, tokens))
 
     def due(self, req: Request, now: float) -> bool:
-        """Once its deadline is within `aging_factor` x its prefill left alone, until that prefill ends."""
-        if req.due:
-            return req.num_computed_tokens < req.num_tokens
-        req.due = self._due(req, now)
-        return req.due
-
-    def _due(self, req: Request, now: float) -> bool:
+        """Its deadline, less the last step (`tpot`), is within `aging_factor` x its prefill left alone."""
         deadline, aging = self.deadline(req), self.config.aging_factor
         if self.cost_model is None or now >= deadline:
             return now >= deadline
+        lane = self.lanes[req.lane]
+        land = deadline - lane.tpot
         stretch = self.config.prefill_stretch  # whole prompt's work >= work left
-        if stretch and now < deadline - aging * (deadline - req.arrival_time - self.lanes[req.lane].ttft) / stretch:
+        if stretch and now < land - aging * (deadline - req.arrival_time - lane.ttft) / stretch:
             return False
         left = req.num_tokens - req.num_computed_tokens
-        return left > 0 and now >= deadline - aging * self.prefill_alone(left, req.num_computed_tokens)
+        return left > 0 and now >= land - aging * self.prefill_alone(left, req.num_computed_tokens)
 
     def step_budget(self, head: Request | None, running: Collection[Request],
                     waiting_by_lane: dict[str, int], now: float = 0.0, spec_tokens: int = 0) -> StepBudget:

@@ -56,7 +56,6 @@ class Request:
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     ttft_deadline: float | None = None  # DeadlinePolicy.deadline
-    due: bool = False  # DeadlinePolicy.due
     request_prompt_tokens: int = 0  # of the whole frontend request; 0: its own
     # prompt positions scored (kept across preemption); scores go with the first token
     num_prompt_logprobs_scheduled: int = 0
