@@ -166,7 +166,7 @@ class DeadlinePolicy(SchedulingPolicy):
         if (not pace and not waiting) or (not running and waiting == 1):  # nothing to protect
             knee = self.cost_model.knee(base, start, limit, self.config.knee_margin)
             step = lone_chunk(knee, prompts if running else head.num_tokens - head.num_computed_tokens, limit)
-            return base.num_tokens + step, step, step, step, step
+            return min(top, base.num_tokens + step), step, step, step, step
         lone = self.cost_model.predict(StepShape(1))
         alone = self.cost_model.predict(base) if decodes else lone
         slack = min(slo.tpot, max((1.0 + slo.slack) * lone, alone))  # for others' prefill
