@@ -1,8 +1,9 @@
 """Issue #45's policy items in simulated time: targets are ceilings (an interactive request with a
 stated target starts in the first step after it arrives and, beside a long batch-lane prompt, meets
-its TTFT target at P90 no slower than under fcfs), and a long prompt under a stream of shorts still
-meets its own deadline. Every step lasts what a fixed cost model predicts: no decision depends on
-this machine's speed."""
+its TTFT target at P90 no slower than under fcfs), a long prompt under a stream of shorts still
+meets its own deadline, and a lone prompt runs within 5% of fcfs, a short arriving meanwhile waiting
+at most one knee-sized step. Every step lasts what a fixed cost model predicts: no decision depends
+on this machine's speed."""
 
 import importlib.util
 from pathlib import Path
