@@ -5,7 +5,7 @@ flat`) is the measurement, this is the quick way to see what a policy change doe
 spending one.
 
 Per configuration (`--config`, SchedulerConfig fields) it prints: 16 short prompts sent just
-after one long prompt, against each alone; the TTFT of a lone prompt of each `--lone` length;
+after one long prompt (`--at`), against each alone; the TTFT of a lone prompt of each `--lone` length;
 throughput of 256 requests sent at once; interactive shorts with an explicit SLO beside a long
 batch-lane prompt (issue #45), their TTFT P90; and for each rate, the mixed load of `expresslane
 bench scenarios` (the same seeded arrivals) with its short TTFT and ITL p99, long TTFT p50 and
@@ -96,15 +96,15 @@ def simulate(config: dict, arrivals: list[Request], model: StepCostModel = H200)
     return times
 
 
-def beside_long(config: dict, model: StepCostModel = H200) -> dict[str, float]:
-    """16 shorts (64/64) sent 5 ms after one 8192/64 prompt, against each alone."""
+def beside_long(config: dict, model: StepCostModel = H200, at: float = 0.005) -> dict[str, float]:
+    """16 shorts (64/64) sent `at` s after one 8192/64 prompt, against each alone."""
     short, long, out = SHAPE["short"], SHAPE["long"], SHAPE["out"]
-    shorts = lambda: [request(f"s{i}", short, out, 0.005) for i in range(16)]  # noqa: E731
+    shorts = lambda: [request(f"s{i}", short, out, at) for i in range(16)]  # noqa: E731
     alone_s = simulate(config, shorts(), model)
     alone_l = simulate(config, [request("long", long, out, 0.0)], model)
     mixed = simulate(config, [request("long", long, out, 0.0), *shorts()], model)
-    ttft = lambda t, ids: statistics.median(t[i][0] - 0.005 for i in ids)  # noqa: E731
-    total = lambda t, ids: statistics.median(t[i][-1] - 0.005 for i in ids)  # noqa: E731
+    ttft = lambda t, ids: statistics.median(t[i][0] - at for i in ids)  # noqa: E731
+    total = lambda t, ids: statistics.median(t[i][-1] - at for i in ids)  # noqa: E731
     ids = [f"s{i}" for i in range(16)]
     return {"short_ttft_alone_ms": 1e3 * ttft(alone_s, ids), "short_ttft_x": ttft(mixed, ids) / ttft(alone_s, ids),
             "short_total_x": total(mixed, ids) / total(alone_s, ids),
@@ -194,6 +194,8 @@ def main() -> None:
     p.add_argument("--short-len", type=int, default=SHAPE["short"])
     p.add_argument("--long-len", type=int, default=SHAPE["long"])
     p.add_argument("--output-len", type=int, default=SHAPE["out"])
+    p.add_argument("--at", type=float, nargs="+", default=[5.0],
+                   help="ms after the long prompt that the 16 shorts arrive (default: 5, issue #45's)")
     p.add_argument("--lone", type=int, nargs="+", help="lone prompt lengths (default: 128, 2048, --long-len)")
     args = p.parse_args()
     SHAPE.update(short=args.short_len, long=args.long_len, out=args.output_len)
@@ -203,10 +205,11 @@ def main() -> None:
         with open(args.cost) as f:
             model = PiecewiseStepCostModel.from_dict(json.load(f))
     for name, config in args.config:
-        b = beside_long(config, model)
-        print(f"{name}: beside 8k: short TTFT {b['short_ttft_x']:.2f}x (alone {b['short_ttft_alone_ms']:.1f} ms), "
-              f"short total {b['short_total_x']:.2f}x, long TTFT {b['long_ttft_x']:.2f}x "
-              f"(alone {b['long_ttft_alone_ms']:.0f} ms)")
+        for at in args.at:
+            b = beside_long(config, model, at / 1e3)
+            print(f"{name}: beside 8k, {at:g} ms after: short TTFT {b['short_ttft_x']:.2f}x (alone "
+                  f"{b['short_ttft_alone_ms']:.1f} ms), short total {b['short_total_x']:.2f}x, long TTFT "
+                  f"{b['long_ttft_x']:.2f}x (alone {b['long_ttft_alone_ms']:.0f} ms)")
         lone = {n: 1e3 * simulate(config, [request("x", n, 1, 0.0)], model)["x"][0]
                 for n in sorted(set(args.lone or (128, 2048, SHAPE["long"])))}
         print("   lone TTFT " + ", ".join(f"{n}: {ms:.1f} ms" for n, ms in lone.items())

@@ -111,6 +111,10 @@ class SchedulerConfig:
     lone_step_share: int = _knob(8, "deadline: with no interactive decode running, a waiting prompt goes whole "
                                  "if its step alone lasts at most the interactive TTFT target divided by this (a "
                                  "divisor), else it starts with a short chunk")
+    knee_margin: float = _knob(0.04, "deadline: with nothing to protect, a step is the step-cost model's knee: the "
+                               "smallest whose cost per token, less its own attention, is within this fraction of "
+                               "a token's cost at the prompt's context from the least any step size reaches (a "
+                               "fraction); a request arriving meanwhile waits for no larger step")
     aging_factor: float = _knob(2.0, "deadline: a prompt stops yielding to shorter ones and takes the largest "
                                 "steps within the ceilings once its TTFT deadline is this many times its "
                                 "remaining prefill time alone away (a factor)")
@@ -277,7 +281,8 @@ class EngineConfig:
                             ("grammar_cache_size", so.grammar_cache_size), ("json_close_share", so.json_close_share)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        for name, value in (("prefill_stretch", s.prefill_stretch), ("aging_factor", s.aging_factor), ("step_hold_margin_ms", s.step_hold_margin_ms),
+        for name, value in (("prefill_stretch", s.prefill_stretch), ("aging_factor", s.aging_factor),
+                            ("knee_margin", s.knee_margin), ("step_hold_margin_ms", s.step_hold_margin_ms),
                             ("step_hold_host_factor", s.step_hold_host_factor),
                             ("step_hold_slice_ms", s.step_hold_slice_ms), ("json_close_tokens", so.json_close_tokens),
                             ("grammar_compile_timeout_s", so.grammar_compile_timeout_s)):

@@ -46,6 +46,10 @@ class StepBudget:
         self.lanes[req.lane] -= n
 
 
+def lone_chunk(knee: int, left: int, limit: int) -> int:
+    return left if knee < left < 2 * knee and left <= limit else min(knee, left)
+
+
 class SchedulingPolicy:
     """Arrival order; a long prompt is capped beside others, then topped up."""
 
@@ -111,15 +115,17 @@ class DeadlinePolicy(SchedulingPolicy):
         return self.cost_model.predict(StepShape(0).plus_chunk(start, tokens))
 
     def due(self, req: Request, now: float) -> bool:
-        """Its deadline is within `aging_factor` x its prefill left alone."""
+        """Its deadline, less the last step (`tpot`), is within `aging_factor` x its prefill left alone."""
         deadline, aging = self.deadline(req), self.config.aging_factor
         if self.cost_model is None or now >= deadline:
             return now >= deadline
+        lane = self.lanes[req.lane]
+        land = deadline - lane.tpot
         stretch = self.config.prefill_stretch  # whole prompt's work >= work left
-        if stretch and now < deadline - aging * (deadline - req.arrival_time - self.lanes[req.lane].ttft) / stretch:
+        if stretch and now < land - aging * (deadline - req.arrival_time - lane.ttft) / stretch:
             return False
         left = req.num_tokens - req.num_computed_tokens
-        return left > 0 and now >= deadline - aging * self.prefill_alone(left, req.num_computed_tokens)
+        return left > 0 and now >= land - aging * self.prefill_alone(left, req.num_computed_tokens)
 
     def step_budget(self, head: Request | None, running: Collection[Request],
                     waiting_by_lane: dict[str, int], now: float = 0.0, spec_tokens: int = 0) -> StepBudget:
@@ -143,7 +149,7 @@ class DeadlinePolicy(SchedulingPolicy):
                   spec_tokens: int = 0) -> tuple[int, int, int, int, int]:
         """(tokens, cap, running share, whole, starts): targets as ceilings."""
         slo, top = self.lanes["interactive"], self.config.max_num_batched_tokens
-        decodes, start, pace, due, batch_only = [], 0, False, False, True
+        decodes, start, pace, due, batch_only, prompts = [], 0, False, False, True, 0
         for r in running:
             left = r.num_tokens_with_pending - r.num_computed_tokens
             if left == 1:
@@ -151,16 +157,19 @@ class DeadlinePolicy(SchedulingPolicy):
                 pace = pace or r.lane == "interactive"
             elif left > 1:
                 start = max(start, r.num_computed_tokens)  # costliest place for a chunk
+                prompts += left
                 due = due or self.due(r, now)
                 batch_only = batch_only and r.lane == "batch"
         waiting = sum(waiting_by_lane.values())
-        if (not pace and not waiting) or (not running and waiting == 1):
-            return top, top, top, top, top  # nothing to protect
         base = StepShape.of(decodes)
+        limit = top - base.num_tokens
+        if (not pace and not waiting) or (not running and waiting == 1):  # nothing to protect
+            knee = self.cost_model.knee(base, start, limit, self.config.knee_margin)
+            step = lone_chunk(knee, prompts if running else head.num_tokens - head.num_computed_tokens, limit)
+            return min(top, base.num_tokens + step), step, step, step, step
         lone = self.cost_model.predict(StepShape(1))
         alone = self.cost_model.predict(base) if decodes else lone
         slack = min(slo.tpot, max((1.0 + slo.slack) * lone, alone))  # for others' prefill
-        limit = top - base.num_tokens
         ceiling = slo.tpot if pace else slo.ttft / self.config.lone_step_share  # for starters
         if due:
             slack = ceiling if pace else math.inf
