@@ -1,0 +1,115 @@
+"""Triton kernels of multi-head latent attention (attention/mla.py has the layout and the
+torch reference they are tested against).
+
+``latent_attention_kernel``: one program per (token, tile of BLOCK_H heads). All heads read
+the same latent row of a key, so a tile of heads shares each loaded [BLOCK_N, L + R] tile of
+the cache::
+
+    scores [BLOCK_H, BLOCK_N] = q_lat [BLOCK_H, L] @ c_kv^T + q_pe [BLOCK_H, R] @ k_pe^T
+    acc    [BLOCK_H, L]      += softmax-weights @ c_kv             (online softmax: m, l)
+
+A token finds its seq by counting the seqs that end at or before it (query_start_loc), and
+reads keys 0 .. min(position + 1, seq_len) - 1 through the seq's block table; a token of no
+seq (CUDA-graph padding, past the last seq or in a seq of length 0) reads none and writes
+zeros. L and R are padded to powers of two (at least 16, for tl.dot), the pads masked.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from expresslane.attention.backend import AttentionMetadata
+from expresslane.triton_setup import tl, triton
+
+BLOCK_H = 16  # heads a program: tl.dot needs at least 16 rows (fewer heads are masked)
+BLOCK_N = 32  # keys a loop iteration
+
+
+def _pad(n: int) -> int:
+    return max(16, 1 << (n - 1).bit_length())
+
+
+@triton.jit
+def store_latent_kernel(c_ptr, pe_ptr, slot_ptr, cache_ptr, stride_c, stride_pe, stride_slot,
+                        L: tl.constexpr, R: tl.constexpr, L_PAD: tl.constexpr, R_PAD: tl.constexpr):
+    """Token t's c_kv and k_pe into its cache slot; slot -1 (padding) writes nothing."""
+    t = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slot_ptr + t)
+    if slot >= 0:
+        dst = cache_ptr + slot * stride_slot
+        d = tl.arange(0, L_PAD)
+        tl.store(dst + d, tl.load(c_ptr + t * stride_c + d, mask=d < L), mask=d < L)
+        e = tl.arange(0, R_PAD)
+        tl.store(dst + L + e, tl.load(pe_ptr + t * stride_pe + e, mask=e < R), mask=e < R)
+
+
+@triton.jit
+def latent_attention_kernel(q_lat_ptr, q_pe_ptr, cache_ptr, out_ptr, pos_ptr, tables_ptr, seq_lens_ptr, qsl_ptr,
+                            num_seqs, num_heads, scale, stride_qlt, stride_qlh, stride_qpt, stride_qph, stride_slot,
+                            stride_table, stride_ot, stride_oh,
+                            L: tl.constexpr, R: tl.constexpr, L_PAD: tl.constexpr, R_PAD: tl.constexpr,
+                            BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
+                            SEQS_PAD: tl.constexpr, PRECISION: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    s = tl.arange(0, SEQS_PAD)
+    ends = tl.load(qsl_ptr + 1 + s, mask=s < num_seqs, other=2**30)
+    seq = tl.sum((ends <= t).to(tl.int32), axis=0)
+    has_seq = seq < num_seqs
+    seq_len = tl.load(seq_lens_ptr + seq, mask=has_seq, other=0)
+    n_keys = tl.minimum(tl.load(pos_ptr + t) + 1, seq_len)
+    dl = tl.arange(0, L_PAD)
+    dr = tl.arange(0, R_PAD)
+    hm = (h < num_heads)[:, None]
+    q_lat = tl.load(q_lat_ptr + t * stride_qlt + h[:, None] * stride_qlh + dl[None, :], mask=hm & (dl < L)[None, :],
+                    other=0.0)
+    q_pe = tl.load(q_pe_ptr + t * stride_qpt + h[:, None] * stride_qph + dr[None, :], mask=hm & (dr < R)[None, :],
+                   other=0.0)
+    m = tl.full((BLOCK_H,), float("-inf"), tl.float32)
+    den = tl.zeros((BLOCK_H,), tl.float32)
+    acc = tl.zeros((BLOCK_H, L_PAD), tl.float32)
+    table = tables_ptr + seq.to(tl.int64) * stride_table
+    for start in range(0, n_keys, BLOCK_N):
+        k = start + tl.arange(0, BLOCK_N)
+        km = k < n_keys
+        block = tl.load(table + k // PAGE, mask=km, other=0).to(tl.int64)
+        row = cache_ptr + (block * PAGE + k % PAGE)[:, None] * stride_slot
+        c = tl.load(row + dl[None, :], mask=km[:, None] & (dl < L)[None, :], other=0.0)
+        pe = tl.load(row + L + dr[None, :], mask=km[:, None] & (dr < R)[None, :], other=0.0)
+        scores = tl.dot(q_lat, tl.trans(c), input_precision=PRECISION)
+        scores = tl.dot(q_pe, tl.trans(pe), scores, input_precision=PRECISION) * scale
+        scores = tl.where(km[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, axis=1))
+        p = tl.exp(scores - m_new[:, None])
+        alpha = tl.exp(m - m_new)
+        den = den * alpha + tl.sum(p, axis=1)
+        acc = tl.dot(p.to(c.dtype), c, acc * alpha[:, None], input_precision=PRECISION)
+        m = m_new
+    out = acc / tl.where(den > 0, den, 1.0)[:, None]
+    tl.store(out_ptr + t * stride_ot + h[:, None] * stride_oh + dl[None, :], out.to(out_ptr.dtype.element_ty),
+             mask=hm & (dl < L)[None, :])
+
+
+def store_latent(cache: torch.Tensor, c_kv: torch.Tensor, k_pe: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """cache [blocks, block_size, L + R]; c_kv [T, L], k_pe [T, R] (rows may be strided)."""
+    t, lat, rope = c_kv.shape[0], c_kv.shape[1], k_pe.shape[-1]
+    if t:
+        store_latent_kernel[(t,)](c_kv, k_pe, slot_mapping, cache, c_kv.stride(0), k_pe.stride(0), cache.stride(1),
+                                  L=lat, R=rope, L_PAD=_pad(lat), R_PAD=_pad(rope))
+
+
+def paged_latent_attention(q_lat: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor, positions: torch.Tensor,
+                           meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """q_lat [T, H, L], q_pe [T, H, R] of tokens at `positions` [T] over the latent cache -> [T, H, L]."""
+    t, heads, lat = q_lat.shape
+    rope = q_pe.shape[-1]
+    out = torch.empty_like(q_lat)
+    if t:
+        num_seqs = meta.query_start_loc.shape[0] - 1
+        latent_attention_kernel[(t, triton.cdiv(heads, BLOCK_H))](
+            q_lat, q_pe, cache, out, positions, meta.block_tables, meta.seq_lens, meta.query_start_loc,
+            num_seqs, heads, scale, q_lat.stride(0), q_lat.stride(1), q_pe.stride(0), q_pe.stride(1), cache.stride(1),
+            meta.block_tables.stride(0), out.stride(0), out.stride(1),
+            L=lat, R=rope, L_PAD=_pad(lat), R_PAD=_pad(rope), BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N, PAGE=cache.shape[1],
+            SEQS_PAD=_pad(num_seqs + 1), PRECISION="ieee" if q_lat.dtype == torch.float32 else "tf32")
+    return out
