@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
 from pathlib import Path
 
@@ -92,6 +93,9 @@ class ModelRunner(Runner):
             weights = dummy_weights(read_config(model_dir), device=self.device)
         else:
             weights = iter_weights(model_dir, self.device)
+        if self.kv_dtype.itemsize == 1 and not self.model.fp8_kv_cache:
+            raise ValueError(f"kv_cache_dtype {config.cache.kv_cache_dtype!r} is not supported for "
+                             f"{type(self.model).__name__}; use kv_cache_dtype 'auto'")
         self.model.load_weights(weights)
         self.model.eval()
         if config.device.fused_decode_layer:
@@ -103,6 +107,11 @@ class ModelRunner(Runner):
         self.kv_window = self._kv_window(windows)
         log.info("loaded %s in %.1fs on %s (%s%s)", model_dir, time.monotonic() - t0, self.device, self.dtype,
                  f", {self.quant.name} weights" if self.quant else "")
+        cached, full = math.prod(self.model.kv_cache_shape(1, 1)), self.model.full_kv_values()
+        if cached != full:
+            log.info("KV cache: %d bytes per token (%d values a layer, latent); full K and V would take %d bytes",
+                     cached * len(self.model.layers) * self.kv_dtype.itemsize, cached,
+                     full * len(self.model.layers) * self.kv_dtype.itemsize)
         self.sampler = Sampler(self.device, config.model.seed)
         self.penalties = Penalties(config.scheduler.max_num_seqs, hf_config.vocab_size, self.device)
         self.bad_words = BadWords(config.scheduler.max_num_seqs, self.device)
@@ -145,8 +154,7 @@ class ModelRunner(Runner):
         return max(windows)
 
     def kv_block_bytes(self) -> int:
-        attn = self.model.layers[0].self_attn
-        per_layer = 2 * self.block_size * attn.num_kv_heads * attn.head_dim * self.kv_dtype.itemsize
+        per_layer = math.prod(self.model.kv_cache_shape(1, self.block_size)) * self.kv_dtype.itemsize
         proposer = self.proposer.kv_block_bytes(self.block_size, self.kv_dtype) if self.proposer else 0
         return per_layer * len(self.model.layers) + proposer
 
@@ -186,8 +194,7 @@ class ModelRunner(Runner):
         self.release(ids)
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
-        attn = self.model.layers[0].self_attn
-        shape = (2, num_blocks, self.block_size, attn.num_kv_heads, attn.head_dim)
+        shape = self.model.kv_cache_shape(num_blocks, self.block_size)
         self.kv_caches = [kv_zeros(shape, self.kv_dtype, self.device) for _ in self.model.layers]
         for layer, cache in zip(self.model.layers, self.kv_caches):
             layer.self_attn.kv_cache = cache
