@@ -214,3 +214,45 @@ class DeepseekV2ForCausalLM(LlamaForCausalLM):
 
 class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM):
     pass
+
+
+def checkpoint_shapes(config: dict) -> list[tuple[str, tuple[int, ...], str]]:
+    """(name, shape, init) of every tensor of a DeepSeek checkpoint of `config` (config.json's
+    fields), in checkpoint order: make-model's random weights (models/presets.py)."""
+    h, heads, layers = config["hidden_size"], config["num_attention_heads"], config["num_hidden_layers"]
+    nope, rope, v_dim = config["qk_nope_head_dim"], config["qk_rope_head_dim"], config["v_head_dim"]
+    latent, q_lora = config["kv_lora_rank"], config.get("q_lora_rank")
+    experts, moe_inter = config["n_routed_experts"], config["moe_intermediate_size"]
+    out = [("model.embed_tokens.weight", (config["vocab_size"], h), "normal")]
+
+    def swiglu(prefix: str, inter: int) -> list:
+        return [(f"{prefix}.gate_proj.weight", (inter, h), "normal"), (f"{prefix}.up_proj.weight", (inter, h), "normal"),
+                (f"{prefix}.down_proj.weight", (h, inter), "normal")]
+
+    for i in range(layers):
+        p = f"model.layers.{i}"
+        a = f"{p}.self_attn"
+        if q_lora is None:
+            out.append((f"{a}.q_proj.weight", (heads * (nope + rope), h), "normal"))
+        else:
+            out += [(f"{a}.q_a_proj.weight", (q_lora, h), "normal"), (f"{a}.q_a_layernorm.weight", (q_lora,), "ones"),
+                    (f"{a}.q_b_proj.weight", (heads * (nope + rope), q_lora), "normal")]
+        out += [(f"{a}.kv_a_proj_with_mqa.weight", (latent + rope, h), "normal"),
+                (f"{a}.kv_a_layernorm.weight", (latent,), "ones"),
+                (f"{a}.kv_b_proj.weight", (heads * (nope + v_dim), latent), "normal"),
+                (f"{a}.o_proj.weight", (h, heads * v_dim), "normal")]
+        if i < (config.get("first_k_dense_replace") or 0) or not experts:
+            out += swiglu(f"{p}.mlp", config["intermediate_size"])
+        else:
+            out.append((f"{p}.mlp.gate.weight", (experts, h), "normal"))
+            if config.get("topk_method") == "noaux_tc":
+                out.append((f"{p}.mlp.gate.e_score_correction_bias", (experts,), "zeros"))
+            for e in range(experts):
+                out += swiglu(f"{p}.mlp.experts.{e}", moe_inter)
+            if config.get("n_shared_experts"):
+                out += swiglu(f"{p}.mlp.shared_experts", moe_inter * config["n_shared_experts"])
+        out += [(f"{p}.input_layernorm.weight", (h,), "ones"), (f"{p}.post_attention_layernorm.weight", (h,), "ones")]
+    out.append(("model.norm.weight", (h,), "ones"))
+    if not config.get("tie_word_embeddings", False):
+        out.append(("lm_head.weight", (config["vocab_size"], h), "normal"))
+    return out
