@@ -93,3 +93,15 @@ def test_expanded_prefill_equals_absorbed():
     expand = lambda c: (torch.einsum("cl,hnl->chn", c, w_uk), torch.einsum("cl,hvl->chv", c, w_uv))  # noqa: E731
     expanded = expanded_prefill(q_nope, q_pe, cache, meta, 0.2, expand, v_dim)
     torch.testing.assert_close(expanded, absorbed[meta.num_decodes:])
+
+
+def test_unfilled_seq_slots_of_a_graph_change_no_real_token():
+    """A mixed graph's meta has more seq slots than the step fills; the rest hold old values."""
+    meta, positions, num_blocks = make_step([(3, 1), (0, 4), (20, 6)], 16, seed=4)
+    cache, q_lat, q_pe = torch.randn(num_blocks, 16, 40), torch.randn(11, 4, 32), torch.randn(11, 4, 8)
+    want = latent_attention(q_lat, q_pe, cache, meta, 0.5)
+    meta.query_start_loc = torch.tensor([0, 1, 5, 11, 11, 2, 3], dtype=torch.int32)  # padding seq, then stale
+    meta.seq_lens = torch.tensor([4, 4, 26, 0, 7, 9], dtype=torch.int32)
+    meta.block_tables = torch.cat([meta.block_tables, meta.block_tables[:3]])
+    got = mla_kernels.paged_latent_attention(q_lat, q_pe, cache, positions, meta, 0.5)
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)

@@ -8,10 +8,10 @@ the cache::
     scores [BLOCK_H, BLOCK_N] = q_lat [BLOCK_H, L] @ c_kv^T + q_pe [BLOCK_H, R] @ k_pe^T
     acc    [BLOCK_H, L]      += softmax-weights @ c_kv             (online softmax: m, l)
 
-A token finds its seq by counting the seqs that end at or before it (query_start_loc), and
-reads keys 0 .. min(position + 1, seq_len) - 1 through the seq's block table; a token of no
-seq (CUDA-graph padding, past the last seq or in a seq of length 0) reads none and writes
-zeros. L and R are padded to powers of two (at least 16, for tl.dot), the pads masked.
+A token's seq is the first whose end (query_start_loc) lies past it: a mixed CUDA graph
+holds more seq slots than the step fills, and the unfilled ones keep old values, which this
+never reaches for a real token. It reads keys 0 .. min(position + 1, seq_len) - 1 through the
+seq's block table; a token past every seq (CUDA-graph padding) reads none and writes zeros. L and R are padded to powers of two (at least 16, for tl.dot), the pads masked.
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ def latent_attention_kernel(q_lat_ptr, q_pe_ptr, cache_ptr, out_ptr, pos_ptr, ta
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     s = tl.arange(0, SEQS_PAD)
-    ends = tl.load(qsl_ptr + 1 + s, mask=s < num_seqs, other=2**30)
-    seq = tl.sum((ends <= t).to(tl.int32), axis=0)
+    ends = tl.load(qsl_ptr + 1 + s, mask=s < num_seqs, other=0)
+    seq = tl.min(tl.where((s < num_seqs) & (ends > t), s, num_seqs), axis=0)
     has_seq = seq < num_seqs
     seq_len = tl.load(seq_lens_ptr + seq, mask=has_seq, other=0)
     n_keys = tl.minimum(tl.load(pos_ptr + t) + 1, seq_len)
