@@ -127,7 +127,9 @@ def test_unsupported_variants_are_refused(dirs, tmp_path, fields, match):
         LLM(str(d))
 
 
-def test_fp8_kv_cache_and_tp_not_dividing_heads_are_refused(dirs):
+def test_fp8_kv_cache_lora_and_tp_not_dividing_heads_are_refused(dirs):
+    with pytest.raises(ValueError, match="enable_lora is not supported for DeepseekV2ForCausalLM"):
+        LLM(str(dirs["deepseek_v2"]), enable_lora=True)
     with pytest.raises(ValueError, match="kv_cache_dtype 'fp8' is not supported for DeepseekV2ForCausalLM"):
         LLM(str(dirs["deepseek_v2"]), kv_cache_dtype="fp8")
     with pytest.raises(ValueError, match="must divide the model's 4 attention heads"):

@@ -183,6 +183,7 @@ class LlamaForCausalLM(nn.Module):
     # Qwen3: the layers typed "sliding_attention"; Qwen's from `use_sliding_window`, `max_window_layers`)
     window_layers = "none"
     fp8_kv_cache = True  # an FP8 KV cache (kv_cache_dtype fp8) is supported
+    supports_lora = True  # LoRA adapters attach to its projections (models/lora_adapter.py)
 
     @classmethod
     def attention_windows(cls, cfg) -> list[int | None]:

@@ -409,6 +409,8 @@ def make_model(preset: str, out_dir: str | os.PathLike, seed: int = 0, device: s
         raise ValueError(f"unknown quantization {quantization!r}; choose one of: {', '.join(checkpoint.FORMATS)}")
     if quantization == "fp8" and num_experts(PRESETS[preset]):
         raise ValueError(f"fp8 mixture-of-experts presets ({preset}) are not supported; awq and gptq are")
+    if quantization is not None and PRESETS[preset]["model_type"].startswith("deepseek"):
+        raise ValueError(f"quantized DeepSeek presets ({preset}) are not supported")
     if quantization is not None and PRESETS[preset]["model_type"] == "phi3":
         raise ValueError(f"quantized presets of fused-projection checkpoints ({preset}) are not supported")
     if _existing(out_dir, preset, seed, quantization, weights):

@@ -93,6 +93,8 @@ class ModelRunner(Runner):
             weights = dummy_weights(read_config(model_dir), device=self.device)
         else:
             weights = iter_weights(model_dir, self.device)
+        if config.lora.enable_lora and not self.model.supports_lora:
+            raise ValueError(f"enable_lora is not supported for {type(self.model).__name__}")
         if self.kv_dtype.itemsize == 1 and not self.model.fp8_kv_cache:
             raise ValueError(f"kv_cache_dtype {config.cache.kv_cache_dtype!r} is not supported for "
                              f"{type(self.model).__name__}; use kv_cache_dtype 'auto'")
