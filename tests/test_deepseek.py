@@ -113,6 +113,9 @@ def test_cache_holds_the_latent_and_start_up_reports_it(dirs, caplog):
 
 @pytest.mark.parametrize("fields,match", [
     (dict(topk_method="sparsemixer"), "topk_method 'sparsemixer' is not supported"),
+    (dict(topk_method="noaux_tc"), "topk_method 'noaux_tc' is not supported for deepseek_v2"),
+    (dict(scoring_func="sigmoid"), "scoring_func 'sigmoid' is not supported for deepseek_v2"),
+    (dict(norm_topk_prob=True), "norm_topk_prob true is not supported for deepseek_v2"),
     (dict(n_group=3), "n_group 3 must divide the 8 routed experts"),
     (dict(hidden_act="gelu"), "hidden_act 'gelu' is not supported"),
     (dict(moe_layer_freq=2), "moe_layer_freq 2 is not supported"),

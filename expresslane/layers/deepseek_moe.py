@@ -22,9 +22,6 @@ from expresslane.distributed.expert_parallel import dispatch_combine
 from expresslane.distributed.group import TPGroup
 from expresslane.layers.moe import SparseMoE
 
-TOPK_METHODS = ("greedy", "group_limited_greedy", "noaux_tc")
-
-
 def _group_mask(scores: torch.Tensor, group_scores: torch.Tensor, topk_group: int) -> torch.Tensor:
     """[T, E] bool: the experts of each token's `topk_group` best groups."""
     t, groups = group_scores.shape
@@ -57,9 +54,18 @@ def route_deepseek(logits: torch.Tensor, top_k: int, method: str, n_group: int, 
 class DeepseekMoE(SparseMoE):
     def __init__(self, cfg, shared: nn.Module | None, tp: TPGroup, fused: bool):
         """`shared`: the shared experts' MLP (None: the config has none)."""
-        method = getattr(cfg, "topk_method", None) or ("noaux_tc" if cfg.model_type == "deepseek_v3" else "greedy")
-        if method not in TOPK_METHODS:
-            raise ValueError(f"topk_method {method!r} is not supported (supported: {', '.join(TOPK_METHODS)})")
+        v3 = cfg.model_type == "deepseek_v3"
+        method = getattr(cfg, "topk_method", None) or ("noaux_tc" if v3 else "greedy")
+        allowed = ("noaux_tc",) if v3 else ("greedy", "group_limited_greedy")
+        if method not in allowed:
+            raise ValueError(f"topk_method {method!r} is not supported for {cfg.model_type} (supported: "
+                             f"{', '.join(allowed)})")
+        scoring = getattr(cfg, "scoring_func", None) or ("sigmoid" if v3 else "softmax")
+        if scoring != ("sigmoid" if v3 else "softmax"):
+            raise ValueError(f"scoring_func {scoring!r} is not supported for {cfg.model_type}")
+        if not v3 and getattr(cfg, "norm_topk_prob", False):
+            raise ValueError("norm_topk_prob true is not supported for deepseek_v2 (transformers' DeepSeek-V2 "
+                             "router never renormalises)")
         experts = cfg.n_routed_experts
         grouped = method != "greedy"
         self.n_group = (cfg.n_group or 1) if grouped else 1
