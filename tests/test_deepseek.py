@@ -8,7 +8,7 @@ import pytest
 from models import MORE_ARCHS, build_model, hf_greedy
 from test_equivalence import CASES, GREEDY, LENGTHS, MAX_TOKENS, PROMPTS
 
-from expresslane import LLM
+from expresslane import LLM, SamplingParams
 
 DEEPSEEK = [arch for arch in MORE_ARCHS if arch.startswith("deepseek")]
 # long prompts (chunked), the shared-prefix ones (hits), more tokens than 32 blocks of 16 hold (preemption)
@@ -86,6 +86,27 @@ def test_tensor_parallel_matches_transformers(dirs, references):
         assert held[0][name] == held[1][name] and held[0][name] * 2 == _full_numel(dirs["deepseek_v2"], name)
     for name in ("layers.0.self_attn.kv_a_proj_with_mqa.weight", "layers.0.self_attn.q_a_proj.weight"):
         assert held[0][name] == _full_numel(dirs["deepseek_v2"], name)
+
+
+def test_expert_parallel_matches_transformers(dirs, references):
+    """Whole experts a rank, tokens dispatched to them by all-to-all (gloo)."""
+    llm = LLM(str(dirs["deepseek_v2"]), tensor_parallel_size=2, enable_expert_parallel=True, **SMALL)
+    try:
+        _check(llm, PICKED, references["deepseek_v2"])
+    finally:
+        llm.shutdown()
+
+
+def test_speculation_matches_transformers(dirs):
+    """Verify steps: a decoding seq's several query tokens (prompt-lookup proposals of a repeating text)."""
+    prompts = [[5, 6, 7, 8, 9, 10, 11] * 6, [40, 41] * 25]
+    want = [hf_greedy(dirs["deepseek_v2"], p, 16) for p in prompts]
+    llm = LLM(str(dirs["deepseek_v2"]), speculative_method="ngram", num_speculative_tokens=3,
+              speculative_disable_by_batch_size=64, max_model_len=256)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True),
+                        use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == want
+    assert llm.engine.core.stats().spec_num_draft_tokens > 0
 
 
 def _full_numel(model_dir, name: str) -> int:
