@@ -103,8 +103,8 @@ def test_speculation_matches_transformers(dirs):
     want = [hf_greedy(dirs["deepseek_v2"], p, 16) for p in prompts]
     llm = LLM(str(dirs["deepseek_v2"]), speculative_method="ngram", num_speculative_tokens=3,
               speculative_disable_by_batch_size=64, max_model_len=256)
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True),
-                        use_tqdm=False)
+    greedy = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], greedy, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == want
     assert llm.engine.core.stats().spec_num_draft_tokens > 0
 

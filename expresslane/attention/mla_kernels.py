@@ -8,10 +8,12 @@ the cache::
     scores [BLOCK_H, BLOCK_N] = q_lat [BLOCK_H, L] @ c_kv^T + q_pe [BLOCK_H, R] @ k_pe^T
     acc    [BLOCK_H, L]      += softmax-weights @ c_kv             (online softmax: m, l)
 
-A token's seq is the first whose end (query_start_loc) lies past it: a mixed CUDA graph
-holds more seq slots than the step fills, and the unfilled ones keep old values, which this
-never reaches for a real token. It reads keys 0 .. min(position + 1, seq_len) - 1 through the
-seq's block table; a token past every seq (CUDA-graph padding) reads none and writes zeros. L and R are padded to powers of two (at least 16, for tl.dot), the pads masked.
+A token's seq is the first whose end (query_start_loc) lies past it, and it reads keys
+0 .. min(position + 1, seq_len) - 1 through that seq's block table. A mixed CUDA graph holds
+more seq slots than the step fills, the unfilled ones keeping old values: a real token never
+reaches them (its own seq ends first); a padding token (position 0, output dropped) may, and
+then reads at most one key of an old block id. A token past every seq reads none, writes zeros.
+L and R are padded to powers of two (at least 16, for tl.dot), the pads masked.
 """
 
 from __future__ import annotations

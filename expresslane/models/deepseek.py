@@ -90,6 +90,7 @@ class MLAttention(nn.Module):
                        else RowParallelLinear(heads * self.v_dim, hidden, bias, tp))
         self.scale = softmax_scale(cfg)
         self.rotary = rotary
+        self.backend = backend  # the step's prepare() is the model backend's, as for every attention
         self.mla = mla_for(backend)
         self.kv_cache: torch.Tensor | None = None  # [blocks, block_size, latent + rope], bound by the runner
 
@@ -227,8 +228,8 @@ def checkpoint_shapes(config: dict) -> list[tuple[str, tuple[int, ...], str]]:
     out = [("model.embed_tokens.weight", (config["vocab_size"], h), "normal")]
 
     def swiglu(prefix: str, inter: int) -> list:
-        return [(f"{prefix}.gate_proj.weight", (inter, h), "normal"), (f"{prefix}.up_proj.weight", (inter, h), "normal"),
-                (f"{prefix}.down_proj.weight", (h, inter), "normal")]
+        shapes = {"gate_proj": (inter, h), "up_proj": (inter, h), "down_proj": (h, inter)}
+        return [(f"{prefix}.{name}.weight", shape, "normal") for name, shape in shapes.items()]
 
     for i in range(layers):
         p = f"model.layers.{i}"

@@ -153,7 +153,8 @@ PRESETS: dict[str, dict] = {
     # q_lora_rank, sigmoid scores and noaux_tc group routing): V3 for --no-weights shapes
     "deepseek-v2-lite": _config("DeepseekV2ForCausalLM", hidden=2048, layers=27, heads=16, kv_heads=16, head_dim=64,
                                 intermediate=10944, vocab=102400, max_pos=163840, rope_theta=10000.0, tied=False,
-                                rms_norm_eps=1e-6, rope_scaling=_DEEPSEEK_YARN | {"mscale": 0.707, "mscale_all_dim": 0.707},
+                                rms_norm_eps=1e-6,
+                                rope_scaling=_DEEPSEEK_YARN | {"mscale": 0.707, "mscale_all_dim": 0.707},
                                 extra=dict(_MLA_DIMS, q_lora_rank=None, n_routed_experts=64, n_shared_experts=2,
                                            num_experts_per_tok=6, moe_intermediate_size=1408, first_k_dense_replace=1,
                                            topk_method="greedy", n_group=1, topk_group=1, routed_scaling_factor=1.0,
