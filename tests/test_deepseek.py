@@ -158,3 +158,17 @@ def test_fp8_kv_cache_lora_and_tp_not_dividing_heads_are_refused(dirs):
         LLM(str(dirs["deepseek_v2"]), kv_cache_dtype="fp8")
     with pytest.raises(ValueError, match="must divide the model's 4 attention heads"):
         LLM(str(dirs["deepseek_v2"]), tensor_parallel_size=3)
+
+
+def test_multi_token_prediction_layers_are_skipped(dirs, references, tmp_path):
+    """V3 checkpoints ship an MTP layer after the decoder's (model.layers.{num_hidden_layers}.*)."""
+    import shutil
+
+    import torch
+    from safetensors.torch import save_file
+
+    d = shutil.copytree(dirs["deepseek_v3"], tmp_path / "m")
+    save_file({"model.layers.2.eh_proj.weight": torch.zeros(64, 128),
+               "model.layers.2.self_attn.kv_b_proj.weight": torch.zeros(64, 32)}, str(d / "mtp.safetensors"))
+    llm = LLM(str(d), max_model_len=512, num_kv_blocks=40)
+    _check(llm, [0, 4, 8], references["deepseek_v3"])

@@ -20,6 +20,7 @@ the same scores.
 from __future__ import annotations
 
 import math
+import re
 from types import SimpleNamespace
 
 import torch
@@ -196,22 +197,33 @@ class DeepseekV2ForCausalLM(LlamaForCausalLM):
         return LlamaForCausalLM._map_name(hf_name)
 
     def load_weights(self, weights) -> None:
-        super().load_weights(self._rope_rows_reordered(weights) if self.interleaved else weights)
+        super().load_weights(self._decoder_tensors(weights))
 
-    def _rope_rows_reordered(self, weights):
+    def _decoder_tensors(self, weights):
+        """The checkpoint without V3's multi-token-prediction layers (numbered from num_hidden_layers:
+        not used, as transformers ignores them), interleaved rope rows reordered."""
+        for name, tensor in weights:
+            layer = _LAYER.match(name)
+            if layer and int(layer.group(1)) >= self.config.num_hidden_layers:
+                continue
+            yield name, self._rope_rows_reordered(name, tensor) if self.interleaved else tensor
+
+    def _rope_rows_reordered(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
         """The rows of the rope dims (per head in q; after the latent in kv_a) as evens, then odds."""
         cfg = self.config
-        order = torch.cat([torch.arange(0, cfg.qk_rope_head_dim, 2), torch.arange(1, cfg.qk_rope_head_dim, 2)])
-        for name, tensor in weights:
-            if name.endswith(("self_attn.q_proj.weight", "self_attn.q_b_proj.weight")):
-                per_head = tensor.view(cfg.num_attention_heads, -1, tensor.shape[-1])
-                nope = per_head[:, :cfg.qk_nope_head_dim]
-                tensor = torch.cat([nope, per_head[:, cfg.qk_nope_head_dim:][:, order.to(tensor.device)]], 1)
-                tensor = tensor.view(-1, tensor.shape[-1])
-            elif ".self_attn.kv_a_proj_with_mqa." in name:
-                latent, rope = tensor.split([cfg.kv_lora_rank, cfg.qk_rope_head_dim])
-                tensor = torch.cat([latent, rope[order.to(tensor.device)]])
-            yield name, tensor
+        rope = cfg.qk_rope_head_dim
+        order = torch.cat([torch.arange(0, rope, 2), torch.arange(1, rope, 2)]).to(tensor.device)
+        if name.endswith(("self_attn.q_proj.weight", "self_attn.q_b_proj.weight")):
+            per_head = tensor.view(cfg.num_attention_heads, -1, tensor.shape[-1])
+            nope = cfg.qk_nope_head_dim
+            return torch.cat([per_head[:, :nope], per_head[:, nope:][:, order]], 1).view(-1, tensor.shape[-1])
+        if ".self_attn.kv_a_proj_with_mqa." in name:
+            latent, pe = tensor.split([cfg.kv_lora_rank, rope])
+            return torch.cat([latent, pe[order]])
+        return tensor
+
+
+_LAYER = re.compile(r"model\.layers\.(\d+)\.")
 
 
 class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM):
