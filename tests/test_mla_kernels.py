@@ -34,8 +34,10 @@ def make_step(seqs, block_size, seed):
     return meta, torch.tensor(positions), len(ids) + sum(per_seq)
 
 
-# decodes of several lengths, then prefill chunks after a cached prefix and from scratch
-STEPS = [[(0, 1), (5, 1), (40, 1), (0, 9), (17, 20)], [(70, 1)], [(0, 33), (3, 5)]]
+# decodes of several lengths, then prefill chunks after a cached prefix and from scratch; decode-only
+# steps of few tokens split their keys (one token: 8 splits on the CPU's nominal 4 SMs; three: 3, a
+# context of one key leaving splits empty)
+STEPS = [[(0, 1), (5, 1), (40, 1), (0, 9), (17, 20)], [(70, 1)], [(3, 1), (100, 1), (0, 1)], [(0, 33), (3, 5)]]
 
 
 @pytest.mark.parametrize("seqs", STEPS)
@@ -50,6 +52,18 @@ def test_latent_attention_matches_reference(seqs, heads, lat, rope):
     want = latent_attention(q_lat, q_pe, cache, meta, 0.3)
     got = mla_kernels.paged_latent_attention(q_lat, q_pe, cache, positions, meta, 0.3)
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_real_shapes_in_half_precision():
+    """DeepSeek's own dims (L 512, R 64, 16 heads a rank) in float16 (the interpreter's bfloat16 is not
+    exact), one decode split over its keys and a prefill chunk."""
+    g = torch.Generator().manual_seed(5)
+    meta, positions, num_blocks = make_step([(300, 1), (40, 6)], 16, seed=5)
+    cache = torch.randn(num_blocks, 16, 576, generator=g).half()
+    q_lat, q_pe = torch.randn(7, 16, 512, generator=g).half(), torch.randn(7, 16, 64, generator=g).half()
+    want = latent_attention(q_lat.float(), q_pe.float(), cache.float(), meta, 0.04)
+    got = mla_kernels.paged_latent_attention(q_lat, q_pe, cache, positions, meta, 0.04)
+    torch.testing.assert_close(got.float(), want, atol=2e-3, rtol=2e-3)
 
 
 def test_padding_tokens_read_nothing():

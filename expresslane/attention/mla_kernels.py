@@ -1,7 +1,9 @@
 """Triton kernels of multi-head latent attention (attention/mla.py has the layout and the
 torch reference they are tested against).
 
-``latent_attention_kernel``: one program per (token, tile of BLOCK_H heads). All heads read
+``latent_attention_kernel``: one program per (token, tile of BLOCK_H heads, split of the
+token's keys; `num_splits`: several only when there are few tokens, the splits combined by
+``reduce_splits_kernel``). All heads read
 the same latent row of a key, so a tile of heads shares each loaded [BLOCK_N, L + R] tile of
 the cache::
 
@@ -25,10 +27,25 @@ from expresslane.triton_setup import tl, triton
 
 BLOCK_H = 16  # heads a program: tl.dot needs at least 16 rows (fewer heads are masked)
 BLOCK_N = 32  # keys a loop iteration
+MAX_SPLITS = 16  # key splits of a token at most
 
 
 def _pad(n: int) -> int:
     return max(16, 1 << (n - 1).bit_length())
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4  # the interpreter on CPU: still exercise several splits
+
+
+def num_splits(num_tokens: int, heads: int, device: torch.device) -> int:
+    """Key splits a token's programs take: enough programs for two waves of the GPU (a few
+    decodes over long contexts), by the token and head counts alone, so a CUDA graph of a size
+    always takes the same."""
+    programs = num_tokens * triton.cdiv(heads, BLOCK_H)
+    return max(1, min(MAX_SPLITS, triton.cdiv(2 * _num_sms(device), programs)))
 
 
 @triton.jit
@@ -46,20 +63,27 @@ def store_latent_kernel(c_ptr, pe_ptr, slot_ptr, cache_ptr, stride_c, stride_pe,
 
 
 @triton.jit
-def latent_attention_kernel(q_lat_ptr, q_pe_ptr, cache_ptr, out_ptr, pos_ptr, tables_ptr, seq_lens_ptr, qsl_ptr,
-                            num_seqs, num_heads, scale, stride_qlt, stride_qlh, stride_qpt, stride_qph, stride_slot,
-                            stride_table, stride_ot, stride_oh,
+def latent_attention_kernel(q_lat_ptr, q_pe_ptr, cache_ptr, out_ptr, part_o_ptr, part_lse_ptr, pos_ptr, tables_ptr,
+                            seq_lens_ptr, qsl_ptr, num_seqs, num_heads, num_splits, scale, stride_qlt, stride_qlh,
+                            stride_qpt, stride_qph, stride_slot, stride_table, stride_ot, stride_oh,
                             L: tl.constexpr, R: tl.constexpr, L_PAD: tl.constexpr, R_PAD: tl.constexpr,
                             BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
-                            SEQS_PAD: tl.constexpr, PRECISION: tl.constexpr):
+                            SEQS_PAD: tl.constexpr, SPLIT: tl.constexpr, PRECISION: tl.constexpr):
+    """Program (t, head tile, split): the split's share of the token's keys. SPLIT: its partial
+    (normalised output, log-sum-exp) goes to part_o [T, H, splits, L_PAD] / part_lse [T, H,
+    splits] for reduce_splits_kernel; otherwise (one split) the output itself."""
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    split = tl.program_id(2)
     s = tl.arange(0, SEQS_PAD)
     ends = tl.load(qsl_ptr + 1 + s, mask=s < num_seqs, other=0)
     seq = tl.min(tl.where((s < num_seqs) & (ends > t), s, num_seqs), axis=0)
     has_seq = seq < num_seqs
     seq_len = tl.load(seq_lens_ptr + seq, mask=has_seq, other=0)
     n_keys = tl.minimum(tl.load(pos_ptr + t) + 1, seq_len)
+    chunk = tl.cdiv(tl.cdiv(n_keys, num_splits), BLOCK_N) * BLOCK_N
+    lo = split * chunk
+    hi = tl.minimum(lo + chunk, n_keys)
     dl = tl.arange(0, L_PAD)
     dr = tl.arange(0, R_PAD)
     hm = (h < num_heads)[:, None]
@@ -71,9 +95,9 @@ def latent_attention_kernel(q_lat_ptr, q_pe_ptr, cache_ptr, out_ptr, pos_ptr, ta
     den = tl.zeros((BLOCK_H,), tl.float32)
     acc = tl.zeros((BLOCK_H, L_PAD), tl.float32)
     table = tables_ptr + seq.to(tl.int64) * stride_table
-    for start in range(0, n_keys, BLOCK_N):
+    for start in range(lo, hi, BLOCK_N):
         k = start + tl.arange(0, BLOCK_N)
-        km = k < n_keys
+        km = k < hi
         block = tl.load(table + k // PAGE, mask=km, other=0).to(tl.int64)
         row = cache_ptr + (block * PAGE + k % PAGE)[:, None] * stride_slot
         c = tl.load(row + dl[None, :], mask=km[:, None] & (dl < L)[None, :], other=0.0)
@@ -88,8 +112,32 @@ def latent_attention_kernel(q_lat_ptr, q_pe_ptr, cache_ptr, out_ptr, pos_ptr, ta
         acc = tl.dot(p.to(c.dtype), c, acc * alpha[:, None], input_precision=PRECISION)
         m = m_new
     out = acc / tl.where(den > 0, den, 1.0)[:, None]
-    tl.store(out_ptr + t * stride_ot + h[:, None] * stride_oh + dl[None, :], out.to(out_ptr.dtype.element_ty),
-             mask=hm & (dl < L)[None, :])
+    if SPLIT:
+        row = (t * num_heads + h) * num_splits + split
+        tl.store(part_o_ptr + row[:, None] * L_PAD + dl[None, :], out, mask=hm)
+        lse = tl.where(den > 0, m + tl.log(tl.where(den > 0, den, 1.0)), float("-inf"))  # -inf: no keys here
+        tl.store(part_lse_ptr + row, lse, mask=h < num_heads)
+    else:
+        tl.store(out_ptr + t * stride_ot + h[:, None] * stride_oh + dl[None, :], out.to(out_ptr.dtype.element_ty),
+                 mask=hm & (dl < L)[None, :])
+
+
+@triton.jit
+def reduce_splits_kernel(part_o_ptr, part_lse_ptr, out_ptr, num_heads, num_splits, stride_ot, stride_oh,
+                         L: tl.constexpr, L_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr):
+    """Program (t, head): the splits' partials weighted by exp(lse - max lse); no keys at all: zeros."""
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    sp = tl.arange(0, SPLITS_PAD)
+    row = (t * num_heads + h) * num_splits + sp
+    lse = tl.load(part_lse_ptr + row, mask=sp < num_splits, other=float("-inf"))
+    top = tl.max(lse, axis=0)
+    w = tl.where(lse > float("-inf"), tl.exp(lse - tl.where(top > float("-inf"), top, 0.0)), 0.0)
+    dl = tl.arange(0, L_PAD)
+    o = tl.load(part_o_ptr + row[:, None] * L_PAD + dl[None, :], mask=(sp < num_splits)[:, None], other=0.0)
+    total = tl.sum(w, axis=0)
+    out = tl.sum(w[:, None] * o, axis=0) / tl.where(total > 0, total, 1.0)
+    tl.store(out_ptr + t * stride_ot + h * stride_oh + dl, out.to(out_ptr.dtype.element_ty), mask=dl < L)
 
 
 def store_latent(cache: torch.Tensor, c_kv: torch.Tensor, k_pe: torch.Tensor, slot_mapping: torch.Tensor) -> None:
@@ -106,12 +154,19 @@ def paged_latent_attention(q_lat: torch.Tensor, q_pe: torch.Tensor, cache: torch
     t, heads, lat = q_lat.shape
     rope = q_pe.shape[-1]
     out = torch.empty_like(q_lat)
-    if t:
-        num_seqs = meta.query_start_loc.shape[0] - 1
-        latent_attention_kernel[(t, triton.cdiv(heads, BLOCK_H))](
-            q_lat, q_pe, cache, out, positions, meta.block_tables, meta.seq_lens, meta.query_start_loc,
-            num_seqs, heads, scale, q_lat.stride(0), q_lat.stride(1), q_pe.stride(0), q_pe.stride(1), cache.stride(1),
-            meta.block_tables.stride(0), out.stride(0), out.stride(1),
-            L=lat, R=rope, L_PAD=_pad(lat), R_PAD=_pad(rope), BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N, PAGE=cache.shape[1],
-            SEQS_PAD=_pad(num_seqs + 1), PRECISION="ieee" if q_lat.dtype == torch.float32 else "tf32")
+    if not t:
+        return out
+    num_seqs = meta.query_start_loc.shape[0] - 1
+    splits = num_splits(t, heads, q_lat.device)
+    part_o = torch.empty(t, heads, splits, _pad(lat), dtype=torch.float32, device=q_lat.device)
+    part_lse = torch.empty(t, heads, splits, dtype=torch.float32, device=q_lat.device)
+    latent_attention_kernel[(t, triton.cdiv(heads, BLOCK_H), splits)](
+        q_lat, q_pe, cache, out, part_o, part_lse, positions, meta.block_tables, meta.seq_lens, meta.query_start_loc,
+        num_seqs, heads, splits, scale, q_lat.stride(0), q_lat.stride(1), q_pe.stride(0), q_pe.stride(1),
+        cache.stride(1), meta.block_tables.stride(0), out.stride(0), out.stride(1),
+        L=lat, R=rope, L_PAD=_pad(lat), R_PAD=_pad(rope), BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N, PAGE=cache.shape[1],
+        SEQS_PAD=_pad(num_seqs + 1), SPLIT=splits > 1, PRECISION="ieee" if q_lat.dtype == torch.float32 else "tf32")
+    if splits > 1:
+        reduce_splits_kernel[(t, heads)](part_o, part_lse, out, heads, splits, out.stride(0), out.stride(1),
+                                         L=lat, L_PAD=_pad(lat), SPLITS_PAD=_pad(splits))
     return out
