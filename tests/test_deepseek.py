@@ -53,6 +53,7 @@ def test_triton_backend_matches_transformers(dirs, references, arch):
     """The latent kernels, fused MoE and fused norms (Triton's interpreter): chunks, hits, preemption."""
     pytest.importorskip("triton")
     llm = LLM(str(dirs[arch]), attention_backend="triton", **SMALL)
+    assert not llm.engine.runner.attn_backend.library  # (prefill_attention auto: MLA never takes cuDNN's path)
     _check(llm, PICKED, references[arch])
     assert llm.engine.core.scheduler.num_preemptions > 0
     assert llm.engine.core.kv.prefix_cache_hits > 0

@@ -152,6 +152,7 @@ class DeepseekDecoderLayer(nn.Module):
 class DeepseekV2ForCausalLM(LlamaForCausalLM):
     fp8_kv_cache = False  # the latent cache is not scaled per layer as FP8 K/V is
     supports_lora = False  # (the adapters target merged q|k|v projections, which MLA has not)
+    backend_attention = False  # the latent cache's own kernels (attention/mla.py)
 
     def __init__(self, cfg, backend: AttentionBackend, quant: QuantConfig | None = None, tp: TPGroup | None = None):
         if quant is not None:

@@ -184,6 +184,7 @@ class LlamaForCausalLM(nn.Module):
     window_layers = "none"
     fp8_kv_cache = True  # an FP8 KV cache (kv_cache_dtype fp8) is supported
     supports_lora = True  # LoRA adapters attach to its projections (models/lora_adapter.py)
+    backend_attention = True  # its layers attend through the backend's store/attend (MLA: attention/mla.py)
 
     @classmethod
     def attention_windows(cls, cfg) -> list[int | None]:

@@ -76,9 +76,12 @@ class ModelRunner(Runner):
         kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
         head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
         local_heads, _, local_kv_heads, _ = head_split(heads, kv_heads, self.tp)
-        windows = model_class(hf_config).attention_windows(hf_config)
+        family = model_class(hf_config)
+        windows = family.attention_windows(hf_config)
+        # a model with attention of its own (MLA) never reaches the backend's library prefill
+        library = _prefill_library(config, windows) if family.backend_attention else "triton"
         self.attn_backend = get_backend(config.device.attention_backend, local_heads, local_kv_heads, head_dim,
-                                        self.device, self.kv_dtype, _prefill_library(config, windows),
+                                        self.device, self.kv_dtype, library,
                                         getattr(hf_config, "attn_logit_softcapping", None),
                                         None if not windows or None in windows else max(windows))
         self.quant = resolve_quantization(hf_config, config.model.quantization)
@@ -86,7 +89,7 @@ class ModelRunner(Runner):
             prev = torch.get_default_dtype()
             torch.set_default_dtype(self.dtype)
             try:
-                self.model = model_class(hf_config)(hf_config, self.attn_backend, self.quant, self.tp)
+                self.model = family(hf_config, self.attn_backend, self.quant, self.tp)
             finally:
                 torch.set_default_dtype(prev)
         if config.model.load_format == "dummy":
