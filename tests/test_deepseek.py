@@ -173,3 +173,36 @@ def test_multi_token_prediction_layers_are_skipped(dirs, references, tmp_path):
                "model.layers.2.self_attn.kv_b_proj.weight": torch.zeros(64, 32)}, str(d / "mtp.safetensors"))
     llm = LLM(str(d), max_model_len=512, num_kv_blocks=40)
     _check(llm, [0, 4, 8], references["deepseek_v3"])
+
+
+@pytest.mark.parametrize("version,fields", [
+    (2, dict(topk_method="greedy")),
+    (2, dict(topk_method="group_limited_greedy", n_group=4, topk_group=2, routed_scaling_factor=16.0)),
+    (3, dict(n_group=4, topk_group=2, routed_scaling_factor=2.5, norm_topk_prob=True)),
+    (3, dict(n_group=8, topk_group=3, routed_scaling_factor=1.0, norm_topk_prob=False)),
+])
+def test_routing_equals_transformers_router(version, fields):
+    """The chosen experts and their weights, token by token, exactly as transformers' own router."""
+    import importlib
+
+    import torch
+    import transformers
+
+    from expresslane.layers.deepseek_moe import route_deepseek
+
+    modeling = importlib.import_module(f"transformers.models.deepseek_v{version}.modeling_deepseek_v{version}")
+    cfg = getattr(transformers, f"DeepseekV{version}Config")(hidden_size=32, n_routed_experts=16,
+                                                             num_experts_per_tok=4, num_attention_heads=4, **fields)
+    torch.manual_seed(0)
+    router = getattr(modeling, f"DeepseekV{version}TopkRouter")(cfg)
+    torch.nn.init.normal_(router.weight, std=0.5)
+    bias = router.e_score_correction_bias.normal_(0.0, 0.1) if version == 3 else None
+    x = torch.randn(64, 32)
+    _, want_w, want_ids = router(x)
+    method = "noaux_tc" if version == 3 else fields["topk_method"]
+    weights, ids = route_deepseek(torch.nn.functional.linear(x, router.weight), 4, method, cfg.n_group or 1,
+                                  cfg.topk_group or 1, bias, version == 3 and cfg.norm_topk_prob,
+                                  cfg.routed_scaling_factor)
+    order, want_order = ids.argsort(-1), want_ids.argsort(-1)  # (both pick unsorted)
+    assert torch.equal(ids.gather(1, order), want_ids.gather(1, want_order))
+    assert torch.equal(weights.gather(1, order), want_w.gather(1, want_order))
