@@ -20,6 +20,8 @@ L and R are padded to powers of two (at least 16, for tl.dot), the pads masked.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from expresslane.attention.backend import AttentionMetadata
@@ -34,6 +36,7 @@ def _pad(n: int) -> int:
     return max(16, 1 << (n - 1).bit_length())
 
 
+@functools.cache
 def _num_sms(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
