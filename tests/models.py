@@ -97,6 +97,9 @@ def build_model(arch: str, out_dir: Path, seed: int = 0, peak: float = 8.0, **ov
                 p.normal_(0.0, 0.1)
             elif arch.startswith("gemma"):  # its norms scale by (1 + w), w zero at init
                 p.normal_(0.0, 0.2)
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # DeepSeek-V3's router bias (zeros at init)
+                b.normal_(0.0, 0.1)
         head = model.get_output_embeddings().weight
         if arch.startswith("gemma"):  # tied and scaled by sqrt(hidden): small rows, or each token's own embedding
             head.div_(head.norm(dim=-1, keepdim=True).mean() * 8.0)  # wins (greedy repeats it); the peak goes

@@ -1,6 +1,7 @@
 """DeepSeek-V2 / V2-Lite / V3 (MLA over a latent KV cache, DeepSeek's MoE): greedy tokens equal
 transformers' (float32, CPU) through chunked prefill, prefix-cache hits and preemptions, on the
-torch and triton backends (interpreter), through the CUDA-graph input path and at TP=2 (gloo)."""
+torch and triton backends (interpreter), through the CUDA-graph input path, at TP=2 (gloo), with
+expert parallelism and with speculation; the routers equal transformers'; what is refused, by name."""
 
 import logging
 
