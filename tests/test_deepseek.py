@@ -189,7 +189,7 @@ def test_routing_equals_transformers_router(version, fields):
     import torch
     import transformers
 
-    from expresslane.layers.deepseek_moe import route_deepseek
+    from expresslane.layers.deepseek_moe import route_deepseek, routing_of
 
     modeling = importlib.import_module(f"transformers.models.deepseek_v{version}.modeling_deepseek_v{version}")
     cfg = getattr(transformers, f"DeepseekV{version}Config")(hidden_size=32, n_routed_experts=16,
@@ -200,10 +200,7 @@ def test_routing_equals_transformers_router(version, fields):
     bias = router.e_score_correction_bias.normal_(0.0, 0.1) if version == 3 else None
     x = torch.randn(64, 32)
     _, want_w, want_ids = router(x)
-    method = "noaux_tc" if version == 3 else fields["topk_method"]
-    weights, ids = route_deepseek(torch.nn.functional.linear(x, router.weight), 4, method, cfg.n_group or 1,
-                                  cfg.topk_group or 1, bias, version == 3 and cfg.norm_topk_prob,
-                                  cfg.routed_scaling_factor)
+    weights, ids = route_deepseek(torch.nn.functional.linear(x, router.weight), 4, routing_of(cfg), bias)
     order, want_order = ids.argsort(-1), want_ids.argsort(-1)  # (both pick unsorted)
     assert torch.equal(ids.gather(1, order), want_ids.gather(1, want_order))
     assert torch.equal(weights.gather(1, order), want_w.gather(1, want_order))
