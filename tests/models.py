@@ -56,11 +56,27 @@ ARCHS = {
 }
 
 
+_MLA = dict(kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12, num_key_value_heads=None,
+            first_k_dense_replace=1)
+_MOE = dict(n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, moe_intermediate_size=32)
+
 # built only where a test asks for them
 MORE_ARCHS = {
     # Ministral: Mistral with a window on the layers `layer_types` names (here the first of two)
     "ministral": ("MinistralConfig", "MinistralForCausalLM", dict(
         head_dim=16, sliding_window=24, layer_types=["sliding_attention", "full_attention"])),
+    # DeepSeek (MLA: the latent cache, absorbed decode). V2: q_lora_rank set, group-limited routing with
+    # routed scaling, YaRN with mscale_all_dim (the softmax scale too); V2-Lite: q_proj (no q_lora_rank),
+    # greedy routing; V3: sigmoid + correction bias, noaux_tc groups, renormalised; layer 0 dense in each
+    "deepseek_v2": ("DeepseekV2Config", "DeepseekV2ForCausalLM", dict(_MLA, **_MOE, q_lora_rank=24,
+        topk_method="group_limited_greedy", n_group=4, topk_group=2, routed_scaling_factor=2.0,
+        rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256, "mscale": 0.707,
+                      "mscale_all_dim": 0.707, "beta_fast": 32, "beta_slow": 1})),
+    "deepseek_v2_lite": ("DeepseekV2Config", "DeepseekV2ForCausalLM", dict(_MLA, **_MOE, q_lora_rank=None,
+                                                                           topk_method="greedy")),
+    "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM", dict(_MLA, **_MOE, q_lora_rank=24, n_group=4,
+                                                                      topk_group=2, routed_scaling_factor=2.5,
+                                                                      norm_topk_prob=True)),
 }
 
 
@@ -81,6 +97,9 @@ def build_model(arch: str, out_dir: Path, seed: int = 0, peak: float = 8.0, **ov
                 p.normal_(0.0, 0.1)
             elif arch.startswith("gemma"):  # its norms scale by (1 + w), w zero at init
                 p.normal_(0.0, 0.2)
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # DeepSeek-V3's router bias (zeros at init)
+                b.normal_(0.0, 0.1)
         head = model.get_output_embeddings().weight
         if arch.startswith("gemma"):  # tied and scaled by sqrt(hidden): small rows, or each token's own embedding
             head.div_(head.norm(dim=-1, keepdim=True).mean() * 8.0)  # wins (greedy repeats it); the peak goes

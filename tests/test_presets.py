@@ -258,3 +258,44 @@ def test_phi_preset_loads_in_transformers_and_the_engine(preset, tmp_path, monke
     assert again.outputs[0].token_ids == out.outputs[0].token_ids
     with pytest.raises(ValueError, match="fused-projection"):
         make_model("shrunk", tmp_path / "quantized", quantization="awq")
+
+
+# DeepSeek (MLA, shared experts, DeepSeek routing): the real parameter counts, and each preset shrunk
+# to test size: written by make-model, loaded by transformers (every tensor) and by the engine
+@pytest.mark.parametrize("preset,total", [("deepseek-v2-lite", 15.71e9), ("deepseek-v3", 671.0e9)])
+def test_deepseek_presets_have_the_real_sizes(preset, total):
+    assert sum(math.prod(s.shape) for s in param_specs(PRESETS[preset])) == pytest.approx(total, rel=0.002)
+
+
+def _shrunk_deepseek(preset: str) -> dict:
+    config = dict(PRESETS[preset], hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                  intermediate_size=96, vocab_size=512, max_position_embeddings=512, torch_dtype="float32",
+                  dtype="float32", kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, head_dim=8,
+                  v_head_dim=12, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                  first_k_dense_replace=1, rope_scaling=dict(PRESETS[preset]["rope_scaling"], factor=4.0,
+                                                             original_max_position_embeddings=128))
+    if config["q_lora_rank"]:
+        config |= {"q_lora_rank": 24, "n_group": 4, "topk_group": 2}
+    ids = special_token_ids(512)
+    return config | {"bos_token_id": ids[SPECIAL_TOKENS[0]], "eos_token_id": ids[SPECIAL_TOKENS[1]]}
+
+
+@pytest.mark.parametrize("preset", ["deepseek-v2-lite", "deepseek-v3"])
+def test_deepseek_preset_loads_in_transformers_and_the_engine(preset, tmp_path, monkeypatch):
+    from models import hf_greedy
+
+    from expresslane import LLM, SamplingParams
+
+    monkeypatch.setitem(PRESETS, "shrunk", _shrunk_deepseek(preset))
+    path = make_model("shrunk", tmp_path / "full")
+    _, info = AutoModelForCausalLM.from_pretrained(path, output_loading_info=True)
+    assert not any(info.values()), info
+    greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    prompt = [(i * 37 + 11) % 500 for i in range(40)]
+    [out] = LLM(str(path)).generate([{"prompt_token_ids": prompt}], greedy, use_tqdm=False)
+    assert out.outputs[0].token_ids == hf_greedy(path, prompt, 6)
+    bare = make_model("shrunk", tmp_path / "bare", weights=False)
+    [again] = LLM(str(bare), load_format="dummy").generate([{"prompt_token_ids": prompt}], greedy, use_tqdm=False)
+    assert again.outputs[0].token_ids == out.outputs[0].token_ids
+    with pytest.raises(ValueError, match="quantized DeepSeek presets"):
+        make_model("shrunk", tmp_path / "quantized", quantization="awq")

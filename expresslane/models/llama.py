@@ -10,6 +10,7 @@ that ships them fused, as Phi-3's qkv_proj and gate_up_proj, is cut into those s
 
 from __future__ import annotations
 
+import math
 import re
 
 import torch
@@ -181,6 +182,9 @@ class LlamaForCausalLM(nn.Module):
     # "none" (Llama ignores it), "all" (Mistral, Mixtral, Qwen3-MoE), "layer_types" (Ministral, Qwen2,
     # Qwen3: the layers typed "sliding_attention"; Qwen's from `use_sliding_window`, `max_window_layers`)
     window_layers = "none"
+    fp8_kv_cache = True  # an FP8 KV cache (kv_cache_dtype fp8) is supported
+    supports_lora = True  # LoRA adapters attach to its projections (models/lora_adapter.py)
+    backend_attention = True  # its layers attend through the backend's store/attend (MLA: attention/mla.py)
 
     @classmethod
     def attention_windows(cls, cfg) -> list[int | None]:
@@ -247,6 +251,15 @@ class LlamaForCausalLM(nn.Module):
                  fused: bool) -> nn.Module:
         """Layer `index`'s feed-forward block (the MoE models put a SparseMoE on some or all)."""
         return MLP(cfg, quant, prefix, tp, fused)
+
+    def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
+        """One layer's KV-cache tensor: k and v of this rank's KV heads, per slot."""
+        attn = self.layers[0].self_attn
+        return 2, num_blocks, block_size, attn.num_kv_heads, attn.head_dim
+
+    def full_kv_values(self) -> int:
+        """Values a token and layer would take as full K and V (the same as the cache holds here)."""
+        return math.prod(self.kv_cache_shape(1, 1))
 
     def forward(self, input_ids, positions, meta: AttentionMetadata) -> torch.Tensor:
         x, residual = self.run_layers(positions, self.embed_tokens(input_ids), None, meta, 0, len(self.layers))

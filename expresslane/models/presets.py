@@ -45,7 +45,8 @@ def _config(arch: str, *, hidden: int, layers: int, heads: int, kv_heads: int, i
     specials = special_token_ids(vocab)
     model_type = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "MistralForCausalLM": "mistral",
                   "MixtralForCausalLM": "mixtral", "Qwen3MoeForCausalLM": "qwen3_moe", "Gemma2ForCausalLM": "gemma2",
-                  "Gemma3ForCausalLM": "gemma3_text", "Phi3ForCausalLM": "phi3"}[arch]
+                  "Gemma3ForCausalLM": "gemma3_text", "Phi3ForCausalLM": "phi3", "DeepseekV2ForCausalLM": "deepseek_v2",
+                  "DeepseekV3ForCausalLM": "deepseek_v3"}[arch]
     config = {
         "architectures": [arch],
         "model_type": model_type,
@@ -86,6 +87,10 @@ def _ramp(n: int, first: float, last: float) -> list[float]:
     """n factors growing geometrically from first to last (LongRoPE's shape of factors)."""
     return [round(first * (last / first) ** (i / (n - 1)), 4) for i in range(n)]
 
+
+_MLA_DIMS = dict(kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, moe_layer_freq=1)
+_DEEPSEEK_YARN = {"type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096, "beta_fast": 32,
+                  "beta_slow": 1}
 
 PRESETS: dict[str, dict] = {
     "tiny": _config("LlamaForCausalLM", hidden=128, layers=4, heads=4, kv_heads=2, intermediate=256, vocab=2048,
@@ -143,12 +148,31 @@ PRESETS: dict[str, dict] = {
                                       sliding_window_pattern=6, attn_logit_softcapping=None,
                                       final_logit_softcapping=None,
                                       layer_types=(["sliding_attention"] * 5 + ["full_attention"]) * 8)),
+    # multi-head latent attention (the latent KV cache: 576 values a token and layer) and DeepSeek's MoE:
+    # V2-Lite 15.7B parameters (2.4B active per token; q_proj, greedy routing), V3 671B (37B active;
+    # q_lora_rank, sigmoid scores and noaux_tc group routing): V3 for --no-weights shapes
+    "deepseek-v2-lite": _config("DeepseekV2ForCausalLM", hidden=2048, layers=27, heads=16, kv_heads=16, head_dim=64,
+                                intermediate=10944, vocab=102400, max_pos=163840, rope_theta=10000.0, tied=False,
+                                rms_norm_eps=1e-6,
+                                rope_scaling=_DEEPSEEK_YARN | {"mscale": 0.707, "mscale_all_dim": 0.707},
+                                extra=dict(_MLA_DIMS, q_lora_rank=None, n_routed_experts=64, n_shared_experts=2,
+                                           num_experts_per_tok=6, moe_intermediate_size=1408, first_k_dense_replace=1,
+                                           topk_method="greedy", n_group=1, topk_group=1, routed_scaling_factor=1.0,
+                                           norm_topk_prob=False)),
+    "deepseek-v3": _config("DeepseekV3ForCausalLM", hidden=7168, layers=61, heads=128, kv_heads=128, head_dim=64,
+                           intermediate=18432, vocab=129280, max_pos=163840, rope_theta=10000.0, tied=False,
+                           rms_norm_eps=1e-6, rope_scaling=_DEEPSEEK_YARN | {"mscale": 1.0, "mscale_all_dim": 1.0},
+                           extra=dict(_MLA_DIMS, q_lora_rank=1536, n_routed_experts=256, n_shared_experts=1,
+                                      num_experts_per_tok=8, moe_intermediate_size=2048, first_k_dense_replace=3,
+                                      topk_method="noaux_tc", n_group=8, topk_group=4, routed_scaling_factor=2.5,
+                                      norm_topk_prob=True, rope_interleave=True)),
 }
 
 
 def num_experts(config: dict) -> int:
-    """Experts per sparse layer (0: a dense model); Mixtral says num_local_experts, Qwen3-MoE num_experts."""
-    return config.get("num_local_experts") or config.get("num_experts") or 0
+    """Experts per sparse layer (0: a dense model); Mixtral says num_local_experts, Qwen3-MoE num_experts,
+    DeepSeek n_routed_experts."""
+    return config.get("num_local_experts") or config.get("num_experts") or config.get("n_routed_experts") or 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +188,9 @@ def param_specs(config: dict) -> list[ParamSpec]:
     if config.get("model_type") not in _FAMILIES:
         raise ValueError(f"random weights are made for model types {', '.join(_FAMILIES)}, not "
                          f"{config.get('model_type')!r}")
+    if config["model_type"].startswith("deepseek"):
+        from expresslane.models.deepseek import checkpoint_shapes
+        return [ParamSpec(*entry) for entry in checkpoint_shapes(config)]
     h, heads = config["hidden_size"], config["num_attention_heads"]
     hd = config.get("head_dim") or h // heads
     q_out, kv_out = heads * hd, (config.get("num_key_value_heads") or heads) * hd
@@ -193,7 +220,8 @@ def param_specs(config: dict) -> list[ParamSpec]:
     return specs
 
 
-_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe", "gemma2", "gemma3_text", "phi3")
+_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe", "gemma2", "gemma3_text", "phi3",
+             "deepseek_v2", "deepseek_v3")
 
 
 def _mlp_specs(config: dict, index: int, p: str) -> list[ParamSpec]:
@@ -382,6 +410,8 @@ def make_model(preset: str, out_dir: str | os.PathLike, seed: int = 0, device: s
         raise ValueError(f"unknown quantization {quantization!r}; choose one of: {', '.join(checkpoint.FORMATS)}")
     if quantization == "fp8" and num_experts(PRESETS[preset]):
         raise ValueError(f"fp8 mixture-of-experts presets ({preset}) are not supported; awq and gptq are")
+    if quantization is not None and PRESETS[preset]["model_type"].startswith("deepseek"):
+        raise ValueError(f"quantized DeepSeek presets ({preset}) are not supported")
     if quantization is not None and PRESETS[preset]["model_type"] == "phi3":
         raise ValueError(f"quantized presets of fused-projection checkpoints ({preset}) are not supported")
     if _existing(out_dir, preset, seed, quantization, weights):

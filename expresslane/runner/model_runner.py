@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
 from pathlib import Path
 
@@ -75,9 +76,12 @@ class ModelRunner(Runner):
         kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
         head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
         local_heads, _, local_kv_heads, _ = head_split(heads, kv_heads, self.tp)
-        windows = model_class(hf_config).attention_windows(hf_config)
+        family = model_class(hf_config)
+        windows = family.attention_windows(hf_config)
+        # a model with attention of its own (MLA) never reaches the backend's library prefill
+        library = _prefill_library(config, windows) if family.backend_attention else "triton"
         self.attn_backend = get_backend(config.device.attention_backend, local_heads, local_kv_heads, head_dim,
-                                        self.device, self.kv_dtype, _prefill_library(config, windows),
+                                        self.device, self.kv_dtype, library,
                                         getattr(hf_config, "attn_logit_softcapping", None),
                                         None if not windows or None in windows else max(windows))
         self.quant = resolve_quantization(hf_config, config.model.quantization)
@@ -85,13 +89,18 @@ class ModelRunner(Runner):
             prev = torch.get_default_dtype()
             torch.set_default_dtype(self.dtype)
             try:
-                self.model = model_class(hf_config)(hf_config, self.attn_backend, self.quant, self.tp)
+                self.model = family(hf_config, self.attn_backend, self.quant, self.tp)
             finally:
                 torch.set_default_dtype(prev)
         if config.model.load_format == "dummy":
             weights = dummy_weights(text_config(read_config(model_dir)), device=self.device)
         else:
             weights = iter_weights(model_dir, self.device)
+        if config.lora.enable_lora and not self.model.supports_lora:
+            raise ValueError(f"enable_lora is not supported for {type(self.model).__name__}")
+        if self.kv_dtype.itemsize == 1 and not self.model.fp8_kv_cache:
+            raise ValueError(f"kv_cache_dtype {config.cache.kv_cache_dtype!r} is not supported for "
+                             f"{type(self.model).__name__}; use kv_cache_dtype 'auto'")
         self.model.load_weights(weights)
         self.model.eval()
         if config.device.fused_decode_layer:
@@ -104,6 +113,11 @@ class ModelRunner(Runner):
         self.kv_window = self._kv_window(windows)
         log.info("loaded %s in %.1fs on %s (%s%s)", model_dir, time.monotonic() - t0, self.device, self.dtype,
                  f", {self.quant.name} weights" if self.quant else "")
+        cached, full = math.prod(self.model.kv_cache_shape(1, 1)), self.model.full_kv_values()
+        if cached != full:
+            log.info("KV cache: %d bytes per token (%d values a layer, latent); full K and V would take %d bytes",
+                     cached * len(self.model.layers) * self.kv_dtype.itemsize, cached,
+                     full * len(self.model.layers) * self.kv_dtype.itemsize)
         self.sampler = Sampler(self.device, config.model.seed)
         self.penalties = Penalties(config.scheduler.max_num_seqs, hf_config.vocab_size, self.device)
         self.bad_words = BadWords(config.scheduler.max_num_seqs, self.device)
@@ -146,8 +160,7 @@ class ModelRunner(Runner):
         return max(windows)
 
     def kv_block_bytes(self) -> int:
-        attn = self.model.layers[0].self_attn
-        per_layer = 2 * self.block_size * attn.num_kv_heads * attn.head_dim * self.kv_dtype.itemsize
+        per_layer = math.prod(self.model.kv_cache_shape(1, self.block_size)) * self.kv_dtype.itemsize
         proposer = self.proposer.kv_block_bytes(self.block_size, self.kv_dtype) if self.proposer else 0
         return per_layer * len(self.model.layers) + proposer
 
@@ -187,8 +200,7 @@ class ModelRunner(Runner):
         self.release(ids)
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
-        attn = self.model.layers[0].self_attn
-        shape = (2, num_blocks, self.block_size, attn.num_kv_heads, attn.head_dim)
+        shape = self.model.kv_cache_shape(num_blocks, self.block_size)
         self.kv_caches = [kv_zeros(shape, self.kv_dtype, self.device) for _ in self.model.layers]
         for layer, cache in zip(self.model.layers, self.kv_caches):
             layer.self_attn.kv_cache = cache

@@ -1,0 +1,175 @@
+"""Triton kernels of multi-head latent attention (attention/mla.py has the layout and the
+torch reference they are tested against).
+
+``latent_attention_kernel``: one program per (token, tile of BLOCK_H heads, split of the
+token's keys; `num_splits`: several only when there are few tokens, the splits combined by
+``reduce_splits_kernel``). All heads read
+the same latent row of a key, so a tile of heads shares each loaded [BLOCK_N, L + R] tile of
+the cache::
+
+    scores [BLOCK_H, BLOCK_N] = q_lat [BLOCK_H, L] @ c_kv^T + q_pe [BLOCK_H, R] @ k_pe^T
+    acc    [BLOCK_H, L]      += softmax-weights @ c_kv             (online softmax: m, l)
+
+A token's seq is the first whose end (query_start_loc) lies past it, and it reads keys
+0 .. min(position + 1, seq_len) - 1 through that seq's block table. A mixed CUDA graph holds
+more seq slots than the step fills, the unfilled ones keeping old values: a real token never
+reaches them (its own seq ends first); a padding token (position 0, output dropped) may, and
+then reads at most one key of an old block id. A token past every seq reads none, writes zeros.
+L and R are padded to powers of two (at least 16, for tl.dot), the pads masked.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from expresslane.attention.backend import AttentionMetadata
+from expresslane.triton_setup import tl, triton
+
+BLOCK_H = 16  # heads a program: tl.dot needs at least 16 rows (fewer heads are masked)
+BLOCK_N = 32  # keys a loop iteration
+MAX_SPLITS = 16  # key splits of a token at most
+
+
+def _pad(n: int) -> int:
+    return max(16, 1 << (n - 1).bit_length())
+
+
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4  # the interpreter on CPU: still exercise several splits
+
+
+def num_splits(num_tokens: int, heads: int, device: torch.device) -> int:
+    """Key splits a token's programs take: enough programs for two waves of the GPU (a few
+    decodes over long contexts), by the token and head counts alone, so a CUDA graph of a size
+    always takes the same."""
+    programs = num_tokens * triton.cdiv(heads, BLOCK_H)
+    return max(1, min(MAX_SPLITS, triton.cdiv(2 * _num_sms(device), programs)))
+
+
+@triton.jit
+def store_latent_kernel(c_ptr, pe_ptr, slot_ptr, cache_ptr, stride_c, stride_pe, stride_slot,
+                        L: tl.constexpr, R: tl.constexpr, L_PAD: tl.constexpr, R_PAD: tl.constexpr):
+    """Token t's c_kv and k_pe into its cache slot; slot -1 (padding) writes nothing."""
+    t = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slot_ptr + t)
+    if slot >= 0:
+        dst = cache_ptr + slot * stride_slot
+        d = tl.arange(0, L_PAD)
+        tl.store(dst + d, tl.load(c_ptr + t * stride_c + d, mask=d < L), mask=d < L)
+        e = tl.arange(0, R_PAD)
+        tl.store(dst + L + e, tl.load(pe_ptr + t * stride_pe + e, mask=e < R), mask=e < R)
+
+
+@triton.jit
+def latent_attention_kernel(q_lat_ptr, q_pe_ptr, cache_ptr, out_ptr, part_o_ptr, part_lse_ptr, pos_ptr, tables_ptr,
+                            seq_lens_ptr, qsl_ptr, num_seqs, num_heads, num_splits, scale, stride_qlt, stride_qlh,
+                            stride_qpt, stride_qph, stride_slot, stride_table, stride_ot, stride_oh,
+                            L: tl.constexpr, R: tl.constexpr, L_PAD: tl.constexpr, R_PAD: tl.constexpr,
+                            BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
+                            SEQS_PAD: tl.constexpr, SPLIT: tl.constexpr, PRECISION: tl.constexpr):
+    """Program (t, head tile, split): the split's share of the token's keys. SPLIT: its partial
+    (normalised output, log-sum-exp) goes to part_o [T, H, splits, L_PAD] / part_lse [T, H,
+    splits] for reduce_splits_kernel; otherwise (one split) the output itself."""
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    split = tl.program_id(2)
+    s = tl.arange(0, SEQS_PAD)
+    ends = tl.load(qsl_ptr + 1 + s, mask=s < num_seqs, other=0)
+    seq = tl.min(tl.where((s < num_seqs) & (ends > t), s, num_seqs), axis=0)
+    has_seq = seq < num_seqs
+    seq_len = tl.load(seq_lens_ptr + seq, mask=has_seq, other=0)
+    n_keys = tl.minimum(tl.load(pos_ptr + t) + 1, seq_len)
+    chunk = tl.cdiv(tl.cdiv(n_keys, num_splits), BLOCK_N) * BLOCK_N
+    lo = split * chunk
+    hi = tl.minimum(lo + chunk, n_keys)
+    dl = tl.arange(0, L_PAD)
+    dr = tl.arange(0, R_PAD)
+    hm = (h < num_heads)[:, None]
+    q_lat = tl.load(q_lat_ptr + t * stride_qlt + h[:, None] * stride_qlh + dl[None, :], mask=hm & (dl < L)[None, :],
+                    other=0.0)
+    q_pe = tl.load(q_pe_ptr + t * stride_qpt + h[:, None] * stride_qph + dr[None, :], mask=hm & (dr < R)[None, :],
+                   other=0.0)
+    m = tl.full((BLOCK_H,), float("-inf"), tl.float32)
+    den = tl.zeros((BLOCK_H,), tl.float32)
+    acc = tl.zeros((BLOCK_H, L_PAD), tl.float32)
+    table = tables_ptr + seq.to(tl.int64) * stride_table
+    for start in range(lo, hi, BLOCK_N):
+        k = start + tl.arange(0, BLOCK_N)
+        km = k < hi
+        block = tl.load(table + k // PAGE, mask=km, other=0).to(tl.int64)
+        row = cache_ptr + (block * PAGE + k % PAGE)[:, None] * stride_slot
+        c = tl.load(row + dl[None, :], mask=km[:, None] & (dl < L)[None, :], other=0.0)
+        pe = tl.load(row + L + dr[None, :], mask=km[:, None] & (dr < R)[None, :], other=0.0)
+        scores = tl.dot(q_lat, tl.trans(c), input_precision=PRECISION)
+        scores = tl.dot(q_pe, tl.trans(pe), scores, input_precision=PRECISION) * scale
+        scores = tl.where(km[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, axis=1))
+        p = tl.exp(scores - m_new[:, None])
+        alpha = tl.exp(m - m_new)
+        den = den * alpha + tl.sum(p, axis=1)
+        acc = tl.dot(p.to(c.dtype), c, acc * alpha[:, None], input_precision=PRECISION)
+        m = m_new
+    out = acc / tl.where(den > 0, den, 1.0)[:, None]
+    if SPLIT:
+        row = (t * num_heads + h) * num_splits + split
+        tl.store(part_o_ptr + row[:, None] * L_PAD + dl[None, :], out, mask=hm)
+        lse = tl.where(den > 0, m + tl.log(tl.where(den > 0, den, 1.0)), float("-inf"))  # -inf: no keys here
+        tl.store(part_lse_ptr + row, lse, mask=h < num_heads)
+    else:
+        tl.store(out_ptr + t * stride_ot + h[:, None] * stride_oh + dl[None, :], out.to(out_ptr.dtype.element_ty),
+                 mask=hm & (dl < L)[None, :])
+
+
+@triton.jit
+def reduce_splits_kernel(part_o_ptr, part_lse_ptr, out_ptr, num_heads, num_splits, stride_ot, stride_oh,
+                         L: tl.constexpr, L_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr):
+    """Program (t, head): the splits' partials weighted by exp(lse - max lse); no keys at all: zeros."""
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    sp = tl.arange(0, SPLITS_PAD)
+    row = (t * num_heads + h) * num_splits + sp
+    lse = tl.load(part_lse_ptr + row, mask=sp < num_splits, other=float("-inf"))
+    top = tl.max(lse, axis=0)
+    w = tl.where(lse > float("-inf"), tl.exp(lse - tl.where(top > float("-inf"), top, 0.0)), 0.0)
+    dl = tl.arange(0, L_PAD)
+    o = tl.load(part_o_ptr + row[:, None] * L_PAD + dl[None, :], mask=(sp < num_splits)[:, None], other=0.0)
+    total = tl.sum(w, axis=0)
+    out = tl.sum(w[:, None] * o, axis=0) / tl.where(total > 0, total, 1.0)
+    tl.store(out_ptr + t * stride_ot + h * stride_oh + dl, out.to(out_ptr.dtype.element_ty), mask=dl < L)
+
+
+def store_latent(cache: torch.Tensor, c_kv: torch.Tensor, k_pe: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """cache [blocks, block_size, L + R]; c_kv [T, L], k_pe [T, R] (rows may be strided)."""
+    t, lat, rope = c_kv.shape[0], c_kv.shape[1], k_pe.shape[-1]
+    if t:
+        store_latent_kernel[(t,)](c_kv, k_pe, slot_mapping, cache, c_kv.stride(0), k_pe.stride(0), cache.stride(1),
+                                  L=lat, R=rope, L_PAD=_pad(lat), R_PAD=_pad(rope))
+
+
+def paged_latent_attention(q_lat: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor, positions: torch.Tensor,
+                           meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """q_lat [T, H, L], q_pe [T, H, R] of tokens at `positions` [T] over the latent cache -> [T, H, L]."""
+    t, heads, lat = q_lat.shape
+    rope = q_pe.shape[-1]
+    out = torch.empty_like(q_lat)
+    if not t:
+        return out
+    num_seqs = meta.query_start_loc.shape[0] - 1
+    splits = num_splits(t, heads, q_lat.device)
+    part_o = torch.empty(t, heads, splits, _pad(lat), dtype=torch.float32, device=q_lat.device)
+    part_lse = torch.empty(t, heads, splits, dtype=torch.float32, device=q_lat.device)
+    latent_attention_kernel[(t, triton.cdiv(heads, BLOCK_H), splits)](
+        q_lat, q_pe, cache, out, part_o, part_lse, positions, meta.block_tables, meta.seq_lens, meta.query_start_loc,
+        num_seqs, heads, splits, scale, q_lat.stride(0), q_lat.stride(1), q_pe.stride(0), q_pe.stride(1),
+        cache.stride(1), meta.block_tables.stride(0), out.stride(0), out.stride(1),
+        L=lat, R=rope, L_PAD=_pad(lat), R_PAD=_pad(rope), BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N, PAGE=cache.shape[1],
+        SEQS_PAD=_pad(num_seqs + 1), SPLIT=splits > 1, PRECISION="ieee" if q_lat.dtype == torch.float32 else "tf32")
+    if splits > 1:
+        reduce_splits_kernel[(t, heads)](part_o, part_lse, out, heads, splits, out.stride(0), out.stride(1),
+                                         L=lat, L_PAD=_pad(lat), SPLITS_PAD=_pad(splits))
+    return out
