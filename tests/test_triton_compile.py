@@ -42,7 +42,7 @@ def _cases():
         for dtype, precision, cache in (("bf16", "tf32", {}), ("fp32", "ieee", {}),
                                         ("bf16", "tf32", dict(k_cache_ptr="*fp8e4nv", v_cache_ptr="*fp8e4nv"))):
             # decode, then every prefill tile shape the benchmark sweeps (the tables' entries among them)
-            # (a sliding window with the first of each kind)
+            # (a sliding window and attention sinks, as gpt-oss's sliding layers, with the first of each kind)
             for decode, rows, block_n, mask_all, fused, window in (
                     (True, 16, 64, False, False, True), (True, 16, 64, False, False, False),
                     (True, 16, 64, True, False, False), (True, 16, 64, False, True, False),
@@ -52,7 +52,7 @@ def _cases():
                 yield "paged_attention_kernel", dtype, dict(
                     G=g, G_PAD=pow2(g), HK=kv_heads, BLOCK_Q=max(1, rows // pow2(g)), BLOCK_N=block_n, HEAD_DIM=dim,
                     D_PAD=max(16, pow2(dim)), PAGE=16, DECODE=decode, MASK_ALL=mask_all, FUSED_REDUCE=fused,
-                    PRECISION=precision, SOFTCAP=False, HAS_WINDOW=window), cache
+                    PRECISION=precision, SOFTCAP=False, HAS_WINDOW=window, HAS_SINKS=window), cache
         yield "reduce_splits_kernel", "bf16", dict(HEAD_DIM=dim, D_PAD=max(16, pow2(dim)), MAX_SPLITS=16)
         yield "merge_lse_kernel", "bf16", dict(HEAD_DIM=dim, D_PAD=max(16, pow2(dim)), BLOCK_T=16)  # library prefill
     # fused norm and SiLU-and-mul (layers/triton_ops.py), also quantizing their output for an FP8 linear
