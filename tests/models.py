@@ -61,6 +61,13 @@ MORE_ARCHS = {
     # Ministral: Mistral with a window on the layers `layer_types` names (here the first of two)
     "ministral": ("MinistralConfig", "MinistralForCausalLM", dict(
         head_dim=16, sliding_window=24, layer_types=["sliding_attention", "full_attention"])),
+    # gpt-oss: a window of 24 on the first of two layers, sinks, 5 experts top-2 with biases, the SwiGLU's
+    # clamp low enough to bind, YaRN over an original 256 positions
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM", dict(
+        head_dim=16, sliding_window=24, layer_types=["sliding_attention", "full_attention"], num_local_experts=5,
+        num_experts_per_tok=2, intermediate_size=64, swiglu_limit=1.0,
+        rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                         "original_max_position_embeddings": 256, "rope_theta": 150000.0})),
 }
 
 
@@ -79,6 +86,8 @@ def build_model(arch: str, out_dir: Path, seed: int = 0, peak: float = 8.0, **ov
                 p.normal_(0.0, 0.15 if "embed" not in name else 1.0)
             elif "bias" in name:
                 p.normal_(0.0, 0.1)
+            elif name.endswith("sinks"):  # gpt-oss: sinks that take a share of the attention
+                p.normal_(0.0, 1.0)
             elif arch.startswith("gemma"):  # its norms scale by (1 + w), w zero at init
                 p.normal_(0.0, 0.2)
         head = model.get_output_embeddings().weight

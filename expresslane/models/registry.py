@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from expresslane.models.gemma import Gemma2ForCausalLM, Gemma3ForCausalLM
+from expresslane.models.gpt_oss import GptOssForCausalLM
 from expresslane.models.llama import (LlamaForCausalLM, MinistralForCausalLM, MistralForCausalLM, Phi3ForCausalLM,
                                       Qwen2ForCausalLM, Qwen3ForCausalLM, base_model)
 from expresslane.models.moe import MixtralForCausalLM, Qwen3MoeForCausalLM
 
 MODELS = {cls.__name__: cls for cls in (LlamaForCausalLM, MistralForCausalLM, MinistralForCausalLM, Qwen2ForCausalLM,
                                         Qwen3ForCausalLM, Phi3ForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM,
-                                        Gemma2ForCausalLM, Gemma3ForCausalLM)}
+                                        Gemma2ForCausalLM, Gemma3ForCausalLM, GptOssForCausalLM)}
 # base-model checkpoints (no LM head), as embedding models ship them: `--runner pooling`
 MODELS.update({cls.__name__: cls for cls in map(base_model, (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
                                                              Qwen3ForCausalLM))})
