@@ -27,6 +27,7 @@ from expresslane.server.echo import prompt_logprobs_field
 from expresslane.server.engine_client import EngineClient
 from expresslane.server.limits import RequestLimits, check_chars, check_counts
 from expresslane.server.memory import LARGE_ITEMS, trim_soon
+from expresslane.server import harmony
 from expresslane.server.reasoning import ReasoningStream, grammar_after_thinking
 from expresslane.server.reasoning import split as split_reasoning
 from expresslane.server.tools import CallStream, ToolMode, call_id
@@ -354,12 +355,17 @@ class _Endpoint:
 class Chat(_Endpoint):
     chunk_object = "chat.completion.chunk"
 
-    def __init__(self, *args, tools: ToolMode | None = None, reasoning: str | None = None, **kwargs):
+    def __init__(self, *args, tools: ToolMode | None = None, reasoning: str | None = None, harmony: bool = False,
+                 **kwargs):
         super().__init__(*args, **kwargs)
         self.tools = tools  # tool calling (server/tools.py); None: the text is the answer
-        self.reasoning = reasoning  # --reasoning-parser (server/reasoning.py); None: no thinking to split off
+        # --reasoning-parser (server/reasoning.py); None: no thinking to split off (harmony's: below)
+        self.reasoning = None if reasoning == "openai_gptoss" else reasoning
+        # gpt-oss (server/harmony.py): channels split the output, unless a grammar holds a forced call
+        self.harmony = harmony and (tools is None or tools.choice == "auto")
         self._call_streams: dict[int, CallStream] = {}  # per choice index, while streaming
         self._reasoning_streams: dict[int, ReasoningStream] = {}
+        self._harmony: dict[int, tuple[harmony.HarmonyStream, list[int]]] = {}  # (stream, token ids so far)
 
     def call_stream(self, index: int) -> CallStream:
         if index not in self._call_streams:
@@ -379,6 +385,8 @@ class Chat(_Endpoint):
 
     def delta(self, d: Delta) -> tuple[dict, str | None]:
         """A chunk's ``delta`` (reasoning, content and tool calls split by the parsers) and its finish reason."""
+        if self.harmony:
+            return self._harmony_delta(d)
         text, thought, finish = d.text, "", d.finish_reason
         if self.reasoning is not None:
             stream = self._reasoning_streams.setdefault(d.index, ReasoningStream(self.reasoning))
@@ -393,8 +401,34 @@ class Chat(_Endpoint):
                  **({"tool_calls": tool_calls} if tool_calls else {})}
         return delta, finish
 
+    def _harmony_delta(self, d: Delta) -> tuple[dict, str | None]:
+        stream, ids = self._harmony.setdefault(d.index, (harmony.HarmonyStream(), []))
+        ids += d.token_ids
+        text = self.client.tokenizer.decode(ids, skip_special_tokens=False)
+        thought, content, calls = stream.feed(text, d.finish_reason is not None)
+        calls = calls if self.tools is not None else []
+        first = stream.num_calls - len(calls)
+        tool_calls = [{"index": first + i, "id": call_id(), "type": "function",
+                       "function": {"name": c.name, "arguments": c.arguments}} for i, c in enumerate(calls)]
+        finish = "tool_calls" if d.finish_reason == "stop" and self.tools is not None and stream.num_calls \
+            else d.finish_reason
+        delta = {**({"reasoning_content": thought} if thought else {}), **({"content": content} if content else {}),
+                 **({"tool_calls": tool_calls} if tool_calls else {})}
+        return delta, finish
+
+    def _harmony_message(self, c: CompletionOutput) -> tuple[dict, str | None]:
+        split = harmony.parts(harmony.messages(self.client.tokenizer.decode(c.token_ids, skip_special_tokens=False)))
+        message = {"role": "assistant", "reasoning_content": split.reasoning or None, "content": split.content}
+        if self.tools is None or not split.calls or c.finish_reason == "length":
+            return message, c.finish_reason
+        return {**message, "content": split.content or None, "tool_calls": [
+            {"id": call_id(), "type": "function", "function": {"name": t.name, "arguments": t.arguments}}
+            for t in split.calls]}, "tool_calls"
+
     def message(self, c: CompletionOutput) -> tuple[dict, str | None]:
         """The assistant message of a finished completion, and its finish reason."""
+        if self.harmony:
+            return self._harmony_message(c)
         text, thought = c.text, {}
         if self.reasoning is not None:
             reasoning, text = split_reasoning(self.reasoning, text)
