@@ -73,12 +73,13 @@ def test_triton_backend_matches_transformers(oss_dir, oss_refs):
     assert core.scheduler.num_preemptions > 0 and max(o.num_cached_tokens for o in outs) > 0
 
 
-def test_tensor_parallel_matches_transformers(oss_dir, oss_refs):
+@pytest.mark.parametrize("expert_parallel", [False, True])
+def test_tensor_parallel_matches_transformers(oss_dir, oss_refs, expert_parallel):
     """TP=2 over gloo: each rank holds its heads' sinks and a slice of every expert (the down
-    bias added by one rank)."""
+    bias added by one rank), or with expert parallelism whole experts with their biases."""
     from test_tensor_parallel import CASE, PICKED
 
-    llm = LLM(str(oss_dir), tensor_parallel_size=2, **CASE)
+    llm = LLM(str(oss_dir), tensor_parallel_size=2, enable_expert_parallel=expert_parallel, **CASE)
     try:
         outs = llm.generate([{"prompt_token_ids": PROMPTS[i]} for i in PICKED], GREEDY, use_tqdm=False)
         assert llm.engine.core.scheduler.num_preemptions > 0
