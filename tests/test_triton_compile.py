@@ -17,7 +17,7 @@ _POINTERS = {"pos_ptr": "*i64", "slot_ptr": "*i64", "block_tables_ptr": "*i32", 
              "query_start_loc_ptr": "*i32", "work_ptr": "*i32", "cos_sin_ptr": "*fp32", "part_acc_ptr": "*fp32",
              "part_ml_ptr": "*fp32", "part_ptr": "*fp32", "count_ptr": "*i32", "lse_a_ptr": "*fp32",
              "lse_b_ptr": "*fp32"}
-_FLOATS = {"scale", "eps", "k_scale", "v_scale", "norm_eps", "softcap"}
+_FLOATS = {"scale", "eps", "k_scale", "v_scale", "norm_eps", "softcap", "alpha", "limit"}
 
 
 def _cases():
@@ -101,7 +101,12 @@ def _cases():
                 for w4, group in ((False, 1), (True, 128)):
                     yield "moe_gemm_kernel", dtype, dict(TOP_K=top_k, GATED=gated, WEIGHTED=not gated, BLOCK_M=bm,
                                                          BLOCK_N=bn, BLOCK_K=bk, PRECISION=precision, W4=w4,
-                                                         GROUP=group), {**moe, **(int4 if w4 else {})}
+                                                         GROUP=group, HAS_BIAS=False, SWIGLU=False),
+                                                         {**moe, **(int4 if w4 else {})}
+            for top_k, gated in ((4, True), (1, False)):  # gpt-oss: biases, the clamped SwiGLU
+                yield "moe_gemm_kernel", "bf16", dict(TOP_K=top_k, GATED=gated, WEIGHTED=not gated, BLOCK_M=bm,
+                                                      BLOCK_N=bn, BLOCK_K=bk, PRECISION="tf32", W4=False, GROUP=1,
+                                                      HAS_BIAS=True, SWIGLU=gated), moe
     # multi-LoRA shrink and expand (layers/lora_kernels.py): bf16 and float32 activations
     lora = dict(sorted_ptr="*i32", starts_ptr="*i32", counts_ptr="*i32", u_ptr="*fp32")
     for dtype in ("bf16", "fp32"):
@@ -111,9 +116,11 @@ def _cases():
     yield "_penalize", "fp32", dict(BLOCK=1024), dict(counts_ptr="*i32", seen_ptr="*u8", logit_rows_ptr="*i64",
                                                      state_rows_ptr="*i64")
     # routing (Mixtral 8 x top-2 renormalised, Qwen3-MoE 128 x top-8) and the alignment of rows by expert
-    for experts, k, renorm in ((8, 2, True), (128, 8, True), (7, 1, False)):
+    for experts, k, renorm, topk_softmax in ((8, 2, True, False), (128, 8, True, False), (7, 1, False, False),
+                                             (32, 4, False, True)):  # (gpt-oss: the softmax of the top k)
         pow2e, pow2k = pow2(experts), pow2(k)
-        yield "route_kernel", "bf16", dict(TOP_K=k, K_PAD=pow2k, E_PAD=pow2e, RENORM=renorm), dict(
+        yield "route_kernel", "bf16", dict(TOP_K=k, K_PAD=pow2k, E_PAD=pow2e, RENORM=renorm,
+                                           TOPK_SOFTMAX=topk_softmax), dict(
             weights_ptr="*fp32", ids_ptr="*i32", counts_ptr="*i64")
         for ids in ("*i32", "*i64"):  # routed here, or local ids after expert-parallel dispatch
             yield "align_kernel", "bf16", dict(BLOCK_M=16, E_PAD=pow2(experts + 1), CHUNK=256,

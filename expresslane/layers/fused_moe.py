@@ -53,7 +53,7 @@ def moe_gemm_kernel(a_ptr, w_ptr, s_ptr, z_ptr, c_ptr, topk_w_ptr, sorted_rows_p
                     stride_be, alpha, limit,
                     TOP_K: tl.constexpr, GATED: tl.constexpr, WEIGHTED: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, W4: tl.constexpr,
-                    GROUP: tl.constexpr, HAS_BIAS: tl.constexpr = False, SWIGLU: tl.constexpr = False):
+                    GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr):
     """C[row, n] = A[row // TOP_K] . W[expert, n] for the rows of one expert's tile; GATED: W
     holds gate rows [0, N) then up rows [N, 2N) and C = silu(gate) * up; WEIGHTED: C *= w[row].
     W4: W is INT4 (see _weight_tile; s_ptr, z_ptr and their strides are its scales and zeros).
@@ -110,7 +110,7 @@ def moe_gemm_kernel(a_ptr, w_ptr, s_ptr, z_ptr, c_ptr, topk_w_ptr, sorted_rows_p
 @triton.jit
 def route_kernel(logits_ptr, weights_ptr, ids_ptr, counts_ptr, slot_ptr, E, stride_l,
                  TOP_K: tl.constexpr, K_PAD: tl.constexpr, E_PAD: tl.constexpr, RENORM: tl.constexpr,
-                 TOPK_SOFTMAX: tl.constexpr = False):
+                 TOPK_SOFTMAX: tl.constexpr):
     """One token: float32 softmax of its router logits, the top k (best first), renormalised
     when RENORM; each chosen expert's counter + 1 unless the token is CUDA-graph padding.
     TOPK_SOFTMAX (gpt-oss): the top k of the logits, then the softmax over those k."""
