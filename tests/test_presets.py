@@ -276,8 +276,8 @@ def _shrunk_gpt_oss() -> dict:
     from expresslane.models import harmony
 
     config = dict(PRESETS["gpt-oss-20b"], hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, head_dim=16, intermediate_size=64, vocab_size=512, max_position_embeddings=1024,
-                  torch_dtype="float32", dtype="float32", num_local_experts=5, num_experts_per_tok=2, sliding_window=8,
+                  num_key_value_heads=2, head_dim=16, intermediate_size=64, vocab_size=512,
+                  max_position_embeddings=1024, torch_dtype="float32", dtype="float32", num_local_experts=5, num_experts_per_tok=2, sliding_window=8,
                   layer_types=["sliding_attention", "full_attention"])
     config["rope_scaling"] = dict(config["rope_scaling"], factor=4.0, original_max_position_embeddings=256)
     ids = special_token_ids(512, harmony.SPECIAL_TOKENS)

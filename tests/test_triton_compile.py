@@ -99,10 +99,10 @@ def _cases():
         for dtype, precision in (("bf16", "tf32"), ("fp32", "ieee")):
             for top_k, gated in ((8, True), (1, False)):
                 for w4, group in ((False, 1), (True, 128)):
-                    yield "moe_gemm_kernel", dtype, dict(TOP_K=top_k, GATED=gated, WEIGHTED=not gated, BLOCK_M=bm,
-                                                         BLOCK_N=bn, BLOCK_K=bk, PRECISION=precision, W4=w4,
-                                                         GROUP=group, HAS_BIAS=False, SWIGLU=False),
-                                                         {**moe, **(int4 if w4 else {})}
+                    yield "moe_gemm_kernel", dtype, dict(
+                        TOP_K=top_k, GATED=gated, WEIGHTED=not gated, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+                        PRECISION=precision, W4=w4, GROUP=group, HAS_BIAS=False, SWIGLU=False), {
+                        **moe, **(int4 if w4 else {})}
             for top_k, gated in ((4, True), (1, False)):  # gpt-oss: biases, the clamped SwiGLU
                 yield "moe_gemm_kernel", "bf16", dict(TOP_K=top_k, GATED=gated, WEIGHTED=not gated, BLOCK_M=bm,
                                                       BLOCK_N=bn, BLOCK_K=bk, PRECISION="tf32", W4=False, GROUP=1,

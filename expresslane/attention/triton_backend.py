@@ -256,7 +256,8 @@ class TritonAttentionBackend(AttentionBackend):
             part_ml = torch.empty(nd, self.num_heads, s, 2, dtype=torch.float32, device=q.device)
             paged_attention_kernel[(nd, hk, s)](
                 q, kc, vc, out, part_acc, part_ml, counters, meta.block_tables, meta.seq_lens, meta.query_start_loc,
-                meta.seq_lens, sinks_arg, scale, s, *kv_scales, softcap or 1.0, window or 0, *strides,  # partials: slot = seq
+                meta.seq_lens, sinks_arg, scale, s, *kv_scales, softcap or 1.0, window or 0,
+                *strides,  # partials: slot = seq
                 part_acc.stride(0), part_acc.stride(2), 0, part_acc.stride(1),
                 part_ml.stride(0), part_ml.stride(2), 0, part_ml.stride(1),
                 BLOCK_Q=self.decode_q, BLOCK_N=tile.block_n, DECODE=True, MASK_ALL=tile.mask_all,
@@ -270,7 +271,8 @@ class TritonAttentionBackend(AttentionBackend):
             acc, ml = self._partials(bq, q.device)  # partials: slot + split, token, head
             paged_attention_kernel[(meta.prefill_work.shape[0] * hk,)](
                 q, kc, vc, out, acc, ml, counters, meta.block_tables, meta.seq_lens, meta.query_start_loc,
-                meta.prefill_work, sinks_arg, scale, 1, *kv_scales, softcap or 1.0, window or 0, *strides, acc.stride(0),
+                meta.prefill_work, sinks_arg, scale, 1, *kv_scales, softcap or 1.0, window or 0, *strides,
+                acc.stride(0),
                 acc.stride(0), acc.stride(1), acc.stride(2), ml.stride(0), ml.stride(0), ml.stride(1), ml.stride(2),
                 BLOCK_Q=bq, BLOCK_N=tile.block_n, DECODE=False, MASK_ALL=tile.mask_all,
                 FUSED_REDUCE=False,

@@ -113,7 +113,8 @@ class DecoderLayer(nn.Module):
                  quant: QuantConfig | None, prefix: str, tp: TPGroup, mlp: nn.Module, window: int | None = None):
         super().__init__()
         fused = backend.fused_ops
-        self.self_attn = self.attention_cls(cfg, backend, rotary, qkv_bias, qk_norm, quant, f"{prefix}.self_attn", tp, window)
+        self.self_attn = self.attention_cls(cfg, backend, rotary, qkv_bias, qk_norm, quant, f"{prefix}.self_attn", tp,
+                                            window)
         self.mlp = mlp
         self.sparse = isinstance(mlp, SparseMoE)
         # an FP8 projection after a fused norm gets its input quantized by the norm's kernel

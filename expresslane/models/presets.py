@@ -227,7 +227,8 @@ def _gpt_oss_specs(config: dict) -> list[ParamSpec]:
             specs += [ParamSpec(f"{p}.self_attn.{proj}.weight", (out, inp), "normal"),
                       ParamSpec(f"{p}.self_attn.{proj}.bias", (out,), "bias")]
         specs += [ParamSpec(f"{p}.self_attn.sinks", (heads,), "bias"),
-                  ParamSpec(f"{p}.mlp.router.weight", (e, h), "normal"), ParamSpec(f"{p}.mlp.router.bias", (e,), "bias")]
+                  ParamSpec(f"{p}.mlp.router.weight", (e, h), "normal"),
+                  ParamSpec(f"{p}.mlp.router.bias", (e,), "bias")]
         for proj, (out, inp) in (("gate_up_proj", (2 * inter, h)), ("down_proj", (h, inter))):
             specs += [ParamSpec(f"{p}.mlp.experts.{proj}_blocks", (e, out, inp // 32, 16), "fp4"),
                       ParamSpec(f"{p}.mlp.experts.{proj}_scales", (e, out, inp // 32), "e8m0"),

@@ -22,7 +22,8 @@ WEATHER = {"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Paris?"}]
 M = r"<\|message\|>"
-ANSWER = rf"<\|channel\|>analysis{M}[a-z]{{2,6}} [a-z]{{2,6}}<\|end\|><\|start\|>assistant<\|channel\|>final{M}[A-Z][a-z]{{2,6}}\."
+ANSWER = (rf"<\|channel\|>analysis{M}[a-z]{{2,6}} [a-z]{{2,6}}<\|end\|><\|start\|>assistant<\|channel\|>final{M}"
+          r"[A-Z][a-z]{2,6}\.")
 CALL = (rf"<\|channel\|>analysis{M}[a-z]{{2,6}}<\|end\|><\|start\|>assistant<\|channel\|>commentary "
         rf'to=functions\.get_weather <\|constrain\|>json{M}\{{"city": "[A-Z][a-z]{{2,6}}"\}}<\|call\|>')
 
