@@ -4,7 +4,6 @@ prompts, through chunked prefill, prefix-cache hits and preemption, with the tor
 backends and tensor parallelism; the experts load from MXFP4 as shipped."""
 
 import json
-import logging
 import shutil
 
 import pytest
@@ -15,7 +14,7 @@ from test_equivalence import CASES, GREEDY, MAX_TOKENS, PROMPTS
 
 from expresslane import LLM
 from expresslane.models.registry import MODELS
-from expresslane.quant.mxfp4 import BLOCK, dequantize_mxfp4, e2m1_values
+from expresslane.quant.mxfp4 import BLOCK, Mxfp4Experts, dequantize_mxfp4, e2m1_values
 
 WINDOW = 24
 
@@ -137,21 +136,27 @@ def _mxfp4_checkpoint(src, packed_dir, float_dir):
     return tensors
 
 
-def test_mxfp4_experts_load_as_shipped(oss_dir, tmp_path, caplog):
-    """A checkpoint whose experts are packed to MXFP4 loads to experts equal to their dequantized
-    values (gate and up de-interleaved), runs greedy as transformers runs the dequantized
-    float checkpoint, and states the experts' memory at load."""
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_mxfp4_experts_load_as_shipped(oss_dir, tmp_path, backend):
+    """A checkpoint whose experts are packed to MXFP4 loads them packed (gate and up rows
+    de-interleaved), equal to their dequantized values, and runs greedy as transformers runs
+    the dequantized float checkpoint: the torch path dequantizing an expert at a time, the
+    fused GEMMs decoding MXFP4 in the kernel (the interpreter on CPU)."""
+    if backend == "triton":
+        pytest.importorskip("triton")
     packed_dir, float_dir = tmp_path / "mxfp4", tmp_path / "float"
     tensors = _mxfp4_checkpoint(oss_dir, packed_dir, float_dir)
-    with caplog.at_level(logging.INFO, logger="expresslane.models.gpt_oss"):
-        llm = LLM(str(packed_dir), max_num_batched_tokens=32, enable_prefix_caching=True)
-    assert "MXFP4 experts dequantized at load" in caplog.text
+    llm = LLM(str(packed_dir), attention_backend=backend, max_num_batched_tokens=32, enable_prefix_caching=True)
     moe = llm.engine.runner.model.layers[1].mlp
+    assert isinstance(moe.w13, Mxfp4Experts) and moe.w13.blocks.dtype == torch.uint8
+    experts = moe.w13.shape[0]
     expected = load_file(float_dir / "model.safetensors")
     gate_up = expected["model.layers.1.mlp.experts.gate_up_proj"].transpose(1, 2)  # [E, 2I, H], interleaved
-    assert torch.equal(moe.w13.data, torch.cat([gate_up[:, 0::2], gate_up[:, 1::2]], dim=1))
-    assert torch.equal(moe.w2.data, expected["model.layers.1.mlp.experts.down_proj"].transpose(1, 2))
-    assert not torch.equal(moe.w2.data, tensors["model.layers.1.mlp.experts.down_proj"].transpose(1, 2))  # lossy
+    w13 = torch.stack([moe.w13[e] for e in range(experts)])
+    w2 = torch.stack([moe.w2[e] for e in range(experts)])
+    assert torch.equal(w13, torch.cat([gate_up[:, 0::2], gate_up[:, 1::2]], dim=1))
+    assert torch.equal(w2, expected["model.layers.1.mlp.experts.down_proj"].transpose(1, 2))
+    assert not torch.equal(w2, tensors["model.layers.1.mlp.experts.down_proj"].transpose(1, 2))  # lossy
     picked = [2, 8, 12, 16, 17]
     outs = llm.generate([{"prompt_token_ids": PROMPTS[i]} for i in picked], GREEDY, use_tqdm=False)
     mismatched = [i for i, o in zip(picked, outs) if o.outputs[0].token_ids != hf_greedy(float_dir, PROMPTS[i],
@@ -165,5 +170,5 @@ def test_mxfp4_half_missing_is_refused(oss_dir, tmp_path):
     tensors = load_file(packed_dir / "model.safetensors")
     del tensors["model.layers.0.mlp.experts.down_proj_scales"]
     save_file(tensors, packed_dir / "model.safetensors")
-    with pytest.raises(ValueError, match="without their other half"):
+    with pytest.raises(ValueError, match="checkpoint is missing"):
         LLM(str(packed_dir))

@@ -101,12 +101,13 @@ def _cases():
                 for w4, group in ((False, 1), (True, 128)):
                     yield "moe_gemm_kernel", dtype, dict(
                         TOP_K=top_k, GATED=gated, WEIGHTED=not gated, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-                        PRECISION=precision, W4=w4, GROUP=group, HAS_BIAS=False, SWIGLU=False), {
+                        PRECISION=precision, W4=w4, GROUP=group, HAS_BIAS=False, SWIGLU=False, MX4=False), {
                         **moe, **(int4 if w4 else {})}
-            for top_k, gated in ((4, True), (1, False)):  # gpt-oss: biases, the clamped SwiGLU
+            for top_k, gated in ((4, True), (1, False)):  # gpt-oss as shipped: MXFP4, biases, the clamped SwiGLU
                 yield "moe_gemm_kernel", "bf16", dict(TOP_K=top_k, GATED=gated, WEIGHTED=not gated, BLOCK_M=bm,
                                                       BLOCK_N=bn, BLOCK_K=bk, PRECISION="tf32", W4=False, GROUP=1,
-                                                      HAS_BIAS=True, SWIGLU=gated), moe
+                                                      HAS_BIAS=True, SWIGLU=gated, MX4=True), {
+                    **moe, "w_ptr": "*u8", "s_ptr": "*u8", "z_ptr": "*u8"}
     # multi-LoRA shrink and expand (layers/lora_kernels.py): bf16 and float32 activations
     lora = dict(sorted_ptr="*i32", starts_ptr="*i32", counts_ptr="*i32", u_ptr="*fp32")
     for dtype in ("bf16", "fp32"):

@@ -23,17 +23,31 @@ from typing import NamedTuple
 import torch
 
 from expresslane.quant.int4_experts import Int4Experts
+from expresslane.quant.mxfp4 import Mxfp4Experts
 from expresslane.triton_setup import tl, triton
 
 
 @triton.jit
 def _weight_tile(w_ptr, s_ptr, z_ptr, expert, k0, k, k_ok, cols, cols_ok, stride_we, stride_wn, stride_se,
-                 stride_sg, dtype: tl.constexpr, W4: tl.constexpr, GROUP: tl.constexpr):
+                 stride_sg, dtype: tl.constexpr, W4: tl.constexpr, GROUP: tl.constexpr, MX4: tl.constexpr):
     """[BLOCK_K, BLOCK_N]: W^T of `expert` at inputs k, outputs cols. Float W [E, N, K]; W4: the
     packed INT4 layout (qweight [E, K/8, N], scales and zeros [E, K/G, N]), dequantized here as
-    (q - z) * s; one group per tile (GROUP is a multiple of BLOCK_K)."""
+    (q - z) * s; one group per tile (GROUP is a multiple of BLOCK_K). MX4: MXFP4 (blocks [E, N,
+    K/2], two e2m1 codes a byte, the even input low; scales [E, N, K/32], e8m0), decoded here:
+    (-1)^sign * (exp ? (1 + mant / 2) 2^(exp - 1) : mant / 2) * 2^(scale - 127)."""
     mask = k_ok[:, None] & cols_ok[None, :]
-    if W4:
+    if MX4:
+        row = expert * stride_we + cols[None, :].to(tl.int64) * stride_wn
+        packed = tl.load(w_ptr + row + (k // 2)[:, None], mask=mask, other=0).to(tl.int32)
+        code = (packed >> ((k % 2) * 4)[:, None]) & 0xF
+        exp = (code >> 1) & 3
+        mant = (code & 1).to(tl.float32)
+        value = tl.where(exp == 0, mant * 0.5, (1.0 + mant * 0.5) * tl.exp2((exp - 1).to(tl.float32)))
+        value = tl.where(code >= 8, -value, value)
+        scale = tl.load(s_ptr + expert * stride_se + cols[None, :].to(tl.int64) * stride_sg + (k // 32)[:, None],
+                        mask=mask, other=127)
+        w = (value * tl.exp2(scale.to(tl.float32) - 127.0)).to(dtype)
+    elif W4:
         packed = tl.load(w_ptr + expert * stride_we + (k // 8)[:, None] * stride_wn + cols[None, :], mask=mask,
                          other=0)
         q = (packed >> ((k % 8) * 4)[:, None]) & 0xF
@@ -53,10 +67,11 @@ def moe_gemm_kernel(a_ptr, w_ptr, s_ptr, z_ptr, c_ptr, topk_w_ptr, sorted_rows_p
                     stride_be, alpha, limit,
                     TOP_K: tl.constexpr, GATED: tl.constexpr, WEIGHTED: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, W4: tl.constexpr,
-                    GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr):
+                    GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr, MX4: tl.constexpr):
     """C[row, n] = A[row // TOP_K] . W[expert, n] for the rows of one expert's tile; GATED: W
     holds gate rows [0, N) then up rows [N, 2N) and C = silu(gate) * up; WEIGHTED: C *= w[row].
-    W4: W is INT4 (see _weight_tile; s_ptr, z_ptr and their strides are its scales and zeros).
+    W4: W is INT4 (see _weight_tile; s_ptr, z_ptr and their strides are its scales and zeros); MX4:
+    MXFP4 (s_ptr and its strides: the block scales).
     HAS_BIAS: bias[expert, n] (gated: gate's at n, up's at N + n) added before the activation
     or the weighting. SWIGLU: gpt-oss's (min(gate, limit) sigmoid(alpha min(gate, limit)))
     (clamp(up, -limit, limit) + 1) in place of silu(gate) * up."""
@@ -78,11 +93,11 @@ def moe_gemm_kernel(a_ptr, w_ptr, s_ptr, z_ptr, c_ptr, topk_w_ptr, sorted_rows_p
             k_mask = k < K
             a = tl.load(a_ptrs, mask=valid[:, None] & k_mask[None, :], other=0.0)
             w = _weight_tile(w_ptr, s_ptr, z_ptr, expert, k0, k, k_mask, offs_n, n_mask, stride_we, stride_wn,
-                             stride_se, stride_sg, dtype, W4, GROUP)
+                             stride_se, stride_sg, dtype, W4, GROUP, MX4)
             acc = tl.dot(a, w, acc, input_precision=PRECISION)
             if GATED:
                 w_up = _weight_tile(w_ptr, s_ptr, z_ptr, expert, k0, k, k_mask, offs_n + N, n_mask, stride_we,
-                                    stride_wn, stride_se, stride_sg, dtype, W4, GROUP)
+                                    stride_wn, stride_se, stride_sg, dtype, W4, GROUP, MX4)
                 acc_up = tl.dot(a, w_up, acc_up, input_precision=PRECISION)
             a_ptrs += BLOCK_K
         dtype = c_ptr.dtype.element_ty
@@ -254,9 +269,13 @@ def _weights(w, block_k: int) -> tuple[tuple, dict, int]:
     if isinstance(w, Int4Experts):
         q, s, z = w.qweight, w.scales, w.zeros
         assert s.stride() == z.stride()
-        return ((q, s, z, q.stride(0), q.stride(1), s.stride(0), s.stride(1)), dict(W4=True, GROUP=w.group),
-                min(block_k, w.group & -w.group))  # a power of two that divides the group
-    return (w, w, w, w.stride(0), w.stride(1), 0, 0), dict(W4=False, GROUP=1), block_k
+        return ((q, s, z, q.stride(0), q.stride(1), s.stride(0), s.stride(1)),
+                dict(W4=True, GROUP=w.group, MX4=False), min(block_k, w.group & -w.group))  # (a power of two: divides it)
+    if isinstance(w, Mxfp4Experts):
+        b, s = w.blocks, w.scales
+        return (b, s, s, b.stride(0), b.stride(1), s.stride(0), s.stride(1)), dict(W4=False, GROUP=1, MX4=True), \
+            block_k
+    return (w, w, w, w.stride(0), w.stride(1), 0, 0), dict(W4=False, GROUP=1, MX4=False), block_k
 
 
 def grouped_gemm(a: torch.Tensor, w, out: torch.Tensor, weights: torch.Tensor, aligned: tuple, top_k: int,

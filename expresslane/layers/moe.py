@@ -10,7 +10,8 @@ token, and the token's output is the routing-weighted sum of theirs.
 
 Expert weights are stacked: ``w13`` [E, 2I, H] (gate rows, then up rows) and ``w2`` [E, H, I];
 in an AWQ or GPTQ checkpoint they are INT4 (``quant/int4_experts.py``: the same two families,
-packed, dequantized inside the fused GEMMs).
+packed, dequantized inside the fused GEMMs), in gpt-oss's as shipped MXFP4 (``quant/mxfp4.py``,
+decoded inside the fused GEMMs too).
 Two paths compute the experts: the fused Triton kernels (``fused_moe.py``: tokens aligned by
 expert, one grouped GEMM for gate/up with SiLU-and-mul, one for down; no host sync, so CUDA
 graphs capture it) when the attention backend is `triton`, and the plain torch reference
@@ -37,6 +38,7 @@ from expresslane.distributed.group import TPGroup
 from expresslane.distributed.layers import even_split
 from expresslane.quant.int4 import Int4Method
 from expresslane.quant.int4_experts import Int4Experts
+from expresslane.quant.mxfp4 import BLOCK, Mxfp4Experts
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,8 +107,9 @@ def check_expert_split(num_experts: int, ranks: int) -> None:
 class SparseMoE(nn.Module):
     def __init__(self, hidden: int, intermediate: int, num_experts: int, top_k: int, renormalize: bool,
                  tp: TPGroup, fused: bool, int4: Int4Method | None = None, topk_softmax: bool = False,
-                 biased: bool = False, act: ClampedSwiGLU | None = None):
-        """`topk_softmax`, `biased`, `act`: gpt-oss's routing, biases and activation (module doc)."""
+                 biased: bool = False, act: ClampedSwiGLU | None = None, mxfp4: bool = False):
+        """`topk_softmax`, `biased`, `act`: gpt-oss's routing, biases and activation (module doc);
+        `mxfp4`: its experts as shipped."""
         super().__init__()
         if int4 is not None and (biased or act is not None):
             raise ValueError("INT4 experts with biases or the clamped SwiGLU are not supported")
@@ -126,7 +129,14 @@ class SparseMoE(nn.Module):
             self.inter_start, local_inter = even_split(intermediate, tp, "MoE intermediate size")
         self.intermediate = intermediate
         self.gate = nn.Linear(hidden, num_experts, bias=biased)  # the router, replicated on every rank
-        if int4 is None:
+        if mxfp4:  # a rank's slice of the intermediate size is whole blocks of down's inputs
+            if local_inter % BLOCK or self.inter_start % BLOCK:
+                raise ValueError(f"MXFP4 experts: this rank's {local_inter} intermediate columns from "
+                                 f"{self.inter_start} are not whole blocks of {BLOCK}; use another tensor-parallel "
+                                 "size or enable_expert_parallel")
+            self.w13 = Mxfp4Experts(local_experts, 2 * local_inter, hidden)
+            self.w2 = Mxfp4Experts(local_experts, hidden, local_inter)
+        elif int4 is None:
             self.w13 = nn.Parameter(torch.empty(local_experts, 2 * local_inter, hidden))
             self.w2 = nn.Parameter(torch.empty(local_experts, hidden, local_inter))
         else:  # whole experts only: the models refuse tensor parallelism with quantized weights
@@ -169,8 +179,8 @@ class SparseMoE(nn.Module):
 
     # -- weights -------------------------------------------------------------------------------
     def load_expert(self, expert: int, part: str, name: str, tensor: torch.Tensor) -> str | None:
-        """One expert's checkpoint tensor `name` ('weight', 'bias', or an INT4 format's 'qweight',
-        'scales', ...) of part 'gate', 'up' or 'down' ([I, H], [I, H], [H, I] as float weights; [I],
+        """One expert's checkpoint tensor `name` ('weight', 'bias', an INT4 format's 'qweight',
+        'scales', ..., or MXFP4's 'blocks' and 'scales') of part 'gate', 'up' or 'down' ([I, H], [I, H], [H, I] as float weights; [I],
         [I], [H] as biases). Returns the key it completed; None for an expert another rank holds
         or a part still awaiting tensors."""
         local = expert - self.first_expert
@@ -183,6 +193,14 @@ class SparseMoE(nn.Module):
             family, start = (self.w2, 0) if part == "down" else (self.w13, 0 if part == "gate" else n)
             width = hidden if part == "down" else n
             return f"{local}.{part}" if family.load(local, slice(start, start + width), name, tensor) else None
+        if isinstance(self.w13, Mxfp4Experts) and name in ("blocks", "scales"):
+            if part == "down":  # [H, I/32(, 16)]: this rank's blocks of the intermediate size
+                done = self.w2.load(local, slice(0, hidden), name, tensor.narrow(1, self.inter_start // BLOCK,
+                                                                                 n // BLOCK))
+            else:
+                offset = 0 if part == "gate" else n
+                done = self.w13.load(local, slice(offset, offset + n), name, tensor.narrow(0, self.inter_start, n))
+            return f"{local}.{part}" if done else None
         if name == "bias" and self.b13 is not None:
             return self._load_bias(local, expert, part, tensor)
         if name != "weight":

@@ -11,14 +11,12 @@ The checkpoint stacks each layer's experts: ``experts.gate_up_proj`` [E, H, 2I] 
 up columns interleaved (gate at even columns), ``down_proj`` [E, I, H] (both input-major), and
 their biases ``gate_up_proj_bias`` [E, 2I] (interleaved), ``down_proj_bias`` [E, H]. As shipped
 (`quantization_config` mxfp4) the two weights are ``*_blocks`` and ``*_scales`` instead
-(quant/mxfp4.py: output-major, [E, 2I, H / 32, 16] and [E, H, I / 32, 16]); they are
-dequantized at load into the model dtype, expert by expert, and run through the same MoE
-paths: the experts then take 16 bits a weight instead of 4.25 (the log line at load states it).
+(quant/mxfp4.py: output-major, [E, 2I, H / 32, 16] and [E, H, I / 32, 16]); they stay packed
+(4.25 bits a weight) and the fused grouped GEMMs decode them in the kernel (the torch reference
+dequantizes one expert at a time as it runs).
 """
 
 from __future__ import annotations
-
-import logging
 
 import torch
 from torch import nn
@@ -29,9 +27,6 @@ from expresslane.distributed.layers import head_split
 from expresslane.layers.moe import ClampedSwiGLU, SparseMoE
 from expresslane.models.llama import Attention, DecoderLayer, LlamaForCausalLM
 from expresslane.quant import QuantConfig
-from expresslane.quant.mxfp4 import dequantize_mxfp4
-
-log = logging.getLogger(__name__)
 
 _EXPERTS = ".mlp.experts."
 _PARTS = ("gate_up_proj", "down_proj")
@@ -69,8 +64,12 @@ class GptOssForCausalLM(LlamaForCausalLM):
                              "as shipped (MXFP4 experts) or an unquantized one")
         if not getattr(cfg, "attention_bias", True):
             raise ValueError("config.json: gpt-oss needs attention_bias true (its projections have biases)")
+        qc = getattr(cfg, "quantization_config", None) or {}
+        method = qc.get("quant_method") if isinstance(qc, dict) else getattr(qc, "quant_method", None)
+        if method not in (None, "mxfp4"):
+            raise ValueError(f"config.json: gpt-oss quantized with {method!r} is not supported (mxfp4 or none)")
+        self.mxfp4 = method == "mxfp4"  # the experts stay in MXFP4, as shipped
         super().__init__(cfg, backend, quant, tp)
-        self.packed_bytes = self.dequantized_bytes = 0  # MXFP4 experts as stored, and as loaded
 
     def make_layer(self, cfg, index: int, backend: AttentionBackend, quant, tp: TPGroup) -> nn.Module:
         prefix = f"model.layers.{index}"
@@ -80,20 +79,15 @@ class GptOssForCausalLM(LlamaForCausalLM):
     def make_mlp(self, cfg, index: int, quant, prefix: str, tp: TPGroup, fused: bool) -> nn.Module:
         act = ClampedSwiGLU(float(getattr(cfg, "swiglu_alpha", 1.702)), float(getattr(cfg, "swiglu_limit", 7.0)))
         return SparseMoE(cfg.hidden_size, cfg.intermediate_size, cfg.num_local_experts, cfg.num_experts_per_tok,
-                         False, tp, fused, topk_softmax=True, biased=True, act=act)
+                         False, tp, fused, topk_softmax=True, biased=True, act=act, mxfp4=self.mxfp4)
 
     def load_weights(self, weights) -> None:
         super().load_weights(self._per_expert(weights))
-        if self.packed_bytes:
-            gib = 2 ** 30
-            log.info("gpt-oss MXFP4 experts dequantized at load: %.2f GiB as shipped, %.2f GiB in the model dtype",
-                     self.packed_bytes / gib, self.dequantized_bytes / gib)
 
     def _per_expert(self, weights):
         """The checkpoint's tensors as the Llama loader reads them: the router as `mlp.gate`,
         each stacked expert family cut into one tensor per expert and projection (gate/up
-        de-interleaved, weights output-major), MXFP4 pairs dequantized."""
-        pending: dict[str, torch.Tensor] = {}  # an MXFP4 half waiting for its other half
+        de-interleaved; float weights made output-major, as MXFP4's already are)."""
         for name, tensor in weights:
             if ".mlp.router." in name:
                 yield name.replace(".mlp.router.", ".mlp.gate."), tensor
@@ -102,46 +96,25 @@ class GptOssForCausalLM(LlamaForCausalLM):
                 yield name, tensor
                 continue
             prefix, _, part = name.rpartition(_EXPERTS)
-            if part.endswith(("_blocks", "_scales")):
-                base, _, kind = part.rpartition("_")
-                other = f"{prefix}{_EXPERTS}{base}_{'scales' if kind == 'blocks' else 'blocks'}"
-                if other not in pending:
-                    pending[name] = tensor
-                    continue
-                blocks, scales = (tensor, pending.pop(other)) if kind == "blocks" else (pending.pop(other), tensor)
-                yield from self._mxfp4_experts(prefix, base, blocks, scales)
-                continue
-            base = part.removesuffix("_bias")
+            base, _, kind = part.rpartition("_")
+            if base not in _PARTS or kind not in ("bias", "blocks", "scales"):
+                base, kind = part, "weight"
             if base not in _PARTS:
                 raise ValueError(f"checkpoint tensor {name!r}: unknown gpt-oss expert tensor (expected "
                                  f"{', '.join(_PARTS)}, their _bias, or MXFP4 _blocks and _scales)")
-            if part.endswith("_bias"):
-                yield from _split(prefix, base, "bias", tensor)
-            else:  # input-major [E, K, N] -> output-major
-                yield from _split(prefix, base, "weight", tensor.transpose(1, 2))
-        if pending:
-            raise ValueError(f"checkpoint has MXFP4 tensors without their other half: {sorted(pending)[:3]}")
-
-    def _mxfp4_experts(self, prefix: str, base: str, blocks: torch.Tensor, scales: torch.Tensor):
-        if base not in _PARTS:
-            raise ValueError(f"checkpoint tensor {prefix}{_EXPERTS}{base}_blocks: unknown gpt-oss expert tensor")
-        dtype = self.embed_tokens.weight.dtype
-        self.packed_bytes += blocks.numel() + scales.numel()
-        for e in range(blocks.shape[0]):  # one expert at a time: the float32 intermediate stays small
-            w = dequantize_mxfp4(blocks[e], scales[e], dtype)
-            self.dequantized_bytes += w.numel() * w.element_size()
-            yield from _split(prefix, base, "weight", w[None], first=e)
+            if kind in ("blocks", "scales") and not self.mxfp4:
+                raise ValueError(f"checkpoint tensor {name!r} is MXFP4, but config.json has no quantization_config "
+                                 "with quant_method mxfp4")
+            yield from _split(prefix, base, kind, tensor.transpose(1, 2) if kind == "weight" else tensor)
 
 
-def _split(prefix: str, base: str, kind: str, stacked: torch.Tensor, first: int = 0):
-    """(name, tensor) per expert from output-major stacked [E, N(, K)]: gate_up's rows (or bias
+def _split(prefix: str, base: str, kind: str, stacked: torch.Tensor):
+    """(name, tensor) per expert from output-major stacked [E, N, ...]: gate_up's rows (or bias
     entries) alternate gate, up."""
-    for e, t in enumerate(stacked, start=first):
+    for e, t in enumerate(stacked):
         name = f"{prefix}{_EXPERTS}{e}"
         if base == "down_proj":
             yield f"{name}.down_proj.{kind}", t
         else:
             yield f"{name}.gate_proj.{kind}", t[0::2]
             yield f"{name}.up_proj.{kind}", t[1::2]
-
-

@@ -375,7 +375,7 @@ class LlamaForCausalLM(nn.Module):
 _FUSED = re.compile(r"layers\.\d+\.(?:self_attn|mlp)\.(qkv_proj|gate_up_proj)\.(\w+)$")
 # one expert's projection, as Mixtral (w1 gate, w3 up, w2 down) and Qwen3-MoE name them
 _EXPERT = re.compile(r"layers\.(\d+)\.(?:block_sparse_moe|mlp)\.experts\.(\d+)\.(w1|w2|w3|gate_proj|up_proj|down_proj)"
-                     r"\.(weight|bias|qweight|qzeros|scales|g_idx)$")
+                     r"\.(weight|bias|qweight|qzeros|scales|g_idx|blocks)$")
 _EXPERT_PARTS = {"w1": "gate", "w3": "up", "w2": "down", "gate_proj": "gate", "up_proj": "up", "down_proj": "down"}
 
 
