@@ -136,16 +136,26 @@ def _mxfp4_checkpoint(src, packed_dir, float_dir):
     return tensors
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("backend", ["torch", "triton", "torch-tp2"])
 def test_mxfp4_experts_load_as_shipped(oss_dir, tmp_path, backend):
     """A checkpoint whose experts are packed to MXFP4 loads them packed (gate and up rows
     de-interleaved), equal to their dequantized values, and runs greedy as transformers runs
     the dequantized float checkpoint: the torch path dequantizing an expert at a time, the
-    fused GEMMs decoding MXFP4 in the kernel (the interpreter on CPU)."""
+    fused GEMMs decoding MXFP4 in the kernel (the interpreter on CPU), and over two
+    tensor-parallel ranks (each with its 32-blocks of every expert's intermediate size)."""
     if backend == "triton":
         pytest.importorskip("triton")
     packed_dir, float_dir = tmp_path / "mxfp4", tmp_path / "float"
     tensors = _mxfp4_checkpoint(oss_dir, packed_dir, float_dir)
+    if backend == "torch-tp2":
+        llm = LLM(str(packed_dir), tensor_parallel_size=2, max_num_batched_tokens=32)
+        try:
+            outs = llm.generate([{"prompt_token_ids": PROMPTS[i]} for i in (2, 12, 17)], GREEDY, use_tqdm=False)
+        finally:
+            llm.shutdown()
+        assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(float_dir, PROMPTS[i], MAX_TOKENS)
+                                                          for i in (2, 12, 17)]
+        return
     llm = LLM(str(packed_dir), attention_backend=backend, max_num_batched_tokens=32, enable_prefix_caching=True)
     moe = llm.engine.runner.model.layers[1].mlp
     assert isinstance(moe.w13, Mxfp4Experts) and moe.w13.blocks.dtype == torch.uint8
