@@ -19,15 +19,15 @@ from typing import AsyncIterator
 
 import msgspec
 
+from expresslane.engine.detokenizer import IncrementalDetokenizer
 from expresslane.engine.inputs import InputError
 from expresslane.outputs import CompletionOutput, RequestOutput
 from expresslane.sampling_params import SamplingParams
-from expresslane.server import errors
+from expresslane.server import errors, harmony
 from expresslane.server.echo import prompt_logprobs_field
 from expresslane.server.engine_client import EngineClient
 from expresslane.server.limits import RequestLimits, check_chars, check_counts
 from expresslane.server.memory import LARGE_ITEMS, trim_soon
-from expresslane.server import harmony
 from expresslane.server.reasoning import ReasoningStream, grammar_after_thinking
 from expresslane.server.reasoning import split as split_reasoning
 from expresslane.server.tools import CallStream, ToolMode, call_id
@@ -365,7 +365,8 @@ class Chat(_Endpoint):
         self.harmony = harmony and (tools is None or tools.choice == "auto")
         self._call_streams: dict[int, CallStream] = {}  # per choice index, while streaming
         self._reasoning_streams: dict[int, ReasoningStream] = {}
-        self._harmony: dict[int, tuple[harmony.HarmonyStream, list[int]]] = {}  # (stream, token ids so far)
+        # per choice: its split, and its text with the special tokens (decoded as the tokens come)
+        self._harmony: dict[int, tuple[harmony.HarmonyStream, IncrementalDetokenizer]] = {}
 
     def call_stream(self, index: int) -> CallStream:
         if index not in self._call_streams:
@@ -402,10 +403,10 @@ class Chat(_Endpoint):
         return delta, finish
 
     def _harmony_delta(self, d: Delta) -> tuple[dict, str | None]:
-        stream, ids = self._harmony.setdefault(d.index, (harmony.HarmonyStream(), []))
-        ids += d.token_ids
-        text = self.client.tokenizer.decode(ids, skip_special_tokens=False)
-        thought, content, calls = stream.feed(text, d.finish_reason is not None)
+        stream, text = self._harmony.setdefault(d.index, (
+            harmony.HarmonyStream(), IncrementalDetokenizer(self.client.tokenizer, [], None, skip_special_tokens=False)))
+        text.add(d.token_ids)
+        thought, content, calls = stream.feed(text.text, d.finish_reason is not None)
         calls = calls if self.tools is not None else []
         first = stream.num_calls - len(calls)
         tool_calls = [{"index": first + i, "id": call_id(), "type": "function",
