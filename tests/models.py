@@ -7,10 +7,12 @@ from pathlib import Path
 
 import torch
 
+from expresslane.models import harmony
 from expresslane.models.tokenizer_builder import BOS, EOS, save_tokenizer, special_token_ids
 
 VOCAB = 512
 _IDS = special_token_ids(VOCAB)
+_HARMONY = special_token_ids(VOCAB, harmony.SPECIAL_TOKENS)  # gpt-oss's tokenizer: harmony's at the top
 
 _COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
@@ -77,6 +79,14 @@ MORE_ARCHS = {
     "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM", dict(_MLA, **_MOE, q_lora_rank=24, n_group=4,
                                                                       topk_group=2, routed_scaling_factor=2.5,
                                                                       norm_topk_prob=True)),
+    # gpt-oss: a window of 24 on the first of two layers, sinks, 5 experts top-2 with biases, the SwiGLU's
+    # clamp low enough to bind, YaRN over an original 256 positions; the harmony tokenizer and template
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM", dict(
+        bos_token_id=_HARMONY[harmony.STARTOFTEXT], eos_token_id=[_HARMONY[t] for t in harmony.STOP_TOKENS],
+        head_dim=16, sliding_window=24, layer_types=["sliding_attention", "full_attention"], num_local_experts=5,
+        num_experts_per_tok=2, intermediate_size=64, swiglu_limit=1.0,
+        rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                         "original_max_position_embeddings": 256, "rope_theta": 150000.0})),
 }
 
 
@@ -95,6 +105,8 @@ def build_model(arch: str, out_dir: Path, seed: int = 0, peak: float = 8.0, **ov
                 p.normal_(0.0, 0.15 if "embed" not in name else 1.0)
             elif "bias" in name:
                 p.normal_(0.0, 0.1)
+            elif name.endswith("sinks"):  # gpt-oss: sinks that take a share of the attention
+                p.normal_(0.0, 1.0)
             elif arch.startswith("gemma"):  # its norms scale by (1 + w), w zero at init
                 p.normal_(0.0, 0.2)
         for name, b in model.named_buffers():
@@ -108,7 +120,7 @@ def build_model(arch: str, out_dir: Path, seed: int = 0, peak: float = 8.0, **ov
             head.mul_(peak / head.norm(dim=-1, keepdim=True).mean())
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)
-    save_tokenizer(VOCAB, out_dir, config.max_position_embeddings)
+    save_tokenizer(VOCAB, out_dir, config.max_position_embeddings, harmony=arch == "gpt_oss")
     return out_dir
 
 

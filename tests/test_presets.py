@@ -299,3 +299,52 @@ def test_deepseek_preset_loads_in_transformers_and_the_engine(preset, tmp_path, 
     assert again.outputs[0].token_ids == out.outputs[0].token_ids
     with pytest.raises(ValueError, match="quantized DeepSeek presets"):
         make_model("shrunk", tmp_path / "quantized", quantization="awq")
+
+
+# gpt-oss: the shipped checkpoint's layout (MXFP4 experts, sinks, biases), its real size, and a shrunk
+# copy read by transformers' own MXFP4 loader (dequantized) and by the engine
+def test_gpt_oss_preset_has_the_real_size():
+    config = PRESETS["gpt-oss-20b"]
+    numel = {s.name: math.prod(s.shape) * (2 if s.name.endswith("_blocks") else 1)  # two FP4 values a byte
+             for s in param_specs(config) if not s.name.endswith("_scales")}
+    experts = sum(n for name, n in numel.items() if ".experts." in name)
+    embedding = numel["model.embed_tokens.weight"]  # (OpenAI's active count leaves it out)
+    assert sum(numel.values()) == pytest.approx(20.91e9, rel=0.005)
+    assert sum(numel.values()) - embedding - experts * (1 - 4 / 32) == pytest.approx(3.61e9, rel=0.01)
+
+
+def _shrunk_gpt_oss() -> dict:
+    from expresslane.models import harmony
+
+    config = dict(PRESETS["gpt-oss-20b"], hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16, intermediate_size=64, vocab_size=512,
+                  max_position_embeddings=1024, torch_dtype="float32", dtype="float32", num_local_experts=5, num_experts_per_tok=2, sliding_window=8,
+                  layer_types=["sliding_attention", "full_attention"])
+    config["rope_scaling"] = dict(config["rope_scaling"], factor=4.0, original_max_position_embeddings=256)
+    ids = special_token_ids(512, harmony.SPECIAL_TOKENS)
+    return config | {"bos_token_id": ids[harmony.STARTOFTEXT], "eos_token_id": ids[harmony.RETURN]}
+
+
+def test_gpt_oss_preset_loads_as_shipped(tmp_path, monkeypatch):
+    from transformers import Mxfp4Config
+
+    from expresslane import LLM, SamplingParams
+
+    monkeypatch.setitem(PRESETS, "shrunk", _shrunk_gpt_oss())
+    path = make_model("shrunk", tmp_path / "full")
+    names = safe_open(str(path / "model.safetensors"), "pt").keys()
+    assert "model.layers.0.mlp.experts.gate_up_proj_blocks" in names and "model.layers.0.self_attn.sinks" in names
+    hf, info = AutoModelForCausalLM.from_pretrained(path, output_loading_info=True, dtype=torch.float32,
+                                                    quantization_config=Mxfp4Config(dequantize=True))
+    assert not any(info.values()), info
+    prompt = [(i * 37 + 11) % 500 for i in range(40)]  # past the window of 8
+    want = hf.generate(torch.tensor([prompt]), max_new_tokens=8, min_new_tokens=8, do_sample=False,
+                       eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+    greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    [out] = LLM(str(path)).generate([{"prompt_token_ids": prompt}], greedy, use_tqdm=False)
+    assert out.outputs[0].token_ids == want
+    bare = make_model("shrunk", tmp_path / "bare", weights=False)
+    [again] = LLM(str(bare), load_format="dummy").generate([{"prompt_token_ids": prompt}], greedy, use_tqdm=False)
+    assert again.outputs[0].token_ids == want
+    with pytest.raises(ValueError, match="as shipped"):
+        make_model("shrunk", tmp_path / "quantized", quantization="awq")

@@ -50,7 +50,7 @@ def _compile_all() -> None:
     ptrs = {"q_ptr": "*bf16", "k_cache_ptr": "*fp8e4nv", "v_cache_ptr": "*fp8e4nv", "out_ptr": "*bf16",
             "part_acc_ptr": "*fp32", "part_ml_ptr": "*fp32", "count_ptr": "*i32", "block_tables_ptr": "*i32",
             "seq_lens_ptr": "*i32",
-            "query_start_loc_ptr": "*i32", "work_ptr": "*i32"}
+            "query_start_loc_ptr": "*i32", "work_ptr": "*i32", "sinks_ptr": "*bf16"}
     scalars = {"scale": "fp32", "num_splits": "i32", "k_scale": "fp32", "v_scale": "fp32", "softcap": "fp32",
                "window": "i32"}
     strides = dict.fromkeys(["stride_qt", "stride_qh", "stride_kb", "stride_ks", "stride_kh", "stride_ot",
@@ -60,7 +60,7 @@ def _compile_all() -> None:
         ir = compile_ir(triton_kernels.paged_attention_kernel, {**ptrs, **scalars, **strides}, {
             "G": 4, "G_PAD": 4, "HK": 8, "BLOCK_Q": 4 if decode else 16, "BLOCK_N": 64, "HEAD_DIM": 128, "D_PAD": 128,
             "PAGE": 16, "DECODE": decode, "MASK_ALL": False, "FUSED_REDUCE": decode, "PRECISION": "tf32",
-            "SOFTCAP": False, "HAS_WINDOW": False})
+            "SOFTCAP": False, "HAS_WINDOW": False, "HAS_SINKS": False})
         assert "tt.dot" in ir
     print("compiled")
 

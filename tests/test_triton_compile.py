@@ -17,7 +17,7 @@ _POINTERS = {"pos_ptr": "*i64", "slot_ptr": "*i64", "block_tables_ptr": "*i32", 
              "query_start_loc_ptr": "*i32", "work_ptr": "*i32", "cos_sin_ptr": "*fp32", "part_acc_ptr": "*fp32",
              "part_ml_ptr": "*fp32", "part_ptr": "*fp32", "count_ptr": "*i32", "lse_a_ptr": "*fp32",
              "lse_b_ptr": "*fp32"}
-_FLOATS = {"scale", "eps", "k_scale", "v_scale", "norm_eps", "softcap"}
+_FLOATS = {"scale", "eps", "k_scale", "v_scale", "norm_eps", "softcap", "alpha", "limit"}
 
 
 def _cases():
@@ -42,7 +42,7 @@ def _cases():
         for dtype, precision, cache in (("bf16", "tf32", {}), ("fp32", "ieee", {}),
                                         ("bf16", "tf32", dict(k_cache_ptr="*fp8e4nv", v_cache_ptr="*fp8e4nv"))):
             # decode, then every prefill tile shape the benchmark sweeps (the tables' entries among them)
-            # (a sliding window with the first of each kind)
+            # (a sliding window and attention sinks, as gpt-oss's sliding layers, with the first of each kind)
             for decode, rows, block_n, mask_all, fused, window in (
                     (True, 16, 64, False, False, True), (True, 16, 64, False, False, False),
                     (True, 16, 64, True, False, False), (True, 16, 64, False, True, False),
@@ -52,7 +52,7 @@ def _cases():
                 yield "paged_attention_kernel", dtype, dict(
                     G=g, G_PAD=pow2(g), HK=kv_heads, BLOCK_Q=max(1, rows // pow2(g)), BLOCK_N=block_n, HEAD_DIM=dim,
                     D_PAD=max(16, pow2(dim)), PAGE=16, DECODE=decode, MASK_ALL=mask_all, FUSED_REDUCE=fused,
-                    PRECISION=precision, SOFTCAP=False, HAS_WINDOW=window), cache
+                    PRECISION=precision, SOFTCAP=False, HAS_WINDOW=window, HAS_SINKS=window), cache
         yield "reduce_splits_kernel", "bf16", dict(HEAD_DIM=dim, D_PAD=max(16, pow2(dim)), MAX_SPLITS=16)
         yield "merge_lse_kernel", "bf16", dict(HEAD_DIM=dim, D_PAD=max(16, pow2(dim)), BLOCK_T=16)  # library prefill
     # fused norm and SiLU-and-mul (layers/triton_ops.py), also quantizing their output for an FP8 linear
@@ -99,9 +99,15 @@ def _cases():
         for dtype, precision in (("bf16", "tf32"), ("fp32", "ieee")):
             for top_k, gated in ((8, True), (1, False)):
                 for w4, group in ((False, 1), (True, 128)):
-                    yield "moe_gemm_kernel", dtype, dict(TOP_K=top_k, GATED=gated, WEIGHTED=not gated, BLOCK_M=bm,
-                                                         BLOCK_N=bn, BLOCK_K=bk, PRECISION=precision, W4=w4,
-                                                         GROUP=group), {**moe, **(int4 if w4 else {})}
+                    yield "moe_gemm_kernel", dtype, dict(
+                        TOP_K=top_k, GATED=gated, WEIGHTED=not gated, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+                        PRECISION=precision, W4=w4, GROUP=group, HAS_BIAS=False, SWIGLU=False, MX4=False), {
+                        **moe, **(int4 if w4 else {})}
+            for top_k, gated in ((4, True), (1, False)):  # gpt-oss as shipped: MXFP4, biases, the clamped SwiGLU
+                yield "moe_gemm_kernel", "bf16", dict(TOP_K=top_k, GATED=gated, WEIGHTED=not gated, BLOCK_M=bm,
+                                                      BLOCK_N=bn, BLOCK_K=bk, PRECISION="tf32", W4=False, GROUP=1,
+                                                      HAS_BIAS=True, SWIGLU=gated, MX4=True), {
+                    **moe, "w_ptr": "*u8", "s_ptr": "*u8", "z_ptr": "*u8"}
     # multi-LoRA shrink and expand (layers/lora_kernels.py): bf16 and float32 activations
     lora = dict(sorted_ptr="*i32", starts_ptr="*i32", counts_ptr="*i32", part_ptr="*fp32")
     for dtype, precision in (("bf16", "tf32"), ("fp32", "ieee")):
@@ -112,9 +118,11 @@ def _cases():
     yield "_penalize", "fp32", dict(BLOCK=1024), dict(counts_ptr="*i32", seen_ptr="*u8", logit_rows_ptr="*i64",
                                                      state_rows_ptr="*i64")
     # routing (Mixtral 8 x top-2 renormalised, Qwen3-MoE 128 x top-8) and the alignment of rows by expert
-    for experts, k, renorm in ((8, 2, True), (128, 8, True), (7, 1, False)):
+    for experts, k, renorm, topk_softmax in ((8, 2, True, False), (128, 8, True, False), (7, 1, False, False),
+                                             (32, 4, False, True)):  # (gpt-oss: the softmax of the top k)
         pow2e, pow2k = pow2(experts), pow2(k)
-        yield "route_kernel", "bf16", dict(TOP_K=k, K_PAD=pow2k, E_PAD=pow2e, RENORM=renorm), dict(
+        yield "route_kernel", "bf16", dict(TOP_K=k, K_PAD=pow2k, E_PAD=pow2e, RENORM=renorm,
+                                           TOPK_SOFTMAX=topk_softmax), dict(
             weights_ptr="*fp32", ids_ptr="*i32", counts_ptr="*i64")
         for ids in ("*i32", "*i64"):  # routed here, or local ids after expert-parallel dispatch
             yield "align_kernel", "bf16", dict(BLOCK_M=16, E_PAD=pow2(experts + 1), CHUNK=256,

@@ -122,4 +122,80 @@ def test_fused_int4_experts_match_reference(fmt, group, tokens, experts, k, drop
     assert torch.allclose(ref, torch_experts(x, *dense, weights, ids), atol=1e-5, rtol=1e-5)
     assert not torch.allclose(ref, torch_experts(x, w13, w2, weights, ids), atol=1e-5, rtol=1e-5)  # 4 bits: lossy
     out = fused_moe.fused_experts(*(t.to(DEVICE) for t in (x, q13.to(DEVICE), q2.to(DEVICE), weights, ids)))
+    err = (out.cpu() - ref).norm() / ref.norm()
+    assert err < 1e-5, f"relative error {err:.2e}"
+
+
+# -- gpt-oss: top-k then softmax, biases, the clamped SwiGLU ------------------------------------
+def _gpt_oss_reference(x, w13, w2, b13, b2, weights, ids, act):
+    """transformers' GptOssExperts' computation, written out: per chosen expert, gate|up with bias,
+    the clamped SwiGLU, down with bias, times the routing weight."""
+    out = torch.zeros_like(x)
+    for t in range(x.shape[0]):
+        for w, e in zip(weights[t].tolist(), ids[t].tolist()):
+            if e < 0:
+                continue
+            gate, up = (w13[e] @ x[t] + b13[e]).chunk(2)
+            gate, up = gate.clamp(max=act.limit), up.clamp(-act.limit, act.limit)
+            out[t] += (w2[e] @ ((up + 1) * gate * torch.sigmoid(gate * act.alpha)) + b2[e]) * w
+    return out
+
+
+@pytest.mark.parametrize("tokens,experts,k,drop", [(1, 5, 2, 0.0), (33, 5, 4, 0.3), (300, 3, 1, 0.0)])
+def test_fused_gpt_oss_experts_match_reference(tokens, experts, k, drop):
+    from expresslane.layers.moe import ClampedSwiGLU
+
+    x, w13, w2, _, ids = _inputs(tokens, tokens, experts, k, 96, 80, torch.float32, drop)
+    g = torch.Generator().manual_seed(tokens + 1)
+    x = x * 3  # gate and up values past the limit: the clamps bind
+    b13, b2 = torch.randn(experts, 160, generator=g), torch.randn(experts, 96, generator=g)
+    weights, ids2 = route(torch.randn(tokens, experts, generator=g), k, False, topk_softmax=True)
+    ids = torch.where(ids < 0, -1, ids2)  # (the dropped rows stay dropped)
+    act = ClampedSwiGLU(alpha=1.702, limit=2.0)
+    exact = _gpt_oss_reference(x, w13, w2, b13, b2, weights, ids, act)
+    assert (w13[:, :80] @ x.T).abs().max() > act.limit and (w13[:, 80:] @ x.T).min() < -act.limit
+    ref = torch_experts(x, w13, w2, weights, ids, b13, b2, act)
+    assert torch.allclose(ref, exact, atol=1e-4, rtol=1e-4)
+    out = fused_moe.fused_experts(*(t.to(DEVICE) for t in (x, w13, w2, weights, ids)), b13=b13.to(DEVICE),
+                                  b2=b2.to(DEVICE), act=act)
+    assert torch.allclose(out.cpu(), exact, atol=1e-4, rtol=1e-4), (out.cpu() - exact).abs().max()
+
+
+@pytest.mark.parametrize("experts,k", [(5, 2), (32, 4), (3, 3)])
+def test_fused_topk_softmax_route(experts, k):
+    """gpt-oss's routing: the k largest logits (best first), softmax over them alone."""
+    g = torch.Generator().manual_seed(experts)
+    logits = torch.randn(37, experts, generator=g) * 3
+    top, ref_ids = torch.topk(logits, k)
+    ref_w = torch.softmax(top, -1)
+    weights, ids = route(logits, k, False, topk_softmax=True)
+    assert torch.equal(ids, ref_ids) and torch.allclose(weights, ref_w)
+    counts = torch.zeros(experts, dtype=torch.int64, device=DEVICE)
+    fw, fids = fused_moe.fused_route(logits.to(DEVICE), k, False, counts, torch.arange(37).to(DEVICE),
+                                     topk_softmax=True)
+    assert torch.equal(fids.cpu().long(), ref_ids)
+    assert torch.allclose(fw.cpu(), ref_w, atol=1e-6, rtol=1e-5)
+    assert torch.equal(counts.cpu(), torch.bincount(ref_ids.flatten(), minlength=experts))
+
+
+@pytest.mark.parametrize("tokens,experts,k,drop", [(1, 5, 2, 0.0), (33, 5, 4, 0.3), (300, 3, 1, 0.0)])
+def test_fused_mxfp4_experts_match_reference(tokens, experts, k, drop):
+    """The grouped GEMMs decoding MXFP4 in-kernel (every code and sign, scales above and below 1)
+    equal the reference on the dequantized experts, with gpt-oss's biases and SwiGLU."""
+    from expresslane.layers.moe import ClampedSwiGLU
+    from expresslane.quant.mxfp4 import Mxfp4Experts
+
+    x, _, _, weights, ids = _inputs(tokens, tokens, experts, k, 96, 64, torch.float32, drop)
+    g = torch.Generator().manual_seed(tokens)
+    w13, w2 = Mxfp4Experts(experts, 128, 96), Mxfp4Experts(experts, 96, 64)
+    for w in (w13, w2):
+        w.blocks.data = torch.randint(0, 256, w.blocks.shape, dtype=torch.uint8, generator=g)
+        w.scales.data = torch.randint(118, 129, w.scales.shape, dtype=torch.uint8, generator=g)  # 2^-9 .. 2^1
+    b13, b2 = torch.randn(experts, 128, generator=g) * 0.1, torch.randn(experts, 96, generator=g) * 0.1
+    act = ClampedSwiGLU(limit=3.0)
+    dense = [torch.stack([w[e] for e in range(experts)]) for w in (w13, w2)]
+    ref = torch_experts(x, *dense, weights, ids, b13, b2, act)
+    assert torch.allclose(torch_experts(x, w13, w2, weights, ids, b13, b2, act), ref)
+    out = fused_moe.fused_experts(x.to(DEVICE), w13.to(DEVICE), w2.to(DEVICE), weights.to(DEVICE), ids.to(DEVICE),
+                                  b13=b13.to(DEVICE), b2=b2.to(DEVICE), act=act)
     assert torch.allclose(out.cpu(), ref, atol=1e-4, rtol=1e-4), (out.cpu() - ref).abs().max()

@@ -75,11 +75,13 @@ class AttentionBackend(ABC):
     @abstractmethod
     def attend(self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
                kv_scales: tuple[float, float] = (1.0, 1.0), softcap: float | None = None,
-               window: int | None = None) -> torch.Tensor:
+               window: int | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
         """Attention of the step's (rotated) queries over the cache: [T, Hq, D]. `softcap` (Gemma 2's
         attn_logit_softcapping): each scaled score s becomes softcap * tanh(s / softcap) before the softmax.
         `window` (the layer's sliding window): a query at position p sees keys p - window < j <= p, and
-        the blocks wholly before that are not read (the KV manager may have freed them)."""
+        the blocks wholly before that are not read (the KV manager may have freed them). `sinks` [Hq]
+        (gpt-oss): a learned logit per query head that joins the softmax's denominator, e^sink added
+        to the sum of e^score, with no value (the weights of the keys then sum to less than 1)."""
 
     def warm_library(self, dtype: torch.dtype, device: torch.device, max_model_len: int, budget: int) -> int:
         """Build a library kernel's plans before serving (eager steps); returns how many (0: none)."""

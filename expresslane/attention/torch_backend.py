@@ -53,20 +53,21 @@ class TorchAttentionBackend(AttentionBackend):
         return q
 
     def attend(self, q, kv_cache, meta: AttentionMetadata, scale: float, kv_scales=(1.0, 1.0),
-               softcap: float | None = None, window: int | None = None) -> torch.Tensor:
+               softcap: float | None = None, window: int | None = None,
+               sinks: torch.Tensor | None = None) -> torch.Tensor:
         out = torch.empty_like(q)
         nd = meta.num_decodes
         if nd:
-            out[:nd] = self._decode(q[:nd], kv_cache, meta, scale, kv_scales, softcap, window)
+            out[:nd] = self._decode(q[:nd], kv_cache, meta, scale, kv_scales, softcap, window, sinks)
         starts = meta.query_start_loc_cpu
         for i in range(nd, len(starts) - 1):
             lo, hi, ctx = starts[i], starts[i + 1], meta.seq_lens_cpu[i]
             out[lo:hi] = self._prefill(q[lo:hi], kv_cache, meta.block_tables[i:i + 1], ctx, scale, kv_scales, softcap,
-                                       window)
+                                       window, sinks)
         return out
 
     @staticmethod
-    def _decode(q, kv_cache, meta: AttentionMetadata, scale, kv_scales, softcap, window):
+    def _decode(q, kv_cache, meta: AttentionMetadata, scale, kv_scales, softcap, window, sinks):
         nd, max_len = meta.num_decodes, meta.max_decode_seq_len
         lens = meta.seq_lens[:nd, None].long()
         if window is None:
@@ -83,11 +84,11 @@ class TorchAttentionBackend(AttentionBackend):
             valid = (pos < lens) & (pos >= lens - window)
         k, v = _dequant(k, kv_scales[0], q.dtype), _dequant(v, kv_scales[1], q.dtype)
         o = _attention(q.unsqueeze(2), k.transpose(1, 2), v.transpose(1, 2),  # [B, H, 1, D], [B, Hk, L, D]
-                       valid[:, None, None, :], scale, softcap)
+                       valid[:, None, None, :], scale, softcap, sinks)
         return o.squeeze(2)
 
     @staticmethod
-    def _prefill(q, kv_cache, block_table, ctx: int, scale, kv_scales, softcap, window):
+    def _prefill(q, kv_cache, block_table, ctx: int, scale, kv_scales, softcap, window, sinks):
         n, bs = q.shape[0], kv_cache.shape[2]
         # keys from the block holding the first query's window start (none before: the KV manager may free them)
         first = 0 if window is None else max(0, ctx - n - window + 1) // bs
@@ -100,18 +101,25 @@ class TorchAttentionBackend(AttentionBackend):
         if window is not None:
             mask &= k_pos > q_pos - window
         o = _attention(q.transpose(0, 1)[None], k[0].transpose(0, 1)[None], v[0].transpose(0, 1)[None], mask,
-                       scale, softcap)
+                       scale, softcap, sinks)
         return o[0].transpose(0, 1)
 
 
-def _attention(q, k, v, mask, scale: float, softcap: float | None):
+def _attention(q, k, v, mask, scale: float, softcap: float | None, sinks: torch.Tensor | None = None):
     """q [B, H, Lq, D] over k, v [B, Hk, L, D] (GQA: query head h reads KV head h // (H / Hk)).
     With `softcap`, the scores are capped as transformers' Gemma 2 does: scaled, divided by the
-    cap, tanh, times the cap, then masked; softmax in float32 (SDPA has no cap)."""
-    if softcap is None:
+    cap, tanh, times the cap, then masked; softmax in float32 (SDPA has no cap). With `sinks` [H],
+    each head's sink is one more column of the softmax, dropped after it (gpt-oss)."""
+    if softcap is None and sinks is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
     group = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    scores = torch.tanh(torch.matmul(q, k.transpose(-1, -2)) * scale / softcap) * softcap
-    scores = scores.masked_fill(~mask, float("-inf"))
-    return torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), v)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~mask, float("-inf")).float()
+    if sinks is None:
+        return torch.matmul(torch.softmax(scores, dim=-1).to(q.dtype), v)
+    sink = sinks.float()[None, :, None, None].expand(*scores.shape[:-1], 1)
+    probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+    return torch.matmul(probs.to(q.dtype), v)

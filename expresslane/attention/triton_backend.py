@@ -230,17 +230,20 @@ class TritonAttentionBackend(AttentionBackend):
         return q_out
 
     def attend(self, q, kv_cache, meta: AttentionMetadata, scale: float, kv_scales=(1.0, 1.0),
-               softcap: float | None = None, window: int | None = None) -> torch.Tensor:
-        if (softcap is not None or window is not None) and meta.library_seqs:
-            raise ValueError("the library prefill path has no soft-cap (attn_logit_softcapping) and no sliding "
-                             "window; use prefill_attention 'triton'")
+               softcap: float | None = None, window: int | None = None,
+               sinks: torch.Tensor | None = None) -> torch.Tensor:
+        if (softcap is not None or window is not None or sinks is not None) and meta.library_seqs:
+            raise ValueError("the library prefill path has no soft-cap (attn_logit_softcapping), no sliding "
+                             "window and no attention sinks; use prefill_attention 'triton'")
         hk, d = self.num_kv_heads, self.head_dim
         out = torch.empty_like(q)
         kc, vc = kv_cache[0], kv_cache[1]
         common = dict(G=self.group, G_PAD=self.g_pad, HK=hk, HEAD_DIM=d, D_PAD=self.d_pad,
                       PAGE=kc.shape[1], HAS_WINDOW=window is not None,
                       # float32 means "reference accuracy": no TF32 rounding of the dot operands
-                      PRECISION="ieee" if q.dtype == torch.float32 else "tf32", SOFTCAP=softcap is not None)
+                      PRECISION="ieee" if q.dtype == torch.float32 else "tf32", SOFTCAP=softcap is not None,
+                      HAS_SINKS=sinks is not None)
+        sinks_arg = q if sinks is None else sinks  # (any pointer when there are none: not read)
         strides = (q.stride(0), q.stride(1), kc.stride(0), kc.stride(1), kc.stride(2), out.stride(0), out.stride(1),
                    meta.block_tables.stride(0))
         nd = meta.num_decodes
@@ -253,7 +256,8 @@ class TritonAttentionBackend(AttentionBackend):
             part_ml = torch.empty(nd, self.num_heads, s, 2, dtype=torch.float32, device=q.device)
             paged_attention_kernel[(nd, hk, s)](
                 q, kc, vc, out, part_acc, part_ml, counters, meta.block_tables, meta.seq_lens, meta.query_start_loc,
-                meta.seq_lens, scale, s, *kv_scales, softcap or 1.0, window or 0, *strides,  # partials: slot = seq
+                meta.seq_lens, sinks_arg, scale, s, *kv_scales, softcap or 1.0, window or 0,
+                *strides,  # partials: slot = seq
                 part_acc.stride(0), part_acc.stride(2), 0, part_acc.stride(1),
                 part_ml.stride(0), part_ml.stride(2), 0, part_ml.stride(1),
                 BLOCK_Q=self.decode_q, BLOCK_N=tile.block_n, DECODE=True, MASK_ALL=tile.mask_all,
@@ -267,7 +271,8 @@ class TritonAttentionBackend(AttentionBackend):
             acc, ml = self._partials(bq, q.device)  # partials: slot + split, token, head
             paged_attention_kernel[(meta.prefill_work.shape[0] * hk,)](
                 q, kc, vc, out, acc, ml, counters, meta.block_tables, meta.seq_lens, meta.query_start_loc,
-                meta.prefill_work, scale, 1, *kv_scales, softcap or 1.0, window or 0, *strides, acc.stride(0),
+                meta.prefill_work, sinks_arg, scale, 1, *kv_scales, softcap or 1.0, window or 0, *strides,
+                acc.stride(0),
                 acc.stride(0), acc.stride(1), acc.stride(2), ml.stride(0), ml.stride(0), ml.stride(1), ml.stride(2),
                 BLOCK_Q=bq, BLOCK_N=tile.block_n, DECODE=False, MASK_ALL=tile.mask_all,
                 FUSED_REDUCE=False,

@@ -181,14 +181,14 @@ def _attend_keys(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, table_ptr, start, h
 @triton.jit
 def paged_attention_kernel(
         q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_acc_ptr, part_ml_ptr, count_ptr,
-        block_tables_ptr, seq_lens_ptr, query_start_loc_ptr, work_ptr,
+        block_tables_ptr, seq_lens_ptr, query_start_loc_ptr, work_ptr, sinks_ptr,
         scale, num_splits, k_scale, v_scale, softcap, window,
         stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_ot, stride_oh, stride_bt,
         stride_pa_s, stride_pa_p, stride_pa_t, stride_pa_h, stride_ml_s, stride_ml_p, stride_ml_t, stride_ml_h,
         G: tl.constexpr, G_PAD: tl.constexpr, HK: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
         HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, PAGE: tl.constexpr, DECODE: tl.constexpr,
         MASK_ALL: tl.constexpr, FUSED_REDUCE: tl.constexpr, PRECISION: tl.constexpr, SOFTCAP: tl.constexpr,
-        HAS_WINDOW: tl.constexpr):
+        HAS_WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr):
     """Prefill (DECODE=False): one program per (work item, KV head), the HK KV heads of an item
     adjacent (program w * HK + kv_head), so the work list's order is the launch order. An item
     (work_ptr row: seq, q_off, split, splits, slot) is a tile of a seq's query tokens and, when
@@ -199,7 +199,9 @@ def paged_attention_kernel(
     to part_acc/part_ml (slot: the seq), combined by the last split (FUSED_REDUCE) or by
     reduce_splits_kernel; one split writes its output itself. A work row whose seq is -1 is
     padding: its programs return at once. HAS_WINDOW: each query sees its last `window` keys;
-    the keys split start at the tile's first window.
+    the keys split start at the tile's first window. HAS_SINKS: each query head's learned logit
+    (sinks_ptr, gpt-oss) joins the softmax's denominator as a key with a zero value; split 0
+    starts its running max and sum from it, so the splits' combination counts it once.
     Partial addresses: slot * stride_s + split * stride_p + token in the tile * stride_t +
     head * stride_h (+ the head dim for part_acc, + 0 / 1 for m / l in part_ml)."""
     if DECODE:
@@ -261,8 +263,13 @@ def paged_attention_kernel(
     else:
         full = lo
 
-    m_i = tl.full([BLOCK_Q * G_PAD], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_Q * G_PAD], tl.float32)
+    if HAS_SINKS:  # in the exp2 domain of m_i (scores times log2 e)
+        sink = tl.load(sinks_ptr + head, mask=rows % G_PAD < G, other=float("-inf")).to(tl.float32)
+        m_i = tl.where(split == 0, sink * 1.4426950408889634, float("-inf"))
+        l_i = tl.where(m_i == float("-inf"), 0.0, 1.0)
+    else:
+        m_i = tl.full([BLOCK_Q * G_PAD], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_Q * G_PAD], tl.float32)
     acc = tl.zeros([BLOCK_Q * G_PAD, D_PAD], tl.float32)
     qk_scale = scale * k_scale * 1.4426950408889634  # exp(x) = exp2(x * log2 e); an FP8 cache's k scale
     cap_in = scale * k_scale

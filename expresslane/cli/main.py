@@ -93,7 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     # Positionals are hand-written (they are not knobs); every flag comes from the config tree.
     p = sub.add_parser("make-model", help="write a model directory with random weights at a real architecture's shapes")
     p.add_argument("preset", help="tiny, qwen2.5-0.5b, llama-3.2-1b, llama-3-8b, qwen2.5-7b, mistral-7b, "
-                   "mixtral-8x7b, qwen3-30b-a3b, phi-3.5-mini, phi-4, deepseek-v2-lite or deepseek-v3")
+                   "mistral-7b-v0.1, mixtral-8x7b, qwen3-30b-a3b, phi-3.5-mini, phi-4, gemma-2-9b, gemma-3-12b, "
+                   "gpt-oss-20b, deepseek-v2-lite or deepseek-v3")
     p.add_argument("dir", help="output directory")
     add_args(p, MakeModelConfig)
     p.set_defaults(func=_make_model)

@@ -98,15 +98,17 @@ class ServerConfig:
         metavar="ORIGIN", repeat=True)
     reasoning_parser: str | None = _knob(
         None, "split a reasoning model's thinking into reasoning_content (messages and stream deltas): qwen3 "
-        "(<think>...</think> when the model opens it), deepseek_r1 (thinking until </think>)",
-        choices=("qwen3", "deepseek_r1"))
+        "(<think>...</think> when the model opens it), deepseek_r1 (thinking until </think>), openai_gptoss "
+        "(harmony's analysis channel; on by itself when the chat template is harmony)",
+        choices=("qwen3", "deepseek_r1", "openai_gptoss"))
     structured_outputs_enable_in_reasoning: bool = _knob(
         False, "with --reasoning-parser: a grammar holds the whole output, thinking included (vLLM's "
         "enable_in_reasoning); default: it starts after the thinking (</think>)", negatable=False)
     tool_call_parser: str = _knob(
         "auto", "how tool calls are read out of a chat completion's text when tool_choice is auto: hermes "
-        "(<tool_call> JSON, also Qwen2.5/Qwen3), llama3_json, mistral ([TOOL_CALLS]); auto: from the chat template",
-        choices=("auto", "hermes", "llama3_json", "mistral"))
+        "(<tool_call> JSON, also Qwen2.5/Qwen3), llama3_json, mistral ([TOOL_CALLS]), openai (gpt-oss's harmony "
+        "commentary to=functions.NAME); auto: from the chat template",
+        choices=("auto", "hermes", "llama3_json", "mistral", "openai"))
     exclude_tools_when_tool_choice_none: bool = _knob(
         False, "tool_choice none: leave the tools out of the chat template (default: they reach it, as OpenAI's "
         "and vLLM's, and no calls are read out of the text)", negatable=False)

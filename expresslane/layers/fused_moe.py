@@ -6,7 +6,8 @@ sizes fixed by the shape (no host sync: CUDA graphs capture it).
     align   the (token, slot) rows grouped by expert, each expert's run padded to BLOCK_M
             (one program: a histogram, a cumulative sum, atomic placement)
     GEMM 1  one launch over all experts: each BLOCK_M tile of rows belongs to one expert and
-            multiplies its gate and up weights; SiLU(gate) * up is applied before the store
+            multiplies its gate and up weights; SiLU(gate) * up (or gpt-oss's clamped SwiGLU,
+            biases added first) is applied before the store
     GEMM 2  one launch: down projection, scaled by the routing weight, one row per (token, slot)
     sum     the k rows of each token (on one rank: by the next layer's fused RMSNorm)
 
@@ -22,17 +23,31 @@ from typing import NamedTuple
 import torch
 
 from expresslane.quant.int4_experts import Int4Experts
+from expresslane.quant.mxfp4 import Mxfp4Experts
 from expresslane.triton_setup import tl, triton
 
 
 @triton.jit
 def _weight_tile(w_ptr, s_ptr, z_ptr, expert, k0, k, k_ok, cols, cols_ok, stride_we, stride_wn, stride_se,
-                 stride_sg, dtype: tl.constexpr, W4: tl.constexpr, GROUP: tl.constexpr):
+                 stride_sg, dtype: tl.constexpr, W4: tl.constexpr, GROUP: tl.constexpr, MX4: tl.constexpr):
     """[BLOCK_K, BLOCK_N]: W^T of `expert` at inputs k, outputs cols. Float W [E, N, K]; W4: the
     packed INT4 layout (qweight [E, K/8, N], scales and zeros [E, K/G, N]), dequantized here as
-    (q - z) * s; one group per tile (GROUP is a multiple of BLOCK_K)."""
+    (q - z) * s; one group per tile (GROUP is a multiple of BLOCK_K). MX4: MXFP4 (blocks [E, N,
+    K/2], two e2m1 codes a byte, the even input low; scales [E, N, K/32], e8m0), decoded here:
+    (-1)^sign * (exp ? (1 + mant / 2) 2^(exp - 1) : mant / 2) * 2^(scale - 127)."""
     mask = k_ok[:, None] & cols_ok[None, :]
-    if W4:
+    if MX4:
+        row = expert * stride_we + cols[None, :].to(tl.int64) * stride_wn
+        packed = tl.load(w_ptr + row + (k // 2)[:, None], mask=mask, other=0).to(tl.int32)
+        code = (packed >> ((k % 2) * 4)[:, None]) & 0xF
+        exp = (code >> 1) & 3
+        mant = (code & 1).to(tl.float32)
+        value = tl.where(exp == 0, mant * 0.5, (1.0 + mant * 0.5) * tl.exp2((exp - 1).to(tl.float32)))
+        value = tl.where(code >= 8, -value, value)
+        scale = tl.load(s_ptr + expert * stride_se + cols[None, :].to(tl.int64) * stride_sg + (k // 32)[:, None],
+                        mask=mask, other=127)
+        w = (value * tl.exp2(scale.to(tl.float32) - 127.0)).to(dtype)
+    elif W4:
         packed = tl.load(w_ptr + expert * stride_we + (k // 8)[:, None] * stride_wn + cols[None, :], mask=mask,
                          other=0)
         q = (packed >> ((k % 8) * 4)[:, None]) & 0xF
@@ -48,13 +63,18 @@ def _weight_tile(w_ptr, s_ptr, z_ptr, expert, k0, k, k_ok, cols, cols_ok, stride
 
 @triton.jit
 def moe_gemm_kernel(a_ptr, w_ptr, s_ptr, z_ptr, c_ptr, topk_w_ptr, sorted_rows_ptr, block_expert_ptr, num_padded_ptr,
-                    N, K, num_rows, stride_am, stride_we, stride_wn, stride_se, stride_sg, stride_cm,
+                    bias_ptr, N, K, num_rows, stride_am, stride_we, stride_wn, stride_se, stride_sg, stride_cm,
+                    stride_be, alpha, limit,
                     TOP_K: tl.constexpr, GATED: tl.constexpr, WEIGHTED: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, W4: tl.constexpr,
-                    GROUP: tl.constexpr):
+                    GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr, MX4: tl.constexpr):
     """C[row, n] = A[row // TOP_K] . W[expert, n] for the rows of one expert's tile; GATED: W
     holds gate rows [0, N) then up rows [N, 2N) and C = silu(gate) * up; WEIGHTED: C *= w[row].
-    W4: W is INT4 (see _weight_tile; s_ptr, z_ptr and their strides are its scales and zeros)."""
+    W4: W is INT4 (see _weight_tile; s_ptr, z_ptr and their strides are its scales and zeros); MX4:
+    MXFP4 (s_ptr and its strides: the block scales).
+    HAS_BIAS: bias[expert, n] (gated: gate's at n, up's at N + n) added before the activation
+    or the weighting. SWIGLU: gpt-oss's (min(gate, limit) sigmoid(alpha min(gate, limit)))
+    (clamp(up, -limit, limit) + 1) in place of silu(gate) * up."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     if pid_m * BLOCK_M < tl.load(num_padded_ptr):
@@ -73,18 +93,29 @@ def moe_gemm_kernel(a_ptr, w_ptr, s_ptr, z_ptr, c_ptr, topk_w_ptr, sorted_rows_p
             k_mask = k < K
             a = tl.load(a_ptrs, mask=valid[:, None] & k_mask[None, :], other=0.0)
             w = _weight_tile(w_ptr, s_ptr, z_ptr, expert, k0, k, k_mask, offs_n, n_mask, stride_we, stride_wn,
-                             stride_se, stride_sg, dtype, W4, GROUP)
+                             stride_se, stride_sg, dtype, W4, GROUP, MX4)
             acc = tl.dot(a, w, acc, input_precision=PRECISION)
             if GATED:
                 w_up = _weight_tile(w_ptr, s_ptr, z_ptr, expert, k0, k, k_mask, offs_n + N, n_mask, stride_we,
-                                    stride_wn, stride_se, stride_sg, dtype, W4, GROUP)
+                                    stride_wn, stride_se, stride_sg, dtype, W4, GROUP, MX4)
                 acc_up = tl.dot(a, w_up, acc_up, input_precision=PRECISION)
             a_ptrs += BLOCK_K
         dtype = c_ptr.dtype.element_ty
+        if HAS_BIAS:
+            bias = bias_ptr + expert * stride_be + offs_n
+            acc += tl.load(bias, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+            if GATED:
+                acc_up += tl.load(bias + N, mask=n_mask, other=0.0).to(tl.float32)[None, :]
         if GATED:
             gate = acc.to(dtype).to(tl.float32)
-            silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
-            acc = silu * acc_up.to(dtype).to(tl.float32)
+            if SWIGLU:
+                gate = tl.minimum(gate, limit)
+                up = tl.minimum(tl.maximum(acc_up.to(dtype).to(tl.float32), -limit), limit)
+                glu = (gate / (1.0 + tl.exp(-gate * alpha))).to(dtype).to(tl.float32)
+                acc = glu * (up + 1.0)
+            else:
+                silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
+                acc = silu * acc_up.to(dtype).to(tl.float32)
         if WEIGHTED:
             acc = acc.to(dtype).to(tl.float32) * tl.load(topk_w_ptr + rows, mask=valid, other=0.0)[:, None]
         tl.store(c_ptr + rows[:, None] * stride_cm + offs_n[None, :], acc.to(dtype),
@@ -93,15 +124,22 @@ def moe_gemm_kernel(a_ptr, w_ptr, s_ptr, z_ptr, c_ptr, topk_w_ptr, sorted_rows_p
 
 @triton.jit
 def route_kernel(logits_ptr, weights_ptr, ids_ptr, counts_ptr, slot_ptr, E, stride_l,
-                 TOP_K: tl.constexpr, K_PAD: tl.constexpr, E_PAD: tl.constexpr, RENORM: tl.constexpr):
+                 TOP_K: tl.constexpr, K_PAD: tl.constexpr, E_PAD: tl.constexpr, RENORM: tl.constexpr,
+                 TOPK_SOFTMAX: tl.constexpr):
     """One token: float32 softmax of its router logits, the top k (best first), renormalised
-    when RENORM; each chosen expert's counter + 1 unless the token is CUDA-graph padding."""
+    when RENORM; each chosen expert's counter + 1 unless the token is CUDA-graph padding.
+    TOPK_SOFTMAX (gpt-oss): the top k of the logits, then the softmax over those k."""
     t = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, E_PAD)
     x = tl.load(logits_ptr + t * stride_l + offs, mask=offs < E, other=float("-inf")).to(tl.float32)
-    p = tl.exp(x - tl.max(x, 0))
-    p = p / tl.sum(p, 0)
-    p = tl.where(offs < E, p, -1.0)
+    if TOPK_SOFTMAX:  # pick on the logits (-inf: no expert); the padding is below any of them
+        p = tl.where(offs < E, x, float("-inf"))
+        taken = float("-inf")
+    else:
+        p = tl.exp(x - tl.max(x, 0))
+        p = p / tl.sum(p, 0)
+        p = tl.where(offs < E, p, -1.0)
+        taken = -1.0
     real = (tl.load(slot_ptr + t) >= 0).to(tl.int64)
     slots = tl.arange(0, K_PAD)
     weights = tl.zeros((K_PAD,), dtype=tl.float32)
@@ -111,17 +149,22 @@ def route_kernel(logits_ptr, weights_ptr, ids_ptr, counts_ptr, slot_ptr, E, stri
         idx = tl.min(tl.where(p == best, offs, E_PAD), 0)  # ties: the lower expert
         weights = tl.where(slots == j, best, weights)
         ids = tl.where(slots == j, idx, ids)
-        p = tl.where(offs == idx, -1.0, p)
+        p = tl.where(offs == idx, taken, p)
     # the counters at once, relaxed: an ordered atomic a pick cost ~0.7 us each (top 8: 6.8 us a token)
     tl.atomic_add(counts_ptr + ids, tl.zeros((K_PAD,), dtype=tl.int64) + real, mask=slots < TOP_K, sem="relaxed")
-    if RENORM:
+    if TOPK_SOFTMAX:  # the best first: weights[0] is their max
+        e = tl.where(slots < TOP_K, tl.exp(weights - tl.max(tl.where(slots < TOP_K, weights, float("-inf")), 0)),
+                     0.0)
+        weights = e / tl.sum(e, 0)
+    elif RENORM:
         weights = weights / tl.sum(weights, 0)
     tl.store(weights_ptr + t * TOP_K + slots, weights, mask=slots < TOP_K)
     tl.store(ids_ptr + t * TOP_K + slots, ids, mask=slots < TOP_K)
 
 
 def fused_route(router_logits: torch.Tensor, top_k: int, renormalize: bool, counts: torch.Tensor,
-                slot_mapping: torch.Tensor, warps: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+                slot_mapping: torch.Tensor, warps: int = 1,
+                topk_softmax: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """As layers.moe.route (ids int32), counting into `counts` the real tokens (slot >= 0). One
     warp a token: its reductions stay in the warp (faster than 4 warps in
     benchmarks/moe_kernel_bench.py)."""
@@ -130,7 +173,7 @@ def fused_route(router_logits: torch.Tensor, top_k: int, renormalize: bool, coun
     ids = torch.empty(tokens, top_k, dtype=torch.int32, device=router_logits.device)
     route_kernel[(tokens,)](router_logits, weights, ids, counts, slot_mapping, experts, router_logits.stride(0),
                             TOP_K=top_k, K_PAD=_pow2(top_k), E_PAD=_pow2(experts), RENORM=renormalize,
-                            num_warps=warps)
+                            TOPK_SOFTMAX=topk_softmax, num_warps=warps)
     return weights, ids
 
 
@@ -226,43 +269,52 @@ def _weights(w, block_k: int) -> tuple[tuple, dict, int]:
     if isinstance(w, Int4Experts):
         q, s, z = w.qweight, w.scales, w.zeros
         assert s.stride() == z.stride()
-        return ((q, s, z, q.stride(0), q.stride(1), s.stride(0), s.stride(1)), dict(W4=True, GROUP=w.group),
-                min(block_k, w.group & -w.group))  # a power of two that divides the group
-    return (w, w, w, w.stride(0), w.stride(1), 0, 0), dict(W4=False, GROUP=1), block_k
+        return ((q, s, z, q.stride(0), q.stride(1), s.stride(0), s.stride(1)),
+                dict(W4=True, GROUP=w.group, MX4=False), min(block_k, w.group & -w.group))  # (a power of two: divides it)
+    if isinstance(w, Mxfp4Experts):
+        b, s = w.blocks, w.scales
+        return (b, s, s, b.stride(0), b.stride(1), s.stride(0), s.stride(1)), dict(W4=False, GROUP=1, MX4=True), \
+            block_k
+    return (w, w, w, w.stride(0), w.stride(1), 0, 0), dict(W4=False, GROUP=1, MX4=False), block_k
 
 
 def grouped_gemm(a: torch.Tensor, w, out: torch.Tensor, weights: torch.Tensor, aligned: tuple, top_k: int,
-                 gated: bool, tiles: Tiles) -> None:
+                 gated: bool, tiles: Tiles, bias: torch.Tensor | None = None, act=None) -> None:
     """One launch over all experts (moe_gemm_kernel) for the rows of `aligned` (align_by_expert's,
     made with tiles.block_m); out has a row per (token, slot). Gated: a [T, H] is read at row //
-    top_k, W holds gate then up rows, out = SiLU(gate) * up. Not gated: a has out's rows and out
-    is scaled by the row's routing weight."""
+    top_k, W holds gate then up rows, out = SiLU(gate) * up (`act`: a ClampedSwiGLU instead).
+    Not gated: a has out's rows and out is scaled by the row's routing weight. `bias` [E, N]:
+    added to each expert's outputs first."""
     rows, block_expert, num_padded = aligned
     n_out = out.shape[1]
     w_args, w_const, block_k = _weights(w, tiles.block_k)
     moe_gemm_kernel[(block_expert.shape[0], triton.cdiv(n_out, tiles.block_n))](
-        a, *w_args[:3], out, weights, rows, block_expert, num_padded, n_out, a.shape[1], out.shape[0],
-        a.stride(0), *w_args[3:], out.stride(0), TOP_K=top_k if gated else 1, GATED=gated, WEIGHTED=not gated,
+        a, *w_args[:3], out, weights, rows, block_expert, num_padded, a if bias is None else bias, n_out, a.shape[1],
+        out.shape[0], a.stride(0), *w_args[3:], out.stride(0), 0 if bias is None else bias.stride(0),
+        1.0 if act is None else act.alpha, 1.0 if act is None else act.limit, HAS_BIAS=bias is not None,
+        SWIGLU=act is not None, TOP_K=top_k if gated else 1, GATED=gated, WEIGHTED=not gated,
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=block_k,
         PRECISION="ieee" if a.dtype == torch.float32 else "tf32", num_warps=tiles.warps,
         num_stages=tiles.stages if a.is_cuda else 1, **w_const)
 
 
 def fused_experts(x: torch.Tensor, w13, w2, weights: torch.Tensor, ids: torch.Tensor,
-                  all_routed: bool = False, summed: bool = True) -> torch.Tensor:
+                  all_routed: bool = False, summed: bool = True, b13: torch.Tensor | None = None,
+                  b2: torch.Tensor | None = None, act=None) -> torch.Tensor:
     """As layers.moe.torch_experts: x [T, H], w13 [E, 2I, H], w2 [E, H, I] (float tensors, or
     Int4Experts of those shapes), weights/ids [T, k]. `all_routed`: no id is -1, so every
     output row is written (no zero fill needed). Not `summed`: [T, k, H], each row one expert's
     weighted output, for a consumer that sums them (the next fused RMSNorm: one launch less a
-    layer, a 4.9 us torch reduction at batch 1 on qwen3-30b-a3b)."""
+    layer, a 4.9 us torch reduction at batch 1 on qwen3-30b-a3b). b13, b2, `act`: as
+    layers.moe.torch_experts."""
     tokens, k = ids.shape
     num_experts, two_i, hidden = w13.shape
     n = tokens * k
     tiles1, tiles2 = _tiles(n, num_experts, hidden), _tiles(n, num_experts, two_i // 2)
     aligned = align_by_expert(ids, num_experts, tiles1.block_m)
-    act = torch.empty(n, two_i // 2, dtype=x.dtype, device=x.device)
-    grouped_gemm(x.contiguous(), w13, act, weights, aligned, k, True, tiles1)
+    inter = torch.empty(n, two_i // 2, dtype=x.dtype, device=x.device)
+    grouped_gemm(x.contiguous(), w13, inter, weights, aligned, k, True, tiles1, b13, act)
     out = (torch.empty if all_routed else torch.zeros)(n, hidden, dtype=x.dtype, device=x.device)  # -1 rows: 0
-    grouped_gemm(act, w2, out, weights.contiguous(), aligned, k, False, tiles2)
+    grouped_gemm(inter, w2, out, weights.contiguous(), aligned, k, False, tiles2, b2)
     out = out.view(tokens, k, hidden)
     return out.sum(1) if summed else out

@@ -45,6 +45,7 @@ class Attention(nn.Module):
                  quant: QuantConfig | None, prefix: str, tp: TPGroup, window: int | None = None):
         super().__init__()
         self.sliding_window = window
+        self.register_parameter("sinks", None)  # gpt-oss's: [heads], a logit each in the softmax's denominator
         heads = cfg.num_attention_heads
         kv_heads = cfg.num_key_value_heads or heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
@@ -83,7 +84,7 @@ class Attention(nn.Module):
         qk_norm = None if self.q_norm is None else (self.q_norm, self.k_norm)  # the backend applies them
         q = self.backend.store(positions, q, k, v, self.rotary, self.kv_cache, meta, self.kv_scales, qk_norm)
         return self.backend.attend(q, self.kv_cache, meta, self.scale, self.kv_scales,
-                                   window=self.sliding_window).flatten(1)
+                                   window=self.sliding_window, sinks=self.sinks).flatten(1)
 
 
 class MLP(nn.Module):
@@ -107,11 +108,14 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
+    attention_cls = Attention
+
     def __init__(self, cfg, backend: AttentionBackend, rotary: RotaryEmbedding, qkv_bias: bool, qk_norm: bool,
                  quant: QuantConfig | None, prefix: str, tp: TPGroup, mlp: nn.Module, window: int | None = None):
         super().__init__()
         fused = backend.fused_ops
-        self.self_attn = Attention(cfg, backend, rotary, qkv_bias, qk_norm, quant, f"{prefix}.self_attn", tp, window)
+        self.self_attn = self.attention_cls(cfg, backend, rotary, qkv_bias, qk_norm, quant, f"{prefix}.self_attn", tp,
+                                            window)
         self.mlp = mlp
         self.sparse = isinstance(mlp, SparseMoE)
         # an FP8 projection after a fused norm gets its input quantized by the norm's kernel
@@ -384,7 +388,7 @@ class LlamaForCausalLM(nn.Module):
 _FUSED = re.compile(r"layers\.\d+\.(?:self_attn|mlp)\.(qkv_proj|gate_up_proj)\.(\w+)$")
 # one expert's projection, as Mixtral (w1 gate, w3 up, w2 down) and Qwen3-MoE name them
 _EXPERT = re.compile(r"layers\.(\d+)\.(?:block_sparse_moe|mlp)\.experts\.(\d+)\.(w1|w2|w3|gate_proj|up_proj|down_proj)"
-                     r"\.(weight|qweight|qzeros|scales|g_idx)$")
+                     r"\.(weight|bias|qweight|qzeros|scales|g_idx|blocks)$")
 _EXPERT_PARTS = {"w1": "gate", "w3": "up", "w2": "down", "gate_proj": "gate", "up_proj": "up", "down_proj": "down"}
 
 

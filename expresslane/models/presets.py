@@ -25,8 +25,9 @@ from dataclasses import dataclass
 
 import torch
 
+from expresslane.models import harmony
 from expresslane.models.model_dir import FORMAT_VERSION, cache_dir, default_model_path
-from expresslane.models.tokenizer_builder import EOS, IM_END, save_tokenizer, special_token_ids
+from expresslane.models.tokenizer_builder import BOS, EOS, IM_END, SPECIAL_TOKENS, save_tokenizer, special_token_ids
 from expresslane.quant import checkpoint
 
 logger = logging.getLogger(__name__)
@@ -36,17 +37,20 @@ MARKER_FILE = "expresslane-make-model.json"
 MAX_SHARD_BYTES = 5 * 10**9  # transformers' default max_shard_size="5GB"
 _DTYPES = {"float32": (torch.float32, "F32"), "bfloat16": (torch.bfloat16, "BF16"), "float16": (torch.float16, "F16")}
 _ST_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.float8_e4m3fn: "F8_E4M3",
-              torch.int32: "I32"}
+              torch.int32: "I32", torch.uint8: "U8"}
+_BYTE_INITS = ("fp4", "e8m0")  # MXFP4 blocks (random codes) and scales (one exponent): uint8 tensors
 
 
 def _config(arch: str, *, hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int, vocab: int,
             max_pos: int, rope_theta: float, tied: bool, dtype: str = "bfloat16", rms_norm_eps: float = 1e-5,
             rope_scaling: dict | None = None, head_dim: int | None = None, extra: dict | None = None) -> dict:
-    specials = special_token_ids(vocab)
+    gpt_oss = arch == "GptOssForCausalLM"  # harmony's tokens: <|startoftext|>, and <|return|> ends a turn
+    specials = special_token_ids(vocab, harmony.SPECIAL_TOKENS if gpt_oss else SPECIAL_TOKENS)
+    bos, eos = (harmony.STARTOFTEXT, harmony.RETURN) if gpt_oss else (BOS, EOS)
     model_type = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "MistralForCausalLM": "mistral",
                   "MixtralForCausalLM": "mixtral", "Qwen3MoeForCausalLM": "qwen3_moe", "Gemma2ForCausalLM": "gemma2",
                   "Gemma3ForCausalLM": "gemma3_text", "Phi3ForCausalLM": "phi3", "DeepseekV2ForCausalLM": "deepseek_v2",
-                  "DeepseekV3ForCausalLM": "deepseek_v3"}[arch]
+                  "DeepseekV3ForCausalLM": "deepseek_v3", "GptOssForCausalLM": "gpt_oss"}[arch]
     config = {
         "architectures": [arch],
         "model_type": model_type,
@@ -63,8 +67,8 @@ def _config(arch: str, *, hidden: int, layers: int, heads: int, kv_heads: int, i
         "rope_scaling": rope_scaling,
         "tie_word_embeddings": tied,
         "vocab_size": vocab,
-        "bos_token_id": specials["<|begin_of_text|>"],
-        "eos_token_id": specials[EOS],
+        "bos_token_id": specials[bos],
+        "eos_token_id": specials[eos],
         "attention_dropout": 0.0,
         "initializer_range": 0.02,
         "use_cache": True,
@@ -166,6 +170,18 @@ PRESETS: dict[str, dict] = {
                                       num_experts_per_tok=8, moe_intermediate_size=2048, first_k_dense_replace=3,
                                       topk_method="noaux_tc", n_group=8, topk_group=4, routed_scaling_factor=2.5,
                                       norm_topk_prob=True, rope_interleave=True)),
+    # gpt-oss-20b as shipped: MXFP4 experts (32, top 4), sinks, every other layer a 128-token window
+    "gpt-oss-20b": _config("GptOssForCausalLM", hidden=2880, layers=24, heads=64, kv_heads=8, head_dim=64,
+                           intermediate=2880, vocab=201088, max_pos=131072, rope_theta=150000.0, tied=False,
+                           rope_scaling={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                         "truncate": False, "original_max_position_embeddings": 4096},
+                           extra=dict(attention_bias=True, sliding_window=128, num_local_experts=32,
+                                      num_experts_per_tok=4, swiglu_limit=7.0, router_aux_loss_coef=0.9,
+                                      output_router_logits=False,
+                                      layer_types=["sliding_attention", "full_attention"] * 12,
+                                      quantization_config={"quant_method": "mxfp4", "modules_to_not_convert": [
+                                          "model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                          "model.embed_tokens", "lm_head"]})),
 }
 
 
@@ -179,7 +195,7 @@ def num_experts(config: dict) -> int:
 class ParamSpec:
     name: str
     shape: tuple[int, ...]
-    init: str  # "normal" (matrices), "bias", "ones" or "zeros" (norms; Gemma's scale by 1 + w)
+    init: str  # "normal" (matrices), "bias", "ones" or "zeros" (norms; Gemma's scale by 1 + w), _BYTE_INITS
 
 
 def param_specs(config: dict) -> list[ParamSpec]:
@@ -191,6 +207,8 @@ def param_specs(config: dict) -> list[ParamSpec]:
     if config["model_type"].startswith("deepseek"):
         from expresslane.models.deepseek import checkpoint_shapes
         return [ParamSpec(*entry) for entry in checkpoint_shapes(config)]
+    if config["model_type"] == "gpt_oss":
+        return _gpt_oss_specs(config)
     h, heads = config["hidden_size"], config["num_attention_heads"]
     hd = config.get("head_dim") or h // heads
     q_out, kv_out = heads * hd, (config.get("num_key_value_heads") or heads) * hd
@@ -221,7 +239,32 @@ def param_specs(config: dict) -> list[ParamSpec]:
 
 
 _FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe", "gemma2", "gemma3_text", "phi3",
-             "deepseek_v2", "deepseek_v3")
+             "deepseek_v2", "deepseek_v3", "gpt_oss")
+
+
+
+def _gpt_oss_specs(config: dict) -> list[ParamSpec]:
+    """gpt-oss's checkpoint as shipped (models/gpt_oss.py): biased projections, sinks, a biased
+    router, each layer's experts stacked, their weights in MXFP4 (quant/mxfp4.py)."""
+    h, heads, kv_heads = config["hidden_size"], config["num_attention_heads"], config["num_key_value_heads"]
+    hd, e, inter = config["head_dim"], config["num_local_experts"], config["intermediate_size"]
+    specs = [ParamSpec("model.embed_tokens.weight", (config["vocab_size"], h), "normal")]
+    for i in range(config["num_hidden_layers"]):
+        p = f"model.layers.{i}"
+        for proj, (out, inp) in (("q_proj", (heads * hd, h)), ("k_proj", (kv_heads * hd, h)),
+                                 ("v_proj", (kv_heads * hd, h)), ("o_proj", (h, heads * hd))):
+            specs += [ParamSpec(f"{p}.self_attn.{proj}.weight", (out, inp), "normal"),
+                      ParamSpec(f"{p}.self_attn.{proj}.bias", (out,), "bias")]
+        specs += [ParamSpec(f"{p}.self_attn.sinks", (heads,), "bias"),
+                  ParamSpec(f"{p}.mlp.router.weight", (e, h), "normal"),
+                  ParamSpec(f"{p}.mlp.router.bias", (e,), "bias")]
+        for proj, (out, inp) in (("gate_up_proj", (2 * inter, h)), ("down_proj", (h, inter))):
+            specs += [ParamSpec(f"{p}.mlp.experts.{proj}_blocks", (e, out, inp // 32, 16), "fp4"),
+                      ParamSpec(f"{p}.mlp.experts.{proj}_scales", (e, out, inp // 32), "e8m0"),
+                      ParamSpec(f"{p}.mlp.experts.{proj}_bias", (e, out), "bias")]
+        specs += [ParamSpec(f"{p}.{n}.weight", (h,), "ones") for n in ("input_layernorm", "post_attention_layernorm")]
+    return specs + [ParamSpec("model.norm.weight", (h,), "ones"),
+                    ParamSpec("lm_head.weight", (config["vocab_size"], h), "normal")]
 
 
 def _mlp_specs(config: dict, index: int, p: str) -> list[ParamSpec]:
@@ -253,6 +296,8 @@ def dummy_weights(config: dict, seed: int = 0, device: str | torch.device = "cpu
     write to disk); quantized as its make-model ``quantization_config`` says."""
     dtype = _DTYPES[config.get("torch_dtype") or config.get("dtype") or "bfloat16"][0]
     qc = config.get("quantization_config")
+    if qc is not None and qc["quant_method"] == "mxfp4":  # (gpt-oss: its specs are the packed tensors)
+        qc = None
     fmt = None if qc is None else {"compressed-tensors": "fp8"}.get(qc["quant_method"], qc["quant_method"])
     for spec in param_specs(config):
         w = _generate(spec, seed, dtype, str(device)).to(device)
@@ -268,15 +313,21 @@ def _generate(spec: ParamSpec, seed: int, dtype: torch.dtype, device: str) -> to
     """One tensor on `device`, a pure function of (seed, name) and the device's RNG."""
     if spec.init in ("ones", "zeros"):
         return (torch.ones if spec.init == "ones" else torch.zeros)(spec.shape, dtype=dtype)
+    if spec.init == "e8m0":  # 2^-7: FP4 codes of up to 6 give weights of up to 0.047
+        return torch.full(spec.shape, 127 - 7, dtype=torch.uint8)
     digest = hashlib.sha256(f"{seed}:{spec.name}".encode()).digest()
     gen = torch.Generator(device=device)
     gen.manual_seed(int.from_bytes(digest[:8], "little") >> 1)  # manual_seed wants < 2**63
+    if spec.init == "fp4":  # any byte is two valid codes
+        return torch.randint(0, 256, spec.shape, dtype=torch.uint8, device=device, generator=gen)
     std = 0.02 if spec.init == "normal" else 0.01
     return torch.empty(spec.shape, dtype=dtype, device=device).normal_(0.0, std, generator=gen)
 
 
 def _entries(spec: ParamSpec, dtype: torch.dtype, quantization: str | None) -> list[tuple[str, torch.dtype, tuple]]:
     """The checkpoint tensors (name, dtype, shape) that one parameter becomes."""
+    if spec.init in _BYTE_INITS:
+        return [(spec.name, torch.uint8, spec.shape)]
     if quantization is None or not checkpoint.is_quantized(spec.name):
         return [(spec.name, dtype, spec.shape)]
     prefix = spec.name.removesuffix("weight")
@@ -358,13 +409,14 @@ def _build(out_dir: pathlib.Path, preset: str, seed: int, device: str, quantizat
     config = PRESETS[preset]
     if quantization is not None:
         config = {**config, "quantization_config": checkpoint.quantization_config(quantization)}
-    specials = special_token_ids(config["vocab_size"])
+    gpt_oss = config["model_type"] == "gpt_oss"
+    specials = special_token_ids(config["vocab_size"], harmony.SPECIAL_TOKENS if gpt_oss else SPECIAL_TOKENS)
     _write_json(out_dir / "config.json", config)
     _write_json(out_dir / "generation_config.json", {
-        "bos_token_id": config["bos_token_id"],
-        "eos_token_id": [specials[EOS], specials[IM_END]],  # end of text, and end of a chat turn
+        "bos_token_id": config["bos_token_id"],  # the ends of text and of a chat turn (harmony: a turn or a call)
+        "eos_token_id": [specials[t] for t in (harmony.STOP_TOKENS if gpt_oss else (EOS, IM_END))],
     })
-    save_tokenizer(config["vocab_size"], out_dir, config["max_position_embeddings"])
+    save_tokenizer(config["vocab_size"], out_dir, config["max_position_embeddings"], harmony=gpt_oss)
     if weights:
         _write_weights(out_dir, config, seed, device, quantization)
     # Written last: its presence means the directory is complete.
@@ -412,6 +464,8 @@ def make_model(preset: str, out_dir: str | os.PathLike, seed: int = 0, device: s
         raise ValueError(f"fp8 mixture-of-experts presets ({preset}) are not supported; awq and gptq are")
     if quantization is not None and PRESETS[preset]["model_type"].startswith("deepseek"):
         raise ValueError(f"quantized DeepSeek presets ({preset}) are not supported")
+    if quantization is not None and PRESETS[preset]["model_type"] == "gpt_oss":
+        raise ValueError(f"{preset} is written as shipped (MXFP4 experts); it takes no --quantization")
     if quantization is not None and PRESETS[preset]["model_type"] == "phi3":
         raise ValueError(f"quantized presets of fused-projection checkpoints ({preset}) are not supported")
     if _existing(out_dir, preset, seed, quantization, weights):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from expresslane.models.deepseek import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
 from expresslane.models.gemma import Gemma2ForCausalLM, Gemma3ForCausalLM
+from expresslane.models.gpt_oss import GptOssForCausalLM
 from expresslane.models.llama import (LlamaForCausalLM, MinistralForCausalLM, MistralForCausalLM, Phi3ForCausalLM,
                                       Qwen2ForCausalLM, Qwen3ForCausalLM, base_model)
 from expresslane.models.moe import MixtralForCausalLM, Qwen3MoeForCausalLM
@@ -11,7 +12,7 @@ from expresslane.models.moe import MixtralForCausalLM, Qwen3MoeForCausalLM
 MODELS = {cls.__name__: cls for cls in (LlamaForCausalLM, MistralForCausalLM, MinistralForCausalLM, Qwen2ForCausalLM,
                                         Qwen3ForCausalLM, Phi3ForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM,
                                         Gemma2ForCausalLM, Gemma3ForCausalLM, DeepseekV2ForCausalLM,
-                                        DeepseekV3ForCausalLM)}
+                                        DeepseekV3ForCausalLM, GptOssForCausalLM)}
 # base-model checkpoints (no LM head), as embedding models ship them: `--runner pooling`
 MODELS.update({cls.__name__: cls for cls in map(base_model, (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
                                                              Qwen3ForCausalLM))})

@@ -6,6 +6,9 @@ Layout of the ids (``V`` = vocab_size)::
     256 .. V-5        merged tokens, most likely English strings first
     V-4 .. V-1        <|begin_of_text|> <|end_of_text|> <|im_start|> <|im_end|>
 
+(gpt-oss's: the top ids are harmony's special tokens instead, models/harmony.py, with its
+chat template.)
+
 Merged tokens are the most probable strings under a unigram model of English
 characters, enumerated best-first. A string is only ever added after its prefix,
 so the merge ``(prefix, last char)`` always joins two existing tokens. Strings
@@ -43,10 +46,10 @@ _LOWER_FREQ = dict(zip("etaoinshrdlcumwfgypbvkjxqz",
 _SPACE, _NEWLINE, _TAB = "Ġ", "Ċ", "ĉ"  # " ", "\n", "\t" in the byte alphabet
 
 
-def special_token_ids(vocab_size: int) -> dict[str, int]:
+def special_token_ids(vocab_size: int, specials: tuple[str, ...] = SPECIAL_TOKENS) -> dict[str, int]:
     """Ids of the special tokens: the top of the vocabulary."""
-    first = vocab_size - len(SPECIAL_TOKENS)
-    return {token: first + i for i, token in enumerate(SPECIAL_TOKENS)}
+    first = vocab_size - len(specials)
+    return {token: first + i for i, token in enumerate(specials)}
 
 
 def _byte_alphabet() -> list[str]:
@@ -111,36 +114,42 @@ def _likely_merges(count: int) -> list[tuple[str, str]]:
     return sorted(merges, key=lambda m: not m[0].startswith(_SPACE))
 
 
-def build_tokenizer(vocab_size: int) -> Tokenizer:
-    """A byte-level BPE tokenizer with exactly ``vocab_size`` ids."""
-    n_merges = vocab_size - 256 - len(SPECIAL_TOKENS)
+def build_tokenizer(vocab_size: int, specials: tuple[str, ...] = SPECIAL_TOKENS) -> Tokenizer:
+    """A byte-level BPE tokenizer with exactly ``vocab_size`` ids; the first special token is
+    the one put in front of each encoded text."""
+    n_merges = vocab_size - 256 - len(specials)
     if n_merges < 0:
-        raise ValueError(f"vocab_size must be at least {256 + len(SPECIAL_TOKENS)}, got {vocab_size}")
+        raise ValueError(f"vocab_size must be at least {256 + len(specials)}, got {vocab_size}")
     merges = _likely_merges(n_merges)
     vocab = {c: i for i, c in enumerate(_byte_alphabet())}
     vocab.update({a + b: 256 + i for i, (a, b) in enumerate(merges)})
     tok = Tokenizer(models.BPE(vocab, merges))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(list(SPECIAL_TOKENS))  # appended after the BPE vocab: the top ids
-    bos_id = special_token_ids(vocab_size)[BOS]
+    tok.add_special_tokens(list(specials))  # appended after the BPE vocab: the top ids
+    bos = specials[0]
+    bos_id = special_token_ids(vocab_size, specials)[bos]
     tok.post_processor = processors.Sequence([
         processors.ByteLevel(trim_offsets=False),
-        processors.TemplateProcessing(single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, bos_id)]),
+        processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, bos_id)]),
     ])
     return tok
 
 
-def save_tokenizer(vocab_size: int, out_dir: pathlib.Path, model_max_length: int) -> None:
-    """Write tokenizer.json and tokenizer_config.json, loadable by ``AutoTokenizer``."""
-    build_tokenizer(vocab_size).save(str(out_dir / "tokenizer.json"))
+def save_tokenizer(vocab_size: int, out_dir: pathlib.Path, model_max_length: int, harmony: bool = False) -> None:
+    """Write tokenizer.json and tokenizer_config.json, loadable by ``AutoTokenizer``; `harmony`:
+    gpt-oss's special tokens and chat template."""
+    from expresslane.models import harmony as h
+
+    specials = h.SPECIAL_TOKENS if harmony else SPECIAL_TOKENS
+    build_tokenizer(vocab_size, specials).save(str(out_dir / "tokenizer.json"))
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": BOS,
-        "eos_token": EOS,
-        "pad_token": EOS,
+        "bos_token": specials[0],
+        "eos_token": h.RETURN if harmony else EOS,
+        "pad_token": h.ENDOFTEXT if harmony else EOS,
         "model_max_length": model_max_length,
         "clean_up_tokenization_spaces": False,  # decode must give back the exact text
-        "chat_template": CHAT_TEMPLATE,
+        "chat_template": h.CHAT_TEMPLATE if harmony else CHAT_TEMPLATE,
     }
     (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")

@@ -83,6 +83,8 @@ def resolve_quantization(hf_config, requested: str | None) -> QuantConfig | None
     if requested is not None and requested != kind and (requested, kind) != ("fp8", "compressed-tensors"):
         raise ValueError(f"quantization={requested!r} asked for, but the checkpoint is quantized with {kind!r}")
     ignore = tuple(_get(qc, "ignore") or _get(qc, "modules_to_not_convert") or ())
+    if kind == "mxfp4":  # gpt-oss's experts only: its loader dequantizes them (models/gpt_oss.py)
+        return None
     if kind == "fp8":
         if _get(qc, "activation_scheme", "dynamic") not in ("dynamic", "static"):
             raise ValueError(f"fp8 activation_scheme {_get(qc, 'activation_scheme')!r} is not dynamic or static")

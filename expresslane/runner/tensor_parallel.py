@@ -41,7 +41,9 @@ def check_splits(config: EngineConfig, hf_config) -> None:
         else:
             even_split(getattr(hf_config, "moe_intermediate_size", None) or hf_config.intermediate_size,
                        TPGroup(0, size), "MoE intermediate size")
-    if config.model.quantization or getattr(hf_config, "quantization_config", None):
+    qc = getattr(hf_config, "quantization_config", None) or {}
+    method = qc.get("quant_method") if isinstance(qc, dict) else getattr(qc, "quant_method", None)
+    if config.model.quantization or (qc and method != "mxfp4"):  # gpt-oss's MXFP4 experts: split by expert
         raise ValueError("tensor parallelism with quantized weights is not supported yet; use "
                          "tensor_parallel_size=1 or an unquantized checkpoint")
 

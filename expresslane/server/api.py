@@ -24,7 +24,7 @@ from starlette.requests import ClientDisconnect
 from expresslane import __version__
 from expresslane.config.server import ServerConfig
 from expresslane.contract import LoRARequest
-from expresslane.server import errors
+from expresslane.server import errors, harmony
 from expresslane.server.api_keys import KeyRing, token_cost
 from expresslane.server.batch_routes import BatchService
 from expresslane.server.completions import Completions
@@ -138,7 +138,9 @@ def build_app(client: EngineClient, settings: ServerConfig, metrics: Metrics,
     model_name = settings.served_model_name
     server_template = read_chat_template(settings.chat_template)
     # a grammar starts after the thinking, unless it is to hold the thinking too
-    grammar_after = None if settings.structured_outputs_enable_in_reasoning else settings.reasoning_parser
+    # (harmony's thinking has no </think>: a grammar holds the whole output)
+    grammar_after = None if settings.structured_outputs_enable_in_reasoning or \
+        settings.reasoning_parser == "openai_gptoss" else settings.reasoning_parser
     if settings.allowed_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.allowed_origins), allow_methods=["*"],
                            allow_headers=["*"], expose_headers=["x-request-id"])
@@ -288,6 +290,8 @@ def build_app(client: EngineClient, settings: ServerConfig, metrics: Metrics,
         return await run(request, req, functools.partial(prepare_chat, tools=tools, template=server_template,
                                                           reasoning=grammar_after, shown_tools=shown),
                          functools.partial(endpoint, tools=tools, reasoning=settings.reasoning_parser,
+                                           harmony=harmony.enabled(settings.reasoning_parser,
+                                                                   settings.tool_call_parser, template),
                                            **endpoint_args), prefix, size)
 
     @app.post("/v1/chat/completions", dependencies=auth)

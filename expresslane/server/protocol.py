@@ -309,7 +309,9 @@ class ChatMessage(BaseModel):
     """OpenAI's message schema. An assistant message may carry ``tool_calls`` (its ``content``
     then often null), a ``tool`` message answers one by ``tool_call_id``. The fields a client
     echoes back from a response (``refusal``, ``annotations``, ``audio``, ``function_call``) are
-    accepted at null (``annotations`` empty too); a ``refusal`` text stands for missing content."""
+    accepted at null (``annotations`` empty too); a ``refusal`` text stands for missing content.
+    An assistant's ``reasoning_content`` (a reasoning parser's, echoed back) goes to the template
+    as it is (templates that know it decide what of it to show)."""
 
     model_config = _STRICT
     role: Literal["system", "developer", "user", "assistant", "tool"]
@@ -321,6 +323,7 @@ class ChatMessage(BaseModel):
     annotations: Annotated[list, Field(max_length=0)] | None = None
     audio: None = None
     function_call: None = None
+    reasoning_content: str | None = None
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -334,6 +337,8 @@ class ChatMessage(BaseModel):
             out["name"] = self.name
         if self.tool_call_id is not None:
             out["tool_call_id"] = self.tool_call_id
+        if self.reasoning_content is not None:
+            out["reasoning_content"] = self.reasoning_content
         if self.tool_calls:
             out["tool_calls"] = [{"id": c.id, "type": "function", "function": {
                 "name": c.function.name, "arguments": _arguments(c.function.arguments)}} for c in self.tool_calls]

@@ -19,10 +19,11 @@ from typing import AsyncIterator
 
 import msgspec
 
+from expresslane.engine.detokenizer import IncrementalDetokenizer
 from expresslane.engine.inputs import InputError
 from expresslane.outputs import CompletionOutput, RequestOutput
 from expresslane.sampling_params import SamplingParams
-from expresslane.server import errors
+from expresslane.server import errors, harmony
 from expresslane.server.echo import prompt_logprobs_field
 from expresslane.server.engine_client import EngineClient
 from expresslane.server.limits import RequestLimits, check_chars, check_counts
@@ -354,12 +355,18 @@ class _Endpoint:
 class Chat(_Endpoint):
     chunk_object = "chat.completion.chunk"
 
-    def __init__(self, *args, tools: ToolMode | None = None, reasoning: str | None = None, **kwargs):
+    def __init__(self, *args, tools: ToolMode | None = None, reasoning: str | None = None, harmony: bool = False,
+                 **kwargs):
         super().__init__(*args, **kwargs)
         self.tools = tools  # tool calling (server/tools.py); None: the text is the answer
-        self.reasoning = reasoning  # --reasoning-parser (server/reasoning.py); None: no thinking to split off
+        # --reasoning-parser (server/reasoning.py); None: no thinking to split off (harmony's: below)
+        self.reasoning = None if reasoning == "openai_gptoss" else reasoning
+        # gpt-oss (server/harmony.py): channels split the output, unless a grammar holds a forced call
+        self.harmony = harmony and (tools is None or tools.choice == "auto")
         self._call_streams: dict[int, CallStream] = {}  # per choice index, while streaming
         self._reasoning_streams: dict[int, ReasoningStream] = {}
+        # per choice: its split, and its text with the special tokens (decoded as the tokens come)
+        self._harmony: dict[int, tuple[harmony.HarmonyStream, IncrementalDetokenizer]] = {}
 
     def call_stream(self, index: int) -> CallStream:
         if index not in self._call_streams:
@@ -379,6 +386,8 @@ class Chat(_Endpoint):
 
     def delta(self, d: Delta) -> tuple[dict, str | None]:
         """A chunk's ``delta`` (reasoning, content and tool calls split by the parsers) and its finish reason."""
+        if self.harmony:
+            return self._harmony_delta(d)
         text, thought, finish = d.text, "", d.finish_reason
         if self.reasoning is not None:
             stream = self._reasoning_streams.setdefault(d.index, ReasoningStream(self.reasoning))
@@ -393,8 +402,34 @@ class Chat(_Endpoint):
                  **({"tool_calls": tool_calls} if tool_calls else {})}
         return delta, finish
 
+    def _harmony_delta(self, d: Delta) -> tuple[dict, str | None]:
+        stream, text = self._harmony.setdefault(d.index, (
+            harmony.HarmonyStream(), IncrementalDetokenizer(self.client.tokenizer, [], None, skip_special_tokens=False)))
+        text.add(d.token_ids)
+        thought, content, calls = stream.feed(text.text, d.finish_reason is not None)
+        calls = calls if self.tools is not None else []
+        first = stream.num_calls - len(calls)
+        tool_calls = [{"index": first + i, "id": call_id(), "type": "function",
+                       "function": {"name": c.name, "arguments": c.arguments}} for i, c in enumerate(calls)]
+        finish = "tool_calls" if d.finish_reason == "stop" and self.tools is not None and stream.num_calls \
+            else d.finish_reason
+        delta = {**({"reasoning_content": thought} if thought else {}), **({"content": content} if content else {}),
+                 **({"tool_calls": tool_calls} if tool_calls else {})}
+        return delta, finish
+
+    def _harmony_message(self, c: CompletionOutput) -> tuple[dict, str | None]:
+        split = harmony.parts(harmony.messages(self.client.tokenizer.decode(c.token_ids, skip_special_tokens=False)))
+        message = {"role": "assistant", "reasoning_content": split.reasoning or None, "content": split.content}
+        if self.tools is None or not split.calls or c.finish_reason == "length":
+            return message, c.finish_reason
+        return {**message, "content": split.content or None, "tool_calls": [
+            {"id": call_id(), "type": "function", "function": {"name": t.name, "arguments": t.arguments}}
+            for t in split.calls]}, "tool_calls"
+
     def message(self, c: CompletionOutput) -> tuple[dict, str | None]:
         """The assistant message of a finished completion, and its finish reason."""
+        if self.harmony:
+            return self._harmony_message(c)
         text, thought = c.text, {}
         if self.reasoning is not None:
             reasoning, text = split_reasoning(self.reasoning, text)
