@@ -114,6 +114,14 @@ def _cases():
         for n in (16, 64, 256):  # the shrink's rank columns: one slice of rank 16 .. three of rank 64
             yield "lora_shrink_kernel", dtype, dict(BLOCK_M=16, BLOCK_N=n, BLOCK_K=64, PRECISION=precision), lora
         yield "lora_expand_kernel", dtype, dict(BLOCK_M=16, BLOCK_N=64, BLOCK_R=16, PRECISION=precision), lora
+    # multi-head latent attention (attention/mla_kernels.py) at DeepSeek's dims: the latent cache write, the
+    # attention with and without key splits, the splits' combine
+    mla = dict(tables_ptr="*i32", qsl_ptr="*i32", part_o_ptr="*fp32", part_lse_ptr="*fp32")
+    yield "store_latent_kernel", "bf16", dict(L=512, R=64, L_PAD=512, R_PAD=64)
+    for split in (False, True):
+        yield "latent_attention_kernel", "bf16", dict(L=512, R=64, L_PAD=512, R_PAD=64, BLOCK_H=16, BLOCK_N=32,
+                                                      PAGE=16, SEQS_PAD=64, SPLIT=split, PRECISION="tf32"), mla
+    yield "reduce_latent_splits_kernel", "bf16", dict(L=512, L_PAD=512, SPLITS_PAD=16), mla
     # the sampler's penalties (runner/penalty_kernel.py): float32 logits, per-row counts and seen flags
     yield "_penalize", "fp32", dict(BLOCK=1024), dict(counts_ptr="*i32", seen_ptr="*u8", logit_rows_ptr="*i64",
                                                      state_rows_ptr="*i64")
@@ -181,7 +189,7 @@ def test_every_triton_kernel_compiles():
     pytest.importorskip("triton.backends.nvidia.compiler")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0 and "compiled 18 kernels" in proc.stdout, proc.stderr[-3000:]
+    assert proc.returncode == 0 and "compiled 21 kernels" in proc.stdout, proc.stderr[-3000:]
 
 
 if __name__ == "__main__":

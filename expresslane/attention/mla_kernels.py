@@ -3,7 +3,7 @@ torch reference they are tested against).
 
 ``latent_attention_kernel``: one program per (token, tile of BLOCK_H heads, split of the
 token's keys; `num_splits`: several only when there are few tokens, the splits combined by
-``reduce_splits_kernel``). All heads read
+``reduce_latent_splits_kernel``). All heads read
 the same latent row of a key, so a tile of heads shares each loaded [BLOCK_N, L + R] tile of
 the cache::
 
@@ -74,7 +74,7 @@ def latent_attention_kernel(q_lat_ptr, q_pe_ptr, cache_ptr, out_ptr, part_o_ptr,
                             SEQS_PAD: tl.constexpr, SPLIT: tl.constexpr, PRECISION: tl.constexpr):
     """Program (t, head tile, split): the split's share of the token's keys. SPLIT: its partial
     (normalised output, log-sum-exp) goes to part_o [T, H, splits, L_PAD] / part_lse [T, H,
-    splits] for reduce_splits_kernel; otherwise (one split) the output itself."""
+    splits] for reduce_latent_splits_kernel; otherwise (one split) the output itself."""
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     split = tl.program_id(2)
@@ -126,7 +126,7 @@ def latent_attention_kernel(q_lat_ptr, q_pe_ptr, cache_ptr, out_ptr, part_o_ptr,
 
 
 @triton.jit
-def reduce_splits_kernel(part_o_ptr, part_lse_ptr, out_ptr, num_heads, num_splits, stride_ot, stride_oh,
+def reduce_latent_splits_kernel(part_o_ptr, part_lse_ptr, out_ptr, num_heads, num_splits, stride_ot, stride_oh,
                          L: tl.constexpr, L_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr):
     """Program (t, head): the splits' partials weighted by exp(lse - max lse); no keys at all: zeros."""
     t = tl.program_id(0).to(tl.int64)
@@ -170,6 +170,6 @@ def paged_latent_attention(q_lat: torch.Tensor, q_pe: torch.Tensor, cache: torch
         L=lat, R=rope, L_PAD=_pad(lat), R_PAD=_pad(rope), BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N, PAGE=cache.shape[1],
         SEQS_PAD=_pad(num_seqs + 1), SPLIT=splits > 1, PRECISION="ieee" if q_lat.dtype == torch.float32 else "tf32")
     if splits > 1:
-        reduce_splits_kernel[(t, heads)](part_o, part_lse, out, heads, splits, out.stride(0), out.stride(1),
+        reduce_latent_splits_kernel[(t, heads)](part_o, part_lse, out, heads, splits, out.stride(0), out.stride(1),
                                          L=lat, L_PAD=_pad(lat), SPLITS_PAD=_pad(splits))
     return out
