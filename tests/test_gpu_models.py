@@ -92,3 +92,27 @@ def test_embeddings_on_cuda_equal_cpu(llama_dir):
     want = [o.outputs.embedding for o in LLM(str(llama_dir), runner="pooling").embed(prompts, use_tqdm=False)]
     got = [o.outputs.embedding for o in cuda_llm(llama_dir, runner="pooling").embed(prompts, use_tqdm=False)]
     torch.testing.assert_close(torch.tensor(got), torch.tensor(want), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ["deepseek_v2", "deepseek_v2_lite", "deepseek_v3", "gpt_oss"])
+def test_mla_and_gpt_oss_match_transformers_on_cuda(tmp_path, arch):
+    """DeepSeek's latent cache and kernels, gpt-oss's sinks, windows and biased MoE, compiled on CUDA
+    through captured graphs."""
+    model_dir = build_model(arch, tmp_path / arch)
+    llm = cuda_llm(model_dir, max_num_batched_tokens=64)
+    assert llm.cuda_graph_sizes["decode"]
+    got = tokens(llm, PROMPTS)
+    mismatched = [i for i, p in enumerate(PROMPTS) if got[i] != hf_greedy(model_dir, p, 8)]
+    assert not mismatched, f"prompts {mismatched} differ from transformers"
+
+
+def test_gpt_oss_mxfp4_experts_on_cuda(tmp_path):
+    """gpt-oss's experts packed as shipped (MXFP4), decoded inside the fused MoE GEMMs on CUDA: the
+    tokens transformers gives on the dequantized checkpoint."""
+    from test_gpt_oss import _mxfp4_checkpoint
+
+    packed, floats = tmp_path / "mxfp4", tmp_path / "float"
+    _mxfp4_checkpoint(build_model("gpt_oss", tmp_path / "src"), packed, floats)
+    got = tokens(cuda_llm(packed, max_num_batched_tokens=64), PROMPTS)
+    mismatched = [i for i, p in enumerate(PROMPTS) if got[i] != hf_greedy(floats, p, 8)]
+    assert not mismatched, f"prompts {mismatched} differ from transformers on the dequantized checkpoint"
