@@ -7,7 +7,8 @@ rank-R adapters on every projection (random weights, written as PEFT directories
   every prompt is in (lora: spread over 8 adapters, 8 requests each);
 - cold_load (lora only): 16 streams decode (over 4 resident adapters) while a new request arrives every
   --every steps; it names an adapter already in a slot (warm) or one held only in host memory (cold:
-  more adapters than slots, so each arrival loads one). The streams' inter-token p99 / max, cold vs warm.
+  more adapters than slots, so each arrival loads one; all 16 are read into host memory at start). The
+  streams' inter-token p99 / max, cold vs warm.
 """
 
 from __future__ import annotations
@@ -148,6 +149,8 @@ def main() -> None:
         loras = [LoRARequest(f"a{i}", i + 1, str(d)) for i, d in enumerate(dirs)]
         common.update(enable_lora=True, max_loras=8, max_lora_rank=args.rank, max_cpu_loras=16)
     llm = LLM(args.model, **common)
+    for lora in loras:  # every adapter read into host memory: a cold arrival loads a slot from there
+        llm.engine.add_lora(lora)
     vocab = llm.engine.core.hf_config.vocab_size
     row = dict(model=Path(args.model).name, mode=args.mode, rank=args.rank if loras else 0,
                gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu")

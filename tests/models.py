@@ -169,8 +169,9 @@ def _fresh_rope(model) -> None:
 def _hf_model(model_dir: Path):
     from transformers import AutoModelForCausalLM
 
-    if model_dir not in _CACHE:
-        _CACHE[model_dir] = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    if model_dir not in _CACHE:  # eager: transformers' own attention (SDPA leaves out soft-caps and sinks)
+        _CACHE[model_dir] = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
+                                                                 attn_implementation="eager").eval()
     return _CACHE[model_dir]
 
 

@@ -161,7 +161,8 @@ def _dynamic_rows(init, hf_config, first: int, last: int) -> torch.Tensor:
     """Dynamic NTK frequencies of every length first..last, each as transformers computes it in
     its forward: from a 0-d tensor length, one call each (a column of lengths broadcast through
     the same code rounds some rows differently; a call takes ~80 us, once at start-up)."""
-    return torch.stack([init(hf_config, "cpu", seq_len=n)[0] for n in torch.arange(first, last + 1)]).float()
+    lengths = torch.arange(first, last + 1, device="cpu")  # (the model may be built under a CUDA device context)
+    return torch.stack([init(hf_config, "cpu", seq_len=n)[0] for n in lengths]).float()
 
 
 class RotaryEmbedding(nn.Module):
