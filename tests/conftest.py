@@ -26,6 +26,17 @@ sys.path.insert(0, str(Path(__file__).parent))  # tests/models.py
 from models import ARCHS, build_model  # noqa: E402
 
 
+@pytest.fixture(scope="session")
+def flat_sim():
+    """benchmarks/flat_sim.py as a module (the benchmarks are scripts, not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("flat_sim", Path(__file__).parents[1] / "benchmarks" / "flat_sim.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.fixture(scope="session", autouse=True)
 def private_cache(tmp_path_factory):
     """Presets the tests build and the batch stores of servers started without `--batch-store`

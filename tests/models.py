@@ -198,3 +198,46 @@ def multimodal_checkpoint(text_dir, out):
             shutil.copy(f, out / f.name)
     return out, model
 
+
+def exact_attention(q, kv, meta, scale: float, window: int | None = None, sinks=None, block_size: int = 16):
+    """Each seq's attention over its paged keys in float64, the window as transformers masks it, and
+    each head's sink (gpt-oss) in the softmax's denominator, its weight dropped: the kernels' reference."""
+    out = torch.empty_like(q)
+    starts, lens = meta.query_start_loc_cpu, meta.seq_lens_cpu
+    group = q.shape[1] // kv.shape[3]
+    for i, ctx in enumerate(lens):
+        lo, hi = starts[i], starts[i + 1]
+        pos = torch.arange(ctx)
+        blocks = meta.block_tables[i].cpu().long()[pos // block_size]
+        keys, values = (kv[j].cpu()[blocks, pos % block_size].double().repeat_interleave(group, 1) for j in (0, 1))
+        q_pos = torch.arange(ctx - (hi - lo), ctx)[:, None]
+        seen = pos[None, :] <= q_pos
+        if window is not None:
+            seen &= pos[None, :] > q_pos - window
+        scores = torch.einsum("thd,khd->htk", q[lo:hi].cpu().double(), keys) * scale
+        scores = scores.masked_fill(~seen[None], float("-inf"))
+        if sinks is not None:
+            sink = sinks.cpu().double()[:, None, None].expand(-1, hi - lo, 1)
+            weights = torch.cat([scores, sink], -1).softmax(-1)[..., :-1]
+        else:
+            weights = scores.softmax(-1)
+        out[lo:hi] = torch.einsum("htk,khd->thd", weights, values).to(out.dtype).to(out.device)
+    return out
+
+
+def triton_through_graphs(model_dir: Path, prompts: list[list[int]], refs: list[list[int]], num_kv_blocks: int):
+    """The Triton kernels in the engine (the interpreter on CPU) through the CUDA-graph input path,
+    with chunks, prefix hits and preemption: greedy tokens equal `refs` (transformers'); the LLM."""
+    from expresslane import LLM, SamplingParams
+
+    picked = [0, 4, 9, 15, 17, 19]  # short, mid and long prompts; three sharing a prefix, one twice
+    llm = LLM(str(model_dir), attention_backend="triton", max_num_batched_tokens=48, max_num_seqs=6,
+              max_model_len=384, num_kv_blocks=num_kv_blocks)
+    llm.engine.runner.build_graphs(llm.config.model.max_model_len, capture=False)
+    greedy = SamplingParams(temperature=0.0, max_tokens=len(refs[0]), ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": prompts[i]} for i in picked], greedy, use_tqdm=False)
+    mismatched = [i for i, o in zip(picked, outs) if o.outputs[0].token_ids != refs[i]]
+    assert not mismatched, f"prompts {mismatched} differ from transformers"
+    core = llm.engine.core
+    assert core.scheduler.num_preemptions > 0 and max(o.num_cached_tokens for o in outs) > 0
+    return llm

@@ -5,6 +5,7 @@ cached prefix, decode splits and split prefill items (the sink counted once over
 
 import pytest
 import torch
+from models import exact_attention
 from test_sliding_window import WINDOW_CASES, _variant
 from test_triton_attention import DEVICE, make_step
 
@@ -14,35 +15,12 @@ from expresslane.layers.rotary import RotaryEmbedding
 BLOCK = 16
 
 
-def exact_with_sinks(q, kv, meta, window: int | None, scale: float, sinks: torch.Tensor) -> torch.Tensor:
-    """Each seq's attention in float64: the scores of the keys it sees and its head's sink in one
-    softmax, the sink's weight dropped."""
-    out = torch.empty_like(q)
-    starts, lens = meta.query_start_loc_cpu, meta.seq_lens_cpu
-    group = q.shape[1] // kv.shape[3]
-    for i, ctx in enumerate(lens):
-        lo, hi = starts[i], starts[i + 1]
-        pos = torch.arange(ctx)
-        blocks = meta.block_tables[i].cpu().long()[pos // BLOCK]
-        keys, values = (kv[j].cpu()[blocks, pos % BLOCK].double().repeat_interleave(group, 1) for j in (0, 1))
-        q_pos = torch.arange(ctx - (hi - lo), ctx)[:, None]
-        seen = pos[None, :] <= q_pos
-        if window is not None:
-            seen &= pos[None, :] > q_pos - window
-        scores = torch.einsum("thd,khd->htk", q[lo:hi].cpu().double(), keys) * scale
-        scores = scores.masked_fill(~seen[None], float("-inf"))
-        sink = sinks.cpu().double()[:, None, None].expand(-1, hi - lo, 1)
-        weights = torch.cat([scores, sink], -1).softmax(-1)[..., :-1]
-        out[lo:hi] = torch.einsum("htk,khd->thd", weights, values).to(out.dtype).to(out.device)
-    return out
-
-
 def sink_step(heads, kv_heads, dim, window, seqs, seed, sinks):
     """Rotated q and the written cache of a step, the exact output; then, windowed, every block
     wholly before its seq's first window filled with NaN (a freed block may hold anything)."""
     q, k, v, kv, meta, pos = make_step(seqs, heads, kv_heads, dim, BLOCK, torch.float32, seed)
     q = TorchAttentionBackend().store(pos, q, k, v, RotaryEmbedding(dim, 1024, 10000.0).to(q.device), kv, meta)
-    exact = exact_with_sinks(q, kv, meta, window, dim ** -0.5, sinks)
+    exact = exact_attention(q, kv, meta, dim ** -0.5, window, sinks)
     for i, (cached, _) in enumerate(seqs if window else ()):
         first = max(0, cached - window + 1) // BLOCK
         kv[:, meta.block_tables[i, :first].long()] = float("nan")

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 import torch
-from models import build_model, hf_greedy
+from models import build_model, hf_greedy, triton_through_graphs
 from safetensors.torch import load_file, save_file
 from test_equivalence import CASES, GREEDY, MAX_TOKENS, PROMPTS
 
@@ -60,16 +60,8 @@ def test_triton_backend_matches_transformers(oss_dir, oss_refs):
     SwiGLU; the interpreter on CPU) through the CUDA-graph input path, with chunks, prefix
     hits and preemption."""
     pytest.importorskip("triton")
-    picked = [0, 4, 9, 15, 17, 19]
-    llm = LLM(str(oss_dir), attention_backend="triton", max_num_batched_tokens=48, max_num_seqs=6,
-              max_model_len=384, num_kv_blocks=24)
+    llm = triton_through_graphs(oss_dir, PROMPTS, oss_refs, num_kv_blocks=24)
     assert llm.engine.runner.model.layers[0].mlp.fused
-    llm.engine.runner.build_graphs(llm.config.model.max_model_len, capture=False)
-    outs = llm.generate([{"prompt_token_ids": PROMPTS[i]} for i in picked], GREEDY, use_tqdm=False)
-    mismatched = [i for i, o in zip(picked, outs) if o.outputs[0].token_ids != oss_refs[i]]
-    assert not mismatched, f"prompts {mismatched} differ from transformers"
-    core = llm.engine.core
-    assert core.scheduler.num_preemptions > 0 and max(o.num_cached_tokens for o in outs) > 0
 
 
 @pytest.mark.parametrize("expert_parallel", [False, True])

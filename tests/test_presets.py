@@ -236,28 +236,35 @@ def _shrunk_phi(preset: str) -> dict:
     return config
 
 
-@pytest.mark.parametrize("preset", ["phi-3.5-mini", "phi-4"])
-def test_phi_preset_loads_in_transformers_and_the_engine(preset, tmp_path, monkeypatch):
-    """Fused qkv_proj / gate_up_proj checkpoints as make-model writes them: transformers loads every
-    tensor, the engine's tokens equal transformers' (a prompt crossing LongRoPE's original length),
-    and --load-format dummy generates the same weights."""
+def check_shrunk_preset(tmp_path, prompt_len: int, refusal: str) -> None:
+    """The "shrunk" preset as make-model writes it: transformers loads every tensor, the engine's
+    greedy tokens equal transformers', --load-format dummy generates the same weights, and a
+    quantized copy is refused (`refusal`)."""
     from models import hf_greedy
 
     from expresslane import LLM, SamplingParams
 
-    monkeypatch.setitem(PRESETS, "shrunk", _shrunk_phi(preset))
     path = make_model("shrunk", tmp_path / "full")
     _, info = AutoModelForCausalLM.from_pretrained(path, output_loading_info=True)
     assert not any(info.values()), info
     greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
-    prompt = [(i * 37 + 11) % 500 for i in range(70)]
+    prompt = [(i * 37 + 11) % 500 for i in range(prompt_len)]
     [out] = LLM(str(path)).generate([{"prompt_token_ids": prompt}], greedy, use_tqdm=False)
     assert out.outputs[0].token_ids == hf_greedy(path, prompt, 6)
     bare = make_model("shrunk", tmp_path / "bare", weights=False)
     [again] = LLM(str(bare), load_format="dummy").generate([{"prompt_token_ids": prompt}], greedy, use_tqdm=False)
     assert again.outputs[0].token_ids == out.outputs[0].token_ids
-    with pytest.raises(ValueError, match="fused-projection"):
+    with pytest.raises(ValueError, match=refusal):
         make_model("shrunk", tmp_path / "quantized", quantization="awq")
+
+
+@pytest.mark.parametrize("preset", ["phi-3.5-mini", "phi-4"])
+def test_phi_preset_loads_in_transformers_and_the_engine(preset, tmp_path, monkeypatch):
+    """Fused qkv_proj / gate_up_proj checkpoints as make-model writes them: transformers loads every
+    tensor, the engine's tokens equal transformers' (a prompt crossing LongRoPE's original length),
+    and --load-format dummy generates the same weights."""
+    monkeypatch.setitem(PRESETS, "shrunk", _shrunk_phi(preset))
+    check_shrunk_preset(tmp_path, prompt_len=70, refusal="fused-projection")
 
 
 # DeepSeek (MLA, shared experts, DeepSeek routing): the real parameter counts, and each preset shrunk
@@ -282,23 +289,8 @@ def _shrunk_deepseek(preset: str) -> dict:
 
 @pytest.mark.parametrize("preset", ["deepseek-v2-lite", "deepseek-v3"])
 def test_deepseek_preset_loads_in_transformers_and_the_engine(preset, tmp_path, monkeypatch):
-    from models import hf_greedy
-
-    from expresslane import LLM, SamplingParams
-
     monkeypatch.setitem(PRESETS, "shrunk", _shrunk_deepseek(preset))
-    path = make_model("shrunk", tmp_path / "full")
-    _, info = AutoModelForCausalLM.from_pretrained(path, output_loading_info=True)
-    assert not any(info.values()), info
-    greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
-    prompt = [(i * 37 + 11) % 500 for i in range(40)]
-    [out] = LLM(str(path)).generate([{"prompt_token_ids": prompt}], greedy, use_tqdm=False)
-    assert out.outputs[0].token_ids == hf_greedy(path, prompt, 6)
-    bare = make_model("shrunk", tmp_path / "bare", weights=False)
-    [again] = LLM(str(bare), load_format="dummy").generate([{"prompt_token_ids": prompt}], greedy, use_tqdm=False)
-    assert again.outputs[0].token_ids == out.outputs[0].token_ids
-    with pytest.raises(ValueError, match="quantized DeepSeek presets"):
-        make_model("shrunk", tmp_path / "quantized", quantization="awq")
+    check_shrunk_preset(tmp_path, prompt_len=40, refusal="quantized DeepSeek presets")
 
 
 # gpt-oss: the shipped checkpoint's layout (MXFP4 experts, sinks, biases), its real size, and a shrunk

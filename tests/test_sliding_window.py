@@ -8,7 +8,7 @@ import logging
 
 import pytest
 import torch
-from models import build_model, hf_greedy
+from models import build_model, exact_attention, hf_greedy, triton_through_graphs
 from test_equivalence import CASES, GREEDY, MAX_TOKENS, PROMPTS
 from test_triton_attention import DEVICE, make_step
 
@@ -57,31 +57,13 @@ def test_windows_per_layer_as_transformers_reads_the_config():
 
 
 # -- the kernels --------------------------------------------------------------------------------
-def exact_attention(q, kv, meta, window: int, scale: float) -> torch.Tensor:
-    """Each seq's attention over its keys in float64, the window as transformers masks it."""
-    out = torch.empty_like(q)
-    starts, lens = meta.query_start_loc_cpu, meta.seq_lens_cpu
-    group = q.shape[1] // kv.shape[3]
-    for i, ctx in enumerate(lens):
-        lo, hi = starts[i], starts[i + 1]
-        pos = torch.arange(ctx)
-        blocks = meta.block_tables[i].cpu().long()[pos // BLOCK]
-        keys, values = (kv[j].cpu()[blocks, pos % BLOCK].double().repeat_interleave(group, 1) for j in (0, 1))
-        q_pos = torch.arange(ctx - (hi - lo), ctx)[:, None]
-        seen = (pos[None, :] <= q_pos) & (pos[None, :] > q_pos - window)
-        scores = torch.einsum("thd,khd->htk", q[lo:hi].cpu().double(), keys) * scale
-        weights = scores.masked_fill(~seen[None], float("-inf")).softmax(-1)
-        out[lo:hi] = torch.einsum("htk,khd->thd", weights, values).to(out.dtype).to(out.device)
-    return out
-
-
 def windowed_step(heads, kv_heads, dim, window, seqs, seed):
     """Rotated q and the written cache of a step; the exact output; then every block wholly
     before its seq's first window filled with NaN (as a freed block may hold anything): an
     implementation that reads one, even masked, returns NaN."""
     q, k, v, kv, meta, pos = make_step(seqs, heads, kv_heads, dim, BLOCK, torch.float32, seed)
     q = TorchAttentionBackend().store(pos, q, k, v, RotaryEmbedding(dim, 1024, 10000.0).to(q.device), kv, meta)
-    exact = exact_attention(q, kv, meta, window, dim ** -0.5)
+    exact = exact_attention(q, kv, meta, dim ** -0.5, window)
     for i, (cached, _) in enumerate(seqs):
         first = max(0, cached - window + 1) // BLOCK
         kv[:, meta.block_tables[i, :first].long()] = float("nan")
@@ -302,16 +284,8 @@ def test_triton_backend_windowed_matches_transformers(swa_dir, swa_refs):
     """The kernels in the engine (the interpreter on CPU) through the CUDA-graph input path, with
     chunks, prefix hits and preemption."""
     pytest.importorskip("triton")
-    picked = [0, 4, 9, 15, 17, 19]  # short, mid and long prompts; three sharing a prefix, one twice
-    llm = LLM(str(swa_dir), attention_backend="triton", max_num_batched_tokens=48, max_num_seqs=6,
-              max_model_len=384, num_kv_blocks=16)
-    llm.engine.runner.build_graphs(llm.config.model.max_model_len, capture=False)
-    outs = llm.generate([{"prompt_token_ids": PROMPTS[i]} for i in picked], GREEDY, use_tqdm=False)
-    mismatched = [i for i, o in zip(picked, outs) if o.outputs[0].token_ids != swa_refs[i]]
-    assert not mismatched, f"prompts {mismatched} differ from transformers"
-    core = llm.engine.core
-    assert core.scheduler.num_preemptions > 0 and max(o.num_cached_tokens for o in outs) > 0
-    assert core.kv.window_freed_blocks > 0
+    llm = triton_through_graphs(swa_dir, PROMPTS, swa_refs, num_kv_blocks=16)
+    assert llm.engine.core.kv.window_freed_blocks > 0
 
 
 def test_tensor_parallel_windowed_matches_transformers(swa_dir, swa_refs):

@@ -5,9 +5,6 @@ meets its own deadline, and a lone prompt runs within 5% of fcfs, a short arrivi
 at most one knee-sized step. Every step lasts what a fixed cost model predicts: no decision depends
 on this machine's speed."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 from expresslane.config import SchedulerConfig
@@ -22,15 +19,6 @@ TARGET = 0.2
 CPU = PiecewiseStepCostModel([1, 16, 64, 256, 2048], [20e-3, 22e-3, 28e-3, 50e-3, 260e-3],
                              k_decode=1e-8, k_prefill=2e-10)
 MODELS = {"h200-shaped": (H200, 2048), "cpu": (CPU, 512)}  # test_slo_steps.py's H200 by hand
-
-
-@pytest.fixture(scope="module")
-def flat_sim():
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "flat_sim.py"
-    spec = importlib.util.spec_from_file_location("flat_sim", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def arrivals(gap: float, n: int = 40) -> list:

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 from expresslane.config import SchedulerConfig
@@ -12,15 +9,6 @@ from expresslane.cost_model.piecewise import PiecewiseStepCostModel
 
 STEP = 0.1
 FLAT = PiecewiseStepCostModel([1, 4096], [STEP, STEP])  # every step 100 ms, whatever it computes
-
-
-@pytest.fixture(scope="module")
-def flat_sim():
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "flat_sim.py"
-    spec = importlib.util.spec_from_file_location("flat_sim", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_the_next_step_is_planned_a_margin_before_the_one_running_ends(flat_sim):
