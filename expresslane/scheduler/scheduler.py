@@ -123,6 +123,10 @@ class Scheduler:
             self._admit(scheduled, budget, self.config.max_num_seqs)
             if budget.top_up:
                 self._top_up(scheduled, budget)
+        if not scheduled and head is not None and self.running:  # the head found no blocks
+            budget = self.policy.step_budget(None, self.running.values(), self._waiting_by_lane, self.clock(),
+                                             spec_tokens)
+            scheduled, _ = self._schedule_running(budget, speculate)
         return scheduled
 
     def _schedule_running(self, budget: StepBudget, speculate: bool = False
