@@ -49,7 +49,7 @@ def test_greedy_matches_transformers(dirs, references, arch, case):
     assert core.kv.num_held_blocks() == 0 and core.kv.pool.num_free == core.kv.pool.num_blocks
 
 
-@pytest.mark.parametrize("arch", ["deepseek_v2", "deepseek_v3"])
+@pytest.mark.parametrize("arch", ["deepseek_v2"])  # V3 through the kernels: the graph input path below
 def test_triton_backend_matches_transformers(dirs, references, arch):
     """The latent kernels, fused MoE and fused norms (Triton's interpreter): chunks, hits, preemption."""
     pytest.importorskip("triton")
@@ -68,10 +68,10 @@ def test_graph_input_path_matches_transformers(dirs, references, monkeypatch):
 
     original = ModelRunner.build_graphs
     monkeypatch.setattr(ModelRunner, "build_graphs", lambda self, n, capture=True: original(self, n, capture=False))
-    llm = LLM(str(dirs["deepseek_v2"]), attention_backend="triton", max_num_seqs=6, max_mixed_graph_tokens=64,
+    llm = LLM(str(dirs["deepseek_v3"]), attention_backend="triton", max_num_seqs=6, max_mixed_graph_tokens=64,
               **SMALL)
     assert llm.engine.runner.mixed_graphs is not None
-    _check(llm, PICKED, references["deepseek_v2"])
+    _check(llm, PICKED, references["deepseek_v3"])
 
 
 def test_tensor_parallel_matches_transformers(dirs, references):

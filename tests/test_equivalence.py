@@ -77,7 +77,7 @@ def test_triton_backend_matches_transformers(model_dirs, references):
     arch = "qwen2"  # grouped heads (2 per KV head), tied embeddings, qkv bias
     picked = [0, 4, 9, 15, 17, 19]  # short, mid and long prompts; three sharing a prefix (hits), one twice
     llm = LLM(str(model_dirs[arch]), attention_backend="triton", max_num_batched_tokens=128, max_model_len=384,
-              num_kv_blocks=24)
+              num_kv_blocks=24, scheduling_policy="fcfs")  # fcfs: admits until the blocks run out (preemptions)
     outs = llm.generate([{"prompt_token_ids": PROMPTS[i]} for i in picked], GREEDY, use_tqdm=False)
     mismatched = [i for i, o in zip(picked, outs) if o.outputs[0].token_ids != references[arch][i]]
     assert not mismatched, f"prompts {mismatched} differ from transformers"
