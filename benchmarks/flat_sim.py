@@ -5,11 +5,10 @@ flat`) is the measurement, this is the quick way to see what a policy change doe
 spending one.
 
 Per configuration (`--config`, SchedulerConfig fields) it prints: 16 short prompts sent just
-after one long prompt (`--at`), against each alone; the TTFT of a lone prompt of each `--lone` length;
-throughput of 256 requests sent at once; interactive shorts with an explicit SLO beside a long
-batch-lane prompt (issue #45), their TTFT P90; and for each rate, the mixed load of `expresslane
-bench scenarios` (the same seeded arrivals) with its short TTFT and ITL p99, long TTFT p50 and
-goodput.
+after one long prompt, against each alone; the TTFT of a lone prompt of 128, 2048 and the long
+length; throughput of 256 requests sent at once; and for each rate, the mixed load of
+`expresslane bench scenarios` (the same seeded arrivals) with its short TTFT and ITL p99, long
+TTFT p50 and goodput.
 
     python benchmarks/flat_sim.py --config default= --config fcfs=scheduling_policy:fcfs
 """
@@ -96,33 +95,19 @@ def simulate(config: dict, arrivals: list[Request], model: StepCostModel = H200)
     return times
 
 
-def beside_long(config: dict, model: StepCostModel = H200, at: float = 0.005) -> dict[str, float]:
-    """16 shorts (64/64) sent `at` s after one 8192/64 prompt, against each alone."""
+def beside_long(config: dict, model: StepCostModel = H200) -> dict[str, float]:
+    """16 shorts (64/64) sent 5 ms after one 8192/64 prompt, against each alone."""
     short, long, out = SHAPE["short"], SHAPE["long"], SHAPE["out"]
-    shorts = lambda: [request(f"s{i}", short, out, at) for i in range(16)]  # noqa: E731
+    shorts = lambda: [request(f"s{i}", short, out, 0.005) for i in range(16)]  # noqa: E731
     alone_s = simulate(config, shorts(), model)
     alone_l = simulate(config, [request("long", long, out, 0.0)], model)
     mixed = simulate(config, [request("long", long, out, 0.0), *shorts()], model)
-    ttft = lambda t, ids: statistics.median(t[i][0] - at for i in ids)  # noqa: E731
-    total = lambda t, ids: statistics.median(t[i][-1] - at for i in ids)  # noqa: E731
+    ttft = lambda t, ids: statistics.median(t[i][0] - 0.005 for i in ids)  # noqa: E731
+    total = lambda t, ids: statistics.median(t[i][-1] - 0.005 for i in ids)  # noqa: E731
     ids = [f"s{i}" for i in range(16)]
     return {"short_ttft_alone_ms": 1e3 * ttft(alone_s, ids), "short_ttft_x": ttft(mixed, ids) / ttft(alone_s, ids),
             "short_total_x": total(mixed, ids) / total(alone_s, ids),
             "long_ttft_alone_ms": 1e3 * alone_l["long"][0], "long_ttft_x": mixed["long"][0] / alone_l["long"][0]}
-
-
-# issue #45's CPU finding: an explicit interactive target, the long prompt in the batch lane
-EXPLICIT_SLO = "interactive:ttft=200ms,tpot=100ms"
-
-
-def beside_batch(config: dict, model: StepCostModel = H200, gap: float = 0.02, n: int = 40,
-                 long: int = 3000) -> float:
-    """Interactive 64/16 shorts every `gap` s from 10 ms after a `long`-token batch-lane prompt,
-    under EXPLICIT_SLO unless `config` gives one: the shorts' TTFT P90 (seconds)."""
-    sent = [request("long", long, 16, 0.0, lane="batch")]
-    sent += [request(f"s{i}", 64, 16, 0.01 + gap * i) for i in range(n)]
-    times = simulate({"lane_slo": EXPLICIT_SLO, **config}, sent, model)
-    return float(np.percentile([times[r.request_id][0] - r.arrival_time for r in sent[1:]], 90))
 
 
 def arrivals(rate: float, seconds: float, seed: int = 0, long_frac: float = 0.15) -> list[Request]:
@@ -194,9 +179,6 @@ def main() -> None:
     p.add_argument("--short-len", type=int, default=SHAPE["short"])
     p.add_argument("--long-len", type=int, default=SHAPE["long"])
     p.add_argument("--output-len", type=int, default=SHAPE["out"])
-    p.add_argument("--at", type=float, nargs="+", default=[5.0],
-                   help="ms after the long prompt that the 16 shorts arrive (default: 5, issue #45's)")
-    p.add_argument("--lone", type=int, nargs="+", help="lone prompt lengths (default: 128, 2048, --long-len)")
     args = p.parse_args()
     SHAPE.update(short=args.short_len, long=args.long_len, out=args.output_len)
     if args.cost in COSTS:
@@ -205,18 +187,14 @@ def main() -> None:
         with open(args.cost) as f:
             model = PiecewiseStepCostModel.from_dict(json.load(f))
     for name, config in args.config:
-        for at in args.at:
-            b = beside_long(config, model, at / 1e3)
-            print(f"{name}: beside 8k, {at:g} ms after: short TTFT {b['short_ttft_x']:.2f}x (alone "
-                  f"{b['short_ttft_alone_ms']:.1f} ms), short total {b['short_total_x']:.2f}x, long TTFT "
-                  f"{b['long_ttft_x']:.2f}x (alone {b['long_ttft_alone_ms']:.0f} ms)")
+        b = beside_long(config, model)
+        print(f"{name}: beside 8k: short TTFT {b['short_ttft_x']:.2f}x (alone {b['short_ttft_alone_ms']:.1f} ms), "
+              f"short total {b['short_total_x']:.2f}x, long TTFT {b['long_ttft_x']:.2f}x "
+              f"(alone {b['long_ttft_alone_ms']:.0f} ms)")
         lone = {n: 1e3 * simulate(config, [request("x", n, 1, 0.0)], model)["x"][0]
-                for n in sorted(set(args.lone or (128, 2048, SHAPE["long"])))}
+                for n in sorted({128, 2048, SHAPE["long"]})}
         print("   lone TTFT " + ", ".join(f"{n}: {ms:.1f} ms" for n, ms in lone.items())
               + f"; throughput 256 x 512/256: {throughput(config, model=model):,.0f} tok/s")
-        p90 = [1e3 * beside_batch(config, model, gap) for gap in (0.02, 0.05)]
-        print(f"   beside a 3,000-token batch prompt ({EXPLICIT_SLO}): short TTFT P90 "
-              f"{p90[0]:.1f} / {p90[1]:.1f} ms (one every 20 / 50 ms)")
         for rate, seed in ((r, sd) for r in args.rates for sd in range(args.seed, args.seed + args.seeds)):
             m = mixed_load(config, rate, args.seconds, seed=seed, model=model)
             print(f"   {rate:4.0f} req/s: short TTFT p99 {m['short_ttft_p99_ms']:7.1f} ms, ITL p99 "

@@ -110,38 +110,6 @@ def test_a_step_with_prefill_costs_its_padded_bucket():
         decodes.plus_chunk(0, 129))
 
 
-# a step: 5 ms at one token, 12 ms at 512, 36 ms at 2048; 2 ns a query-key pair
-STEPPED = PiecewiseStepCostModel([1, 512, 2048], [5e-3, 12e-3, 36e-3], k_prefill=2e-9)
-
-
-@pytest.mark.parametrize("start", [0, 4096, 16384, 65536])
-def test_the_knee_is_the_smallest_chunk_near_the_least_cost_per_token(start):
-    """By brute force over every size: the smallest chunk whose step, less its own attention (the
-    same whichever way a prompt is cut), costs per token at most the least plus 4% of a token's
-    cost here. Deeper in a prompt a token costs more (its attention), so the knee shrinks."""
-    def flat(n: int) -> float:
-        return STEPPED.predict(StepShape(n, has_prefill=True)) / n
-    costs = {n: flat(n) for n in range(1, 2049)}
-    best = min(costs, key=costs.get)
-    bar = costs[best] + 0.04 * STEPPED.predict(StepShape(best, prefill_pairs=best * start, has_prefill=True)) / best
-    knee = STEPPED.knee(StepShape(0), start, 2048, 0.04)
-    assert knee == min(n for n, c in costs.items() if c <= bar)
-    assert knee < 2048 and STEPPED.knee(StepShape(0), start + 4096, 2048, 0.04) <= knee
-    assert STEPPED.knee(StepShape(0), 65536, 2048, 0.04) < STEPPED.knee(StepShape(0), 0, 2048, 0.04)
-
-
-def test_the_knee_of_a_padded_model_is_a_whole_bucket():
-    """Within a bucket a step costs the same: the knee takes the bucket's spare rows."""
-    buckets = tuple(range(128, 2049, 128))
-    padded = PiecewiseStepCostModel([1, 512, 2048], [5e-3, 12e-3, 36e-3], k_prefill=2e-9, padded=buckets)
-    decodes = StepShape.of([(100, 1)] * 8)
-    for base in (StepShape(0), decodes):
-        for start in (0, 16384, 65536):
-            knee = padded.knee(base, start, 2048 - base.num_tokens, 0.04)
-            assert base.num_tokens + knee in buckets and knee < 2048 - base.num_tokens
-    assert padded.knee(StepShape(0), 0, 1, 0.04) == 1 and padded.knee(StepShape(0), 0, 0, 0.04) == 0
-
-
 def two_paths(shape: StepShape) -> float:
     """A machine whose mixed path (steps with prefill, bucketed) costs more than its decode path
     by 2.5 ms at a few tokens and less the more tokens, none from 512 on (where the matmuls

@@ -17,7 +17,6 @@ from expresslane.sampling_params import SamplingParams
 
 MIN_CHUNK = SchedulerConfig().min_prefill_chunk
 PREFILL_STRETCH = SchedulerConfig().prefill_stretch
-KNEE_MARGIN = SchedulerConfig().knee_margin
 
 # Issue #20's H200 linear-layer times of the 8B shape, plus attention terms
 H200 = PiecewiseStepCostModel([1, 16, 64, 128, 160, 256, 512, 2048],
@@ -33,11 +32,11 @@ def request(rid: str, n: int, out: int, t: float, lane: str = "interactive") -> 
     return Request.from_core_request(EngineCoreRequest(rid, prompt, sp, (0,), t, 0, lane), 16384)
 
 
-def scheduler(now: list[float], cost: PiecewiseStepCostModel = H200, **config) -> Scheduler:
+def scheduler(now: list[float], **config) -> Scheduler:
     config = {"max_num_batched_tokens": 2048, "max_num_seqs": 256, "scheduling_policy": "deadline",
               "lane_slo": f"interactive:ttft={TTFT * 1e3:g}ms,tpot={TPOT * 1e3:g}ms,slack={SLACK}", **config}
     cfg = SchedulerConfig(**config)
-    return Scheduler(cfg, KVCacheManager(40_000, 16), clock=lambda: now[0], cost_model=cost)
+    return Scheduler(cfg, KVCacheManager(40_000, 16), clock=lambda: now[0], cost_model=H200)
 
 
 def land(sched: Scheduler, plan) -> None:
@@ -59,10 +58,8 @@ def shape_of(plan) -> StepShape:
 class Sim:
     """Arrivals at given times; each step takes the model's time for it."""
 
-    def __init__(self, sched: Scheduler, now: list[float], arrivals: list[Request],
-                 cost: PiecewiseStepCostModel = H200):
+    def __init__(self, sched: Scheduler, now: list[float], arrivals: list[Request]):
         self.sched, self.now, self.todo = sched, now, sorted(arrivals, key=lambda r: r.arrival_time)
-        self.cost = cost
         self.first_scheduled_step: dict[str, int] = {}
         self.added_before_step: dict[str, int] = {}
         self.first_token: dict[str, float] = {}
@@ -81,7 +78,7 @@ class Sim:
         for s in plan.seqs:
             self.first_scheduled_step.setdefault(s.request_id, self.steps)
         self.steps += 1
-        self.now[0] += max(self.cost.predict(shape_of(plan)), 1e-4)
+        self.now[0] += max(H200.predict(shape_of(plan)), 1e-4)
         outs = self.sched.update(plan, {s.request_id: 5 for s in plan.seqs if s.sample})
         for o in outs:
             self.first_token.setdefault(o.request_id, self.now[0])
@@ -190,22 +187,25 @@ def test_the_slack_counts_from_a_lone_decode_s_step():
     assert {s.request_id: len(s.token_ids) for s in plan.seqs}["long"] > MIN_CHUNK
 
 
-def test_a_backlog_starts_now_within_the_tpot_target_and_in_full_steps_once_past_its_deadline():
-    """Targets are ceilings: beside decoding requests, waiting prompts go whole in the first step,
-    up to the tpot target, not in small steps until their deadline nears; once the queue's head is
-    past its deadline (a missed target), the step takes the whole budget."""
+def test_deadlines_at_risk_grow_the_step_up_to_the_tpot_target():
+    """Beside decoding requests, a backlog that has waited half its TTFT target gets bigger
+    steps (its deadlines come first), still within the tpot target; one more than its TTFT
+    target past its deadline, the whole budget."""
     now = [0.0]
     sched = scheduler(now)
     decoding(sched, 4)
     for i in range(64):
         sched.add_request(request(f"r{i}", 512, 8, 0.0))
-    first = sched.schedule()
-    sizes = [len(s.token_ids) for s in first.seqs if len(s.token_ids) > 1]
-    assert sizes[:2] == [512, 512]  # whole, at once
-    assert H200.predict(shape_of(first)) <= TPOT
-    assert H200.predict(shape_of(first).plus_chunk(0, 512)) > TPOT  # one more whole prompt would be over it
-    sched.update(first, {})
-    now[0] = sched.policy.deadline(sched._peek_waiting()) + 1e-3
+    small = sched.schedule()
+    sched.update(small, {})
+    now[0] = sched.policy.deadline(sched._peek_waiting())  # the head is at its deadline
+    big = sched.schedule()
+    assert small.num_batched_tokens <= 300 < big.num_batched_tokens
+    assert H200.predict(shape_of(small)) <= (1 + SLACK) * H200.predict(StepShape.of([(64, 1)] * 4)) * 1.5
+    assert H200.predict(shape_of(big)) <= TPOT
+    sched.update(big, {})
+    # more than its TTFT target past its deadline: a backlog past saving takes the whole budget
+    now[0] = sched.policy.deadline(sched._peek_waiting()) + TTFT * 1.01
     whole = sched.schedule()
     assert whole.num_batched_tokens == 2048 and H200.predict(shape_of(whole)) > TPOT
 
@@ -225,51 +225,53 @@ def test_the_flags_override_the_sizing():
     now = [0.0]
     sched = scheduler(now, long_prefill_token_threshold=512)
     sched.add_request(request("long", 8192, 4, 0.0))
-    sched.add_request(request("other", 8192, 4, 0.0))
-    plan = sched.schedule()  # beside another: the given cap, not the model's chunk
-    assert [len(s.token_ids) for s in plan.seqs] == [512, 512]
-    sched = scheduler(now, long_prefill_token_threshold=512)
-    sched.add_request(request("long", 8192, 4, 0.0))
-    assert sched.schedule().num_batched_tokens == 2048  # alone, nothing waits: the cap does not apply
+    assert sched.schedule().num_batched_tokens == 512  # the given cap, not the model's chunk
     sched = scheduler(now, max_num_batched_tokens=64)
     sched.add_request(request("long", 8192, 4, 0.0))
     assert sched.schedule().num_batched_tokens <= 64  # the largest step
 
 
-@pytest.mark.parametrize("n", [8192, 16384])
-def test_a_lone_prompt_runs_in_knee_steps_within_5_percent_of_fcfs(n):
-    """Nothing decoding, nobody waiting: nothing to protect, so a lone prompt's steps are the cost
-    model's knee at its context (fcfs's are the whole budget), and its first token comes within
-    the 5% of fcfs's that issue #45 allows. A short arriving during one of them starts in the next
-    step."""
-    def run(policy: str, *late: Request) -> tuple[list[tuple[int, int]], float, Sim]:
-        now = [0.0]
-        sim = Sim(scheduler(now, scheduling_policy=policy), now, [request("long", n, 4, 0.0), *late])
-        chunks = [(s.start_pos, len(s.token_ids)) for plan, _ in sim.run() if plan is not None
-                  for s in plan.seqs if s.request_id == "long" and len(s.token_ids) > 1]
-        return chunks, sim.first_token["long"], sim
+def test_a_lone_prompt_grows_its_chunks_within_an_eighth_of_the_ttft_target():
+    """Nothing decoding, nobody waiting: a lone prompt's chunk may double what it has computed,
+    in steps of at most an eighth of the interactive TTFT target (what a request arriving
+    meanwhile waits behind). Its first step stays as short as a decode's slack allows, so a
+    burst arriving right after it starts at once; a short arriving later starts in the next step."""
+    now = [0.0]
+    long = request("long", 8192, 4, 0.0)
+    late = request("late", 64, 4, 0.06)  # arrives during one of the long prompt's larger steps
+    sim = Sim(scheduler(now), now, [long, late])
+    steps = []  # (tokens computed before, chunk, predicted time) of the long prompt's steps alone
+    for plan, before in sim.run():
+        if plan is None:
+            continue
+        sizes = {s.request_id: len(s.token_ids) for s in plan.seqs}
+        if not before["decodes"] and set(sizes) == {"long"} and sizes["long"] > 1:
+            steps.append((long.num_computed_tokens - sizes["long"], sizes["long"], H200.predict(shape_of(plan))))
+    first_bound = min(TPOT, (1 + SLACK) * H200.predict(StepShape(1)))
+    assert steps[0][0] == 0 and steps[0][2] <= first_bound + 1e-12  # the first step: a decode's slack
+    first_chunk = steps[0][1]
+    assert all(n <= max(first_chunk, done) for done, n, _ in steps)  # at most doubling
+    assert all(t <= TTFT / 8 + 1e-12 for _, _, t in steps) and max(t for *_, t in steps) > 4 * first_bound  # grown
+    assert len(steps) < 8192 // first_chunk // 4  # far fewer steps than at the first chunk's size all along
+    assert sim.first_scheduled_step["late"] == sim.added_before_step["late"]  # started in the next step
+    assert "long" in sim.first_token
 
-    deadline, ttft, _ = run("deadline")
-    fcfs, fcfs_ttft, _ = run("fcfs")
-    assert [size for _, size in fcfs] == [2048] * (n // 2048)
-    knees = [H200.knee(StepShape(0), start, 2048, KNEE_MARGIN) for start, _ in deadline]
-    assert all(size == knee for (_, size), knee in zip(deadline[:-2], knees)) and max(knees) < 2048
-    assert fcfs_ttft < ttft <= 1.05 * fcfs_ttft
-    _, _, sim = run("deadline", request("late", 64, 4, 0.06))
-    assert sim.first_scheduled_step["late"] == sim.added_before_step["late"]
 
-
-def test_long_prompts_running_together_with_nothing_to_protect_take_knee_steps():
-    """Two long prompts prefilling, nothing decoding, nobody waiting: every step is the knee at
-    the deeper prompt's context, but for the last ones."""
+def test_long_prompts_running_together_share_a_lone_prompts_room():
+    """Two long prompts prefilling, nothing decoding, nobody waiting: their chunks together keep
+    the step within an eighth of the TTFT target (each taking it made a step twice as long, which
+    a short arriving meanwhile waited behind)."""
     now = [0.0]
     sim = Sim(scheduler(now), now, [request("a", 8192, 4, 0.0), request("b", 8192, 4, 0.0)])
-    steps = []
+    shared = []  # predicted times of the steps where both prefill and nothing else runs
     for plan, before in sim.run():
-        if plan is not None and not before["decodes"] and before["head"] is None:
-            deepest = max(s.start_pos for s in plan.seqs)
-            steps.append((plan.num_batched_tokens, H200.knee(StepShape(0), deepest, 2048, KNEE_MARGIN)))
-    assert len(steps) >= 10 and all(n == knee < 2048 for n, knee in steps[:-2])
+        if plan is None:
+            continue
+        sizes = {s.request_id: len(s.token_ids) for s in plan.seqs}
+        if not before["decodes"] and before["head"] is None and set(sizes) == {"a", "b"}:
+            shared.append(H200.predict(shape_of(plan)))
+    assert shared and all(t <= TTFT / 8 + 1e-12 for t in shared)
+    assert max(shared) > TTFT / 16  # they did grow past the first steps' size
 
 
 def test_proposals_of_decodes_are_not_eaten_by_a_prefill_ranked_first():
@@ -294,8 +296,10 @@ def test_proposals_of_decodes_are_not_eaten_by_a_prefill_ranked_first():
     sched.add_request(long)
     sched.add_request(short)
     assert sched.policy.deadline(long) < sched.policy.deadline(short)
-    verified = 0
+    verified, long_done_when_short_finished = 0, None
     for _ in range(40):
+        if short.is_finished and long_done_when_short_finished is None:
+            long_done_when_short_finished = long.num_computed_tokens
         plan = sched.schedule()
         sizes = {s.request_id: len(s.token_ids) for s in plan.seqs}
         if long.num_computed_tokens < long.num_prompt_tokens and sizes.get("short", 0) > 1 \
@@ -305,14 +309,15 @@ def test_proposals_of_decodes_are_not_eaten_by_a_prefill_ranked_first():
         now[0] += H200.predict(shape_of(plan))
         sched.update(plan, {s.request_id: [5] * len(s.token_ids) if s.num_spec_tokens else 5
                             for s in plan.seqs if s.sample})
+    assert long_done_when_short_finished < long.num_prompt_tokens  # still prefilling all the short's life
     assert verified >= 3 and spec.counters.num_draft_tokens > 0
 
 
-def test_running_long_prompts_due_share_the_tpot_target_and_leave_a_waiting_short_its_first_chunk():
-    """Two 8k prompts prefill beside 8 decodes, both past their deadlines (due: they never step
-    aside and take the largest step within the tpot target): their chunks together keep the step
-    within it, and a short prompt arriving then starts in the next step. (Each took the whole
-    chunk: the step ran twice as long, and on the CPU a short prompt waited 25 steps.)"""
+def test_running_long_prompts_share_the_slack_and_leave_a_waiting_short_its_first_chunk():
+    """Two 8k prompts prefill beside 8 decodes, both past their deadlines (under load they never
+    step aside): their chunks together keep the step within the decodes' slack, and a short
+    prompt arriving then starts in the next step. (Each took the whole chunk: the step ran
+    twice as long, and on the CPU a short prompt waited 25 steps.)"""
     now = [0.0]
     sched = scheduler(now)
     decoding(sched, 8)
@@ -328,8 +333,8 @@ def test_running_long_prompts_due_share_the_tpot_target_and_leave_a_waiting_shor
     plan = sched.schedule()
     chunks = {s.request_id: len(s.token_ids) for s in plan.seqs if len(s.token_ids) > 1}
     assert set(chunks) == {"long0", "long1"} or set(chunks) == {"long0"}  # (the second may get none)
-    assert H200.predict(shape_of(plan)) <= TPOT  # due: the largest step within the ceiling, shared
-    assert H200.predict(shape_of(plan)) > (1 + SLACK) * H200.predict(decodes)
+    assert H200.predict(shape_of(plan)) <= max((1 + SLACK) * H200.predict(decodes), H200.predict(
+        decodes.plus_chunk(8192, MIN_CHUNK))) + 1e-12
     land(sched, plan)
     sched.add_request(request("short", 64, 4, 10.0))
     plan = sched.schedule()
@@ -337,11 +342,12 @@ def test_running_long_prompts_due_share_the_tpot_target_and_leave_a_waiting_shor
     assert H200.predict(shape_of(plan)) <= TPOT
 
 
-def test_a_short_prompt_starts_whole_beside_a_long_one_past_its_deadline():
-    """An 8k prompt prefills beside 8 decodes, past its deadline (due); a 300-token prompt arrives
-    and goes whole in the next step, as fcfs would take it, while the long prompt still gets a chunk
-    and the step stays within the tpot target. (By deadline alone the long prompt took the whole
-    room every step: on the H200 a short prompt waited 3.4 s.)"""
+def test_a_short_prompt_past_its_first_chunk_goes_before_a_long_one_past_its_deadline():
+    """An 8k prompt prefills beside 8 decodes, past its deadline; a 300-token prompt arrives and
+    starts with the chunk the step keeps for it. Its rest then comes before the long prompt's
+    next chunks: it finishes its prefill in the next steps. (By deadline alone the long prompt,
+    whose deadline came first, took the whole room every step: on the H200 a short prompt waited
+    3.4 s.)"""
     now = [0.0]
     sched = scheduler(now)
     decoding(sched, 8)
@@ -349,19 +355,25 @@ def test_a_short_prompt_starts_whole_beside_a_long_one_past_its_deadline():
     for _ in range(3):
         land(sched, sched.schedule())
     now[0] = 10.0  # past the long prompt's deadline
-    assert sched.policy.due(sched.running["long"], now[0])
     sched.add_request(request("short", 300, 4, 10.0))
-    plan = sched.schedule()
-    chunks = {s.request_id: len(s.token_ids) for s in plan.seqs if len(s.token_ids) > 1}
-    assert chunks["short"] == 300 and chunks["long"] > MIN_CHUNK, chunks
-    assert H200.predict(shape_of(plan)) <= TPOT
+    chunks = []
+    for _ in range(4):
+        plan = sched.schedule()
+        chunks.append({s.request_id: len(s.token_ids) for s in plan.seqs if len(s.token_ids) > 1})
+        land(sched, plan)
+        if sched.running["short"].num_computed_tokens >= 300:
+            break
+    assert sched.running["short"].num_computed_tokens >= 300, chunks
+    assert 0 < chunks[0]["short"] < 300  # it did not fit one step: the rest came after
+    # its rest before the long prompt's chunks: the long one takes only what the short one's last leaves
+    assert all("long" not in c for c in chunks[1:-1]) and len(chunks) <= 3, chunks
+    assert sched.running["long"].num_computed_tokens < 8192
 
 
-def test_a_prompt_arriving_to_an_idle_engine_takes_the_knee():
-    """Nothing running, nobody else waiting: nothing to protect, so the first step is the cost
-    model's knee, or the whole prompt where it is under two knees (no chunk below the knee).
-    Beside another waiting prompt, a prompt over the ceiling starts with a chunk within a decode's
-    slack."""
+def test_a_prompt_arriving_to_an_idle_engine_goes_whole_when_it_fits_a_quarter_of_the_ttft_target():
+    """Nothing running, nobody else waiting: a prompt whose whole prefill the model predicts
+    within TTFT / 4 takes one step: more would add their fixed costs to its TTFT. Beside another waiting prompt, or longer than that, its first
+    step stays within a decode's slack."""
     def first_chunks(*lengths: int) -> list[int]:
         sched = scheduler([0.0])
         for i, n in enumerate(lengths):
@@ -371,10 +383,9 @@ def test_a_prompt_arriving_to_an_idle_engine_takes_the_knee():
     def prefill(n: int) -> float:
         return H200.predict(StepShape(0).plus_chunk(0, n))
 
-    knee = H200.knee(StepShape(0), 0, 2048, KNEE_MARGIN)
-    assert 1024 < knee < 2048
-    assert first_chunks(2048) == [2048] and first_chunks(8192) == [knee] and first_chunks(300) == [300]
+    fits, too_long = 2048, 8192
+    assert prefill(fits) <= TTFT / 4 < prefill(too_long)
     slack_bound = (1 + SLACK) * H200.predict(StepShape(1))
-    assert prefill(2048) > TTFT / 8
-    assert all(prefill(n) <= slack_bound for n in first_chunks(2048, 2048))
-
+    assert first_chunks(fits) == [fits]
+    for chunks in (first_chunks(fits, fits), first_chunks(too_long)):
+        assert all(prefill(n) <= slack_bound for n in chunks)

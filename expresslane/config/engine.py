@@ -108,16 +108,9 @@ class SchedulerConfig:
     prefill_stretch: float = _knob(16.0, "deadline: a prompt's TTFT deadline is its lane's target plus this many "
                                    "times its prefill time alone (a factor): short prompts go before long ones "
                                    "that arrived up to this stretch of their work earlier")
-    lone_step_share: int = _knob(8, "deadline: with no interactive decode running, a waiting prompt goes whole "
-                                 "if its step alone lasts at most the interactive TTFT target divided by this (a "
-                                 "divisor), else it starts with a short chunk")
-    knee_margin: float = _knob(0.04, "deadline: with nothing to protect, a step is the step-cost model's knee: the "
-                               "smallest whose cost per token, less its own attention, is within this fraction of "
-                               "a token's cost at the prompt's context from the least any step size reaches (a "
-                               "fraction); a request arriving meanwhile waits for no larger step")
-    aging_factor: float = _knob(2.0, "deadline: a prompt stops yielding to shorter ones and takes the largest "
-                                "steps within the ceilings once its TTFT deadline is this many times its "
-                                "remaining prefill time alone away (a factor)")
+    lone_step_share: int = _knob(8, "deadline: with no decode running, a prefill step lasts at most the "
+                                 "interactive TTFT target divided by this (a divisor): what a request arriving "
+                                 "meanwhile waits")
     step_hold_margin_ms: float = _knob(2.0, "plan the next step when the one on the GPU is predicted to end "
                                        "within this margin (ms), so a request arriving meanwhile joins it")
     step_hold_host_factor: float = _knob(3.0, "the hold margin is at least this many times the recent time to "
@@ -281,8 +274,7 @@ class EngineConfig:
                             ("grammar_cache_size", so.grammar_cache_size), ("json_close_share", so.json_close_share)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        for name, value in (("prefill_stretch", s.prefill_stretch), ("aging_factor", s.aging_factor),
-                            ("knee_margin", s.knee_margin), ("step_hold_margin_ms", s.step_hold_margin_ms),
+        for name, value in (("prefill_stretch", s.prefill_stretch), ("step_hold_margin_ms", s.step_hold_margin_ms),
                             ("step_hold_host_factor", s.step_hold_host_factor),
                             ("step_hold_slice_ms", s.step_hold_slice_ms), ("json_close_tokens", so.json_close_tokens),
                             ("grammar_compile_timeout_s", so.grammar_compile_timeout_s)):

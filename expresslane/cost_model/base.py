@@ -60,34 +60,3 @@ class StepCostModel(ABC):
             else:
                 hi = mid - 1
         return lo
-
-    def step_sizes(self, top: int) -> list[int]:
-        """Step sizes (tokens) below ``top`` where the cost per token may turn: powers of two."""
-        return [1 << i for i in range(top.bit_length()) if 1 << i < top]
-
-    def knee(self, base: StepShape, start: int, limit: int, within: float) -> int:
-        """The smallest chunk (<= limit) after ``start`` cached tokens whose step, less the chunk's own
-        attention, costs per token at most the least any chunk size reaches plus ``within`` times a
-        token's cost here (that least plus attending to ``start`` keys). How a prompt is cut moves
-        none of its query-key pairs, so a lone prompt cut at the knee costs at most ``1 + within``
-        times what it costs cut any other way, its last chunk aside."""
-        if limit <= 1:
-            return max(0, limit)
-
-        def per_token(n: int, pairs: int = 0) -> float:
-            shape = StepShape(base.num_tokens + n, base.decode_context, base.prefill_pairs + pairs, True)
-            return self.predict(shape) / shape.num_tokens
-        sizes = sorted({n - base.num_tokens for n in self.step_sizes(base.num_tokens + limit)
-                        if n > base.num_tokens} | {limit})
-        costs = [per_token(n) for n in sizes]
-        best = sizes[costs.index(min(costs))]
-        bar = min(costs) + within * per_token(best, best * start)
-        i = next(i for i, c in enumerate(costs) if c <= bar)
-        lo, hi = (sizes[i - 1] if i else 0), sizes[i]
-        while hi - lo > 1:  # the smallest within the bar between two sizes (hi always within it)
-            mid = (lo + hi) // 2
-            if per_token(mid) <= bar:
-                hi = mid
-            else:
-                lo = mid
-        return hi

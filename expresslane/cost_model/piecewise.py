@@ -162,15 +162,6 @@ class PiecewiseStepCostModel(StepCostModel):
         return max(0.0, self.linear(shape) + self.k_decode * shape.decode_context
                    + self.k_prefill * shape.prefill_pairs)
 
-    def step_sizes(self, top: int) -> list[int]:
-        """The knots and buckets below ``top``: between them a step's time is linear or flat."""
-        return sorted({int(k) for k in self.knots if k < top} | {p for p in self.padded if p < top})
-
-    def knee(self, base: StepShape, start: int, limit: int, within: float) -> int:
-        """As the base's, grown to its padded step's size: the padding's rows run anyway."""
-        n = super().knee(base, start, limit, within)
-        return min(limit, padded_tokens(base.plus_chunk(start, n), self.padded) - base.num_tokens)
-
     def to_dict(self) -> dict:
         return {"knots": self.knots.tolist(), "token_times": self.token_times.tolist(),
                 "decode_times": self.decode_times.tolist(), "k_decode": self.k_decode, "k_prefill": self.k_prefill,

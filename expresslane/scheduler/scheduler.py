@@ -135,7 +135,7 @@ class Scheduler:
         scheduled: list[tuple[Request, int]] = []
         preempted = False
         now = self.clock()
-        order = self.policy.order_running(self.running.values(), now)
+        order = self.policy.order_running(self.running.values())
         tail = len(order)  # order[i:tail]: not yet scheduled
         i = 0
         while i < tail and budget.tokens > 0:
