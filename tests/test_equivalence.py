@@ -91,9 +91,9 @@ def test_length_dependent_rope_through_triton_matches_transformers(model_dirs, r
     under, at and over the threshold of 128 tokens, decodes crossing it, prefixes shared within a
     length class (hits) and across classes (no hits), and preemptions."""
     pytest.importorskip("triton")
-    picked = [7, 8, 9, 10, 15, 16, 17, 18, 19]  # 64, 100, 128, 200; 121, 127 | 160, 250, 250 on one prefix
+    picked = [7, 9, 15, 16, 17, 18, 19]  # 64, 128; 121, 127 | 160, 250, 250 on one prefix
     llm = LLM(str(model_dirs[arch]), attention_backend="triton", max_num_batched_tokens=64, max_num_seqs=6,
-              max_model_len=384, num_kv_blocks=32, scheduling_policy="fcfs")
+              max_model_len=384, num_kv_blocks=24, scheduling_policy="fcfs")
     llm.engine.runner.build_graphs(llm.config.model.max_model_len, capture=False)
     outs = llm.generate([{"prompt_token_ids": PROMPTS[i]} for i in picked], GREEDY, use_tqdm=False)
     mismatched = [i for i, o in zip(picked, outs) if o.outputs[0].token_ids != references[arch][i]]
