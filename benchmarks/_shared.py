@@ -32,6 +32,26 @@ def emit(out: str | None, **row) -> None:
             f.write(line + "\n")
 
 
+def copy_bandwidth(gigabytes: float = 2.0, reps: int = 10) -> float:
+    """This GPU's device-to-device copy bandwidth, bytes read and written per second (the
+    floors' measure: DESIGN §8 took 4.27 TB/s on one H200; an H100 has its own)."""
+    import torch
+
+    src = torch.empty(int(gigabytes * 1e9) // 2, dtype=torch.bfloat16, device="cuda")
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        dst.copy_(src)
+    end.record()
+    torch.cuda.synchronize()
+    seconds = start.elapsed_time(end) / 1e3 / reps
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * gigabytes * 1e9 / seconds
+
+
 def prompts_of(n: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
     """n random prompts of `length` tokens. The seed is drawn with the length, so prompts of
     different lengths never share a prefix (the prefix cache would serve it, and a TTFT would

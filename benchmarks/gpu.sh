@@ -9,6 +9,11 @@
 #   layer:   issue #42 item 1, the fused decode layer (--fused-decode-layer) off vs on: its kernel tests in
 #            bf16, one 8B layer at batch 1 and 8 (us and launches per layer vs the weight-read floor), then
 #            llama-3-8b batch-1 decode in the engine (tok/s, kernels per step, greedy tokens' first divergence)
+#   families: issue #43 on the real shapes (weights generated on the GPU): batch-1 decode against the
+#            weight-read floor (active weights for MoE; also at this GPU's measured copy bandwidth) and TTFT
+#            128 / 8192, expresslane then transformers (at most 100 s each), for FAMILIES (default gemma-3-12b
+#            phi-4 deepseek-v2-lite gpt-oss-20b); then the MLA latent kernel (mla_bench.py: decode at 1k-32k
+#            keys against the latent read floor, a prefill chunk); MLA_BENCH=0 leaves it out
 #   fusedgemv: issue #42: the fused layer's four GEMVs (norm / residual / SiLU folded in) one by one against
 #            the kernels they replace, tiles and splits swept at batch 1, the best at 1 and 8 (fused_gemv_sweep.py;
 #            FUSED_GEMV_QUICK=1: two tiles); ~3 min
@@ -177,6 +182,19 @@ for section in $SECTIONS; do
       echo "== new families, RoPE types, sliding windows, LoRA and embeddings on CUDA"
       python3 -m pytest -q tests/test_gpu_models.py -p no:cacheprovider 2>&1 | tee -a "$OUT/gpu-tests.log" \
         | tail -15 || status=1 ;;
+    families)
+      for m in ${FAMILIES:-gemma-3-12b phi-4 deepseek-v2-lite gpt-oss-20b}; do
+        [ -d "$MODELS/$m-bare" ] || python3 -m expresslane.cli.main make-model $m "$MODELS/$m-bare" --no-weights \
+          >/dev/null || status=1
+        M=(python3 benchmarks/gpu_bench.py --model "$MODELS/$m-bare" --load-format dummy --benches decode,ttft
+           --ttft-lengths 128,8192)
+        echo "== $m: expresslane"; run "${M[@]}" --only engine
+        echo "== $m: transformers (at most 100 s)"
+        timeout 100 "${M[@]}" --only hf --out "$RES" || echo "transformers stopped (rc $?)"
+      done
+      if [ "${MLA_BENCH:-1}" != 0 ]; then
+        echo "== MLA latent attention kernel (deepseek-v2-lite shape)"; run python3 benchmarks/mla_bench.py
+      fi ;;
     fusedgemv)
       echo "== the fused layer's GEMVs against the kernels they replace, tiles swept (8B shapes)"
       run python3 benchmarks/fused_gemv_sweep.py ${FUSED_GEMV_QUICK:+--quick} ;;

@@ -15,7 +15,7 @@ import statistics
 import time
 
 import torch
-from _shared import busy_us, emit, kernel_intervals, launch_steps, prompts_of
+from _shared import busy_us, copy_bandwidth, emit, kernel_intervals, launch_steps, prompts_of
 
 from expresslane.bench.floors import H200_PEAK_BANDWIDTH as PEAK_BW
 from expresslane.bench.floors import H200_PEAK_FLOPS as PEAK_FLOPS
@@ -52,6 +52,7 @@ def engine_benchmarks(args, out) -> None:
     [(wbytes, backend)] = llm.apply_model(
         lambda model: (decode_weight_bytes(model), type(model.layers[0].self_attn.backend).__name__))
     floor_ms = wbytes / PEAK_BW * 1e3
+    copy_bw = copy_bandwidth()  # this GPU's own floor (an H100's differs from the H200's PEAK_BW)
     common = dict(engine="expresslane", model=args.model.rstrip("/").split("/")[-1], policy=args.scheduling_policy,
                   prefill_attention=args.prefill_attention,
                   backend=backend, cuda_graphs=bool(llm.cuda_graph_sizes["decode"]))
@@ -63,7 +64,8 @@ def engine_benchmarks(args, out) -> None:
         [o] = llm.generate([{"prompt_token_ids": prompts_of(1, 128, vocab, 1)[0]}], greedy(257), use_tqdm=False)
         per_tok = (o.metrics.finished_time - o.metrics.first_token_time) / 256
         emit(out, **common, bench="decode_batch1", ms_per_token=per_tok * 1e3, tokens_per_s=1 / per_tok,
-             floor_ms=floor_ms, pct_of_floor=100 * floor_ms / (per_tok * 1e3), weight_gb=wbytes / 1e9)
+             floor_ms=floor_ms, pct_of_floor=100 * floor_ms / (per_tok * 1e3), weight_gb=wbytes / 1e9,
+             copy_tb_s=copy_bw / 1e12, pct_of_measured_floor=100 * wbytes / copy_bw / per_tok)
 
     # TTFT alone, inside the engine (arrival -> first token), median of 3
     for n in args.ttft_lengths if "ttft" in args.benches else ():

@@ -3,7 +3,8 @@ heads a rank, kv_lora_rank 512, rope dims 64, pages of 16, bf16.
 
 - decode: batches 1, 8 and 64 over 1k, 8k and 32k keys each, timed in a CUDA graph of calls that
   cycle over enough layers' caches that L2 holds none between reads: µs per call, the latent bytes
-  a call reads ((L + R) x 2 bytes a key) per second, and % of the H200's 4.27 TB/s;
+  a call reads ((L + R) x 2 bytes a key) per second, % of the H200's 4.27 TB/s, and the time as a
+  multiple of the read floor at this GPU's measured copy bandwidth;
 - prefill: one 2048-token chunk after 2048 cached keys: ms and TFLOP/s of the absorbed attention
   (2 x heads x (2L + R) FLOPs per visible query-key pair), % of the 805 TFLOP/s peak.
 
@@ -20,7 +21,7 @@ import argparse
 import sys
 
 import torch
-from _shared import emit, graph_us
+from _shared import copy_bandwidth, emit, graph_us
 
 from expresslane.attention.backend import AttentionMetadata
 from expresslane.attention.mla import latent_attention
@@ -71,7 +72,7 @@ def check(contexts: list[int], new: int, dtype: torch.dtype, device: torch.devic
         sys.exit(f"latent attention of {len(contexts)} seqs x {new} tokens after {contexts[0]}: relative error {err}")
 
 
-def decode(batch: int, context: int, out) -> None:
+def decode(batch: int, context: int, copy_bw: float, out) -> None:
     dtype, device = torch.bfloat16, torch.device("cuda")
     check([min(context, 300)] * batch, 1, dtype, device)
     per_layer = batch * (context + 1) * (LATENT + ROPE) * 2
@@ -81,7 +82,8 @@ def decode(batch: int, context: int, out) -> None:
     us = graph_us(calls)
     gbs = per_layer / us / 1e3
     emit(out, case="decode", batch=batch, context=context, splits=num_splits(batch, HEADS, device), us=round(us, 1),
-         gb_per_s=round(gbs, 1), pct_bandwidth=round(100 * gbs * 1e9 / PEAK_BW, 1))
+         gb_per_s=round(gbs, 1), pct_bandwidth=round(100 * gbs * 1e9 / PEAK_BW, 1),
+         x_of_read_floor=round(copy_bw / (gbs * 1e9), 3))  # floor: the latent bytes at this GPU's copy speed
 
 
 def prefill(chunk: int, cached: int, out) -> None:
@@ -105,9 +107,11 @@ def main() -> None:
             check(contexts, new, torch.float32, torch.device("cpu"))
         print("mla kernels match the reference")
         return
+    copy_bw = copy_bandwidth()
+    emit(args.out, case="copy", tb_per_s=round(copy_bw / 1e12, 3))
     for batch in (1, 8, 64):
         for context in (1024, 8192, 32768):
-            decode(batch, context, args.out)
+            decode(batch, context, copy_bw, args.out)
     prefill(2048, 2048, args.out)
 
 

@@ -5,11 +5,15 @@ import sys
 
 
 def fmt(r: dict) -> str:
+    if "bench" not in r:
+        return fmt_mla(r)
     b = r["bench"]
     if b == "decode_batch1":
         if "mode" in r:
             return f"{r['mode']:<5} decode_batch1            {r['tokens_per_s']:8.1f} tok/s"
         extra = f"  {r['pct_of_floor']:.0f}% of {r['floor_ms']:.2f} ms floor" if "pct_of_floor" in r else ""
+        if "pct_of_measured_floor" in r:
+            extra += f", {r['pct_of_measured_floor']:.0f}% at this GPU's {r['copy_tb_s']:.2f} TB/s copy"
         return f"batch-1 decode        {r['tokens_per_s']:8.1f} tok/s  {r['ms_per_token']:6.2f} ms/tok{extra}"
     if b == "ttft":
         extra = f"  {r['prefill_tflops']:.0f} TFLOP/s ({r['pct_of_peak']:.0f}% of 805)" if "prefill_tflops" in r else ""
@@ -175,6 +179,16 @@ def fmt_gemv(r: dict) -> str | None:
         return (f"decode attention FP8 / bf16 KV time: {r['fp8_over_bf16_table']:.3f} with the table's tiles, "
                 f"{r['fp8_over_bf16_best']:.3f} with each one's best")
     return None
+
+
+def fmt_mla(r: dict) -> str:
+    """benchmarks/mla_bench.py's rows (issue #43)."""
+    if r["case"] == "copy":
+        return f"device copy bandwidth {r['tb_per_s']:.2f} TB/s"
+    if r["case"] == "decode":
+        return (f"MLA decode b={r['batch']:<3} @{r['context']:<6} {r['us']:8.1f} us  {r['gb_per_s']:7.0f} GB/s  "
+                f"{r['x_of_read_floor']:.2f}x the latent read floor ({r['splits']} splits)")
+    return f"MLA prefill {r['chunk']} after {r['cached']}  {r['ms']:.3f} ms  {r['tflop_per_s']:.0f} TFLOP/s"
 
 
 def fmt_quant(r: dict) -> str | None:
