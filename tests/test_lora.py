@@ -506,6 +506,7 @@ def test_triton_shrink_expand_match_torch(layout, num_tokens):
     b = torch.randn(slots, out, rank)
     a[0], b[0] = 0, 0
     token_slots = np.random.default_rng(num_tokens).integers(0, slots, num_tokens)
+    token_slots[::2] = 2  # slot 2's run spans tiles (at 40 tokens)
     step = LoRAStep.of(token_slots, slots, torch.device("cpu"))
     x = torch.randn(num_tokens, hidden)
     y = torch.randn(num_tokens, out)
@@ -516,3 +517,23 @@ def test_triton_shrink_expand_match_torch(layout, num_tokens):
     torch.testing.assert_close(got[base_rows], y[base_rows])  # the base model's rows untouched
     assert hidden < 128 or num_splits(num_tokens, hidden) > 1  # the partial sums are exercised
     assert LoRAStep.of(np.zeros(5, dtype=np.int64), slots, torch.device("cpu")) is None
+    assert num_tokens < 32 or max(count for _, _, count in step.tiles) == 16 > min(count for _, _, count in step.tiles)
+
+
+def test_step_tiles_cover_each_slots_tokens_within_the_bound():
+    from expresslane.layers.lora import TILE_TOKENS, LoRAStep, max_tiles
+
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        slots, tokens = int(rng.integers(2, 10)), int(rng.integers(1, 120))
+        token_slots = rng.integers(0, slots, tokens) * (rng.random(tokens) < rng.random())
+        step = LoRAStep.of(token_slots, slots, torch.device("cpu"), groups=False)
+        if step is None:
+            assert not token_slots.any()
+            continue
+        assert len(step.tiles) <= max_tiles(tokens, slots)
+        covered = [int(step.order[first + i]) for slot, first, count in step.tiles for i in range(count)]
+        assert sorted(covered) == np.flatnonzero(token_slots).tolist()  # every adapter token once, no base token
+        for slot, first, count in step.tiles:
+            assert 0 < count <= TILE_TOKENS and (token_slots[step.order[first:first + count]] == slot).all()
+    assert max_tiles(1, 9) == 1 and max_tiles(64, 9) == 11 and max_tiles(16, 2) == 1

@@ -109,11 +109,13 @@ def _cases():
                                                       HAS_BIAS=True, SWIGLU=gated, MX4=True), {
                     **moe, "w_ptr": "*u8", "s_ptr": "*u8", "z_ptr": "*u8"}
     # multi-LoRA shrink and expand (layers/lora_kernels.py): bf16 and float32 activations
-    lora = dict(sorted_ptr="*i32", starts_ptr="*i32", counts_ptr="*i32", part_ptr="*fp32")
+    lora = dict(sorted_ptr="*i32", tiles_ptr="*i32", part_ptr="*fp32")
     for dtype, precision in (("bf16", "tf32"), ("fp32", "ieee")):
         for n in (16, 64, 256):  # the shrink's rank columns: one slice of rank 16 .. three of rank 64
             yield "lora_shrink_kernel", dtype, dict(BLOCK_M=16, BLOCK_N=n, BLOCK_K=64, PRECISION=precision), lora
-        yield "lora_expand_kernel", dtype, dict(BLOCK_M=16, BLOCK_N=64, BLOCK_R=16, PRECISION=precision), lora
+        for block_s in (1, 16):
+            yield "lora_expand_kernel", dtype, dict(BLOCK_M=16, BLOCK_N=64, BLOCK_R=16, BLOCK_S=block_s,
+                                                    PRECISION=precision), lora
     # multi-head latent attention (attention/mla_kernels.py) at DeepSeek's dims: the latent cache write, the
     # attention with and without key splits, the splits' combine
     mla = dict(tables_ptr="*i32", qsl_ptr="*i32", part_o_ptr="*fp32", part_lse_ptr="*fp32")

@@ -11,9 +11,9 @@ side in a slot's row, so an adapter loads into a slot with one copy.
 
 Slot 0 is the base model: its rows stay zero and no kernel reads them. A step's rows reach
 the layers through `LoRAState.step`, which the runner sets before each forward (one object
-the wrapped layers share, as the attention layers share their KV cache). A step's metadata
-has fixed shapes (`token_slots` [T], `slot_starts`/`slot_counts` [slots]) so a CUDA graph can
-capture the Triton kernels; `groups` is the host's grouping for the torch path.
+the wrapped layers share, as the attention layers share their KV cache). The kernels read a
+step's tokens by slot and its tiles, in buffers whose sizes depend on the token count only, so
+a CUDA graph can capture them; `groups` is the host's grouping for the torch path.
 """
 
 from __future__ import annotations
@@ -24,20 +24,32 @@ import numpy as np
 import torch
 from torch import nn
 
+from expresslane.device import stage
 from expresslane.distributed.layers import RowParallelLinear
+
+
+TILE_TOKENS = 16  # tokens of one slot a kernel tile takes (lora_kernels.BLOCK_M)
+
+
+def max_tiles(num_tokens: int, num_slots: int) -> int:
+    """The most tiles `num_tokens` tokens over `num_slots - 1` adapter slots make: every run of
+    one slot ends in at most one partial tile."""
+    return -(-num_tokens // TILE_TOKENS) + max(0, min(num_slots - 1, num_tokens) - 1)
 
 
 @dataclass(slots=True)
 class LoRAStep:
-    """One step's tokens by adapter slot."""
+    """One step's tokens by adapter slot. On the host: `order`, the token indices slot by slot
+    (stable), and `tiles`, each up to TILE_TOKENS tokens of one slot (its slot, first index in
+    `order`, count); the kernels read them from the device (`kernel_inputs`), copied on first
+    use: a step that replays a CUDA graph loads them into the graph's own buffers instead."""
 
-    groups: list[tuple[int, torch.Tensor]]  # (slot, its token indices), slots > 0 only
-    sorted_tokens: torch.Tensor  # [T] int32: token indices ordered by slot (stable)
-    slot_starts: torch.Tensor  # [slots] int32: where each slot's tokens start in sorted_tokens
-    slot_counts: torch.Tensor  # [slots] int32
-    num_tokens: int
-    # the same, on the host (numpy: order, starts, counts): what a CUDA graph loads into its own
-    host: tuple | None = None
+    groups: list[tuple[int, torch.Tensor]]  # (slot, its token indices), slots > 0 only: the torch path's
+    order: np.ndarray | None  # [T] int32
+    tiles: np.ndarray | None  # [P, 3] int32
+    num_slots: int
+    device: torch.device
+    on_device: tuple[torch.Tensor, torch.Tensor] | None = None  # (order, tiles)
 
     @classmethod
     def of(cls, token_slots: np.ndarray, num_slots: int, device: torch.device, groups: bool = True
@@ -47,26 +59,37 @@ class LoRAStep:
         if not token_slots.any():
             return None
         order = np.argsort(token_slots, kind="stable").astype(np.int32)
-        counts = np.bincount(token_slots, minlength=num_slots).astype(np.int32)
-        starts = (np.cumsum(counts) - counts).astype(np.int32)
+        counts = np.bincount(token_slots, minlength=num_slots)
+        starts = np.cumsum(counts) - counts
+        active = np.flatnonzero(counts[1:]) + 1
+        tiles = np.array([(s, first, min(TILE_TOKENS, starts[s] + counts[s] - first)) for s in active.tolist()
+                          for first in range(starts[s], starts[s] + counts[s], TILE_TOKENS)], dtype=np.int32)
         by_slot = [(int(s), torch.from_numpy(order[starts[s]:starts[s] + counts[s]].astype(np.int64)).to(device))
-                   for s in np.flatnonzero(counts[1:]) + 1] if groups else []
-        return cls(by_slot, torch.from_numpy(order).to(device), torch.from_numpy(starts).to(device),
-                   torch.from_numpy(counts).to(device), len(token_slots), (order, starts, counts))
+                   for s in active] if groups else []
+        return cls(by_slot, order, tiles, num_slots, device)
 
     @classmethod
     def static(cls, max_tokens: int, num_slots: int, device: torch.device) -> LoRAStep:
         """A CUDA graph's own: fixed buffers the graph's kernels read, loaded before each replay."""
-        zeros = lambda n: torch.zeros(n, dtype=torch.int32, device=device)  # noqa: E731
-        return cls([], zeros(max_tokens), zeros(num_slots), zeros(num_slots), max_tokens)
+        buffers = (torch.zeros(max_tokens, dtype=torch.int32, device=device),
+                   torch.zeros(max_tiles(max_tokens, num_slots), 3, dtype=torch.int32, device=device))
+        return cls([], None, None, num_slots, device, buffers)
+
+    def kernel_inputs(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(order [T], tiles [P, 3]) on the device, int32."""
+        if self.on_device is None:
+            order, tiles = stage([self.order, self.tiles], self.device)
+            self.on_device = order.to(torch.int32), tiles.to(torch.int32).view(-1, 3)
+        return self.on_device
 
     def fields(self, step: LoRAStep | None, padded: int) -> list:
-        """(buffer, values, fill) for `_Graphs._load`: `step`'s metadata into this static one
-        (None: no adapter in the step, every count 0)."""
+        """(buffer, values, fill) for `_Graphs._load`: `step`'s tokens and tiles into this static
+        one's buffers for a graph of `padded` tokens (None: no adapter in the step, no tile)."""
+        order, tiles = self.on_device
+        tiles = tiles[:max_tiles(padded, self.num_slots)]
         if step is None:
-            return [(self.slot_counts, np.zeros(len(self.slot_counts), dtype=np.int32), 0)]
-        order, starts, counts = step.host
-        return [(self.sorted_tokens[:padded], order, 0), (self.slot_starts, starts, 0), (self.slot_counts, counts, 0)]
+            return [(tiles, np.zeros(0, dtype=np.int32), 0)]
+        return [(order[:padded], step.order, 0), (tiles, step.tiles, 0)]
 
 
 class LoRAState:

@@ -1,15 +1,17 @@
 """Segmented LoRA kernels (Punica / S-LoRA's shrink and expand) over a step's tokens grouped by
-adapter slot: `LoRAStep.sorted_tokens` lists the tokens slot by slot, `slot_starts` and
-`slot_counts` say where each slot's run is. Each grid is sized for the worst case (every token in
-one slot): its size depends on the token count and the shapes only, so a CUDA graph captures it;
-a program past its slot's run returns at once. Slot 0 (the base model) gets no program.
+adapter slot: `LoRAStep.kernel_inputs()` gives the tokens listed slot by slot and the step's
+tiles, each up to BLOCK_M tokens of one slot (its slot, first index in the list, count). A grid
+has one row of programs per tile the step could have (`lora.max_tiles`: it depends on the token
+count and the slot count only, so a CUDA graph captures it); a tile past the step's own is empty
+and its programs return at once. Base-model tokens (slot 0) are in no tile.
 
   shrink: part[s, t, :] = x[t, K_s] @ A[slot(t), :, K_s]^T      split s of the input dim (float32)
   expand: y[t, off:off+n] += (sum_s part[s, t, i*R:(i+1)*R]) @ B[slot(t), off:off+n]^T
 
-A decode step's shrink reads A [slices * R, in] for a handful of tokens: one program per slot
+A decode step's shrink reads A [slices * R, in] for a handful of tokens: one program per tile
 would read all of it alone, so the input dim is split over programs (no atomics: the expand sums
-the partials). The expand runs every slice of a merged projection in one launch when the slice
+the partials, BLOCK_S splits per load, so a program waits on a few loads instead of one per
+split). The expand runs every slice of a merged projection in one launch when the slice
 boundaries fall on whole output tiles (they do for real models), else one launch per slice.
 """
 
@@ -23,28 +25,30 @@ BLOCK_M = 16
 BLOCK_N = 64  # the expand's output tile
 BLOCK_K = 64
 BLOCK_R = 16
-_SPLIT_PROGRAMS = 64  # shrink programs per slot the split aims at (a decode step: ~ half the SMs' worth)
+_SPLIT_PROGRAMS = 64  # shrink programs per tile the split aims at (a decode step: ~ half the SMs' worth)
+_BLOCK_S = 16  # the expand's partial sums a load (at most)
 
 
 @triton.jit
-def _token_rows(sorted_ptr, starts_ptr, counts_ptr, slot, pid_m, BLOCK_M: tl.constexpr):
-    """This program's tokens of `slot` (their row indices) and which of them exist."""
-    count = tl.load(counts_ptr + slot)
-    start = tl.load(starts_ptr + slot)
-    offs = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+def _tile_rows(sorted_ptr, tiles_ptr, tile, count, BLOCK_M: tl.constexpr):
+    """Tile `tile`'s slot, its tokens (their row indices) and which of them exist."""
+    slot = tl.load(tiles_ptr + tile * 3)
+    first = tl.load(tiles_ptr + tile * 3 + 1)
+    offs = tl.arange(0, BLOCK_M)
     valid = offs < count
-    rows = tl.load(sorted_ptr + start + offs, mask=valid, other=0).to(tl.int64)
-    return rows, valid
+    rows = tl.load(sorted_ptr + first + offs, mask=valid, other=0).to(tl.int64)
+    return slot, rows, valid
 
 
 @triton.jit
-def lora_shrink_kernel(x_ptr, a_ptr, part_ptr, sorted_ptr, starts_ptr, counts_ptr, n, k, k_per_split, stride_x,
-                       stride_as, stride_an, stride_ps, stride_pt, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+def lora_shrink_kernel(x_ptr, a_ptr, part_ptr, sorted_ptr, tiles_ptr, n, k, k_per_split, stride_x, stride_as,
+                       stride_an, stride_ps, stride_pt, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
-    pid_m, pid_s, slot = tl.program_id(0), tl.program_id(1), tl.program_id(2) + 1
-    if pid_m * BLOCK_M >= tl.load(counts_ptr + slot):
+    tile, pid_s = tl.program_id(0), tl.program_id(1)
+    count = tl.load(tiles_ptr + tile * 3 + 2)
+    if count == 0:
         return
-    rows, valid = _token_rows(sorted_ptr, starts_ptr, counts_ptr, slot, pid_m, BLOCK_M)
+    slot, rows, valid = _tile_rows(sorted_ptr, tiles_ptr, tile, count, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     mask_n = offs_n < n
     a_base = a_ptr + slot.to(tl.int64) * stride_as
@@ -63,16 +67,17 @@ def lora_shrink_kernel(x_ptr, a_ptr, part_ptr, sorted_ptr, starts_ptr, counts_pt
 
 
 @triton.jit
-def lora_expand_kernel(part_ptr, b_ptr, y_ptr, sorted_ptr, starts_ptr, counts_ptr, n, rank, splits, bound1, bound2,
-                       u_offset, y_offset, stride_ps, stride_pt, stride_bs, stride_bn, stride_y,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, PRECISION: tl.constexpr):
-    """Output columns y_offset .. y_offset + n, up to three slices: a tile's slice is the number of
-    slice boundaries (bound1, bound2, relative to y_offset; multiples of BLOCK_N) at or before its
-    first column; it reads rank columns u_offset + slice * rank onwards."""
-    pid_m, pid_n, slot = tl.program_id(0), tl.program_id(1), tl.program_id(2) + 1
-    if pid_m * BLOCK_M >= tl.load(counts_ptr + slot):
+def lora_expand_kernel(part_ptr, b_ptr, y_ptr, sorted_ptr, tiles_ptr, n, rank, splits, bound1, bound2, u_offset,
+                       y_offset, stride_ps, stride_pt, stride_bs, stride_bn, stride_y, BLOCK_M: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, PRECISION: tl.constexpr):
+    """Output columns y_offset .. y_offset + n, up to three slices: an output tile's slice is the
+    number of slice boundaries (bound1, bound2, relative to y_offset; multiples of BLOCK_N) at or
+    before its first column; it reads rank columns u_offset + slice * rank onwards."""
+    tile, pid_n = tl.program_id(0), tl.program_id(1)
+    count = tl.load(tiles_ptr + tile * 3 + 2)
+    if count == 0:
         return
-    rows, valid = _token_rows(sorted_ptr, starts_ptr, counts_ptr, slot, pid_m, BLOCK_M)
+    slot, rows, valid = _tile_rows(sorted_ptr, tiles_ptr, tile, count, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < n
     first = pid_n * BLOCK_N
@@ -84,9 +89,12 @@ def lora_expand_kernel(part_ptr, b_ptr, y_ptr, sorted_ptr, starts_ptr, counts_pt
         mask_r = offs_r < rank
         u_mask = valid[:, None] & mask_r[None, :]
         ut = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
-        for s in range(splits):  # the shrink's partial sums
-            ut += tl.load(part_ptr + s * stride_ps + rows[:, None] * stride_pt + u_col + offs_r[None, :], mask=u_mask,
-                          other=0.0)
+        u_tile = rows[:, None] * stride_pt + u_col + offs_r[None, :]
+        for s0 in range(0, splits, BLOCK_S):  # the shrink's partial sums, BLOCK_S splits a load
+            offs_s = s0 + tl.arange(0, BLOCK_S)
+            mask = (offs_s < splits)[:, None, None] & u_mask[None, :, :]
+            ut += tl.sum(tl.load(part_ptr + offs_s[:, None, None] * stride_ps + u_tile[None, :, :], mask=mask,
+                                 other=0.0), axis=0)
         bt = tl.load(b_base + offs_n[None, :] * stride_bn + offs_r[:, None], mask=mask_r[:, None] & mask_n[None, :],
                      other=0.0)
         acc += tl.dot(ut.to(bt.dtype), bt, input_precision=PRECISION)
@@ -107,18 +115,25 @@ def num_splits(num_tokens: int, k: int) -> int:
     return max(1, min(k_blocks // 2, _SPLIT_PROGRAMS // triton.cdiv(num_tokens, BLOCK_M)))
 
 
+def _grid_tiles(step, num_tokens: int, num_slots: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(sorted tokens, tiles, how many tiles the grid covers) of `step` for `num_tokens` rows."""
+    from expresslane.layers.lora import max_tiles
+
+    sorted_tokens, tiles = step.kernel_inputs()
+    return sorted_tokens, tiles, min(tiles.shape[0], max_tiles(num_tokens, num_slots))
+
+
 def lora_shrink(x: torch.Tensor, lora_a: torch.Tensor, step) -> torch.Tensor:
     """part [splits, T, slices * R] float32, its sum over splits x @ A^T (rows of base-model tokens
     left unwritten); `step`: a `layers.lora.LoRAStep`."""
     num_slots, n, k = lora_a.shape
+    sorted_tokens, tiles, num_tiles = _grid_tiles(step, x.shape[0], num_slots)
     x = x if x.stride(-1) == 1 else x.contiguous()
     splits = num_splits(x.shape[0], k)
     k_per_split = triton.cdiv(triton.cdiv(k, BLOCK_K), splits) * BLOCK_K
     splits = triton.cdiv(k, k_per_split)
     part = torch.empty(splits, x.shape[0], n, dtype=torch.float32, device=x.device)
-    grid = (triton.cdiv(x.shape[0], BLOCK_M), splits, num_slots - 1)
-    lora_shrink_kernel[grid](x, lora_a, part, step.sorted_tokens, step.slot_starts, step.slot_counts, n, k, k_per_split,
-                             x.stride(0), lora_a.stride(0), lora_a.stride(1), part.stride(0), part.stride(1),
+    lora_shrink_kernel[(num_tiles, splits)](x, lora_a, part, sorted_tokens, tiles, n, k, k_per_split, x.stride(0), lora_a.stride(0), lora_a.stride(1), part.stride(0), part.stride(1),
                              BLOCK_M=BLOCK_M, BLOCK_N=max(16, triton.next_power_of_2(n)), BLOCK_K=BLOCK_K,
                              PRECISION=_precision(x.dtype))
     return part
@@ -130,6 +145,8 @@ def lora_expand(part: torch.Tensor, lora_b: torch.Tensor, y: torch.Tensor, slice
     projection (consecutive, up to three) in one launch when their boundaries fall on whole output
     tiles (they do for real models), else slice by slice."""
     num_slots, _, rank = lora_b.shape
+    sorted_tokens, tiles, num_tiles = _grid_tiles(step, y.shape[0], num_slots)
+    block_s = min(_BLOCK_S, triton.next_power_of_2(part.shape[0]))
     start = slices[0][0]
     bounds = [off - start for off, _ in slices[1:]]
     one = len(slices) <= 3 and all(b % BLOCK_N == 0 for b in bounds) and all(
@@ -141,8 +158,7 @@ def lora_expand(part: torch.Tensor, lora_b: torch.Tensor, y: torch.Tensor, slice
     else:
         groups = [(i, off, size, huge, huge) for i, (off, size) in enumerate(slices)]
     for first, offset, n, bound1, bound2 in groups:
-        grid = (triton.cdiv(y.shape[0], BLOCK_M), triton.cdiv(n, BLOCK_N), num_slots - 1)
-        lora_expand_kernel[grid](part, lora_b, y, step.sorted_tokens, step.slot_starts, step.slot_counts, n, rank,
-                                 part.shape[0], bound1, bound2, first * rank, offset, part.stride(0), part.stride(1),
-                                 lora_b.stride(0), lora_b.stride(1), y.stride(0),
-                                 BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_R=BLOCK_R, PRECISION=_precision(y.dtype))
+        lora_expand_kernel[(num_tiles, triton.cdiv(n, BLOCK_N))](
+            part, lora_b, y, sorted_tokens, tiles, n, rank, part.shape[0], bound1, bound2, first * rank, offset,
+            part.stride(0), part.stride(1), lora_b.stride(0), lora_b.stride(1), y.stride(0), BLOCK_M=BLOCK_M,
+            BLOCK_N=BLOCK_N, BLOCK_R=BLOCK_R, BLOCK_S=block_s, PRECISION=_precision(y.dtype))
