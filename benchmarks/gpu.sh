@@ -19,7 +19,8 @@
 #            FUSED_GEMV_QUICK=1: two tiles); ~3 min
 #   lora:    issue #41: llama-3-8b base (no adapters) then with rank-16 adapters on every projection
 #            (benchmarks/lora_bench.py): batch-1 decode with one adapter, batch 64 over 8 adapters, and 16
-#            streams' inter-token p99 while arrivals name adapters in slots (warm) or only in host memory (cold)
+#            streams' inter-token p99 while arrivals name adapters in slots (warm) or only in host memory (cold);
+#            BASELINE_TREE=DIR (an older checkout's package) measures its adapters' decode first
 #   models:  issue #43/#41 on CUDA: Gemma 2/3, Phi-3, RoPE linear/dynamic/YaRN, sliding windows, LoRA and
 #            embeddings (tests/test_gpu_models.py)
 #   lanes:   issue #6's scenario (16 short requests arriving while an 8k prompt and 32
@@ -174,6 +175,11 @@ for section in $SECTIONS; do
       run python3 benchmarks/fused_layer_bench.py --model "$MODELS/llama-3-8b" ${FUSED_SPLITS:+--fused-splits $FUSED_SPLITS} ;;
     lora)
       model llama-3-8b
+      if [ -n "${BASELINE_TREE:-}" ]; then  # the adapters' decode on an older tree (a checkout), in the same call
+        echo "== multi-LoRA on the baseline tree $BASELINE_TREE (no cold loads)"
+        PYTHONPATH="$BASELINE_TREE:$PYTHONPATH" run python3 benchmarks/lora_bench.py --model "$MODELS/llama-3-8b" \
+          --mode lora --no-cold --label baseline
+      fi
       for mode in base lora; do
         echo "== multi-LoRA (llama-3-8b, rank-16 adapters on every projection): $mode"
         run python3 benchmarks/lora_bench.py --model "$MODELS/llama-3-8b" --mode $mode

@@ -137,6 +137,8 @@ def main() -> None:
     ap.add_argument("--adapters", default="/tmp/lora-adapters", help="where the adapters are written")
     ap.add_argument("--every", type=int, default=10, help="cold_load: steps between arrivals")
     ap.add_argument("--steps", type=int, default=300, help="cold_load: steps timed per case")
+    ap.add_argument("--no-cold", action="store_true", help="leave out the cold-load streams")
+    ap.add_argument("--label", default="", help="names the tree measured (a baseline checkout beside this one)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
@@ -152,7 +154,7 @@ def main() -> None:
     for lora in loras:  # every adapter read into host memory: a cold arrival loads a slot from there
         llm.engine.add_lora(lora)
     vocab = llm.engine.core.hf_config.vocab_size
-    row = dict(model=Path(args.model).name, mode=args.mode, rank=args.rank if loras else 0,
+    row = dict(model=Path(args.model).name, mode=args.mode + (f"/{args.label}" if args.label else ""), rank=args.rank if loras else 0,
                gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu")
     llm.generate([{"prompt_token_ids": p} for p in prompts_of(4, 64, vocab)], greedy(8), use_tqdm=False,
                  lora_request=loras[:4] or None)  # warm-up (and the first adapters into slots)
@@ -165,7 +167,7 @@ def main() -> None:
     emit(args.out, **row, bench="decode_batch64", tokens_per_s=decode_batch64(llm, vocab, loras[:8]),
          adapters=min(len(loras), 8))
 
-    if loras:
+    if loras and not args.no_cold:
         streams = loras[:4]
         for case, arrivals in (("warm", loras[4:8]), ("cold", loras[8:16])):
             # warm: 4 + 4 adapters fit the 8 slots; cold: 8 more rotate through the 4 slots the streams leave

@@ -10,7 +10,7 @@ def fmt(r: dict) -> str:
     b = r["bench"]
     if b == "decode_batch1":
         if "mode" in r:
-            return f"{r['mode']:<5} decode_batch1            {r['tokens_per_s']:8.1f} tok/s"
+            return f"{r['mode']:<14} decode_batch1            {r['tokens_per_s']:8.1f} tok/s"
         extra = f"  {r['pct_of_floor']:.0f}% of {r['floor_ms']:.2f} ms floor" if "pct_of_floor" in r else ""
         if "pct_of_measured_floor" in r:
             extra += f", {r['pct_of_measured_floor']:.0f}% at this GPU's {r['copy_tb_s']:.2f} TB/s copy"
@@ -28,7 +28,7 @@ def fmt(r: dict) -> str:
         return f"decode batch {r['batch']:>3} @1k ctx {r['tokens_per_s']:8.0f} tok/s  {r['step_ms']:6.1f} ms/step{extra}"
     if b in ("decode_batch1_no_adapter", "decode_batch64"):
         extra = f" over {r['adapters']} adapters" if r.get("adapters") else ""
-        return f"{r['mode']:<5} {b:<24} {r['tokens_per_s']:8.1f} tok/s{extra}"
+        return f"{r['mode']:<14} {b:<24} {r['tokens_per_s']:8.1f} tok/s{extra}"
     if b == "cold_load":
         return (f"lora  16 streams, arrivals {r['case']:<4} ITL p50 {r['itl_p50_ms']:5.2f} p99 {r['itl_p99_ms']:6.2f} "
                 f"max {r['itl_max_ms']:6.2f} ms, {r['slot_loads']} slot loads")
