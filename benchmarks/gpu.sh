@@ -193,7 +193,7 @@ for section in $SECTIONS; do
         [ -d "$MODELS/$m-bare" ] || python3 -m expresslane.cli.main make-model $m "$MODELS/$m-bare" --no-weights \
           >/dev/null || status=1
         M=(python3 benchmarks/gpu_bench.py --model "$MODELS/$m-bare" --load-format dummy --benches decode,ttft
-           --ttft-lengths 128,8192)
+           --ttft-lengths 128,8192 --max-model-len 16384)
         echo "== $m: expresslane"; run "${M[@]}" --only engine
         echo "== $m: transformers (at most 100 s)"
         timeout 100 "${M[@]}" --only hf --out "$RES" || echo "transformers stopped (rc $?)"

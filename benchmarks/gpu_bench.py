@@ -46,7 +46,8 @@ def engine_benchmarks(args, out) -> None:
 
     llm = LLM(args.model, max_num_seqs=256, max_num_batched_tokens=args.max_num_batched_tokens,
               gpu_memory_utilization=0.85, load_format=args.load_format, scheduling_policy=args.scheduling_policy,
-              prefill_attention=args.prefill_attention)
+              prefill_attention=args.prefill_attention,
+              **({"max_model_len": args.max_model_len} if args.max_model_len else {}))
     core = llm.engine.core
     cfg, vocab = core.hf_config, core.hf_config.vocab_size
     [(wbytes, backend)] = llm.apply_model(
@@ -178,6 +179,7 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--only", choices=("engine", "hf"), help="run one side (each wants the whole GPU)")
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    ap.add_argument("--max-model-len", type=int, default=None, help="the engine's (default: the model's)")
     ap.add_argument("--scheduling-policy", default="deadline", help="the engine's (deadline: its default)")
     ap.add_argument("--prefill-attention", default=DeviceConfig().prefill_attention,
                     help="who runs long prefill attention (the engine's default unless given)")

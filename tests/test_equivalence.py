@@ -91,7 +91,7 @@ def test_length_dependent_rope_through_triton_matches_transformers(model_dirs, r
     under, at and over the threshold of 128 tokens, decodes crossing it, prefixes shared within a
     length class (hits) and across classes (no hits), and preemptions."""
     pytest.importorskip("triton")
-    picked = [7, 9, 15, 16, 17, 18, 19]  # 64, 128; 121, 127 | 160, 250, 250 on one prefix
+    picked = [9, 15, 16, 17, 19]  # 128; 121, 127 | 160, 250 on one prefix
     llm = LLM(str(model_dirs[arch]), attention_backend="triton", max_num_batched_tokens=64, max_num_seqs=6,
               max_model_len=384, num_kv_blocks=24, scheduling_policy="fcfs")
     llm.engine.runner.build_graphs(llm.config.model.max_model_len, capture=False)

@@ -75,12 +75,14 @@ class LoRAStep:
                    torch.zeros(max_tiles(max_tokens, num_slots), 3, dtype=torch.int32, device=device))
         return cls([], None, None, num_slots, device, buffers)
 
-    def kernel_inputs(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(order [T], tiles [P, 3]) on the device, int32."""
+    def kernel_inputs(self, num_rows: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """(order [T], tiles [P, 3]) on the device, int32, and how many tiles a grid over
+        `num_rows` rows covers."""
         if self.on_device is None:
             order, tiles = stage([self.order, self.tiles], self.device)
             self.on_device = order.to(torch.int32), tiles.to(torch.int32).view(-1, 3)
-        return self.on_device
+        order, tiles = self.on_device
+        return order, tiles, min(tiles.shape[0], max_tiles(num_rows, self.num_slots))
 
     def fields(self, step: LoRAStep | None, padded: int) -> list:
         """(buffer, values, fill) for `_Graphs._load`: `step`'s tokens and tiles into this static

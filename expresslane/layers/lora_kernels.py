@@ -1,5 +1,5 @@
 """Segmented LoRA kernels (Punica / S-LoRA's shrink and expand) over a step's tokens grouped by
-adapter slot: `LoRAStep.kernel_inputs()` gives the tokens listed slot by slot and the step's
+adapter slot: `LoRAStep.kernel_inputs` gives the tokens listed slot by slot and the step's
 tiles, each up to BLOCK_M tokens of one slot (its slot, first index in the list, count). A grid
 has one row of programs per tile the step could have (`lora.max_tiles`: it depends on the token
 count and the slot count only, so a CUDA graph captures it); a tile past the step's own is empty
@@ -115,19 +115,11 @@ def num_splits(num_tokens: int, k: int) -> int:
     return max(1, min(k_blocks // 2, _SPLIT_PROGRAMS // triton.cdiv(num_tokens, BLOCK_M)))
 
 
-def _grid_tiles(step, num_tokens: int, num_slots: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """(sorted tokens, tiles, how many tiles the grid covers) of `step` for `num_tokens` rows."""
-    from expresslane.layers.lora import max_tiles
-
-    sorted_tokens, tiles = step.kernel_inputs()
-    return sorted_tokens, tiles, min(tiles.shape[0], max_tiles(num_tokens, num_slots))
-
-
 def lora_shrink(x: torch.Tensor, lora_a: torch.Tensor, step) -> torch.Tensor:
     """part [splits, T, slices * R] float32, its sum over splits x @ A^T (rows of base-model tokens
     left unwritten); `step`: a `layers.lora.LoRAStep`."""
-    num_slots, n, k = lora_a.shape
-    sorted_tokens, tiles, num_tiles = _grid_tiles(step, x.shape[0], num_slots)
+    _, n, k = lora_a.shape
+    sorted_tokens, tiles, num_tiles = step.kernel_inputs(x.shape[0])
     x = x if x.stride(-1) == 1 else x.contiguous()
     splits = num_splits(x.shape[0], k)
     k_per_split = triton.cdiv(triton.cdiv(k, BLOCK_K), splits) * BLOCK_K
@@ -144,8 +136,8 @@ def lora_expand(part: torch.Tensor, lora_b: torch.Tensor, y: torch.Tensor, slice
     """y[:, slice] += the slice's rank space @ B[slot, slice]^T, in place: the slices of a merged
     projection (consecutive, up to three) in one launch when their boundaries fall on whole output
     tiles (they do for real models), else slice by slice."""
-    num_slots, _, rank = lora_b.shape
-    sorted_tokens, tiles, num_tiles = _grid_tiles(step, y.shape[0], num_slots)
+    rank = lora_b.shape[2]
+    sorted_tokens, tiles, num_tiles = step.kernel_inputs(y.shape[0])
     block_s = min(_BLOCK_S, triton.next_power_of_2(part.shape[0]))
     start = slices[0][0]
     bounds = [off - start for off, _ in slices[1:]]
