@@ -200,7 +200,7 @@ def test_fused_moe_matches_transformers(model_dirs, references, arch):
     """The fused MoE kernels in the engine (Triton's interpreter on CPU), through the CUDA-graph
     input path (padded decode batches and mixed steps), chunks, hits and preemption."""
     pytest.importorskip("triton")
-    picked = [0, 2, 5, 9, 16, 17, 19]
+    picked = [0, 5, 16, 17, 19]
     llm = LLM(str(model_dirs[arch]), attention_backend="triton", max_num_batched_tokens=48, max_num_seqs=6,
               max_model_len=384, num_kv_blocks=24)
     llm.engine.runner.build_graphs(llm.config.model.max_model_len, capture=False)
@@ -210,7 +210,7 @@ def test_fused_moe_matches_transformers(model_dirs, references, arch):
     assert llm.engine.core.scheduler.num_preemptions > 0 and max(o.num_cached_tokens for o in outs) > 0
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])  # qwen2: qkv bias, tied embeddings
+@pytest.mark.parametrize("arch", ["qwen2"])  # qkv bias, tied embeddings (one model: the interpreter is slow)
 def test_fused_decode_layer_matches_transformers(model_dirs, references, monkeypatch, arch):
     """fused_decode_layer (norms folded into the QKV and gate|up weights at load) in the engine:
     decode batches of up to 6 through the CUDA-graph input path run the six-launch layer;
