@@ -154,7 +154,8 @@ def main() -> None:
     for lora in loras:  # every adapter read into host memory: a cold arrival loads a slot from there
         llm.engine.add_lora(lora)
     vocab = llm.engine.core.hf_config.vocab_size
-    row = dict(model=Path(args.model).name, mode=args.mode + (f"/{args.label}" if args.label else ""), rank=args.rank if loras else 0,
+    mode = args.mode + (f"/{args.label}" if args.label else "")
+    row = dict(model=Path(args.model).name, mode=mode, rank=args.rank if loras else 0,
                gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu")
     llm.generate([{"prompt_token_ids": p} for p in prompts_of(4, 64, vocab)], greedy(8), use_tqdm=False,
                  lora_request=loras[:4] or None)  # warm-up (and the first adapters into slots)

@@ -1,9 +1,15 @@
 """Triton for every kernel module, which import it from here: under Triton's interpreter
-(TRITON_INTERPRET=1: CPU, tests, `attention_bench.py --smoke`) with a fix applied first.
+(TRITON_INTERPRET=1: CPU, tests, `attention_bench.py --smoke`) with two changes applied first.
+Compiled kernels (CUDA) are untouched.
 
-Triton 3.6's interpreter keeps scalars as shape-(1,) arrays and turns them into loop bounds
-with int(), which numpy >= 2.4 refuses ("only 0-dimensional arrays can be converted"); the fix
-takes the element instead. Compiled kernels (CUDA) are untouched.
+- Triton 3.6's interpreter keeps scalars as shape-(1,) arrays and turns them into loop bounds
+  with int(), which numpy >= 2.4 refuses ("only 0-dimensional arrays can be converted"); the
+  fix takes the element instead.
+- It patches triton.language for the interpreter at every call of a @triton.jit helper, walking
+  the language's modules with inspect.getmembers each time: about a fifth of an interpreted
+  engine step, where helpers run once per program. Within one launch a helper's patches are the
+  ones already in place (the same modules, the same builder), so each module set is patched once
+  a launch; the launch's own patches are restored after it as before.
 """
 
 from __future__ import annotations
@@ -27,6 +33,26 @@ def _fix_interpreter() -> None:
 
     patched.expresslane_fixed = True
     interpreter._patch_lang_tensor = patched
+
+    patch_lang, launch = interpreter._patch_lang, interpreter.GridExecutor.__call__
+    patched_now: set[tuple[int, ...]] = set()  # the module sets patched in the current launch
+
+    def patch_lang_once(fn):
+        langs = tuple(sorted(id(v) for v in fn.__globals__.values() if v is tl or v is tl.core))
+        if langs in patched_now:
+            return interpreter._LangPatchScope()
+        patched_now.add(langs)
+        return patch_lang(fn)
+
+    def launch_patching_once(self, *args, **kwargs):
+        patched_now.clear()
+        try:
+            return launch(self, *args, **kwargs)
+        finally:
+            patched_now.clear()
+
+    interpreter._patch_lang = patch_lang_once
+    interpreter.GridExecutor.__call__ = launch_patching_once
 
 
 if os.environ.get("TRITON_INTERPRET") == "1":

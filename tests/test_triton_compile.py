@@ -113,8 +113,8 @@ def _cases():
     for dtype, precision in (("bf16", "tf32"), ("fp32", "ieee")):
         for n in (16, 64, 256):  # the shrink's rank columns: one slice of rank 16 .. three of rank 64
             yield "lora_shrink_kernel", dtype, dict(BLOCK_M=16, BLOCK_N=n, BLOCK_K=64, PRECISION=precision), lora
-        for block_s in (1, 16):
-            yield "lora_expand_kernel", dtype, dict(BLOCK_M=16, BLOCK_N=64, BLOCK_R=16, BLOCK_S=block_s,
+        for splits in (1, 16, 64):  # a prefill's, batch 64's, a decode's over 14336 inputs
+            yield "lora_expand_kernel", dtype, dict(BLOCK_M=16, BLOCK_N=64, BLOCK_R=16, SPLITS=splits,
                                                     PRECISION=precision), lora
     # multi-head latent attention (attention/mla_kernels.py) at DeepSeek's dims: the latent cache write, the
     # attention with and without key splits, the splits' combine

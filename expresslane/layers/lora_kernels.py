@@ -10,8 +10,8 @@ and its programs return at once. Base-model tokens (slot 0) are in no tile.
 
 A decode step's shrink reads A [slices * R, in] for a handful of tokens: one program per tile
 would read all of it alone, so the input dim is split over programs (no atomics: the expand sums
-the partials, BLOCK_S splits per load, so a program waits on a few loads instead of one per
-split). The expand runs every slice of a merged projection in one launch when the slice
+the partials, its loop over them unrolled so that their loads go out together instead of one
+round trip each). The expand runs every slice of a merged projection in one launch when the slice
 boundaries fall on whole output tiles (they do for real models), else one launch per slice.
 """
 
@@ -26,7 +26,6 @@ BLOCK_N = 64  # the expand's output tile
 BLOCK_K = 64
 BLOCK_R = 16
 _SPLIT_PROGRAMS = 64  # shrink programs per tile the split aims at (a decode step: ~ half the SMs' worth)
-_BLOCK_S = 16  # the expand's partial sums a load (at most)
 
 
 @triton.jit
@@ -67,9 +66,9 @@ def lora_shrink_kernel(x_ptr, a_ptr, part_ptr, sorted_ptr, tiles_ptr, n, k, k_pe
 
 
 @triton.jit
-def lora_expand_kernel(part_ptr, b_ptr, y_ptr, sorted_ptr, tiles_ptr, n, rank, splits, bound1, bound2, u_offset,
+def lora_expand_kernel(part_ptr, b_ptr, y_ptr, sorted_ptr, tiles_ptr, n, rank, bound1, bound2, u_offset,
                        y_offset, stride_ps, stride_pt, stride_bs, stride_bn, stride_y, BLOCK_M: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, PRECISION: tl.constexpr):
+                       BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, SPLITS: tl.constexpr, PRECISION: tl.constexpr):
     """Output columns y_offset .. y_offset + n, up to three slices: an output tile's slice is the
     number of slice boundaries (bound1, bound2, relative to y_offset; multiples of BLOCK_N) at or
     before its first column; it reads rank columns u_offset + slice * rank onwards."""
@@ -89,12 +88,9 @@ def lora_expand_kernel(part_ptr, b_ptr, y_ptr, sorted_ptr, tiles_ptr, n, rank, s
         mask_r = offs_r < rank
         u_mask = valid[:, None] & mask_r[None, :]
         ut = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
-        u_tile = rows[:, None] * stride_pt + u_col + offs_r[None, :]
-        for s0 in range(0, splits, BLOCK_S):  # the shrink's partial sums, BLOCK_S splits a load
-            offs_s = s0 + tl.arange(0, BLOCK_S)
-            mask = (offs_s < splits)[:, None, None] & u_mask[None, :, :]
-            ut += tl.sum(tl.load(part_ptr + offs_s[:, None, None] * stride_ps + u_tile[None, :, :], mask=mask,
-                                 other=0.0), axis=0)
+        u_tile = part_ptr + rows[:, None] * stride_pt + u_col + offs_r[None, :]
+        for s in tl.static_range(SPLITS):  # the shrink's partial sums: unrolled, so the loads go out together
+            ut += tl.load(u_tile + s * stride_ps, mask=u_mask, other=0.0)
         bt = tl.load(b_base + offs_n[None, :] * stride_bn + offs_r[:, None], mask=mask_r[:, None] & mask_n[None, :],
                      other=0.0)
         acc += tl.dot(ut.to(bt.dtype), bt, input_precision=PRECISION)
@@ -125,9 +121,10 @@ def lora_shrink(x: torch.Tensor, lora_a: torch.Tensor, step) -> torch.Tensor:
     k_per_split = triton.cdiv(triton.cdiv(k, BLOCK_K), splits) * BLOCK_K
     splits = triton.cdiv(k, k_per_split)
     part = torch.empty(splits, x.shape[0], n, dtype=torch.float32, device=x.device)
-    lora_shrink_kernel[(num_tiles, splits)](x, lora_a, part, sorted_tokens, tiles, n, k, k_per_split, x.stride(0), lora_a.stride(0), lora_a.stride(1), part.stride(0), part.stride(1),
-                             BLOCK_M=BLOCK_M, BLOCK_N=max(16, triton.next_power_of_2(n)), BLOCK_K=BLOCK_K,
-                             PRECISION=_precision(x.dtype))
+    lora_shrink_kernel[(num_tiles, splits)](
+        x, lora_a, part, sorted_tokens, tiles, n, k, k_per_split, x.stride(0), lora_a.stride(0), lora_a.stride(1),
+        part.stride(0), part.stride(1), BLOCK_M=BLOCK_M, BLOCK_N=max(16, triton.next_power_of_2(n)), BLOCK_K=BLOCK_K,
+        PRECISION=_precision(x.dtype))
     return part
 
 
@@ -138,7 +135,6 @@ def lora_expand(part: torch.Tensor, lora_b: torch.Tensor, y: torch.Tensor, slice
     tiles (they do for real models), else slice by slice."""
     rank = lora_b.shape[2]
     sorted_tokens, tiles, num_tiles = step.kernel_inputs(y.shape[0])
-    block_s = min(_BLOCK_S, triton.next_power_of_2(part.shape[0]))
     start = slices[0][0]
     bounds = [off - start for off, _ in slices[1:]]
     one = len(slices) <= 3 and all(b % BLOCK_N == 0 for b in bounds) and all(
@@ -151,6 +147,6 @@ def lora_expand(part: torch.Tensor, lora_b: torch.Tensor, y: torch.Tensor, slice
         groups = [(i, off, size, huge, huge) for i, (off, size) in enumerate(slices)]
     for first, offset, n, bound1, bound2 in groups:
         lora_expand_kernel[(num_tiles, triton.cdiv(n, BLOCK_N))](
-            part, lora_b, y, sorted_tokens, tiles, n, rank, part.shape[0], bound1, bound2, first * rank, offset,
-            part.stride(0), part.stride(1), lora_b.stride(0), lora_b.stride(1), y.stride(0), BLOCK_M=BLOCK_M,
-            BLOCK_N=BLOCK_N, BLOCK_R=BLOCK_R, BLOCK_S=block_s, PRECISION=_precision(y.dtype))
+            part, lora_b, y, sorted_tokens, tiles, n, rank, bound1, bound2, first * rank, offset, part.stride(0),
+            part.stride(1), lora_b.stride(0), lora_b.stride(1), y.stride(0), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+            BLOCK_R=BLOCK_R, SPLITS=part.shape[0], PRECISION=_precision(y.dtype))
