@@ -104,10 +104,13 @@ class LoRAState:
         self.use_triton = use_triton
         self.step: LoRAStep | None = None
         self.slots: torch.Tensor | None = None
+        self.side_stream: torch.cuda.Stream | None = None  # the kernels' shrinks, beside the base projections
 
     def allocate(self, modules: list[LoRALinear], device: torch.device) -> None:
         self.slots = torch.zeros(self.num_slots, sum(m.slot_elements for m in modules), dtype=self.dtype,
                                  device=device)
+        if self.use_triton and device.type == "cuda":
+            self.side_stream = torch.cuda.Stream(device)
         offset = 0
         for module in modules:
             module.place(self.slots, offset)
@@ -143,7 +146,26 @@ class LoRALinear(nn.Module):
             return self.base(x)
         if self.row_parallel:
             return self.base(x, add=self._add)
-        return self._add(self.base(x), x)
+        if self.state.side_stream is None:
+            return self._add(self.base(x), x)
+        return self._add_overlapped(x, step)
+
+    def _add_overlapped(self, x: torch.Tensor, step: LoRAStep) -> torch.Tensor:
+        """base(x) + delta with the shrink (which reads x alone) on the side stream while the base
+        projection runs: a decode step's shrink is a small, latency-bound launch. Its inputs and
+        output are allocated on this stream before the fork, so none is reused before the join."""
+        from expresslane.layers.lora_kernels import lora_expand, lora_shrink, shrink_output
+
+        step.kernel_inputs(x.shape[0])
+        part = shrink_output(x, self.lora_a)
+        main, side = torch.cuda.current_stream(), self.state.side_stream
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            lora_shrink(x, self.lora_a, step, part)
+        y = self.base(x)
+        main.wait_stream(side)
+        lora_expand(part, self.lora_b, y, self.slices, step)
+        return y
 
     def _add(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         return add_lora(y, x, self.lora_a, self.lora_b, self.slices, self.state.step, self.state.use_triton)

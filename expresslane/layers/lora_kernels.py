@@ -111,16 +111,27 @@ def num_splits(num_tokens: int, k: int) -> int:
     return max(1, min(k_blocks // 2, _SPLIT_PROGRAMS // triton.cdiv(num_tokens, BLOCK_M)))
 
 
-def lora_shrink(x: torch.Tensor, lora_a: torch.Tensor, step) -> torch.Tensor:
-    """part [splits, T, slices * R] float32, its sum over splits x @ A^T (rows of base-model tokens
-    left unwritten); `step`: a `layers.lora.LoRAStep`."""
+def _split_k(num_tokens: int, k: int) -> tuple[int, int]:
+    """(splits, input columns a split takes) of the shrink."""
+    k_per_split = triton.cdiv(triton.cdiv(k, BLOCK_K), num_splits(num_tokens, k)) * BLOCK_K
+    return triton.cdiv(k, k_per_split), k_per_split
+
+
+def shrink_output(x: torch.Tensor, lora_a: torch.Tensor) -> torch.Tensor:
+    """An empty part [splits, T, slices * R] float32 for `lora_shrink`."""
+    splits, _ = _split_k(x.shape[0], lora_a.shape[2])
+    return torch.empty(splits, x.shape[0], lora_a.shape[1], dtype=torch.float32, device=x.device)
+
+
+def lora_shrink(x: torch.Tensor, lora_a: torch.Tensor, step, part: torch.Tensor | None = None) -> torch.Tensor:
+    """part [splits, T, slices * R] float32 (written into `part` when given: `shrink_output`), its
+    sum over splits x @ A^T (rows of base-model tokens left unwritten); `step`: a
+    `layers.lora.LoRAStep`."""
     _, n, k = lora_a.shape
     sorted_tokens, tiles, num_tiles = step.kernel_inputs(x.shape[0])
     x = x if x.stride(-1) == 1 else x.contiguous()
-    splits = num_splits(x.shape[0], k)
-    k_per_split = triton.cdiv(triton.cdiv(k, BLOCK_K), splits) * BLOCK_K
-    splits = triton.cdiv(k, k_per_split)
-    part = torch.empty(splits, x.shape[0], n, dtype=torch.float32, device=x.device)
+    splits, k_per_split = _split_k(x.shape[0], k)
+    part = shrink_output(x, lora_a) if part is None else part
     lora_shrink_kernel[(num_tiles, splits)](
         x, lora_a, part, sorted_tokens, tiles, n, k, k_per_split, x.stride(0), lora_a.stride(0), lora_a.stride(1),
         part.stride(0), part.stride(1), BLOCK_M=BLOCK_M, BLOCK_N=max(16, triton.next_power_of_2(n)), BLOCK_K=BLOCK_K,
