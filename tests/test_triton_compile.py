@@ -123,7 +123,8 @@ def _cases():
     for split in (False, True):
         yield "latent_attention_kernel", "bf16", dict(L=512, R=64, L_PAD=512, R_PAD=64, BLOCK_H=16, BLOCK_N=32,
                                                       PAGE=16, SEQS_PAD=64, SPLIT=split, PRECISION="tf32"), mla
-    yield "reduce_latent_splits_kernel", "bf16", dict(L=512, L_PAD=512, SPLITS_PAD=16), mla
+    for splits in (16, 64):
+        yield "reduce_latent_splits_kernel", "bf16", dict(L=512, L_PAD=512, SPLITS_PAD=splits, BLOCK_L=128), mla
     # the sampler's penalties (runner/penalty_kernel.py): float32 logits, per-row counts and seen flags
     yield "_penalize", "fp32", dict(BLOCK=1024), dict(counts_ptr="*i32", seen_ptr="*u8", logit_rows_ptr="*i64",
                                                      state_rows_ptr="*i64")

@@ -29,7 +29,8 @@ from expresslane.triton_setup import tl, triton
 
 BLOCK_H = 16  # heads a program: tl.dot needs at least 16 rows (fewer heads are masked)
 BLOCK_N = 32  # keys a loop iteration
-MAX_SPLITS = 16  # key splits of a token at most
+MAX_SPLITS = 64  # key splits of a token at most (a lone decode over 8k keys: 64 programs)
+REDUCE_BLOCK_L = 128  # latent dims a reduction program combines (64 splits x 128: 64 floats a thread)
 
 
 def _pad(n: int) -> int:
@@ -127,8 +128,10 @@ def latent_attention_kernel(q_lat_ptr, q_pe_ptr, cache_ptr, out_ptr, part_o_ptr,
 
 @triton.jit
 def reduce_latent_splits_kernel(part_o_ptr, part_lse_ptr, out_ptr, num_heads, num_splits, stride_ot, stride_oh,
-                         L: tl.constexpr, L_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr):
-    """Program (t, head): the splits' partials weighted by exp(lse - max lse); no keys at all: zeros."""
+                                L: tl.constexpr, L_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr,
+                                BLOCK_L: tl.constexpr):
+    """Program (t, head, BLOCK_L latent dims): the splits' partials weighted by exp(lse - max lse);
+    no keys at all: zeros."""
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     sp = tl.arange(0, SPLITS_PAD)
@@ -136,7 +139,7 @@ def reduce_latent_splits_kernel(part_o_ptr, part_lse_ptr, out_ptr, num_heads, nu
     lse = tl.load(part_lse_ptr + row, mask=sp < num_splits, other=float("-inf"))
     top = tl.max(lse, axis=0)
     w = tl.where(lse > float("-inf"), tl.exp(lse - tl.where(top > float("-inf"), top, 0.0)), 0.0)
-    dl = tl.arange(0, L_PAD)
+    dl = tl.program_id(2) * BLOCK_L + tl.arange(0, BLOCK_L)
     o = tl.load(part_o_ptr + row[:, None] * L_PAD + dl[None, :], mask=(sp < num_splits)[:, None], other=0.0)
     total = tl.sum(w, axis=0)
     out = tl.sum(w[:, None] * o, axis=0) / tl.where(total > 0, total, 1.0)
@@ -170,6 +173,8 @@ def paged_latent_attention(q_lat: torch.Tensor, q_pe: torch.Tensor, cache: torch
         L=lat, R=rope, L_PAD=_pad(lat), R_PAD=_pad(rope), BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N, PAGE=cache.shape[1],
         SEQS_PAD=_pad(num_seqs + 1), SPLIT=splits > 1, PRECISION="ieee" if q_lat.dtype == torch.float32 else "tf32")
     if splits > 1:
-        reduce_latent_splits_kernel[(t, heads)](part_o, part_lse, out, heads, splits, out.stride(0), out.stride(1),
-                                         L=lat, L_PAD=_pad(lat), SPLITS_PAD=_pad(splits))
+        block_l = min(_pad(lat), REDUCE_BLOCK_L)
+        reduce_latent_splits_kernel[(t, heads, _pad(lat) // block_l)](
+            part_o, part_lse, out, heads, splits, out.stride(0), out.stride(1), L=lat, L_PAD=_pad(lat),
+            SPLITS_PAD=_pad(splits), BLOCK_L=block_l)
     return out
