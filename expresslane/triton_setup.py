@@ -34,6 +34,8 @@ def _fix_interpreter() -> None:
     patched.expresslane_fixed = True
     interpreter._patch_lang_tensor = patched
 
+    if not (hasattr(interpreter, "_patch_lang") and hasattr(interpreter, "GridExecutor")):
+        return  # another Triton's interpreter: left as it is (slower, not wrong)
     patch_lang, launch = interpreter._patch_lang, interpreter.GridExecutor.__call__
     patched_now: set[tuple[int, ...]] = set()  # the module sets patched in the current launch
 
