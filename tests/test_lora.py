@@ -7,6 +7,7 @@ loads in flight (a held copy, a blocked disk read) while other requests run."""
 from __future__ import annotations
 
 import gc
+import importlib.util
 import itertools
 import json
 import random
@@ -537,3 +538,6 @@ def test_step_tiles_cover_each_slots_tokens_within_the_bound():
         for slot, first, count in step.tiles:
             assert 0 < count <= TILE_TOKENS and (token_slots[step.order[first:first + count]] == slot).all()
     assert max_tiles(1, 9) == 1 and max_tiles(64, 9) == 11 and max_tiles(16, 2) == 1
+    if importlib.util.find_spec("triton"):  # the kernels take the step's tiles as theirs
+        from expresslane.layers.lora_kernels import BLOCK_M
+        assert BLOCK_M == TILE_TOKENS

@@ -21,7 +21,7 @@ import torch
 
 from expresslane.triton_setup import tl, triton
 
-BLOCK_M = 16
+BLOCK_M = 16  # a program's tokens: layers.lora.TILE_TOKENS, the step's tiles (tests/test_lora.py checks)
 BLOCK_N = 64  # the expand's output tile
 BLOCK_K = 64
 BLOCK_R = 16
