@@ -26,8 +26,8 @@ import math
 
 import torch
 import torch.nn.functional as F
-from _shared import emit, graph_us
-from fused_layer_bench import copy_bandwidth
+from _shared import copy_bandwidth, emit, graph_us
+from fused_layer_bench import GIB
 
 from expresslane.layers import triton_ops
 from expresslane.layers.fused_gemv import fused_gemv
@@ -98,7 +98,7 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     torch.manual_seed(0)
-    bw = copy_bandwidth()
+    bw = copy_bandwidth(GIB)
     for name in args.ops.split(","):
         n, k = OPS[name]
         floor_us = 2 * n * k / bw * 1e6

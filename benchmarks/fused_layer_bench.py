@@ -27,7 +27,7 @@ import gc
 import time
 
 import torch
-from _shared import emit, graph_us, kernel_intervals, launch_steps, prompts_of
+from _shared import copy_bandwidth, emit, graph_us, kernel_intervals, launch_steps, prompts_of
 
 SHAPE_8B = dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
                 head_dim=128, rms_norm_eps=1e-5, rope_theta=500000.0, max_position_embeddings=8192, vocab_size=256)
@@ -35,21 +35,7 @@ SHAPE_SMOKE = dict(hidden_size=64, intermediate_size=96, num_attention_heads=4, 
                    rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=256, vocab_size=64)
 CALLS = 32  # layer calls per graph: a decode step's worth of layers
 BLOCK = 16
-
-
-def copy_bandwidth() -> float:
-    """B/s of a 1 GiB device-to-device copy (read + write), the floor's bandwidth."""
-    a = torch.empty(1 << 29, dtype=torch.bfloat16, device="cuda")
-    b = torch.empty_like(a)
-    b.copy_(a)
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(10):
-        b.copy_(a)
-    end.record()
-    torch.cuda.synchronize()
-    return 2 * a.numel() * a.element_size() * 10 / (start.elapsed_time(end) / 1e3)
+GIB = 2**30 / 1e9  # the floor's copy: a 1 GiB tensor
 
 
 def one_layer(shape: dict, device: torch.device, dtype: torch.dtype):
@@ -126,7 +112,7 @@ def layer_bench(args, out) -> None:
     smoke = args.smoke
     device, dtype = torch.device("cpu" if smoke else "cuda"), torch.float32 if smoke else torch.bfloat16
     shape = SHAPE_SMOKE if smoke else SHAPE_8B
-    bw = None if smoke else copy_bandwidth()
+    bw = None if smoke else copy_bandwidth(GIB)
     measure = lambda call: (graph_us([call] * CALLS, reps=20), kernels_of(call))  # noqa: E731
     for context in args.contexts:
         for batch in args.batches:
@@ -219,7 +205,7 @@ def engine_run(args, fused: bool, bw: float, out) -> tuple[list[int], dict]:
 
 
 def model_bench(args, out) -> None:
-    bw = copy_bandwidth()
+    bw = copy_bandwidth(GIB)
     runs = {}
     for fused in (False, True):
         t0 = time.perf_counter()
