@@ -10,6 +10,11 @@ Compiled kernels (CUDA) are untouched.
   engine step, where helpers run once per program. Within one launch a helper's patches are the
   ones already in place (the same modules, the same builder), so each module set is patched once
   a launch; the launch's own patches are restored after it as before.
+
+The interpreter runs a launch's programs one after another, each op a numpy call on the
+program's block, so its cost follows the number of programs, not their size. Kernels with one
+program per token or row take `rows_per_program(n)` rows each: 1 when compiled (the GPU's grid
+as designed), all of them (up to a cap) when interpreted.
 """
 
 from __future__ import annotations
@@ -57,7 +62,18 @@ def _fix_interpreter() -> None:
     interpreter.GridExecutor.__call__ = launch_patching_once
 
 
-if os.environ.get("TRITON_INTERPRET") == "1":
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+INTERPRETED_ROWS_CAP = 128  # rows of one interpreted program: bounds its numpy blocks
+
+
+def rows_per_program(rows: int) -> int:
+    """How many of `rows` tokens or rows one program of a per-row kernel takes (a power of 2)."""
+    if not INTERPRETED:
+        return 1
+    return min(1 << (max(rows, 1) - 1).bit_length(), INTERPRETED_ROWS_CAP)
+
+
+if INTERPRETED:
     _fix_interpreter()
 
-__all__ = ["triton", "tl"]
+__all__ = ["triton", "tl", "rows_per_program"]

@@ -31,13 +31,15 @@ def _cases():
             for qk_norm in (False, True):  # Qwen3's per-head q_norm / k_norm folded in
                 yield "rope_store_kernel", "bf16", dict(
                     HQ=heads, HK=kv_heads, HALF=dim // 2, HQ_PAD=pow2(heads), HK_PAD=pow2(kv_heads),
-                    HALF_PAD=pow2(dim // 2), KV_FP8=kv_fp8, QK_NORM=qk_norm, HEAD_DIM=dim, REST_PAD=0), \
+                    HALF_PAD=pow2(dim // 2), KV_FP8=kv_fp8, QK_NORM=qk_norm, HEAD_DIM=dim, REST_PAD=0,
+                    TOKENS=1), \
                     dict(cache_ptr="*fp8e4nv") if kv_fp8 else {}
             # partial rotary (Phi-4-mini: 3/4 of each head rotated, the rest copied)
             rot_half = dim * 3 // 8
             yield "rope_store_kernel", "bf16", dict(
                 HQ=heads, HK=kv_heads, HALF=rot_half, HQ_PAD=pow2(heads), HK_PAD=pow2(kv_heads),
-                HALF_PAD=pow2(rot_half), KV_FP8=kv_fp8, QK_NORM=False, HEAD_DIM=dim, REST_PAD=pow2(dim - 2 * rot_half)), \
+                HALF_PAD=pow2(rot_half), KV_FP8=kv_fp8, QK_NORM=False, HEAD_DIM=dim, REST_PAD=pow2(dim - 2 * rot_half),
+                TOKENS=1), \
                 dict(cache_ptr="*fp8e4nv") if kv_fp8 else {}
         for dtype, precision, cache in (("bf16", "tf32", {}), ("fp32", "ieee", {}),
                                         ("bf16", "tf32", dict(k_cache_ptr="*fp8e4nv", v_cache_ptr="*fp8e4nv"))):
@@ -59,10 +61,10 @@ def _cases():
     fp8_out = dict(q_ptr="*fp8e4nv", scale_ptr="*fp32")
     for has_res in (True, False):
         for fp8 in (False, True):
-            yield "_rmsnorm_kernel", "bf16", dict(HAS_RES=has_res, FP8_OUT=fp8, BLOCK=4096, PARTS=1), fp8_out
-    yield "_rmsnorm_kernel", "bf16", dict(HAS_RES=True, FP8_OUT=False, BLOCK=2048, PARTS=8), fp8_out  # MoE rows
+            yield "_rmsnorm_kernel", "bf16", dict(HAS_RES=has_res, FP8_OUT=fp8, BLOCK=4096, PARTS=1, ROWS=1), fp8_out
+    yield "_rmsnorm_kernel", "bf16", dict(HAS_RES=True, FP8_OUT=False, BLOCK=2048, PARTS=8, ROWS=1), fp8_out  # MoE
     for fp8, block in ((False, 1024), (True, 16384)):
-        yield "_silu_mul_kernel", "bf16", dict(FP8_OUT=fp8, BLOCK=block), fp8_out
+        yield "_silu_mul_kernel", "bf16", dict(FP8_OUT=fp8, BLOCK=block, ROWS=1), fp8_out
     # quantized linear layers (quant/kernels.py): FP8 per-channel, INT4 by groups; every tile shape
     for bm, bn, bk in ((16, 64, 128), (64, 64, 64), (128, 128, 64)):
         tiles = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PRECISION="tf32")
@@ -133,7 +135,7 @@ def _cases():
                                              (32, 4, False, True)):  # (gpt-oss: the softmax of the top k)
         pow2e, pow2k = pow2(experts), pow2(k)
         yield "route_kernel", "bf16", dict(TOP_K=k, K_PAD=pow2k, E_PAD=pow2e, RENORM=renorm,
-                                           TOPK_SOFTMAX=topk_softmax), dict(
+                                           TOPK_SOFTMAX=topk_softmax, TOKENS=1), dict(
             weights_ptr="*fp32", ids_ptr="*i32", counts_ptr="*i64")
         for ids in ("*i32", "*i64"):  # routed here, or local ids after expert-parallel dispatch
             yield "align_kernel", "bf16", dict(BLOCK_M=16, E_PAD=pow2(experts + 1), CHUNK=256,

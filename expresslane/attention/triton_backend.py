@@ -22,6 +22,7 @@ from expresslane.attention.library_prefill import LIBRARIES, seq_attention, warm
 from expresslane.attention.triton_kernels import paged_attention_kernel, reduce_splits_kernel, rope_store_kernel
 from expresslane.attention.triton_tiles import DECODE_TILES, FP8_DECODE_TILES, PREFILL_TILES, DecodeTile, PrefillTile, Table, pick
 from expresslane.device import arrival_counters, to_device
+from expresslane.triton_setup import rows_per_program, triton
 
 
 def _pow2(n: int) -> int:
@@ -209,7 +210,7 @@ class TritonAttentionBackend(AttentionBackend):
     def store(self, positions, q, k, v, rotary, kv_cache, meta: AttentionMetadata,
               kv_scales=(1.0, 1.0), qk_norm=None) -> torch.Tensor:
         """q/k RMSNorm (if any), RoPE on q and k and the KV-cache write in one kernel (one
-        program per token)."""
+        program per token when compiled)."""
         t = q.shape[0]
         q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         if t:
@@ -219,14 +220,16 @@ class TritonAttentionBackend(AttentionBackend):
             if rest and qk_norm is not None:
                 raise ValueError("q/k RMSNorm with partial rotary is not supported by the triton backend")
             qn, kn = (q, q) if qk_norm is None else (qk_norm[0].weight, qk_norm[1].weight)
-            rope_store_kernel[(t,)](
+            per = rows_per_program(t)
+            rope_store_kernel[(triton.cdiv(t, per),)](
                 q, k, v, rows, meta.slot_mapping, cs, q_out, kv_cache, qn, kn,
                 q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cs.stride(0),
                 kv_cache.stride(0), kv_cache.stride(2), kv_cache.stride(3), *kv_scales,
-                0.0 if qk_norm is None else qk_norm[0].eps,
+                0.0 if qk_norm is None else qk_norm[0].eps, t,
                 HQ=self.num_heads, HK=self.num_kv_heads, HALF=half, HQ_PAD=_pow2(self.num_heads),
                 HK_PAD=_pow2(self.num_kv_heads), HALF_PAD=_pow2(half), KV_FP8=kv_cache.dtype == torch.float8_e4m3fn,
-                QK_NORM=qk_norm is not None, HEAD_DIM=self.head_dim, REST_PAD=_pow2(rest) if rest else 0)
+                QK_NORM=qk_norm is not None, HEAD_DIM=self.head_dim, REST_PAD=_pow2(rest) if rest else 0,
+                TOKENS=per)
         return q_out
 
     def attend(self, q, kv_cache, meta: AttentionMetadata, scale: float, kv_scales=(1.0, 1.0),

@@ -38,10 +38,10 @@ def _rotate_half(x1, x2, cos, sin):
 
 @triton.jit
 def _head_rms_norm(x1, x2, w_ptr, d, dm, eps, HALF: tl.constexpr):
-    """Each head's RMSNorm (Qwen3's q_norm / k_norm) over its two halves [heads, HALF], rounded
-    where layers.norm.RMSNorm rounds: the normalised value to the input dtype, then times w."""
+    """Each head's RMSNorm (Qwen3's q_norm / k_norm) over its two halves [tokens, heads, HALF],
+    rounded where layers.norm.RMSNorm rounds: the normalised value to the input dtype, then times w."""
     f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
-    r = tl.math.rsqrt((tl.sum(f1 * f1, 1) + tl.sum(f2 * f2, 1)) / (2 * HALF) + eps)[:, None]
+    r = tl.math.rsqrt((tl.sum(f1 * f1, 2) + tl.sum(f2 * f2, 2)) / (2 * HALF) + eps)[:, :, None]
     w1 = tl.load(w_ptr + d, mask=dm, other=0.0).to(tl.float32)
     w2 = tl.load(w_ptr + HALF + d, mask=dm, other=0.0).to(tl.float32)
     return ((w1 * (f1 * r).to(x1.dtype).to(tl.float32)).to(x1.dtype),
@@ -59,10 +59,10 @@ def _cache_value(x, scale, KV_FP8: tl.constexpr):
 
 
 @triton.jit
-def _copy_rest(src, dst, h, valid, scale, HALF: tl.constexpr, HEAD_DIM: tl.constexpr, REST_PAD: tl.constexpr,
+def _copy_rest(src, dst, valid, scale, HALF: tl.constexpr, HEAD_DIM: tl.constexpr, REST_PAD: tl.constexpr,
                KV_FP8: tl.constexpr):
-    """Dims 2*HALF..HEAD_DIM of each head row, which partial rotary leaves as they are."""
-    e = 2 * HALF + tl.arange(0, REST_PAD)[None, :]
+    """Dims 2*HALF..HEAD_DIM of each head row [tokens, heads, 1], which partial rotary leaves as they are."""
+    e = 2 * HALF + tl.arange(0, REST_PAD)[None, None, :]
     m = valid & (e < HEAD_DIM)
     tl.store(dst + e, _cache_value(tl.load(src + e, mask=m, other=0.0), scale, KV_FP8), mask=m)
 
@@ -70,23 +70,25 @@ def _copy_rest(src, dst, h, valid, scale, HALF: tl.constexpr, HEAD_DIM: tl.const
 @triton.jit
 def rope_store_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, slot_ptr, cos_sin_ptr, q_out_ptr, cache_ptr, qn_ptr, kn_ptr,
                       stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cs,
-                      stride_c_kv, stride_c_slot, stride_c_head, k_scale, v_scale, norm_eps,
+                      stride_c_kv, stride_c_slot, stride_c_head, k_scale, v_scale, norm_eps, num_tokens,
                       HQ: tl.constexpr, HK: tl.constexpr, HALF: tl.constexpr, HQ_PAD: tl.constexpr,
                       HK_PAD: tl.constexpr, HALF_PAD: tl.constexpr, KV_FP8: tl.constexpr, QK_NORM: tl.constexpr,
-                      HEAD_DIM: tl.constexpr, REST_PAD: tl.constexpr):
-    """One program per new token: rotate its q heads into q_out ([T, HQ, HEAD_DIM]), rotate
-    its k heads and write them with its v heads into the token's cache slot (an FP8 cache:
-    k / k_scale and v / v_scale as e4m3). The rotation covers dims 0..2*HALF by the cos|sin row
-    pos_ptr[t] of the table; the rest of a head (partial rotary, REST_PAD > 0) is copied.
-    QK_NORM (whole rotation only): each q and k head is RMS-normalised first (weights qn_ptr, kn_ptr)."""
-    t = tl.program_id(0).to(tl.int64)
-    pos = tl.load(pos_ptr + t)
-    d = tl.arange(0, HALF_PAD)[None, :]
+                      HEAD_DIM: tl.constexpr, REST_PAD: tl.constexpr, TOKENS: tl.constexpr):
+    """TOKENS new tokens a program (blocks [token, head, dim]): rotate their q heads into q_out
+    ([T, HQ, HEAD_DIM]), rotate their k heads and write them with their v heads into each token's
+    cache slot (an FP8 cache: k / k_scale and v / v_scale as e4m3). The rotation covers dims
+    0..2*HALF by the cos|sin row pos_ptr[t] of the table; the rest of a head (partial rotary,
+    REST_PAD > 0) is copied. QK_NORM (whole rotation only): each q and k head is RMS-normalised
+    first (weights qn_ptr, kn_ptr)."""
+    t = tl.program_id(0).to(tl.int64) * TOKENS + tl.arange(0, TOKENS)[:, None, None]
+    tm = t < num_tokens
+    pos = tl.load(pos_ptr + t, mask=tm, other=0)
+    d = tl.arange(0, HALF_PAD)[None, None, :]
     dm = d < HALF
-    cos = tl.load(cos_sin_ptr + pos * stride_cs + d, mask=dm, other=0.0)
-    sin = tl.load(cos_sin_ptr + pos * stride_cs + HALF + d, mask=dm, other=0.0)
-    h = tl.arange(0, HQ_PAD)[:, None]
-    m = (h < HQ) & dm
+    cos = tl.load(cos_sin_ptr + pos * stride_cs + d, mask=tm & dm, other=0.0)
+    sin = tl.load(cos_sin_ptr + pos * stride_cs + HALF + d, mask=tm & dm, other=0.0)
+    h = tl.arange(0, HQ_PAD)[None, :, None]
+    m = tm & (h < HQ) & dm
     src = q_ptr + t * stride_qt + h * stride_qh + d
     x1, x2 = tl.load(src, mask=m, other=0.0), tl.load(src + HALF, mask=m, other=0.0)
     if QK_NORM:
@@ -96,29 +98,28 @@ def rope_store_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, slot_ptr, cos_sin_ptr, q_out
     tl.store(dst, r1, mask=m)
     tl.store(dst + HALF, r2, mask=m)
     if REST_PAD > 0:
-        _copy_rest(q_ptr + t * stride_qt + h * stride_qh, q_out_ptr + t * (HQ * HEAD_DIM) + h * HEAD_DIM, h,
-                   h < HQ, 1.0, HALF, HEAD_DIM, REST_PAD, False)
-    slot = tl.load(slot_ptr + t)
-    if slot >= 0:  # padding tokens of a CUDA-graph batch carry slot -1
-        hk = tl.arange(0, HK_PAD)[:, None]
-        mk = (hk < HK) & dm
-        k_src = k_ptr + t * stride_kt + hk * stride_kh + d
-        k1, k2 = tl.load(k_src, mask=mk, other=0.0), tl.load(k_src + HALF, mask=mk, other=0.0)
-        if QK_NORM:
-            k1, k2 = _head_rms_norm(k1, k2, kn_ptr, d, dm, norm_eps, HALF)
-        k1, k2 = _rotate_half(k1, k2, cos, sin)
-        k_dst = cache_ptr + slot * stride_c_slot + hk * stride_c_head + d
-        tl.store(k_dst, _cache_value(k1, k_scale, KV_FP8), mask=mk)
-        tl.store(k_dst + HALF, _cache_value(k2, k_scale, KV_FP8), mask=mk)
-        v_src = v_ptr + t * stride_vt + hk * stride_vh + d
-        tl.store(k_dst + stride_c_kv, _cache_value(tl.load(v_src, mask=mk), v_scale, KV_FP8), mask=mk)
-        tl.store(k_dst + stride_c_kv + HALF, _cache_value(tl.load(v_src + HALF, mask=mk), v_scale, KV_FP8), mask=mk)
-        if REST_PAD > 0:
-            head = cache_ptr + slot * stride_c_slot + hk * stride_c_head
-            _copy_rest(k_ptr + t * stride_kt + hk * stride_kh, head, hk, hk < HK, k_scale, HALF, HEAD_DIM, REST_PAD,
-                       KV_FP8)
-            _copy_rest(v_ptr + t * stride_vt + hk * stride_vh, head + stride_c_kv, hk, hk < HK, v_scale, HALF,
-                       HEAD_DIM, REST_PAD, KV_FP8)
+        _copy_rest(q_ptr + t * stride_qt + h * stride_qh, q_out_ptr + t * (HQ * HEAD_DIM) + h * HEAD_DIM,
+                   tm & (h < HQ), 1.0, HALF, HEAD_DIM, REST_PAD, False)
+    slot = tl.load(slot_ptr + t, mask=tm, other=-1)
+    hk = tl.arange(0, HK_PAD)[None, :, None]
+    has_slot = (slot >= 0) & (hk < HK)  # padding tokens of a CUDA-graph batch carry slot -1
+    mk = has_slot & dm
+    k_src = k_ptr + t * stride_kt + hk * stride_kh + d
+    k1, k2 = tl.load(k_src, mask=mk, other=0.0), tl.load(k_src + HALF, mask=mk, other=0.0)
+    if QK_NORM:
+        k1, k2 = _head_rms_norm(k1, k2, kn_ptr, d, dm, norm_eps, HALF)
+    k1, k2 = _rotate_half(k1, k2, cos, sin)
+    k_dst = cache_ptr + slot * stride_c_slot + hk * stride_c_head + d
+    tl.store(k_dst, _cache_value(k1, k_scale, KV_FP8), mask=mk)
+    tl.store(k_dst + HALF, _cache_value(k2, k_scale, KV_FP8), mask=mk)
+    v_src = v_ptr + t * stride_vt + hk * stride_vh + d
+    tl.store(k_dst + stride_c_kv, _cache_value(tl.load(v_src, mask=mk), v_scale, KV_FP8), mask=mk)
+    tl.store(k_dst + stride_c_kv + HALF, _cache_value(tl.load(v_src + HALF, mask=mk), v_scale, KV_FP8), mask=mk)
+    if REST_PAD > 0:
+        head = cache_ptr + slot * stride_c_slot + hk * stride_c_head
+        _copy_rest(k_ptr + t * stride_kt + hk * stride_kh, head, has_slot, k_scale, HALF, HEAD_DIM, REST_PAD, KV_FP8)
+        _copy_rest(v_ptr + t * stride_vt + hk * stride_vh, head + stride_c_kv, has_slot, v_scale, HALF, HEAD_DIM,
+                   REST_PAD, KV_FP8)
 
 
 @triton.jit

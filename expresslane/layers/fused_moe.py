@@ -24,7 +24,7 @@ import torch
 
 from expresslane.quant.int4_experts import Int4Experts
 from expresslane.quant.mxfp4 import Mxfp4Experts
-from expresslane.triton_setup import tl, triton
+from expresslane.triton_setup import rows_per_program, tl, triton
 
 
 @triton.jit
@@ -123,43 +123,46 @@ def moe_gemm_kernel(a_ptr, w_ptr, s_ptr, z_ptr, c_ptr, topk_w_ptr, sorted_rows_p
 
 
 @triton.jit
-def route_kernel(logits_ptr, weights_ptr, ids_ptr, counts_ptr, slot_ptr, E, stride_l,
+def route_kernel(logits_ptr, weights_ptr, ids_ptr, counts_ptr, slot_ptr, E, stride_l, num_tokens,
                  TOP_K: tl.constexpr, K_PAD: tl.constexpr, E_PAD: tl.constexpr, RENORM: tl.constexpr,
-                 TOPK_SOFTMAX: tl.constexpr):
-    """One token: float32 softmax of its router logits, the top k (best first), renormalised
-    when RENORM; each chosen expert's counter + 1 unless the token is CUDA-graph padding.
-    TOPK_SOFTMAX (gpt-oss): the top k of the logits, then the softmax over those k."""
-    t = tl.program_id(0).to(tl.int64)
-    offs = tl.arange(0, E_PAD)
-    x = tl.load(logits_ptr + t * stride_l + offs, mask=offs < E, other=float("-inf")).to(tl.float32)
+                 TOPK_SOFTMAX: tl.constexpr, TOKENS: tl.constexpr):
+    """TOKENS tokens a program (one when compiled), each: float32 softmax of its router logits,
+    the top k (best first), renormalised when RENORM; each chosen expert's counter + 1 unless
+    the token is CUDA-graph padding. TOPK_SOFTMAX (gpt-oss): the top k of the logits, then the
+    softmax over those k."""
+    t = tl.program_id(0).to(tl.int64) * TOKENS + tl.arange(0, TOKENS)[:, None]
+    tm = t < num_tokens
+    offs = tl.arange(0, E_PAD)[None, :]
+    x = tl.load(logits_ptr + t * stride_l + offs, mask=tm & (offs < E), other=float("-inf")).to(tl.float32)
     if TOPK_SOFTMAX:  # pick on the logits (-inf: no expert); the padding is below any of them
         p = tl.where(offs < E, x, float("-inf"))
         taken = float("-inf")
     else:
-        p = tl.exp(x - tl.max(x, 0))
-        p = p / tl.sum(p, 0)
+        p = tl.exp(x - tl.max(x, 1)[:, None])
+        p = p / tl.sum(p, 1)[:, None]
         p = tl.where(offs < E, p, -1.0)
         taken = -1.0
-    real = (tl.load(slot_ptr + t) >= 0).to(tl.int64)
-    slots = tl.arange(0, K_PAD)
-    weights = tl.zeros((K_PAD,), dtype=tl.float32)
-    ids = tl.zeros((K_PAD,), dtype=tl.int32)
+    real = (tl.load(slot_ptr + t, mask=tm, other=-1) >= 0).to(tl.int64)
+    slots = tl.arange(0, K_PAD)[None, :]
+    weights = tl.zeros((TOKENS, K_PAD), dtype=tl.float32)
+    ids = tl.zeros((TOKENS, K_PAD), dtype=tl.int32)
     for j in tl.static_range(TOP_K):
-        best = tl.max(p, 0)
-        idx = tl.min(tl.where(p == best, offs, E_PAD), 0)  # ties: the lower expert
+        best = tl.max(p, 1)[:, None]
+        idx = tl.min(tl.where(p == best, offs, E_PAD), 1)[:, None]  # ties: the lower expert
         weights = tl.where(slots == j, best, weights)
         ids = tl.where(slots == j, idx, ids)
         p = tl.where(offs == idx, taken, p)
     # the counters at once, relaxed: an ordered atomic a pick cost ~0.7 us each (top 8: 6.8 us a token)
-    tl.atomic_add(counts_ptr + ids, tl.zeros((K_PAD,), dtype=tl.int64) + real, mask=slots < TOP_K, sem="relaxed")
+    picked = tm & (slots < TOP_K)
+    tl.atomic_add(counts_ptr + ids, tl.zeros((TOKENS, K_PAD), dtype=tl.int64) + real, mask=picked, sem="relaxed")
     if TOPK_SOFTMAX:  # the best first: weights[0] is their max
-        e = tl.where(slots < TOP_K, tl.exp(weights - tl.max(tl.where(slots < TOP_K, weights, float("-inf")), 0)),
-                     0.0)
-        weights = e / tl.sum(e, 0)
+        e = tl.where(slots < TOP_K,
+                     tl.exp(weights - tl.max(tl.where(slots < TOP_K, weights, float("-inf")), 1)[:, None]), 0.0)
+        weights = e / tl.sum(e, 1)[:, None]
     elif RENORM:
-        weights = weights / tl.sum(weights, 0)
-    tl.store(weights_ptr + t * TOP_K + slots, weights, mask=slots < TOP_K)
-    tl.store(ids_ptr + t * TOP_K + slots, ids, mask=slots < TOP_K)
+        weights = weights / tl.sum(weights, 1)[:, None]
+    tl.store(weights_ptr + t * TOP_K + slots, weights, mask=picked)
+    tl.store(ids_ptr + t * TOP_K + slots, ids, mask=picked)
 
 
 def fused_route(router_logits: torch.Tensor, top_k: int, renormalize: bool, counts: torch.Tensor,
@@ -171,9 +174,11 @@ def fused_route(router_logits: torch.Tensor, top_k: int, renormalize: bool, coun
     tokens, experts = router_logits.shape
     weights = torch.empty(tokens, top_k, dtype=torch.float32, device=router_logits.device)
     ids = torch.empty(tokens, top_k, dtype=torch.int32, device=router_logits.device)
-    route_kernel[(tokens,)](router_logits, weights, ids, counts, slot_mapping, experts, router_logits.stride(0),
-                            TOP_K=top_k, K_PAD=_pow2(top_k), E_PAD=_pow2(experts), RENORM=renormalize,
-                            TOPK_SOFTMAX=topk_softmax, num_warps=warps)
+    per = rows_per_program(tokens)
+    route_kernel[(triton.cdiv(tokens, per),)](router_logits, weights, ids, counts, slot_mapping, experts,
+                                              router_logits.stride(0), tokens, TOP_K=top_k, K_PAD=_pow2(top_k),
+                                              E_PAD=_pow2(experts), RENORM=renormalize, TOPK_SOFTMAX=topk_softmax,
+                                              TOKENS=per, num_warps=warps)
     return weights, ids
 
 

@@ -15,9 +15,9 @@ import torch
 
 from expresslane.quant.fp8 import Fp8Activation
 from expresslane.quant.kernels import _quantize_e4m3
-from expresslane.triton_setup import tl, triton
+from expresslane.triton_setup import rows_per_program, tl, triton
 
-FP8_ROWS = 64  # SiLU-and-mul quantizes its output for up to this many rows (one program per row)
+FP8_ROWS = 64  # SiLU-and-mul quantizes its output for up to this many rows (whole rows a program)
 FP8_WIDTH = 16384  # ... of up to this many outputs (a row in registers, as per_token_quant_fp8's one pass)
 
 
@@ -26,44 +26,46 @@ def _pow2(n: int) -> int:
 
 
 @triton.jit
-def _store_fp8_row(y, q_ptr, scale_ptr, row, i, m):
-    """Quantize one whole output row y (float32 of the stored, rounded values; 0 off the row)."""
-    scale = tl.maximum(tl.max(tl.abs(y), 0), 1e-12) / 448.0
-    tl.store(q_ptr + i, _quantize_e4m3(y, scale).to(tl.float8e4nv), mask=m)
-    tl.store(scale_ptr + row, scale)
+def _store_fp8_rows(y, q_ptr, scale_ptr, r, i, m, rm, n):
+    """Quantize whole output rows y [ROWS, BLOCK] (float32 of the stored, rounded values; 0 off
+    the row) of rows r [ROWS, 1]."""
+    scale = tl.maximum(tl.max(tl.abs(y), 1), 1e-12)[:, None] / 448.0
+    tl.store(q_ptr + r * n + i, _quantize_e4m3(y, scale).to(tl.float8e4nv), mask=m)
+    tl.store(scale_ptr + r, scale, mask=rm)
 
 
 @triton.jit
 def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, q_ptr, scale_ptr, stride_x, stride_r, stride_o, n,
-                    eps, HAS_RES: tl.constexpr, FP8_OUT: tl.constexpr, BLOCK: tl.constexpr, PARTS: tl.constexpr,
-                    OFFSET: tl.constexpr):
-    """PARTS > 1: x's row holds that many rows of n to sum first (a token's experts), in float32
-    and rounded once, as torch's sum of them. OFFSET: Gemma's norm, x / rms(x) * (1 + w) in
-    float32, rounded once."""
-    row = tl.program_id(0).to(tl.int64)
-    i = tl.arange(0, BLOCK)
-    m = i < n
+                    num_rows, eps, HAS_RES: tl.constexpr, FP8_OUT: tl.constexpr, BLOCK: tl.constexpr,
+                    PARTS: tl.constexpr, OFFSET: tl.constexpr, ROWS: tl.constexpr):
+    """ROWS rows a program. PARTS > 1: x's row holds that many rows of n to sum first (a token's
+    experts), in float32 and rounded once, as torch's sum of them. OFFSET: Gemma's norm,
+    x / rms(x) * (1 + w) in float32, rounded once."""
+    r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None]
+    rm = r < num_rows
+    i = tl.arange(0, BLOCK)[None, :]
+    m = rm & (i < n)
     if PARTS > 1:
-        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        acc = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
         for p in tl.static_range(PARTS):
-            acc += tl.load(x_ptr + row * stride_x + p * n + i, mask=m, other=0.0).to(tl.float32)
+            acc += tl.load(x_ptr + r * stride_x + p * n + i, mask=m, other=0.0).to(tl.float32)
         x = acc.to(x_ptr.dtype.element_ty)
     else:
-        x = tl.load(x_ptr + row * stride_x + i, mask=m, other=0.0)
+        x = tl.load(x_ptr + r * stride_x + i, mask=m, other=0.0)
     if HAS_RES:
-        x = x + tl.load(res_ptr + row * stride_r + i, mask=m, other=0.0)
-        tl.store(res_out_ptr + row * n + i, x, mask=m)
+        x = x + tl.load(res_ptr + r * stride_r + i, mask=m, other=0.0)
+        tl.store(res_out_ptr + r * n + i, x, mask=m)
     xf = x.to(tl.float32)
-    var = tl.sum(xf * xf, 0) / n
-    w = tl.load(w_ptr + i, mask=m, other=0.0).to(tl.float32)
+    var = tl.sum(xf * xf, 1)[:, None] / n
+    w = tl.load(w_ptr + i, mask=i < n, other=0.0).to(tl.float32)
     if OFFSET:
         out = (xf * tl.math.rsqrt(var + eps) * (1.0 + w)).to(out_ptr.dtype.element_ty)
     else:
         y = (xf * tl.math.rsqrt(var + eps)).to(x.dtype).to(tl.float32)
         out = (w * y).to(out_ptr.dtype.element_ty)
-    tl.store(out_ptr + row * stride_o + i, out, mask=m)
+    tl.store(out_ptr + r * stride_o + i, out, mask=m)
     if FP8_OUT:
-        _store_fp8_row(out.to(tl.float32), q_ptr + row * n, scale_ptr, row, i, m)
+        _store_fp8_rows(out.to(tl.float32), q_ptr, scale_ptr, r, i, m, rm, n)
 
 
 def _fp8_buffers(rows: int, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -85,32 +87,37 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     res_out = torch.empty_like(out) if residual is not None else out
     r2 = residual.reshape(-1, n) if residual is not None else x2
     q, scale = _fp8_buffers(x2.shape[0], n, x.device) if fp8_out else (out, out)
-    _rmsnorm_kernel[(x2.shape[0],)](x2, r2, weight, out, res_out, q, scale, x2.stride(0), r2.stride(0), out.stride(0),
-                                    n, eps, HAS_RES=residual is not None, FP8_OUT=fp8_out, BLOCK=_pow2(n),
-                                    PARTS=parts, OFFSET=offset, num_warps=4 if n <= 4096 else 8)
+    rows = x2.shape[0]
+    per = rows_per_program(rows)
+    _rmsnorm_kernel[(triton.cdiv(rows, per),)](x2, r2, weight, out, res_out, q, scale, x2.stride(0), r2.stride(0),
+                                               out.stride(0), n, rows, eps, HAS_RES=residual is not None,
+                                               FP8_OUT=fp8_out, BLOCK=_pow2(n), PARTS=parts, OFFSET=offset, ROWS=per,
+                                               num_warps=4 if n <= 4096 else 8)
     normed = Fp8Activation(out, q, scale) if fp8_out else out.view(shape)
     return normed if residual is None else (normed, res_out.view(shape))
 
 
 @triton.jit
-def _silu_mul_kernel(x_ptr, out_ptr, q_ptr, scale_ptr, stride_x, n, FP8_OUT: tl.constexpr, BLOCK: tl.constexpr,
-                     GELU: tl.constexpr):
-    """Row `program_id(0)`, outputs from program_id(1) * BLOCK; FP8_OUT: the whole row (BLOCK >= n).
-    GELU: GeGLU, gelu with the tanh approximation (Gemma's gelu_pytorch_tanh) in place of SiLU."""
-    row = tl.program_id(0).to(tl.int64)
-    i = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    m = i < n
-    g = tl.load(x_ptr + row * stride_x + i, mask=m, other=0.0).to(tl.float32)
-    u = tl.load(x_ptr + row * stride_x + n + i, mask=m, other=0.0)
+def _silu_mul_kernel(x_ptr, out_ptr, q_ptr, scale_ptr, stride_x, n, num_rows, FP8_OUT: tl.constexpr,
+                     BLOCK: tl.constexpr, GELU: tl.constexpr, ROWS: tl.constexpr):
+    """Rows from program_id(0) * ROWS, outputs from program_id(1) * BLOCK; FP8_OUT: whole rows
+    (BLOCK >= n). GELU: GeGLU, gelu with the tanh approximation (Gemma's gelu_pytorch_tanh) in
+    place of SiLU."""
+    r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None]
+    rm = r < num_rows
+    i = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)[None, :]
+    m = rm & (i < n)
+    g = tl.load(x_ptr + r * stride_x + i, mask=m, other=0.0).to(tl.float32)
+    u = tl.load(x_ptr + r * stride_x + n + i, mask=m, other=0.0)
     if GELU:  # 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))), tanh(z) = 1 - 2 / (e^2z + 1)
         z = 0.7978845608028654 * (g + 0.044715 * g * g * g)
         act = (0.5 * g * (2.0 - 2.0 / (tl.exp(2.0 * z) + 1.0))).to(u.dtype).to(tl.float32)
     else:
         act = (g / (1.0 + tl.exp(-g))).to(u.dtype).to(tl.float32)
     out = (act * u.to(tl.float32)).to(out_ptr.dtype.element_ty)
-    tl.store(out_ptr + row * n + i, out, mask=m)
+    tl.store(out_ptr + r * n + i, out, mask=m)
     if FP8_OUT:
-        _store_fp8_row(out.to(tl.float32), q_ptr + row * n, scale_ptr, row, i, m)
+        _store_fp8_rows(out.to(tl.float32), q_ptr, scale_ptr, r, i, m, rm, n)
 
 
 def silu_and_mul(gate_up: torch.Tensor, fp8_out: bool = False, gelu: bool = False) -> torch.Tensor | Fp8Activation:
@@ -127,6 +134,8 @@ def silu_and_mul(gate_up: torch.Tensor, fp8_out: bool = False, gelu: bool = Fals
     else:
         q = scale = out
         block, warps = min(1024, _pow2(n)), 4
-    _silu_mul_kernel[(rows, triton.cdiv(n, block))](gate_up, out, q, scale, gate_up.stride(0), n, FP8_OUT=fp8_out,
-                                                    BLOCK=block, GELU=gelu, num_warps=warps)
+    per = rows_per_program(rows)
+    _silu_mul_kernel[(triton.cdiv(rows, per), triton.cdiv(n, block))](gate_up, out, q, scale, gate_up.stride(0), n,
+                                                                       rows, FP8_OUT=fp8_out, BLOCK=block, GELU=gelu,
+                                                                       ROWS=per, num_warps=warps)
     return Fp8Activation(out, q, scale) if fp8_out else out
