@@ -9,8 +9,8 @@ For each batch size B (every sequence decoding at ~--context tokens):
 - per step, from a torch.profiler trace of steady decode: kernel time by kind (matmul,
   attention, norm/rope/act, sampling and copies) and the GPU's idle time, with the
   matmuls' achieved bandwidth on the weights they read.
-Then the TTFT path of one 128-token prompt: host time before the first kernel, GPU
-span, and host time after the last kernel.
+Then the TTFT path of one prompt per --ttft-lengths (default 128): host time before the first
+kernel, GPU span, host time after the last kernel, and the kernels that took the most time.
 """
 
 from __future__ import annotations
@@ -83,11 +83,9 @@ def decode_profile(llm, batch: int, context: int, out) -> None:
         wall_us = (time.perf_counter() - w0) * 1e6
     ks = kernel_intervals(prof)
     [weight_bytes] = llm.apply_model(lambda model: decode_weight_bytes(model, batch))  # MoE: the routed share
-    by_kind, by_name = defaultdict(float), defaultdict(lambda: [0.0, 0])
+    by_kind = defaultdict(float)
     for s, e, name in ks:
         by_kind[kind_of(name)] += (e - s) / n / 1e3
-        by_name[name][0] += (e - s) / n / 1e3
-        by_name[name][1] += 1
     span_us = ks[-1][1] - ks[0][0] if ks else 0.0
     row = dict(bench="decode_profile", batch=batch, context=context, step_ms=step_ms, replay_ms=replay_ms,
                floor_ms=weight_bytes / PEAK_BW * 1e3, kernels_per_step=len(ks) / n,
@@ -95,20 +93,19 @@ def decode_profile(llm, batch: int, context: int, out) -> None:
                profiled_wall_ms_per_step=wall_us / n / 1e3, ms_by_kind={k: round(v, 4) for k, v in by_kind.items()},
                matmul_gb_per_s=weight_bytes / ((by_kind["matmul"] + by_kind["experts"]) / 1e3) / 1e9
                if by_kind["matmul"] else None,
-               top_kernels=[(name[:60], round(t, 4), c // n) for name, (t, c) in
-                            sorted(by_name.items(), key=lambda kv: -kv[1][0])[:12]])
+               top_kernels=top_kernels(ks, n))
     emit(out, **row)
     while eng.has_unfinished():
         eng.step()
 
 
-def ttft_profile(llm, out) -> None:
+def ttft_profile(llm, length: int, out) -> None:
     from expresslane import SamplingParams
 
     sp = SamplingParams(temperature=0, max_tokens=1)
-    rng = random.Random(128)
+    rng = random.Random(length)
     vocab = llm.engine.core.hf_config.vocab_size
-    fresh = lambda: {"prompt_token_ids": random_prompts(rng, vocab, [128])[0]}  # noqa: E731 (no cache hit)
+    fresh = lambda: {"prompt_token_ids": random_prompts(rng, vocab, [length])[0]}  # noqa: E731 (no cache hit)
     for _ in range(3):
         llm.generate([fresh()], sp, use_tqdm=False)
     prompt = fresh()
@@ -121,11 +118,21 @@ def ttft_profile(llm, out) -> None:
     [gen] = [e.time_range for e in cpu if e.name == "generate"]
     launches = [e.time_range for e in cpu if e.name == "cudaGraphLaunch"]
     ttft_ms = 1e3 * (o.metrics.first_token_time - o.metrics.arrival_time)
-    emit(out, bench="ttft_profile", prompt_len=128, ttft_ms=ttft_ms, generate_ms=(gen.end - gen.start) / 1e3,
+    emit(out, bench="ttft_profile", prompt_len=length, ttft_ms=ttft_ms, generate_ms=(gen.end - gen.start) / 1e3,
          host_before_first_kernel_ms=(ks[0][0] - gen.start) / 1e3, gpu_span_ms=(ks[-1][1] - ks[0][0]) / 1e3,
          gpu_busy_ms=busy_us(ks) / 1e3, host_after_last_kernel_ms=(gen.end - ks[-1][1]) / 1e3, kernels=len(ks),
          largest_gaps=largest_gaps(ks, 4), graph_launches=len(launches),
-         graph_launch_host_ms=[round((r.end - r.start) / 1e3, 3) for r in launches])
+         graph_launch_host_ms=[round((r.end - r.start) / 1e3, 3) for r in launches], top_kernels=top_kernels(ks, 1))
+
+
+def top_kernels(ks, steps: int, n: int = 12) -> list[tuple[str, float, int]]:
+    """The n kernels with the most GPU time: (name, ms per step, launches per step)."""
+    by_name = defaultdict(lambda: [0.0, 0])
+    for s, e, name in ks:
+        by_name[name][0] += (e - s) / steps / 1e3
+        by_name[name][1] += 1
+    return [(name[:60], round(t, 4), c // steps) for name, (t, c) in
+            sorted(by_name.items(), key=lambda kv: -kv[1][0])[:n]]
 
 
 def largest_gaps(ks, n: int) -> list[tuple[float, str, str]]:
@@ -147,15 +154,21 @@ def main() -> None:
     ap.add_argument("--load-format", choices=("auto", "dummy"), default="auto",
                     help="dummy: random weights made on the GPU (a config-only model directory)")
     ap.add_argument("--no-ttft", action="store_true", help="decode steps only")
+    ap.add_argument("--ttft-lengths", type=lambda s: [int(x) for x in s.split(",")], default=[128],
+                    help="prompt lengths whose first token is profiled")
+    ap.add_argument("--max-model-len", type=int, default=None)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     from expresslane import LLM
 
-    llm = LLM(args.model, max_num_seqs=max(args.batches), gpu_memory_utilization=0.85, load_format=args.load_format)
+    extra = {"max_model_len": args.max_model_len} if args.max_model_len else {}
+    llm = LLM(args.model, max_num_seqs=max(args.batches), gpu_memory_utilization=0.85, load_format=args.load_format,
+              **extra)
     for b in args.batches:
         decode_profile(llm, b, args.context, args.out)
     if not args.no_ttft:
-        ttft_profile(llm, args.out)
+        for length in args.ttft_lengths:
+            ttft_profile(llm, length, args.out)
 
 
 if __name__ == "__main__":

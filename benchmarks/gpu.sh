@@ -14,6 +14,8 @@
 #            128 / 8192, expresslane then transformers (at most 100 s each), for FAMILIES (default gemma-3-12b
 #            phi-4 deepseek-v2-lite gpt-oss-20b); then the MLA latent kernel (mla_bench.py: decode at 1k-32k
 #            keys against the latent read floor, a prefill chunk); MLA_BENCH=0 leaves it out
+#   familyprofile: issue #43: where batch-1 decode and TTFT 128 / 8192 spend GPU time (decode_profile.py, kernels
+#            by kind and by name) for FAMILIES (default deepseek-v2-lite gemma-3-12b), real shapes, weights on the GPU
 #   fusedgemv: issue #42: the fused layer's four GEMVs (norm / residual / SiLU folded in) one by one against
 #            the kernels they replace, tiles and splits swept at batch 1, the best at 1 and 8 (fused_gemv_sweep.py;
 #            FUSED_GEMV_QUICK=1: two tiles); ~3 min
@@ -201,6 +203,14 @@ for section in $SECTIONS; do
       if [ "${MLA_BENCH:-1}" != 0 ]; then
         echo "== MLA latent attention kernel (deepseek-v2-lite shape)"; run python3 benchmarks/mla_bench.py
       fi ;;
+    familyprofile)
+      for m in ${FAMILIES:-deepseek-v2-lite gemma-3-12b}; do
+        [ -d "$MODELS/$m-bare" ] || python3 -m expresslane.cli.main make-model $m "$MODELS/$m-bare" --no-weights \
+          >/dev/null || status=1
+        echo "== $m: kernels of a batch-1 decode step and of TTFT 128 / 8192"
+        run python3 benchmarks/decode_profile.py --model "$MODELS/$m-bare" --load-format dummy --batches 1 \
+          --ttft-lengths 128,8192 --max-model-len 16384
+      done ;;
     fusedgemv)
       echo "== the fused layer's GEMVs against the kernels they replace, tiles swept (8B shapes)"
       run python3 benchmarks/fused_gemv_sweep.py ${FUSED_GEMV_QUICK:+--quick} ;;

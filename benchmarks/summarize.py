@@ -95,7 +95,7 @@ def fmt(r: dict) -> str:
         return (f"decode profile b={r['batch']:<3} step {r['step_ms']:.2f} ms, graph replay {r['replay_ms']:.2f} ms "
                 f"(floor {r['floor_ms']:.2f}), busy {r['busy_ms_per_step']:.2f} ms/step; {kinds}")
     if b == "ttft_profile":
-        return (f"TTFT profile 128     {r['ttft_ms']:.2f} ms: host {r['host_before_first_kernel_ms']:.2f} + GPU span "
+        return (f"TTFT profile {r.get('prompt_len', 128):<7} {r['ttft_ms']:.2f} ms: host {r['host_before_first_kernel_ms']:.2f} + GPU span "
                 f"{r['gpu_span_ms']:.2f} (busy {r['gpu_busy_ms']:.2f}) + host {r['host_after_last_kernel_ms']:.2f}")
     if b == "gpu_metrics" and r["load_gpu_utilization_perc"] is not None:
         power = "" if r["idle_gpu_power_watts"] is None else \
