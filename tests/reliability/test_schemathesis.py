@@ -79,7 +79,7 @@ def _fuzz(server, tmp_path, phases: str, max_examples: int) -> None:
 
 
 def test_schemathesis_finds_no_5xx(server, tmp_path):
-    _fuzz(server, tmp_path, "fuzzing", max_examples=25)
+    _fuzz(server, tmp_path, "fuzzing", max_examples=12)
 
 
 @pytest.mark.slow
