@@ -3,7 +3,8 @@
 # Usage (device machine, repo root):  bash benchmarks/gpu.sh [SECTION...]   (default: full)
 #   small:   bf16 agreement, step profile, engine benchmarks on the qwen2.5-0.5b shape
 #   8b, 7b:  expresslane and transformers benchmarks on the Llama-3-8B / Qwen2.5-7B shapes
-#   8b-engine: expresslane alone on the Llama-3-8B shape
+#   8b-engine: expresslane alone on the Llama-3-8B shape; ENGINE_BENCHES=decode,ttft: a subset; BASELINE_TREE=DIR
+#            (an older checkout's package) measures the same first, in the same call
 #   profile: where a decode step's and a short prompt's time goes (8B shape)
 #   fused:   our Triton fused ops against torch.compile and eager (8B shapes)
 #   layer:   issue #42 item 1, the fused decode layer (--fused-decode-layer) off vs on: its kernel tests in
@@ -12,7 +13,8 @@
 #   families: issue #43 on the real shapes (weights generated on the GPU): batch-1 decode against the
 #            weight-read floor (active weights for MoE; also at this GPU's measured copy bandwidth) and TTFT
 #            128 / 8192, expresslane then transformers (at most 100 s each), for FAMILIES (default gemma-3-12b
-#            phi-4 deepseek-v2-lite gpt-oss-20b); then the MLA latent kernel (mla_bench.py: decode at 1k-32k
+#            phi-4 deepseek-v2-lite gpt-oss-20b; FAMILIES_HF=0: no transformers; BASELINE_TREE=DIR: an older
+#            checkout's package first, in the same call); then the MLA latent kernel (mla_bench.py: decode at 1k-32k
 #            keys against the latent read floor, a prefill chunk); MLA_BENCH=0 leaves it out
 #   familyprofile: issue #43: where batch-1 decode and TTFT 128 / 8192 spend GPU time (decode_profile.py, kernels
 #            by kind and by name) for FAMILIES (default deepseek-v2-lite gemma-3-12b), real shapes, weights on the GPU
@@ -161,8 +163,14 @@ for section in $SECTIONS; do
       fi
       run python3 benchmarks/structured_bench.py --model "$MODELS/llama-3-8b" ;;
     8b-engine)  # expresslane alone on the 8B shape (batch-1 decode, TTFT by length, throughput)
-      model llama-3-8b; echo "== llama-3-8b: expresslane"
-      run python3 benchmarks/gpu_bench.py --model "$MODELS/llama-3-8b" --only engine ;;
+      model llama-3-8b
+      if [ -n "${BASELINE_TREE:-}" ]; then  # an older tree (a checkout's package) first, in the same call
+        echo "== llama-3-8b: expresslane on the baseline tree $BASELINE_TREE"
+        PYTHONPATH="$BASELINE_TREE:$PYTHONPATH" run python3 benchmarks/gpu_bench.py --model "$MODELS/llama-3-8b" \
+          --only engine --label baseline ${ENGINE_BENCHES:+--benches $ENGINE_BENCHES}
+      fi
+      echo "== llama-3-8b: expresslane"
+      run python3 benchmarks/gpu_bench.py --model "$MODELS/llama-3-8b" --only engine ${ENGINE_BENCHES:+--benches $ENGINE_BENCHES} ;;
     7b) shape qwen2.5-7b ;;
     profile)
       model llama-3-8b
@@ -196,9 +204,15 @@ for section in $SECTIONS; do
           >/dev/null || status=1
         M=(python3 benchmarks/gpu_bench.py --model "$MODELS/$m-bare" --load-format dummy --benches decode,ttft
            --ttft-lengths 128,8192 --max-model-len 16384)
+        if [ -n "${BASELINE_TREE:-}" ]; then  # an older tree (a checkout's package) first, in the same call
+          echo "== $m: expresslane on the baseline tree $BASELINE_TREE"
+          PYTHONPATH="$BASELINE_TREE:$PYTHONPATH" run "${M[@]}" --only engine --label baseline
+        fi
         echo "== $m: expresslane"; run "${M[@]}" --only engine
-        echo "== $m: transformers (at most 100 s)"
-        timeout 100 "${M[@]}" --only hf --out "$RES" || echo "transformers stopped (rc $?)"
+        if [ "${FAMILIES_HF:-1}" != 0 ]; then
+          echo "== $m: transformers (at most 100 s)"
+          timeout 100 "${M[@]}" --only hf --out "$RES" || echo "transformers stopped (rc $?)"
+        fi
       done
       if [ "${MLA_BENCH:-1}" != 0 ]; then
         echo "== MLA latent attention kernel (deepseek-v2-lite shape)"; run python3 benchmarks/mla_bench.py
