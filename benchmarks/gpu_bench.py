@@ -56,7 +56,8 @@ def engine_benchmarks(args, out) -> None:
     copy_bw = copy_bandwidth()  # this GPU's own floor (an H100's differs from the H200's PEAK_BW)
     common = dict(engine="expresslane", model=args.model.rstrip("/").split("/")[-1], policy=args.scheduling_policy,
                   prefill_attention=args.prefill_attention,
-                  backend=backend, cuda_graphs=bool(llm.cuda_graph_sizes["decode"]))
+                  backend=backend, cuda_graphs=bool(llm.cuda_graph_sizes["decode"]),
+                  **({"label": args.label} if args.label else {}))
     greedy = lambda n: SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)  # noqa: E731
     llm.generate([{"prompt_token_ids": p} for p in prompts_of(4, 64, vocab)], greedy(8), use_tqdm=False)  # warm-up
 
@@ -178,6 +179,7 @@ def main() -> None:
     ap.add_argument("--model", required=True)
     ap.add_argument("--out", default=None)
     ap.add_argument("--only", choices=("engine", "hf"), help="run one side (each wants the whole GPU)")
+    ap.add_argument("--label", default=None, help="a tag on the engine's rows (e.g. baseline: an older tree)")
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
     ap.add_argument("--max-model-len", type=int, default=None, help="the engine's (default: the model's)")
     ap.add_argument("--scheduling-policy", default="deadline", help="the engine's (deadline: its default)")

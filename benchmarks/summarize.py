@@ -223,8 +223,8 @@ def fmt_quant(r: dict) -> str | None:
 rows = [json.loads(line) for line in open(sys.argv[1]) if line.startswith("{")]
 last = None
 for r in rows:
-    key = (r.get("model"), r.get("engine", ""))
+    key = (r.get("model"), r.get("engine", ""), r.get("label"))
     if key != last:
-        print(f"-- {key[0]}  {key[1]}" + (f"  ({r['backend']}, graphs={r['cuda_graphs']})" if "backend" in r else ""))
+        print(f"-- {key[0]}  {key[1]}" + (f" [{key[2]}]" if key[2] else "") + (f"  ({r['backend']}, graphs={r['cuda_graphs']})" if "backend" in r else ""))
         last = key
     print("   " + fmt(r))
