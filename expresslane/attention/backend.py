@@ -46,7 +46,6 @@ class AttentionMetadata:
     prefill_tile: object | None = None
     prefill_work: torch.Tensor | None = None
     library_seqs: tuple[int, ...] = ()  # prefill seqs a library kernel runs (eager steps only), not the work list
-    expand_prefill: bool = False  # MLA: this eager step's prefill seqs attend expanded (TritonAttentionBackend)
     # [T] int64, each token's request's RoPE length (its prompt's; the sequence's once a longrope
     # request restarted): for RoPE whose frequencies follow the length (layers/rotary.py)
     rope_lengths: torch.Tensor | None = None

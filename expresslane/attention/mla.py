@@ -70,10 +70,8 @@ def expanded_prefill(q_nope: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tens
         k_nope, v = expand(kv[:, :lat])
         k = torch.cat([k_nope, kv[:, None, lat:].expand(-1, k_nope.shape[1], -1)], dim=-1)
         q = torch.cat([q_nope[lo:hi], q_pe[lo:hi]], dim=-1)
-        fresh = hi - lo == ctx  # no cached keys: the plain causal mask, which SDPA applies without a mask tensor
         o = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-                                           attn_mask=None if fresh else _causal(hi - lo, ctx, q.device),
-                                           is_causal=fresh, scale=scale)
+                                           attn_mask=_causal(hi - lo, ctx, q.device), scale=scale)
         out[lo - starts[nd]:hi - starts[nd]] = o.transpose(0, 1)
     return out
 
@@ -86,9 +84,7 @@ def _causal(n: int, ctx: int, device: torch.device) -> torch.Tensor:
 class TorchMLA:
     """The reference: decodes absorbed, prefill chunks expanded (a host loop over seqs)."""
 
-    def expands(self, meta: AttentionMetadata) -> bool:
-        """Whether the step's prefill seqs attend expanded (the rest absorbed)."""
-        return True
+    expands_prefill = True
 
     def store(self, cache: torch.Tensor, c_kv: torch.Tensor, k_pe: torch.Tensor, meta: AttentionMetadata) -> None:
         slots = meta.slot_mapping
@@ -102,19 +98,9 @@ class TorchMLA:
 
 class TritonMLA:
     """One store kernel and one latent-attention kernel for the whole step (decodes and
-    prefill alike): no host sync, so the CUDA graphs capture them. A step with a prefill seq of
-    `EXPAND_MIN_TOKENS` or more runs eagerly and expands its prefill seqs instead: the absorbed
-    kernel spends (L + R + L) multiply-adds a query-key pair and head, 1,088 at DeepSeek's
-    dims, where the expanded attention spends (nope + R + V) = 320 after expanding each key once
-    (kv_b_proj: L x H x (nope + V) multiply-adds a key), so long chunks are cheaper expanded."""
+    prefill alike): no host sync, so the CUDA graphs capture them."""
 
-    EXPAND_MIN_TOKENS = 256
-
-    def __init__(self, backend: AttentionBackend):
-        backend.expand_min_tokens = self.EXPAND_MIN_TOKENS  # its eager steps and meta.expand_prefill
-
-    def expands(self, meta: AttentionMetadata) -> bool:
-        return meta.expand_prefill
+    expands_prefill = False
 
     def store(self, cache, c_kv, k_pe, meta: AttentionMetadata) -> None:
         from expresslane.attention.mla_kernels import store_latent
@@ -127,4 +113,4 @@ class TritonMLA:
 
 def mla_for(backend: AttentionBackend) -> TorchMLA | TritonMLA:
     """The MLA path of the model's attention backend: Triton's with the Triton backend."""
-    return TritonMLA(backend) if backend.fused_ops else TorchMLA()
+    return TritonMLA() if backend.fused_ops else TorchMLA()

@@ -72,9 +72,6 @@ class TritonAttentionBackend(AttentionBackend):
         self.library = prefill_library != "triton" and kv_dtype.itemsize > 1
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.window = window
-        # set by a model whose attention expands prefill seqs of at least this many query tokens in
-        # eager steps (MLA: attention/mla.py's TritonMLA); None: no such steps
-        self.expand_min_tokens: int | None = None
         self.group = num_heads // num_kv_heads
         self.g_pad = _pow2(self.group)
         self.d_pad = max(16, _pow2(head_dim))
@@ -189,18 +186,10 @@ class TritonAttentionBackend(AttentionBackend):
         return warm_plans(self.num_heads, self.num_kv_heads, self.head_dim, dtype, device, max_model_len, budget,
                           self.head_dim ** -0.5)
 
-    def expand_step(self, query_start_loc, num_decodes: int) -> bool:
-        """Whether the model expands this step's prefill seqs (one has `expand_min_tokens` or more)."""
-        if self.expand_min_tokens is None:
-            return False
-        tokens = np.diff(np.asarray(query_start_loc, dtype=np.int64)[num_decodes:])
-        return bool(len(tokens)) and int(tokens.max()) >= self.expand_min_tokens
-
     def eager_step(self, query_start_loc, seq_lens, num_decodes: int) -> bool:
-        """A step the CUDA graphs must not take: the library runs one of its seqs, or the model
-        expands its prefill (their shapes follow the seqs' lengths)."""
-        return (bool(self.library_seqs(query_start_loc, seq_lens, num_decodes))
-                or self.expand_step(query_start_loc, num_decodes))
+        """A step the CUDA graphs must not take: the library runs one of its seqs (its shapes
+        follow the seq's length)."""
+        return bool(self.library_seqs(query_start_loc, seq_lens, num_decodes))
 
     def prepare(self, meta: AttentionMetadata) -> None:
         """Per-step, host-side: the decode tile and split count (by batch size), the prefill
@@ -209,7 +198,6 @@ class TritonAttentionBackend(AttentionBackend):
         meta.decode_tile, meta.num_splits = self.decode_tile(nd), self.num_splits(nd)
         qsl = meta.query_start_loc_cpu
         meta.library_seqs = self.library_seqs(qsl, meta.seq_lens_cpu, nd)
-        meta.expand_prefill = self.expand_step(qsl, nd)
         meta.prefill_work = None
         if len(qsl) > nd + 1:
             meta.prefill_tile = self.prefill_tile(qsl[-1] - qsl[nd])

@@ -113,9 +113,8 @@ class MLAttention(nn.Module):
         c_kv = self.kv_a_layernorm(c_kv.contiguous())
         q_pe, k_pe = self.rotary(positions, q_pe, k_pe[:, None], meta.rope_lengths)
         self.mla.store(self.kv_cache, c_kv, k_pe[:, 0], meta)
-        # absorbed: the decodes, and the prefill seqs too unless the step expands them (the torch
-        # path always; the Triton path in steps with a long prefill seq)
-        n = meta.num_decodes if self.mla.expands(meta) else x.shape[0]
+        # absorbed: every token on the Triton path, the decodes on the torch path (prefill expands)
+        n = meta.num_decodes if self.mla.expands_prefill else x.shape[0]
         out = x.new_empty(x.shape[0], self.num_heads, self.v_dim)
         if n:
             w_uk, w_uv = self._absorbed()
