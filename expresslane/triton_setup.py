@@ -70,7 +70,7 @@ def rows_per_program(rows: int) -> int:
     """How many of `rows` tokens or rows one program of a per-row kernel takes (a power of 2)."""
     if not INTERPRETED:
         return 1
-    return min(1 << (max(rows, 1) - 1).bit_length(), INTERPRETED_ROWS_CAP)
+    return min(triton.next_power_of_2(max(rows, 1)), INTERPRETED_ROWS_CAP)
 
 
 if INTERPRETED:

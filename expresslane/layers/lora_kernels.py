@@ -117,9 +117,10 @@ def _split_k(num_tokens: int, k: int) -> tuple[int, int]:
     return triton.cdiv(k, k_per_split), k_per_split
 
 
-def shrink_output(x: torch.Tensor, lora_a: torch.Tensor) -> torch.Tensor:
-    """An empty part [splits, T, slices * R] float32 for `lora_shrink`."""
-    splits, _ = _split_k(x.shape[0], lora_a.shape[2])
+def shrink_output(x: torch.Tensor, lora_a: torch.Tensor, splits: int | None = None) -> torch.Tensor:
+    """An empty part [splits, T, slices * R] float32 for `lora_shrink` (splits: `_split_k`'s)."""
+    if splits is None:
+        splits, _ = _split_k(x.shape[0], lora_a.shape[2])
     return torch.empty(splits, x.shape[0], lora_a.shape[1], dtype=torch.float32, device=x.device)
 
 
@@ -131,7 +132,7 @@ def lora_shrink(x: torch.Tensor, lora_a: torch.Tensor, step, part: torch.Tensor 
     sorted_tokens, tiles, num_tiles = step.kernel_inputs(x.shape[0])
     x = x if x.stride(-1) == 1 else x.contiguous()
     splits, k_per_split = _split_k(x.shape[0], k)
-    part = shrink_output(x, lora_a) if part is None else part
+    part = shrink_output(x, lora_a, splits) if part is None else part
     lora_shrink_kernel[(num_tiles, splits)](
         x, lora_a, part, sorted_tokens, tiles, n, k, k_per_split, x.stride(0), lora_a.stride(0), lora_a.stride(1),
         part.stride(0), part.stride(1), BLOCK_M=BLOCK_M, BLOCK_N=max(16, triton.next_power_of_2(n)), BLOCK_K=BLOCK_K,
