@@ -9,6 +9,11 @@
   replica. Once a token has reached the client it cannot move: a stream cut by a dying
   replica ends with an SSE error event and ``[DONE]``.
 - Authorization headers pass through: the replicas check API keys.
+- LoRA adapters loaded or unloaded at run time (vLLM's ``/v1/load_lora_adapter`` and
+  ``/v1/unload_lora_adapter``) go to every ready replica, so any of them serves any adapter. A
+  load some replicas refuse is taken back from those that took it. The router keeps the changes
+  it passed on and sends them to a replica that becomes ready without them (it was starting,
+  down or restarted), before any request is routed to it.
 """
 
 from __future__ import annotations
@@ -41,6 +46,10 @@ class Router:
         self.metrics = RouterMetrics([r.url for r in self.replicas])
         self.http = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0))
         self._poller: asyncio.Task | None = None
+        self.loras: dict[str, tuple[bytes, dict]] = {}  # loaded through the router: name -> body, headers
+        self.unloaded: dict[str, dict] = {}  # unloaded through the router since: name -> headers
+        self._synced: set[str] = set()  # replicas (URLs) that hold every change so far
+        self._lora_lock = asyncio.Lock()  # one load, unload or sync at a time
 
     # -- health ---------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -71,6 +80,8 @@ class Router:
         if not replica.healthy:
             log.info("replica %s is up (%s)", replica.url, load.state)
             replica.forget_prefixes()  # whatever it held before it went away is gone
+        if load.state == "ready" and replica.url not in self._synced and not await self._sync_loras(replica):
+            return  # gone again (marked down): the next poll tries again
         replica.healthy, replica.load = True, load
         self.metrics.replica_load(replica)
 
@@ -78,8 +89,73 @@ class Router:
         if replica.healthy:
             log.warning("replica %s is out: %s", replica.url, why)
         replica.healthy = False
+        self._synced.discard(replica.url)
         replica.forget_prefixes()
         self.metrics.replica_load(replica)
+
+    # -- LoRA adapters ----------------------------------------------------------------------------
+    async def change_lora(self, request: Request, path: str) -> Response:
+        """A load or an unload, sent to every ready replica at once (the rest get it when ready)."""
+        body = await request.body()
+        try:
+            name = json.loads(body)["lora_name"]
+        except (ValueError, KeyError, TypeError):
+            name = None
+        headers = {k: v for k, v in request.headers.items() if k.lower() in _PASS_HEADERS}
+        load = path == "/v1/load_lora_adapter"
+        async with self._lora_lock:
+            targets = [r for r in self.replicas if r.available]
+            answers = await asyncio.gather(*(self._post(r, path, body, headers) for r in targets))
+            answered = [(r, a) for r, a in zip(targets, answers) if a is not None]
+            if not answered:
+                return _error(503, "no replica is available; retry later", "service_unavailable",
+                              "no_replica_available", retry_after=1)
+            took = [(r, a) for r, a in answered if a.status_code < 300 or load and _lora_exists(a)]
+            if load and len(took) < len(answered):  # refused somewhere: taken back where it was taken
+                undo = json.dumps({"lora_name": name}).encode()
+                await asyncio.gather(*(self._post(r, "/v1/unload_lora_adapter", undo, headers)
+                                       for r, a in took if a.status_code < 300))
+                refusal = next(a for _, a in answered if a.status_code >= 300 and not _lora_exists(a))
+                return Response(refusal.content, refusal.status_code, _reply_headers(refusal))
+            ok = next((a for _, a in answered if a.status_code < 300), None)
+            if ok is not None and isinstance(name, str):
+                if load:
+                    self.loras[name] = (body, headers)
+                    self.unloaded.pop(name, None)
+                else:
+                    self.loras.pop(name, None)
+                    self.unloaded[name] = headers
+                self._synced &= {r.url for r, _ in answered}  # the others get it when ready
+            reply = ok or answered[0][1]
+            return Response(reply.content, reply.status_code, _reply_headers(reply))
+
+    async def _sync_loras(self, replica: Replica) -> bool:
+        """The changes passed on so far, to a replica about to be routed to; False if it could not
+        be reached. It counts as synced unless one answered with a server error."""
+        async with self._lora_lock:
+            changes = [("/v1/unload_lora_adapter", name, json.dumps({"lora_name": name}).encode(), headers)
+                       for name, headers in self.unloaded.items()]
+            changes += [("/v1/load_lora_adapter", name, body, headers) for name, (body, headers) in self.loras.items()]
+            complete = True
+            for path, name, body, headers in changes:
+                answer = await self._post(replica, path, body, headers)
+                if answer is None:
+                    return False
+                complete &= answer.status_code < 500
+                if answer.status_code >= 300 and not _lora_exists(answer) and answer.status_code != 404:
+                    log.warning("replica %s refused %s of the LoRA adapter %r: %s", replica.url, path, name,
+                                answer.text[:200])
+            if complete:
+                self._synced.add(replica.url)
+        return True
+
+    async def _post(self, replica: Replica, path: str, body: bytes, headers: dict) -> httpx.Response | None:
+        """None when the replica could not be reached (it is marked down)."""
+        try:
+            return await self.http.post(replica.url + path, content=body, headers=headers, timeout=120.0)
+        except httpx.TransportError as e:
+            self._mark_down(replica, f"{type(e).__name__} on POST {path}")
+            return None
 
     # -- requests -------------------------------------------------------------------------------
     async def proxy(self, request: Request, path: str) -> Response:
@@ -215,6 +291,14 @@ def _error(status: int, message: str, type_: str, code: str | None = None, retry
                         headers=headers)
 
 
+def _lora_exists(answer: httpx.Response) -> bool:
+    """A replica's refusal of a load because it holds that adapter already."""
+    try:
+        return answer.status_code == 400 and answer.json()["error"]["code"] == "lora_exists"
+    except (ValueError, KeyError, TypeError):
+        return False
+
+
 def _lane(data: dict) -> str:
     lane = data.get("lane")
     if lane in ("interactive", "batch"):
@@ -254,6 +338,11 @@ def build_router_app(router: Router) -> FastAPI:
         async def route(request: Request, _path: str = path) -> Response:
             return await router.proxy(request, _path)
         app.add_api_route(path, route, methods=["POST"])
+
+    for path in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter"):
+        async def lora_route(request: Request, _path: str = path) -> Response:
+            return await router.change_lora(request, _path)
+        app.add_api_route(path, lora_route, methods=["POST"])
 
     @app.get("/v1/models")
     async def models(request: Request) -> Response:

@@ -33,8 +33,8 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(self, *args: str, api_key: str | None = API_KEY):
-        self.port = free_port()
+    def __init__(self, *args: str, api_key: str | None = API_KEY, port: int | None = None):
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.api_key = api_key
         self.log = tempfile.NamedTemporaryFile(prefix="expresslane-serve-", suffix=".log", delete=False)
