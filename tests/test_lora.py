@@ -24,7 +24,7 @@ from expresslane import LLM, LoRARequest, SamplingParams
 from expresslane.config import EngineConfig, SchedulerConfig
 from expresslane.contract import EngineCoreRequest
 from expresslane.models.lora_adapter import AdapterError, read_adapter
-from expresslane.runner.lora_copies import SlotCopies
+from expresslane.runner.lora_copies import QUEUED, SlotCopies, SlotReads
 from expresslane.runner.lora_host import AdapterReader
 from expresslane.scheduler.kv_cache import KVCacheManager
 from expresslane.scheduler.request import Request
@@ -284,6 +284,33 @@ def test_unload_waits_for_its_requests_and_leaks_no_slot(llama_dir, adapters, re
     assert out[0].outputs[0].token_ids == references["all8"][5]
 
 
+def test_a_slot_load_waits_only_for_the_steps_that_read_the_slot():
+    """A load into a slot waits for the mark after the slot's last reader: nothing for a slot
+    never read, every queued step when its reader is the last step queued (no mark after it
+    yet), and a mark is recorded only when some read is not yet covered by one."""
+    reads = SlotReads()
+    marks = itertools.count(100)
+    recorded = []
+
+    def mark():
+        recorded.append(next(marks))
+        return recorded[-1]
+
+    reads.step([], mark)  # step 0: base model only
+    assert reads.after(1) is None and recorded == []
+    reads.step([1, 2], mark)  # step 1 reads slots 1 and 2
+    assert reads.after(1) is QUEUED and reads.after(3) is None
+    reads.step([2], mark)  # step 2: mark 100 after steps 0-1
+    assert recorded == [100] and reads.after(1) == 100 and reads.after(2) is QUEUED
+    reads.step([], mark)  # step 3: mark 101 after steps 0-2
+    reads.step([], mark)  # step 4: every read covered, no mark
+    assert recorded == [100, 101] and reads.after(2) == 101 and reads.after(1) == 100
+    for _ in range(SlotReads.KEEP + 2):  # marks roll over; a later one still covers slot 1's reader
+        reads.step([2], mark)
+    assert reads.after(1) == recorded[-SlotReads.KEEP]
+    assert reads.after(2) is QUEUED
+
+
 class HeldCopies(SlotCopies):
     """Slot copies that run at once but report done only after `finish()`: a copy in flight."""
 
@@ -293,7 +320,7 @@ class HeldCopies(SlotCopies):
         self.waited: list[int] = []
         self._events = itertools.count(1)
 
-    def run(self, copy):
+    def run(self, slot, copy):
         copy()
         return next(self._events)
 

@@ -111,13 +111,14 @@ class LoRASlots:
 
     def _load(self, lora_id: int, slot: int, host: torch.Tensor) -> None:
         target = self.state.slots[slot]
-        self._copying[lora_id] = (self.copies.run(lambda: target.copy_(host, non_blocking=True)), host)
+        self._copying[lora_id] = (self.copies.run(slot, lambda: target.copy_(host, non_blocking=True)), host)
         self.slot_of[lora_id] = slot
         self.num_loads += 1
 
     def prepare(self, token_lora_ids: np.ndarray) -> None:
         """Point the layers at this step's adapters (each token's id, 0: none)."""
         if not token_lora_ids.any():
+            self.copies.step(())
             self.state.step = None
             return
         ids = np.unique(token_lora_ids)
@@ -133,6 +134,7 @@ class LoRASlots:
             copy = self._copying.pop(lora_id, None)
             if copy is not None:
                 self.copies.wait(copy[0])
+        self.copies.step(table[ids].tolist())
         self.state.step = LoRAStep.of(table[token_lora_ids], self.state.num_slots, self.device,
                                       groups=not self.state.use_triton)
 
