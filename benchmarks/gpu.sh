@@ -24,7 +24,10 @@
 #   lora:    issue #41: llama-3-8b base (no adapters) then with rank-16 adapters on every projection
 #            (benchmarks/lora_bench.py): batch-1 decode with one adapter, batch 64 over 8 adapters, and 16
 #            streams' inter-token p99 while arrivals name adapters in slots (warm) or only in host memory (cold);
-#            BASELINE_TREE=DIR (an older checkout's package) measures its adapters' decode first
+#            BASELINE_TREE=DIR (an older checkout's package) measures its adapters' decode first (LORA_BASELINE_ARGS,
+#            default --no-cold); LORA_MODES (default "base lora"); LORA_ARGS: more lora_bench.py arguments
+#   loraprobe: issue #41: the copy engine beside a slot load, and one decode step's projections per LoRA path
+#            (benchmarks/lora_probe.py; no model)
 #   models:  issue #43/#41 on CUDA: Gemma 2/3, Phi-3, RoPE linear/dynamic/YaRN, sliding windows, LoRA and
 #            embeddings (tests/test_gpu_models.py)
 #   lanes:   issue #6's scenario (16 short requests arriving while an 8k prompt and 32
@@ -188,12 +191,15 @@ for section in $SECTIONS; do
       if [ -n "${BASELINE_TREE:-}" ]; then  # the adapters' decode on an older tree (a checkout), in the same call
         echo "== multi-LoRA on the baseline tree $BASELINE_TREE (no cold loads)"
         PYTHONPATH="$BASELINE_TREE:$PYTHONPATH" run python3 benchmarks/lora_bench.py --model "$MODELS/llama-3-8b" \
-          --mode lora --no-cold --label baseline
+          --mode lora ${LORA_BASELINE_ARGS---no-cold} ${LORA_ARGS:-} --label baseline
       fi
-      for mode in base lora; do
+      for mode in ${LORA_MODES:-base lora}; do
         echo "== multi-LoRA (llama-3-8b, rank-16 adapters on every projection): $mode"
-        run python3 benchmarks/lora_bench.py --model "$MODELS/llama-3-8b" --mode $mode
+        run python3 benchmarks/lora_bench.py --model "$MODELS/llama-3-8b" --mode $mode ${LORA_ARGS:-}
       done ;;
+    loraprobe)
+      echo "== LoRA probes: a slot load beside a step's input copy; one step's projections per LoRA path"
+      run python3 benchmarks/lora_probe.py ;;
     models)
       echo "== new families, RoPE types, sliding windows, LoRA and embeddings on CUDA"
       python3 -m pytest -q tests/test_gpu_models.py -p no:cacheprovider 2>&1 | tee -a "$OUT/gpu-tests.log" \

@@ -105,28 +105,37 @@ def decode_batch64(llm, vocab: int, loras: list) -> float:
     return tokens / wall
 
 
-def stream_gaps(llm, vocab: int, streams: list, arrivals: list, every: int, steps: int) -> list[float]:
+def stream_gaps(llm, vocab: int, streams: list, arrivals: list, every: int, steps: int
+                ) -> tuple[list[float], list[dict]]:
     """Inter-token gaps (s) of 16 decoding streams while a 32-token request arrives every `every` steps,
-    the i-th naming arrivals[i % len]."""
+    the i-th naming arrivals[i % len]; and each step's wall time with what it held (an arrival added
+    before it, slot loads started in it, tokens of arrivals it ran)."""
     eng = llm.engine
     jobs = [(f"s{i}", p, streams[i % len(streams)]) for i, p in enumerate(prompts_of(16, 256, vocab, 11))]
     fill(eng, jobs, 4096)
-    last, gaps, added = {}, [], []
+    last, gaps, added, steps_seen = {}, [], [], []
+    lora = llm.engine.runner.lora
+    before = time.perf_counter()
     for step in range(steps):
         if step % every == 0:
             rid = f"a{step}"
             eng.add_request(rid, {"prompt_token_ids": prompts_of(1, 32, vocab, 1000 + step)[0]}, greedy(4),
                             lora_request=arrivals[(step // every) % len(arrivals)])
             added.append(rid)
+        loads = lora.num_loads
         outs = eng.step()
         now = time.perf_counter()
+        steps_seen.append(dict(ms=(now - before) * 1e3, step=step, arrival=step % every == 0,
+                               loads=lora.num_loads - loads, arrival_outputs=sum(o.request_id.startswith("a")
+                                                                                  for o in outs)))
+        before = now
         for o in outs:
             if o.request_id.startswith("s"):
                 if o.request_id in last:
                     gaps.append(now - last[o.request_id])
                 last[o.request_id] = now
     drain(eng, [j[0] for j in jobs] + added)
-    return gaps
+    return gaps, steps_seen
 
 
 def main() -> None:
@@ -173,10 +182,14 @@ def main() -> None:
         for case, arrivals in (("warm", loras[4:8]), ("cold", loras[8:16])):
             # warm: 4 + 4 adapters fit the 8 slots; cold: 8 more rotate through the 4 slots the streams leave
             loads = llm.engine.runner.lora.num_loads
-            gaps = np.array(stream_gaps(llm, vocab, streams, arrivals, args.every, args.steps)) * 1e3
+            gaps, steps = stream_gaps(llm, vocab, streams, arrivals, args.every, args.steps)
+            gaps = np.array(gaps) * 1e3
+            step_ms = np.array([s["ms"] for s in steps])
             emit(args.out, **row, bench="cold_load", case=case, every=args.every, gaps=len(gaps),
                  itl_p50_ms=float(np.percentile(gaps, 50)), itl_p99_ms=float(np.percentile(gaps, 99)),
-                 itl_max_ms=float(gaps.max()), slot_loads=llm.engine.runner.lora.num_loads - loads)
+                 itl_max_ms=float(gaps.max()), slot_loads=llm.engine.runner.lora.num_loads - loads,
+                 step_p50_ms=float(np.percentile(step_ms, 50)), step_p99_ms=float(np.percentile(step_ms, 99)),
+                 worst_steps=sorted(steps, key=lambda s: -s["ms"])[:6])
     llm.shutdown()
 
 

@@ -5,6 +5,8 @@ import sys
 
 
 def fmt(r: dict) -> str:
+    if "probe" in r:
+        return fmt_lora_probe(r)
     if "bench" not in r:
         return fmt_mla(r)
     b = r["bench"]
@@ -30,8 +32,11 @@ def fmt(r: dict) -> str:
         extra = f" over {r['adapters']} adapters" if r.get("adapters") else ""
         return f"{r['mode']:<14} {b:<24} {r['tokens_per_s']:8.1f} tok/s{extra}"
     if b == "cold_load":
-        return (f"lora  16 streams, arrivals {r['case']:<4} ITL p50 {r['itl_p50_ms']:5.2f} p99 {r['itl_p99_ms']:6.2f} "
-                f"max {r['itl_max_ms']:6.2f} ms, {r['slot_loads']} slot loads")
+        worst = "; ".join(f"{w['ms']:.1f}{' A' if w['arrival'] else ''}{' L' if w['loads'] else ''}"
+                          f"{' a' if w['arrival_outputs'] else ''}" for w in r.get("worst_steps", []))
+        steps = f"; steps p50 {r['step_p50_ms']:.2f} p99 {r['step_p99_ms']:.2f}, worst {worst}" if worst else ""
+        return (f"{r['mode']:<6} 16 streams, arrivals {r['case']:<4} ITL p50 {r['itl_p50_ms']:5.2f} p99 "
+                f"{r['itl_p99_ms']:6.2f} max {r['itl_max_ms']:6.2f} ms, {r['slot_loads']} slot loads{steps}")
     if b == "bf16_top1_agreement":
         return (f"bf16 top-1 agreement  {100 * r['agreement']:.2f}% of {r['positions']} positions "
                 f"({r.get('text', 'random ids')}), "
@@ -189,6 +194,20 @@ def fmt_mla(r: dict) -> str:
         return (f"MLA decode b={r['batch']:<3} @{r['context']:<6} {r['us']:8.1f} us  {r['gb_per_s']:7.0f} GB/s  "
                 f"{r['x_of_read_floor']:.2f}x the latent read floor ({r['splits']} splits)")
     return f"MLA prefill {r['chunk']} after {r['cached']}  {r['ms']:.3f} ms  {r['tflop_per_s']:.0f} TFLOP/s"
+
+
+def fmt_lora_probe(r: dict) -> str:
+    """benchmarks/lora_probe.py's rows (issue #41)."""
+    if r["probe"] == "copy_engine":
+        return (f"84 MB slot copy {r['big_copy_ms']:.2f} ms; a step's input copy alone {r['small_alone_ms']:.3f} ms, "
+                f"beside it {r['small_beside_one_copy_ms']:.3f}, beside it in 8 / 64 pieces "
+                f"{r['small_beside_8_pieces_ms']:.3f} / {r['small_beside_64_pieces_ms']:.3f} ms")
+    if r["probe"] == "projections_check":
+        return f"check {r['variant']:<24} {r['n']}x{r['k']}  max |err| {r['max_abs_err']:.2e} (scale {r['ref_scale']:.2f})"
+    if r["probe"] == "projections_profile":
+        top = "; ".join(f"{k['name'][:40]} {k['ms']:.3f} ms x{k['launches']}" for k in r["kernels"][:4])
+        return f"  profile {r['variant']:<24} busy {r['busy_ms']:.3f} of {r['span_ms']:.3f} ms: {top}"
+    return f"projections {r['variant']:<24} {r['step_ms']:7.3f} ms a step  {r['per_projection_us']:6.2f} us each"
 
 
 def fmt_quant(r: dict) -> str | None:
