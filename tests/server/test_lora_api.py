@@ -4,6 +4,9 @@ behind the API key, an adapter in use finishing its requests first."""
 
 from __future__ import annotations
 
+import io
+import json
+
 import httpx
 import openai
 import pytest
@@ -29,9 +32,10 @@ def adapter_dirs(llama_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def lora_server(llama_dir, adapter_dirs):
+def lora_server(llama_dir, adapter_dirs, tmp_path_factory):
+    store = tmp_path_factory.mktemp("batch") / "store.db"
     s = Server(str(llama_dir), "--enable-lora", "--max-loras", "2", "--max-lora-rank", "16",
-               "--lora-modules", f"all8={adapter_dirs['all8']}")
+               "--lora-modules", f"all8={adapter_dirs['all8']}", "--batch-store", f"sqlite:{store}")
     try:
         yield s.wait_ready()
     finally:
@@ -144,3 +148,28 @@ def test_a_load_is_answered_once_its_read_has_finished():
     core.reads = {4: None, 3: "LoRA adapter '/x': no such directory"}
     assert _loaded(core, loading) == [LoRADone("LoRA adapter '/x': no such directory", 400)]
     assert not loading
+
+
+def test_batch_lines_pick_adapters_by_model(lora_server, expected, llama_dir):
+    """The Batch API: each line's model names the served model or an adapter, as a live request's
+    does; an unknown one fails that line alone (404 model_not_found in its response)."""
+    from server.test_batch_api import wait_batch
+
+    client = OpenAI(base_url=lora_server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=60)
+    rows = [{"custom_id": model, "method": "POST", "url": "/v1/completions",
+             "body": {"model": model, "prompt": PROMPT, "max_tokens": 12, "temperature": 0.0, "ignore_eos": True}}
+            for model in ("all8", str(llama_dir), "nope")]
+    f = client.files.create(file=("loras.jsonl", io.BytesIO(b"".join(json.dumps(r).encode() + b"\n" for r in rows))),
+                            purpose="batch")
+    done = wait_batch(client, client.batches.create(input_file_id=f.id, endpoint="/v1/completions",
+                                                    completion_window="24h").id)
+    assert done.status == "completed"
+    lines = {x["custom_id"]: x for x in map(json.loads, client.files.content(done.output_file_id).text.splitlines())}
+    if done.error_file_id:
+        lines.update({x["custom_id"]: x for x in map(json.loads,
+                                                       client.files.content(done.error_file_id).text.splitlines())})
+    assert lines["all8"]["response"]["body"]["choices"][0]["text"] == expected["all8"]
+    assert lines["all8"]["response"]["body"]["model"] == "all8"
+    assert lines[str(llama_dir)]["response"]["body"]["choices"][0]["text"] == expected[None]
+    assert lines["nope"]["response"]["status_code"] == 404
+    assert lines["nope"]["response"]["body"]["error"]["code"] == "model_not_found"
