@@ -29,7 +29,7 @@
 #   loraprobe: issue #41: the copy engine beside a slot load, and one decode step's projections per LoRA path
 #            (benchmarks/lora_probe.py; no model)
 #   models:  issue #43/#41 on CUDA: Gemma 2/3, Phi-3, RoPE linear/dynamic/YaRN, sliding windows, LoRA and
-#            embeddings (tests/test_gpu_models.py)
+#            embeddings (tests/test_gpu_models.py; MODELS_K: a pytest -k expression)
 #   lanes:   issue #6's scenario (16 short requests arriving while an 8k prompt and 32
 #            batch requests run) under static, continuous and continuous-lanes, 8B
 #            shape, with the long prompt interactive and then in the batch lane
@@ -202,8 +202,8 @@ for section in $SECTIONS; do
       run python3 benchmarks/lora_probe.py ;;
     models)
       echo "== new families, RoPE types, sliding windows, LoRA and embeddings on CUDA"
-      python3 -m pytest -q tests/test_gpu_models.py -p no:cacheprovider 2>&1 | tee -a "$OUT/gpu-tests.log" \
-        | tail -15 || status=1 ;;
+      python3 -m pytest -q tests/test_gpu_models.py ${MODELS_K:+-k "$MODELS_K"} -p no:cacheprovider 2>&1 \
+        | tee -a "$OUT/gpu-tests.log" | tail -15 || status=1 ;;
     families)
       for m in ${FAMILIES:-gemma-3-12b phi-4 deepseek-v2-lite gpt-oss-20b}; do
         [ -d "$MODELS/$m-bare" ] || python3 -m expresslane.cli.main make-model $m "$MODELS/$m-bare" --no-weights \
