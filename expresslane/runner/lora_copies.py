@@ -1,9 +1,5 @@
-"""LoRA slot loads on a side stream; inline on the host.
-
-A load overwrites its slot, so it must wait for the queued steps that read the slot's previous
-adapter, and only for those: a slot whose last reader has run (the usual case, an LRU victim)
-starts loading at once, beside the step in flight, instead of when every queued step has run.
-"""
+"""LoRA slot loads on a side stream (inline on the host), each after the steps that read its slot
+(docs/architecture.md, LoRA adapters)."""
 
 from __future__ import annotations
 
@@ -12,24 +8,22 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-QUEUED = "all"  # SlotReads.after: every step queued so far
+QUEUED = "all"  # every step queued so far
 
 
 class SlotReads:
-    """Which queued steps read each slot, and marks (events the caller records on the compute
-    stream) after which a set of steps has run: pure bookkeeping, no device."""
+    """Which steps read each slot; marks: events after the steps before them."""
 
-    KEEP = 8  # marks kept: a later mark also covers an earlier one's steps
+    KEEP = 8
 
     def __init__(self):
-        self.steps = 0  # steps queued so far
-        self.last_read: dict[int, int] = {}  # slot -> the step that last read it
-        self.latest = -1  # the latest step that read any slot
-        self.marks: deque[tuple[int, object]] = deque(maxlen=self.KEEP)  # (steps queued before it, its mark)
+        self.steps = 0
+        self.last_read: dict[int, int] = {}
+        self.latest = -1
+        self.marks: deque[tuple[int, object]] = deque(maxlen=self.KEEP)  # (steps before it, mark)
 
     def step(self, slots: Iterable[int], mark: Callable[[], object]) -> None:
-        """A step is about to be queued, reading `slots`. `mark()` records a mark after the
-        steps queued so far; it is called only when a read is not yet covered by one."""
+        """Before a step reading `slots` is queued; `mark()` is called when a read has no mark after it."""
         if self.latest >= 0 and (not self.marks or self.marks[-1][0] <= self.latest):
             self.marks.append((self.steps, mark()))
         for slot in slots:
@@ -38,8 +32,7 @@ class SlotReads:
         self.steps += 1
 
     def after(self, slot: int) -> object | None:
-        """What a load into `slot` waits for: None (no step read it), the earliest mark after
-        its last reader, or QUEUED (its reader is the step last queued, with no mark yet)."""
+        """None, the first mark after the slot's last reader, or QUEUED."""
         last = self.last_read.get(slot)
         if last is None:
             return None
@@ -53,7 +46,6 @@ class SlotCopies:
         self.reads = SlotReads()
 
     def step(self, slots: Iterable[int]) -> None:
-        """Before a step's kernels are queued: the slots it reads."""
         if self.stream is not None:
             self.reads.step(slots, lambda: torch.cuda.current_stream(self.device).record_event())
 
