@@ -101,7 +101,7 @@ class Router:
             name = json.loads(body)["lora_name"]
         except (ValueError, KeyError, TypeError):
             name = None
-        headers = {k: v for k, v in request.headers.items() if k.lower() in _PASS_HEADERS}
+        headers = _passed_headers(request)
         load = path == "/v1/load_lora_adapter"
         async with self._lora_lock:
             targets = [r for r in self.replicas if r.available]
@@ -112,7 +112,7 @@ class Router:
                               "no_replica_available", retry_after=1)
             took = [(r, a) for r, a in answered if a.status_code < 300 or load and _lora_exists(a)]
             if load and len(took) < len(answered):  # refused somewhere: taken back where it was taken
-                undo = json.dumps({"lora_name": name}).encode()
+                undo = _unload_body(name)
                 await asyncio.gather(*(self._post(r, "/v1/unload_lora_adapter", undo, headers)
                                        for r, a in took if a.status_code < 300))
                 refusal = next(a for _, a in answered if a.status_code >= 300 and not _lora_exists(a))
@@ -133,7 +133,7 @@ class Router:
         """The changes passed on so far, to a replica about to be routed to; False if it could not
         be reached. It counts as synced unless one answered with a server error."""
         async with self._lora_lock:
-            changes = [("/v1/unload_lora_adapter", name, json.dumps({"lora_name": name}).encode(), headers)
+            changes = [("/v1/unload_lora_adapter", name, _unload_body(name), headers)
                        for name, headers in self.unloaded.items()]
             changes += [("/v1/load_lora_adapter", name, body, headers) for name, (body, headers) in self.loras.items()]
             complete = True
@@ -168,7 +168,7 @@ class Router:
             return _error(400, f"the request body is not a JSON object ({e})", "invalid_request_error")
         lane = _lane(data)
         text, num_tokens = _prompt_text(data)
-        headers = {k: v for k, v in request.headers.items() if k.lower() in _PASS_HEADERS}
+        headers = _passed_headers(request)
         stream = bool(data.get("stream"))
         tried: set[str] = set()
         last: Response | None = None
@@ -260,7 +260,7 @@ class Router:
         return StreamingResponse(relay(), resp.status_code, _reply_headers(resp))
 
     async def forward_get(self, path: str, request: Request) -> Response:
-        headers = {k: v for k, v in request.headers.items() if k.lower() in _PASS_HEADERS}
+        headers = _passed_headers(request)
         for replica in [r for r in self.replicas if r.available]:
             try:
                 resp = await self.http.get(replica.url + path, headers=headers, timeout=10.0)
@@ -289,6 +289,14 @@ def _error(status: int, message: str, type_: str, code: str | None = None, retry
     headers = {"Retry-After": str(retry_after)} if retry_after else {}
     return JSONResponse({"error": {"message": message, "type": type_, "param": None, "code": code}}, status,
                         headers=headers)
+
+
+def _passed_headers(request: Request) -> dict[str, str]:
+    return {k: v for k, v in request.headers.items() if k.lower() in _PASS_HEADERS}
+
+
+def _unload_body(name: object) -> bytes:
+    return json.dumps({"lora_name": name}).encode()
 
 
 def _lora_exists(answer: httpx.Response) -> bool:

@@ -19,16 +19,15 @@ class SlotReads:
     def __init__(self):
         self.steps = 0
         self.last_read: dict[int, int] = {}
-        self.latest = -1
         self.marks: deque[tuple[int, object]] = deque(maxlen=self.KEEP)  # (steps before it, mark)
 
     def step(self, slots: Iterable[int], mark: Callable[[], object]) -> None:
         """Before a step reading `slots` is queued; `mark()` is called when a read has no mark after it."""
-        if self.latest >= 0 and (not self.marks or self.marks[-1][0] <= self.latest):
+        latest = max(self.last_read.values(), default=-1)
+        if latest >= 0 and (not self.marks or self.marks[-1][0] <= latest):
             self.marks.append((self.steps, mark()))
         for slot in slots:
             self.last_read[slot] = self.steps
-            self.latest = self.steps
         self.steps += 1
 
     def after(self, slot: int) -> object | None:
