@@ -118,6 +118,9 @@ def build_model(arch: str, out_dir: Path, seed: int = 0, peak: float = 8.0, **ov
             model.model.norm.weight.add_(4.0 * peak - 1.0)  # into the final (1 + w) norm instead
         else:
             head.mul_(peak / head.norm(dim=-1, keepdim=True).mean())
+    if arch == "gpt_oss":  # older transformers (5.17: the GPU machine's) fix the clamp at 7.0 whatever the config says:
+        experts = model.model.layers[0].mlp.experts  # the config names the reference's own, which the engine reads
+        model.config.swiglu_limit, model.config.swiglu_alpha = experts.limit, experts.alpha
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)
     save_tokenizer(VOCAB, out_dir, config.max_position_embeddings, harmony=arch == "gpt_oss")
