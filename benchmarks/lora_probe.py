@@ -5,8 +5,9 @@
   one big copy, and beside the same bytes cut into pieces.
 - projections: one decode step's projections at batch 1 (Llama-3-8B shapes, 32 layers x
   qkv / o / gate|up / down, distinct weights so L2 holds none), captured in a CUDA graph,
-  per variant: the base model (cuBLAS, or the split-K Triton GEMV) and `LoRALinear`'s paths (the
-  shrink beside cuBLAS or before it, then the expand). The prototypes session 26 measured beside
+  per variant: the base model (cuBLAS, or the split-K Triton GEMV) and `LoRALinear`'s paths: the
+  one-token GEMV with the adapter inline (as served at batch 1), and the two-kernel path that
+  larger steps take (the shrink beside cuBLAS or before it, then the expand). The prototypes session 26 measured beside
   them (the expand in a Triton GEMV's epilogue, with and without PDL) are in commit d0f2e6e.
 
     python benchmarks/lora_probe.py [--out results.jsonl]
@@ -93,17 +94,22 @@ def projections(out) -> None:
     with_adapter = LoRAStep.of(np.array([1]), SLOTS, dev, groups=False)
     no_adapter = LoRAStep.static(1, SLOTS, dev)  # tiles all empty: what a decode graph replays for the base model
     side = state.side_stream
-    # (the step, the shrink's side stream); None: the split-K Triton GEMV alone
-    variants = {"base_cublas": (None, side), "base_triton_gemv": None, "lora_current": (with_adapter, side),
-                "lora_serial": (with_adapter, None), "noadapter_current": (no_adapter, side)}
+    inline = [m.inline for m in modules]
+    # (the step, the shrink's side stream, one-token steps inline); None: the split-K Triton GEMV alone
+    variants = {"base_cublas": (None, side, False), "base_triton_gemv": None,
+                "lora_inline": (with_adapter, None, True), "noadapter_inline": (no_adapter, None, True),
+                "lora_twokernel": (with_adapter, side, False), "lora_serial": (with_adapter, None, False),
+                "noadapter_twokernel": (no_adapter, side, False)}
 
     def configure(name: str):
         if variants[name] is None:
             return lambda m: gemv(m.x, m.base.weight, None, None)
-        state.step, state.side_stream = variants[name]
+        state.step, state.side_stream, one = variants[name]
+        for m, fits in zip(modules, inline):
+            m.inline = one and fits
         return lambda m: m(m.x)
 
-    for name in ("lora_current", "lora_serial"):  # against float32 sums, one layer
+    for name in ("lora_inline", "lora_twokernel", "lora_serial"):  # against float32 sums, one layer
         run = configure(name)
         for m in layers[0]:
             ref = m.x.float() @ m.base.weight.float().t()
@@ -141,7 +147,7 @@ def projections(out) -> None:
         del graph
 
 
-PROFILED = ("base_cublas", "base_triton_gemv", "lora_current")
+PROFILED = ("base_triton_gemv", "lora_inline", "lora_twokernel")
 
 
 def profile_replays(out, name: str, graph, reps: int = 5) -> None:

@@ -98,6 +98,29 @@ def test_lora_on_cuda_equals_cpu(llama_dir, tmp_path):
     assert len({tuple(w[-8:]) for w, (_, p) in zip(want, jobs) if p == PROMPTS[3]}) > 1, "the adapters change nothing"
 
 
+def test_lora_batch1_decode_on_cuda_equals_cpu(llama_dir, tmp_path, monkeypatch):
+    """A lone request's decode steps: one token, the base GEMV with the adapter inline (`lora_gemv`)
+    in the captured batch-1 graph; tokens and their logprobs equal the CPU engine's."""
+    from expresslane.layers import lora_kernels
+
+    lora = LoRARequest("r16", 1, str(write_adapter(llama_dir, tmp_path / "r16", 16, 1)))
+    kw = dict(enable_lora=True, max_loras=1, max_lora_rank=16, max_num_batched_tokens=64)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=0)
+    calls, gemv = [], lora_kernels.lora_gemv
+    monkeypatch.setattr(lora_kernels, "lora_gemv", lambda *a, **k: calls.append(1) or gemv(*a, **k))
+    cpu, llm = LLM(str(llama_dir), num_kv_blocks=256, **kw), cuda_llm(llama_dir, **kw)
+    assert 1 in llm.cuda_graph_sizes["decode"] and calls, "the batch-1 graph captured the inline kernel"
+    for adapter in (lora, None):
+        for prompt in PROMPTS[1:4]:
+            [w], [g] = (x.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False, lora_request=adapter)
+                        for x in (cpu, llm))
+            want, got = w.outputs[0], g.outputs[0]
+            assert got.token_ids == want.token_ids, (adapter, len(prompt))
+            torch.testing.assert_close(torch.tensor([lp[t].logprob for lp, t in zip(got.logprobs, got.token_ids)]),
+                                       torch.tensor([lp[t].logprob for lp, t in zip(want.logprobs, want.token_ids)]),
+                                       atol=1e-3, rtol=0)
+
+
 def test_batched_prompt_logprobs_on_cuda_equal_the_cpu_engines_alone(llama_dir, tmp_path):
     """Teacher-forced logprobs of prompts batched in 64-token steps on CUDA equal the CPU engine's for
     each prompt alone; and again after a LoRA engine has run on CUDA in this process (session 24:

@@ -155,6 +155,19 @@ def test_triton_kernels_and_graph_buffers_match_transformers(llama_dir, adapters
     mismatched = [job for job, o in zip(jobs, outs) if o.outputs[0].token_ids != references[job[0]][job[1]]]
     assert not mismatched
     assert any(loaded), "the steps ran through the graphs' buffers"
+    from expresslane.layers import lora_kernels
+
+    inline, gemv = [], lora_kernels.lora_gemv  # a lone request's decode steps: the one-token kernel
+    monkeypatch.setattr(lora_kernels, "lora_gemv", lambda *a, **k: inline.append(1) or gemv(*a, **k))
+    for name in ("all8", None):
+        [o] = llm.generate([{"prompt_token_ids": PROMPTS[2]}], GREEDY, use_tqdm=False, lora_request=adapters.get(name))
+        assert o.outputs[0].token_ids == references[name][2]
+    from expresslane.layers.lora import LoRALinear
+
+    wrapped = [m for m in llm.engine.runner.model.modules() if isinstance(m, LoRALinear)]
+    assert wrapped and all(m.inline for m in wrapped)
+    # every projection of each decode step (at least MAX_TOKENS - 1 a run), both runs
+    assert len(inline) % len(wrapped) == 0 and len(inline) >= 2 * (MAX_TOKENS - 1) * len(wrapped)
 
 
 def test_tensor_parallel_matches_transformers(llama_dir, adapters, references):
@@ -546,6 +559,32 @@ def test_triton_shrink_expand_match_torch(layout, num_tokens):
     assert hidden < 128 or num_splits(num_tokens, hidden) > 1  # the partial sums are exercised
     assert LoRAStep.of(np.zeros(5, dtype=np.int64), slots, torch.device("cpu")) is None
     assert num_tokens < 32 or max(count for _, _, count in step.tiles) == 16 > min(count for _, _, count in step.tiles)
+
+
+@pytest.mark.parametrize("slot", [0, 2])
+@pytest.mark.parametrize("bias", [False, True])
+def test_one_token_gemv_with_the_adapter_inline_matches_torch(slot, bias):
+    """`lora_gemv`: the split-K partials (an input dim cut in three, the last part short) each
+    carry their share of the delta; slot 0 (no adapter in the step) adds nothing."""
+    pytest.importorskip("triton")
+    from expresslane.layers.lora import LoRAStep, add_lora
+    from expresslane.layers.lora_kernels import inline_block_n, lora_gemv
+
+    torch.manual_seed(slot)
+    slices, hidden = LAYOUTS["one-launch"]
+    slots, rank, out = 4, 16, slices[-1][0] + slices[-1][1]
+    a, b = torch.randn(slots, len(slices) * rank, hidden), torch.randn(slots, out, rank)
+    a[0], b[0] = 0, 0
+    weight, x = torch.randn(out, hidden), torch.randn(1, hidden)
+    bias_t = torch.randn(out) if bias else None
+    step = LoRAStep.of(np.array([slot]), slots, torch.device("cpu")) or LoRAStep.static(1, slots, torch.device("cpu"))
+    base = torch.nn.functional.linear(x, weight, bias_t)
+    want = add_lora(base.clone(), x, a, b, slices, step, use_triton=False)
+    got = lora_gemv(x, weight, bias_t, a, b, slices, step)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert slot or torch.equal(want, base)
+    assert inline_block_n(weight, slices) == 64 and inline_block_n(weight[:64], LAYOUTS["per-slice"][0]) == 16
+    assert inline_block_n(weight, [(0, 128), (136, 120)]) is None  # a gap between the slices
 
 
 def test_step_tiles_cover_each_slots_tokens_within_the_bound():

@@ -73,7 +73,11 @@ class RowParallelLinear(nn.Linear):
     def forward(self, x: torch.Tensor, add=None) -> torch.Tensor:
         """`add(partial, x)`: more of this rank's partial sum before the reduction (a LoRA delta)."""
         y = F.linear(x, self.weight)
-        y = self.tp.all_reduce(y if add is None else add(y, x))
+        return self.reduce(y if add is None else add(y, x))
+
+    def reduce(self, partial: torch.Tensor) -> torch.Tensor:
+        """This rank's partial product -> the layer's output: summed over the ranks, then the bias."""
+        y = self.tp.all_reduce(partial)
         return y if self.bias is None else y + self.bias
 
 

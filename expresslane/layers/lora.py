@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from expresslane.device import stage
-from expresslane.distributed.layers import RowParallelLinear
+from expresslane.distributed.layers import ColumnParallelLinear, RowParallelLinear
 
 
 TILE_TOKENS = 16  # tokens of one slot a kernel tile takes (lora_kernels.BLOCK_M)
@@ -139,11 +139,14 @@ class LoRALinear(nn.Module):
         self.slot_elements = _aligned(self.a_elements) + _aligned(self.b_elements)
         self.offset = 0  # in a slot's row of `LoRAState.slots`
         self.lora_a = self.lora_b = None  # set by `place`
+        self.inline = False  # one-token steps through `lora_gemv` (set by `place`)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         step = self.state.step
         if step is None:
             return self.base(x)
+        if self.inline and x.shape[0] == 1:
+            return self._inline(x, step)
         if self.row_parallel:
             return self.base(x, add=self._add)
         if self.state.side_stream is None:
@@ -167,6 +170,15 @@ class LoRALinear(nn.Module):
         lora_expand(part, self.lora_b, y, self.slices, step)
         return y
 
+    def _inline(self, x: torch.Tensor, step: LoRAStep) -> torch.Tensor:
+        """A one-token step: the base projection's split-K GEMV with the adapter inline, one launch."""
+        from expresslane.layers.lora_kernels import lora_gemv
+
+        x = x if x.stride(-1) == 1 else x.contiguous()
+        bias = None if self.row_parallel else self.base.bias
+        y = lora_gemv(x, self.base.weight, bias, self.lora_a, self.lora_b, self.slices, step)
+        return self.base.reduce(y) if self.row_parallel else y
+
     def _add(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         return add_lora(y, x, self.lora_a, self.lora_b, self.slices, self.state.step, self.state.use_triton)
 
@@ -174,6 +186,11 @@ class LoRALinear(nn.Module):
         """Take A and B as views of `slots` from `offset`."""
         self.offset = offset
         self.lora_a, self.lora_b = self._views(slots)
+        if self.state.use_triton:
+            from expresslane.layers.lora_kernels import inline_block_n
+
+            self.inline = type(self.base) in (nn.Linear, RowParallelLinear, ColumnParallelLinear) and inline_block_n(
+                self.base.weight, self.slices) is not None
 
     def _views(self, row: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         a, b = self.offset, self.offset + _aligned(self.a_elements)

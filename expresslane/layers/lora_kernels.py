@@ -13,12 +13,20 @@ would read all of it alone, so the input dim is split over programs (no atomics:
 the partials, its loop over them unrolled so that their loads go out together instead of one
 round trip each). The expand runs every slice of a merged projection in one launch when the slice
 boundaries fall on whole output tiles (they do for real models), else one launch per slice.
+
+A one-token step (batch-1 decode) instead runs `lora_gemv`: the base projection as quant/gemv.py's
+split-K GEMV with the adapter inline. Each program adds its input slice's share of the delta,
+(x[K_s] @ A[slot, slice rows, K_s]^T) @ B[slot, tile]^T, to its partial before the split-K sum
+(the delta is linear in x, so the slices' shares add up to it): one launch a projection, no
+shrink and no expand. The slot comes from the step's tile 0; an empty tile adds nothing.
 """
 
 from __future__ import annotations
 
 import torch
 
+from expresslane.device import arrival_counters
+from expresslane.quant.gemv import _arrive, _split, gemv_config
 from expresslane.triton_setup import tl, triton
 
 BLOCK_M = 16  # a program's tokens: layers.lora.TILE_TOKENS, the step's tiles (tests/test_lora.py checks)
@@ -162,3 +170,103 @@ def lora_expand(part: torch.Tensor, lora_b: torch.Tensor, y: torch.Tensor, slice
             part, lora_b, y, sorted_tokens, tiles, n, rank, bound1, bound2, first * rank, offset, part.stride(0),
             part.stride(1), lora_b.stride(0), lora_b.stride(1), y.stride(0), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
             BLOCK_R=BLOCK_R, SPLITS=part.shape[0], PRECISION=_precision(y.dtype))
+
+
+@triton.jit
+def lora_gemv_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, part_ptr, count_ptr, a_ptr, b_ptr, tiles_ptr, N, K, SPLIT,
+                     K_SPLIT, rank, bound1, bound2, stride_as, stride_an, stride_bs, stride_bn, HAS_BIAS: tl.constexpr,
+                     SPLIT_K: tl.constexpr, EVEN: tl.constexpr, IEEE: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr):
+    """out [1, N] = x [1, K] @ W^T (+ bias) + the delta of tile 0's slot. An output tile's slice
+    (which rank rows of A it reads) counts the slice boundaries bound1, bound2 (multiples of
+    BLOCK_N) at or before its first column, as in lora_expand_kernel."""
+    BLOCK_M: tl.constexpr = 16  # the dot's narrow side; row 0 alone is real
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rm = tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rr = tl.arange(0, BLOCK_R)
+    m_ok = rm < 1
+    n_ok = rn < N
+    slot = tl.load(tiles_ptr).to(tl.int64)
+    has = tl.load(tiles_ptr + 2) > 0
+    first = pid_n * BLOCK_N
+    a_row = ((first >= bound1).to(tl.int32) + (first >= bound2).to(tl.int32)) * rank
+    a_ok = has & (rr < rank)
+    a_rows = a_ptr + slot * stride_as + (a_row + rr)[:, None] * stride_an
+    k_lo = pid_k * K_SPLIT
+    k_hi = tl.minimum(k_lo + K_SPLIT, K)
+    acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+    u = tl.zeros([BLOCK_R, BLOCK_M], tl.float32)  # this slice of K's share of x @ A^T
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        k_ok = rk < K
+        w_ptrs = w_ptr + rn.to(tl.int64)[:, None] * K + rk[None, :]
+        if EVEN:
+            w = tl.load(w_ptrs)
+        else:
+            w = tl.load(w_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        xt = tl.trans(tl.load(x_ptr + rm[:, None] * 0 + rk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0))
+        a = tl.load(a_rows + rk[None, :], mask=a_ok[:, None] & k_ok[None, :], other=0.0)  # no reads without a slot
+        if IEEE:
+            acc = tl.dot(w, xt, acc, input_precision="ieee")
+            u = tl.dot(a, xt, u, input_precision="ieee")
+        else:
+            acc = tl.dot(w, xt, acc)
+            u = tl.dot(a, xt, u)
+    if has:
+        bt = tl.load(b_ptr + slot * stride_bs + rn[:, None] * stride_bn + rr[None, :],
+                     mask=n_ok[:, None] & (rr < rank)[None, :], other=0.0)
+        if IEEE:
+            acc = tl.dot(bt, u, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(bt, u.to(bt.dtype), acc)
+    if SPLIT_K:
+        acc, last = _arrive(part_ptr, count_ptr, acc, pid_n, pid_k, 1, N, rm, rn, m_ok, n_ok, SPLIT)
+    else:
+        last = True
+    if last:
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[:, None]
+        tl.store(out_ptr + rm[None, :] * 0 + rn[:, None], acc.to(out_ptr.dtype.element_ty),
+                 mask=n_ok[:, None] & m_ok[None, :])
+
+
+def inline_block_n(weight: torch.Tensor, slices: list[tuple[int, int]]) -> int | None:
+    """The output tile `lora_gemv` runs this projection with (gemv_config's, halved down to 16
+    until the slice boundaries fall on whole tiles), or None where it does not take it: a weight
+    not in a float dtype, or slices (up to three) not covering its outputs in order."""
+    ends = [off + size for off, size in slices]
+    if not (weight.dim() == 2 and weight.dtype in (torch.bfloat16, torch.float16, torch.float32)
+            and 0 < len(slices) <= 3 and slices[0][0] == 0 and ends[-1] == weight.shape[0]
+            and all(ends[i] == slices[i + 1][0] for i in range(len(slices) - 1))):
+        return None
+    block_n = gemv_config(weight.shape[0], False)["block_n"]
+    while block_n > 16 and any(end % block_n for end in ends[:-1]):
+        block_n //= 2
+    return None if any(end % block_n for end in ends[:-1]) else block_n
+
+
+def lora_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, lora_a: torch.Tensor,
+              lora_b: torch.Tensor, slices: list[tuple[int, int]], step, *, block_n: int | None = None,
+              block_k: int | None = None, split: int | None = None) -> torch.Tensor:
+    """x [1, K] @ weight [N, K]^T (+ bias) + the token's adapter delta -> [1, N] (`inline_block_n`
+    is not None; `step`: a `layers.lora.LoRAStep` whose tile 0 holds the token, or none)."""
+    n, k = weight.shape
+    cfg = gemv_config(n, False)
+    block_n, block_k = block_n or inline_block_n(weight, slices), block_k or cfg["block_k"]
+    out = torch.empty((1, n), dtype=x.dtype, device=x.device)
+    _, tiles, _ = step.kernel_inputs(1)
+    rank = lora_b.shape[2]
+    huge = 1 << 30  # a boundary no column reaches
+    bounds = [off for off, _ in slices[1:]] + [huge] * (3 - len(slices))
+    n_tiles = triton.cdiv(n, block_n)
+    nsplit, k_split = _split(k, block_k, n_tiles, split, cfg["programs"], 16)
+    part = torch.empty((nsplit, 1, n), dtype=torch.float32, device=x.device) if nsplit > 1 else out
+    lora_gemv_kernel[(n_tiles, nsplit)](
+        x, weight, bias if bias is not None else out, out, part, arrival_counters(x.device), lora_a, lora_b, tiles,
+        n, k, nsplit, k_split, rank, bounds[0], bounds[1], lora_a.stride(0), lora_a.stride(1), lora_b.stride(0),
+        lora_b.stride(1), HAS_BIAS=bias is not None, SPLIT_K=nsplit > 1, EVEN=n % block_n == 0 and k % block_k == 0,
+        IEEE=x.dtype == torch.float32, BLOCK_N=block_n, BLOCK_K=block_k,
+        BLOCK_R=max(16, triton.next_power_of_2(rank)), num_warps=4, num_stages=cfg["stages"])
+    return out
