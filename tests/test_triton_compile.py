@@ -118,6 +118,11 @@ def _cases():
         for splits in (1, 16, 64):  # a prefill's, batch 64's, a decode's over 14336 inputs
             yield "lora_expand_kernel", dtype, dict(BLOCK_M=16, BLOCK_N=64, BLOCK_R=16, SPLITS=splits,
                                                     PRECISION=precision), lora
+    # a one-token step's GEMV with the adapter inline: split-K or not, rank 16 and 64, with a bias
+    for dtype, ieee in (("bf16", False), ("fp32", True)):
+        for split, rank_pad in ((True, 16), (False, 64)):
+            yield "lora_gemv_kernel", dtype, dict(HAS_BIAS=not split, SPLIT_K=split, EVEN=split, IEEE=ieee, BLOCK_N=64,
+                                                  BLOCK_K=128, BLOCK_R=rank_pad), lora
     # multi-head latent attention (attention/mla_kernels.py) at DeepSeek's dims: the latent cache write, the
     # attention with and without key splits, the splits' combine
     mla = dict(tables_ptr="*i32", qsl_ptr="*i32", part_o_ptr="*fp32", part_lse_ptr="*fp32")
@@ -194,7 +199,7 @@ def test_every_triton_kernel_compiles():
     pytest.importorskip("triton.backends.nvidia.compiler")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0 and "compiled 21 kernels" in proc.stdout, proc.stderr[-3000:]
+    assert proc.returncode == 0 and "compiled 22 kernels" in proc.stdout, proc.stderr[-3000:]
 
 
 if __name__ == "__main__":
