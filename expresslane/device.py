@@ -45,17 +45,18 @@ def stage(parts: list[np.ndarray | tuple[np.ndarray, int, int]], device: torch.d
     return list(host.to(device, non_blocking=True).split(sizes))
 
 
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
+_COUNTERS: dict[tuple[torch.device, str], torch.Tensor] = {}
 _MAX_COUNTERS = 1 << 15  # per device (a launch uses one per output tile: far fewer)
 
 
-def arrival_counters(device: torch.device) -> torch.Tensor:
+def arrival_counters(device: torch.device, owner: str = "main") -> torch.Tensor:
     """Per-tile arrival counters, all 0 between launches (the last program of a tile resets
-    its own; launches on one stream never overlap). Allocated on first use, which the
-    CUDA-graph warm-up does before capture."""
-    c = _COUNTERS.get(device)
+    its own; launches on one stream never overlap). `owner`: a set of its own for kernels that
+    run beside others on a side stream. Allocated on first use, which the CUDA-graph warm-up
+    does before capture."""
+    c = _COUNTERS.get((device, owner))
     if c is None:
-        c = _COUNTERS[device] = torch.zeros(_MAX_COUNTERS, dtype=torch.int32, device=device)
+        c = _COUNTERS[device, owner] = torch.zeros(_MAX_COUNTERS, dtype=torch.int32, device=device)
     return c
 
 

@@ -113,11 +113,10 @@ def _cases():
     # multi-LoRA shrink and expand (layers/lora_kernels.py): bf16 and float32 activations
     lora = dict(sorted_ptr="*i32", tiles_ptr="*i32", part_ptr="*fp32")
     for dtype, precision in (("bf16", "tf32"), ("fp32", "ieee")):
-        for n in (16, 64, 256):  # the shrink's rank columns: one slice of rank 16 .. three of rank 64
-            yield "lora_shrink_kernel", dtype, dict(BLOCK_M=16, BLOCK_N=n, BLOCK_K=64, PRECISION=precision), lora
-        for splits in (1, 16, 64):  # a prefill's, batch 64's, a decode's over 14336 inputs
-            yield "lora_expand_kernel", dtype, dict(BLOCK_M=16, BLOCK_N=64, BLOCK_R=16, SPLITS=splits,
+        for n, split in ((16, True), (64, False), (256, True)):  # rank columns: one slice of rank 16 .. three of 64
+            yield "lora_shrink_kernel", dtype, dict(BLOCK_M=16, BLOCK_N=n, BLOCK_K=64, SPLIT_K=split,
                                                     PRECISION=precision), lora
+        yield "lora_expand_kernel", dtype, dict(BLOCK_M=16, BLOCK_N=64, BLOCK_R=16, PRECISION=precision), lora
     # a one-token step's GEMV with the adapter inline: split-K or not, rank 16 and 64, with a bias
     for dtype, ieee in (("bf16", False), ("fp32", True)):
         for split, rank_pad in ((True, 16), (False, 64)):

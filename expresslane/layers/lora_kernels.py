@@ -5,14 +5,16 @@ has one row of programs per tile the step could have (`lora.max_tiles`: it depen
 count and the slot count only, so a CUDA graph captures it); a tile past the step's own is empty
 and its programs return at once. Base-model tokens (slot 0) are in no tile.
 
-  shrink: part[s, t, :] = x[t, K_s] @ A[slot(t), :, K_s]^T      split s of the input dim (float32)
-  expand: y[t, off:off+n] += (sum_s part[s, t, i*R:(i+1)*R]) @ B[slot(t), off:off+n]^T
+  shrink: u[t, :] = x[t, :] @ A[slot(t)]^T       (float32, in part[0])
+  expand: y[t, off:off+n] += u[t, i*R:(i+1)*R] @ B[slot(t), off:off+n]^T
 
 A decode step's shrink reads A [slices * R, in] for a handful of tokens: one program per tile
-would read all of it alone, so the input dim is split over programs (no atomics: the expand sums
-the partials, its loop over them unrolled so that their loads go out together instead of one
-round trip each). The expand runs every slice of a merged projection in one launch when the slice
-boundaries fall on whole output tiles (they do for real models), else one launch per slice.
+would read all of it alone, so the input dim is split over programs. Each writes its partial
+sum to part[s] and counts itself in on its tile's counter; the tile's last program sums the
+partials (in split order) into part[0], so every expand program reads u once, not once per split
+(an expand over a wide projection has hundreds of programs per tile). The expand runs every
+slice of a merged projection in one launch when the slice boundaries fall on whole output tiles
+(they do for real models), else one launch per slice.
 
 A one-token step (batch-1 decode) instead runs `lora_gemv`: the base projection as quant/gemv.py's
 split-K GEMV with the adapter inline. Each program adds its input slice's share of the delta,
@@ -48,9 +50,10 @@ def _tile_rows(sorted_ptr, tiles_ptr, tile, count, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
-def lora_shrink_kernel(x_ptr, a_ptr, part_ptr, sorted_ptr, tiles_ptr, n, k, k_per_split, stride_x, stride_as,
-                       stride_an, stride_ps, stride_pt, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
+def lora_shrink_kernel(x_ptr, a_ptr, part_ptr, count_ptr, sorted_ptr, tiles_ptr, num_tokens, n, k, k_per_split,
+                       splits, stride_x, stride_as, stride_an, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, PRECISION: tl.constexpr):
+    """part [splits, num_tokens, n] contiguous; the sum over splits lands in part[0]."""
     tile, pid_s = tl.program_id(0), tl.program_id(1)
     count = tl.load(tiles_ptr + tile * 3 + 2)
     if count == 0:
@@ -69,14 +72,20 @@ def lora_shrink_kernel(x_ptr, a_ptr, part_ptr, sorted_ptr, tiles_ptr, n, k, k_pe
         at = tl.load(a_base + offs_n[None, :] * stride_an + offs_k[:, None], mask=mask_k[:, None] & mask_n[None, :],
                      other=0.0)
         acc += tl.dot(xt, at.to(xt.dtype), input_precision=PRECISION)
-    tl.store(part_ptr + pid_s * stride_ps + rows[:, None] * stride_pt + offs_n[None, :], acc,
-             mask=valid[:, None] & mask_n[None, :])
+    acc = tl.trans(acc)  # [BLOCK_N, BLOCK_M], as _arrive takes it
+    if SPLIT_K:
+        acc, last = _arrive(part_ptr, count_ptr, acc, tile, pid_s, num_tokens, n, rows, offs_n, valid, mask_n,
+                            splits)
+    else:
+        last = True
+    if last:
+        tl.store(part_ptr + rows[None, :] * n + offs_n[:, None], acc, mask=mask_n[:, None] & valid[None, :])
 
 
 @triton.jit
 def lora_expand_kernel(part_ptr, b_ptr, y_ptr, sorted_ptr, tiles_ptr, n, rank, bound1, bound2, u_offset,
-                       y_offset, stride_ps, stride_pt, stride_bs, stride_bn, stride_y, BLOCK_M: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, SPLITS: tl.constexpr, PRECISION: tl.constexpr):
+                       y_offset, stride_pt, stride_bs, stride_bn, stride_y, BLOCK_M: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, PRECISION: tl.constexpr):
     """Output columns y_offset .. y_offset + n, up to three slices: an output tile's slice is the
     number of slice boundaries (bound1, bound2, relative to y_offset; multiples of BLOCK_N) at or
     before its first column; it reads rank columns u_offset + slice * rank onwards."""
@@ -94,11 +103,8 @@ def lora_expand_kernel(part_ptr, b_ptr, y_ptr, sorted_ptr, tiles_ptr, n, rank, b
     for r0 in range(0, rank, BLOCK_R):
         offs_r = r0 + tl.arange(0, BLOCK_R)
         mask_r = offs_r < rank
-        u_mask = valid[:, None] & mask_r[None, :]
-        ut = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
-        u_tile = part_ptr + rows[:, None] * stride_pt + u_col + offs_r[None, :]
-        for s in tl.static_range(SPLITS):  # the shrink's partial sums: unrolled, so the loads go out together
-            ut += tl.load(u_tile + s * stride_ps, mask=u_mask, other=0.0)
+        ut = tl.load(part_ptr + rows[:, None] * stride_pt + u_col + offs_r[None, :],
+                     mask=valid[:, None] & mask_r[None, :], other=0.0)
         bt = tl.load(b_base + offs_n[None, :] * stride_bn + offs_r[:, None], mask=mask_r[:, None] & mask_n[None, :],
                      other=0.0)
         acc += tl.dot(ut.to(bt.dtype), bt, input_precision=PRECISION)
@@ -133,18 +139,19 @@ def shrink_output(x: torch.Tensor, lora_a: torch.Tensor, splits: int | None = No
 
 
 def lora_shrink(x: torch.Tensor, lora_a: torch.Tensor, step, part: torch.Tensor | None = None) -> torch.Tensor:
-    """part [splits, T, slices * R] float32 (written into `part` when given: `shrink_output`), its
-    sum over splits x @ A^T (rows of base-model tokens left unwritten); `step`: a
-    `layers.lora.LoRAStep`."""
+    """part [splits, T, slices * R] float32 (written into `part` when given: `shrink_output`), with
+    x @ A^T in part[0] (rows of base-model tokens left unwritten; parts past 0 are scratch);
+    `step`: a `layers.lora.LoRAStep`."""
     _, n, k = lora_a.shape
     sorted_tokens, tiles, num_tiles = step.kernel_inputs(x.shape[0])
     x = x if x.stride(-1) == 1 else x.contiguous()
     splits, k_per_split = _split_k(x.shape[0], k)
     part = shrink_output(x, lora_a, splits) if part is None else part
+    assert part.is_contiguous() and part.shape == (splits, x.shape[0], n)
     lora_shrink_kernel[(num_tiles, splits)](
-        x, lora_a, part, sorted_tokens, tiles, n, k, k_per_split, x.stride(0), lora_a.stride(0), lora_a.stride(1),
-        part.stride(0), part.stride(1), BLOCK_M=BLOCK_M, BLOCK_N=max(16, triton.next_power_of_2(n)), BLOCK_K=BLOCK_K,
-        PRECISION=_precision(x.dtype))
+        x, lora_a, part, arrival_counters(x.device, "lora-shrink"), sorted_tokens, tiles, x.shape[0], n, k,
+        k_per_split, splits, x.stride(0), lora_a.stride(0), lora_a.stride(1), BLOCK_M=BLOCK_M,
+        BLOCK_N=max(16, triton.next_power_of_2(n)), BLOCK_K=BLOCK_K, SPLIT_K=splits > 1, PRECISION=_precision(x.dtype))
     return part
 
 
@@ -167,9 +174,9 @@ def lora_expand(part: torch.Tensor, lora_b: torch.Tensor, y: torch.Tensor, slice
         groups = [(i, off, size, huge, huge) for i, (off, size) in enumerate(slices)]
     for first, offset, n, bound1, bound2 in groups:
         lora_expand_kernel[(num_tiles, triton.cdiv(n, BLOCK_N))](
-            part, lora_b, y, sorted_tokens, tiles, n, rank, bound1, bound2, first * rank, offset, part.stride(0),
-            part.stride(1), lora_b.stride(0), lora_b.stride(1), y.stride(0), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-            BLOCK_R=BLOCK_R, SPLITS=part.shape[0], PRECISION=_precision(y.dtype))
+            part, lora_b, y, sorted_tokens, tiles, n, rank, bound1, bound2, first * rank, offset, part.stride(1),
+            lora_b.stride(0), lora_b.stride(1), y.stride(0), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_R=BLOCK_R,
+            PRECISION=_precision(y.dtype))
 
 
 @triton.jit
