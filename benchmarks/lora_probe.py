@@ -88,18 +88,23 @@ def projections(out) -> None:
     modules = [m for layer in layers for m in layer]
     state.allocate(modules, dev)
     for m in modules:
-        m.lora_a[1].copy_(torch.randn_like(m.lora_a[1]) * m.base.in_features ** -0.5)
-        m.lora_b[1].copy_(torch.randn_like(m.lora_b[1]) * 0.01)
+        for slot in range(1, SLOTS):
+            m.lora_a[slot].copy_(torch.randn_like(m.lora_a[slot]) * m.base.in_features ** -0.5)
+            m.lora_b[slot].copy_(torch.randn_like(m.lora_b[slot]) * 0.01)
         m.x = torch.randn(1, m.base.in_features, device=dev, dtype=torch.bfloat16)
+        m.x64 = torch.randn(64, m.base.in_features, device=dev, dtype=torch.bfloat16)
     with_adapter = LoRAStep.of(np.array([1]), SLOTS, dev, groups=False)
+    eight = LoRAStep.of(np.arange(64) % 8 + 1, SLOTS, dev, groups=False)  # batch 64 over 8 adapters
     no_adapter = LoRAStep.static(1, SLOTS, dev)  # tiles all empty: what a decode graph replays for the base model
     side = state.side_stream
     inline = [m.inline for m in modules]
-    # (the step, the shrink's side stream, one-token steps inline); None: the split-K Triton GEMV alone
+    # (the step, the shrink's side stream, one-token steps inline); None: the split-K Triton GEMV alone.
+    # *_b64: 64 rows (the two-kernel path; 8 adapters, 8 rows each)
     variants = {"base_cublas": (None, side, False), "base_triton_gemv": None,
                 "lora_inline": (with_adapter, None, True), "noadapter_inline": (no_adapter, None, True),
                 "lora_twokernel": (with_adapter, side, False), "lora_serial": (with_adapter, None, False),
-                "noadapter_twokernel": (no_adapter, side, False)}
+                "noadapter_twokernel": (no_adapter, side, False), "base_cublas_b64": (None, side, False),
+                "lora_b64": (eight, side, False)}
 
     def configure(name: str):
         if variants[name] is None:
@@ -107,7 +112,7 @@ def projections(out) -> None:
         state.step, state.side_stream, one = variants[name]
         for m, fits in zip(modules, inline):
             m.inline = one and fits
-        return lambda m: m(m.x)
+        return (lambda m: m(m.x64)) if name.endswith("_b64") else (lambda m: m(m.x))
 
     for name in ("lora_inline", "lora_twokernel", "lora_serial"):  # against float32 sums, one layer
         run = configure(name)
@@ -147,7 +152,7 @@ def projections(out) -> None:
         del graph
 
 
-PROFILED = ("base_triton_gemv", "lora_inline", "lora_twokernel")
+PROFILED = ("base_triton_gemv", "lora_inline", "lora_twokernel", "lora_b64")
 
 
 def profile_replays(out, name: str, graph, reps: int = 5) -> None:
