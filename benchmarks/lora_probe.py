@@ -97,7 +97,7 @@ def projections(out) -> None:
     eight = LoRAStep.of(np.arange(64) % 8 + 1, SLOTS, dev, groups=False)  # batch 64 over 8 adapters
     no_adapter = LoRAStep.static(1, SLOTS, dev)  # tiles all empty: what a decode graph replays for the base model
     side = state.side_stream
-    inline = [m.inline for m in modules]
+    tiles = [m.inline_tile for m in modules]
     # (the step, the shrink's side stream, one-token steps inline); None: the split-K Triton GEMV alone.
     # *_b64: 64 rows (the two-kernel path; 8 adapters, 8 rows each)
     variants = {"base_cublas": (None, side, False), "base_triton_gemv": None,
@@ -110,8 +110,8 @@ def projections(out) -> None:
         if variants[name] is None:
             return lambda m: gemv(m.x, m.base.weight, None, None)
         state.step, state.side_stream, one = variants[name]
-        for m, fits in zip(modules, inline):
-            m.inline = one and fits
+        for m, tile in zip(modules, tiles):
+            m.inline_tile = tile if one else None
         return (lambda m: m(m.x64)) if name.endswith("_b64") else (lambda m: m(m.x))
 
     for name in ("lora_inline", "lora_twokernel", "lora_serial"):  # against float32 sums, one layer

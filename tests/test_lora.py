@@ -580,7 +580,7 @@ def test_one_token_gemv_with_the_adapter_inline_matches_torch(slot, bias):
     step = LoRAStep.of(np.array([slot]), slots, torch.device("cpu")) or LoRAStep.static(1, slots, torch.device("cpu"))
     base = torch.nn.functional.linear(x, weight, bias_t)
     want = add_lora(base.clone(), x, a, b, slices, step, use_triton=False)
-    got = lora_gemv(x, weight, bias_t, a, b, slices, step)
+    got = lora_gemv(x, weight, bias_t, a, b, slices, step, inline_block_n(weight, slices))
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     assert slot or torch.equal(want, base)
     assert inline_block_n(weight, slices) == 64 and inline_block_n(weight[:64], LAYOUTS["per-slice"][0]) == 16

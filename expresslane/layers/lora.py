@@ -139,7 +139,12 @@ class LoRALinear(nn.Module):
         self.slot_elements = _aligned(self.a_elements) + _aligned(self.b_elements)
         self.offset = 0  # in a slot's row of `LoRAState.slots`
         self.lora_a = self.lora_b = None  # set by `place`
-        self.inline = False  # one-token steps through `lora_gemv` (set by `place`)
+        self.inline_tile: int | None = None  # `lora_gemv`'s output tile for one-token steps (set by `place`)
+
+    @property
+    def inline(self) -> bool:
+        """One-token steps run `lora_gemv`."""
+        return self.inline_tile is not None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         step = self.state.step
@@ -176,7 +181,7 @@ class LoRALinear(nn.Module):
 
         x = x if x.stride(-1) == 1 else x.contiguous()
         bias = None if self.row_parallel else self.base.bias
-        y = lora_gemv(x, self.base.weight, bias, self.lora_a, self.lora_b, self.slices, step)
+        y = lora_gemv(x, self.base.weight, bias, self.lora_a, self.lora_b, self.slices, step, self.inline_tile)
         return self.base.reduce(y) if self.row_parallel else y
 
     def _add(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -189,8 +194,8 @@ class LoRALinear(nn.Module):
         if self.state.use_triton:
             from expresslane.layers.lora_kernels import inline_block_n
 
-            self.inline = type(self.base) in (nn.Linear, RowParallelLinear, ColumnParallelLinear) and inline_block_n(
-                self.base.weight, self.slices) is not None
+            if type(self.base) in (nn.Linear, RowParallelLinear, ColumnParallelLinear):
+                self.inline_tile = inline_block_n(self.base.weight, self.slices)
 
     def _views(self, row: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         a, b = self.offset, self.offset + _aligned(self.a_elements)

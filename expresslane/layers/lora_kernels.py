@@ -255,20 +255,19 @@ def inline_block_n(weight: torch.Tensor, slices: list[tuple[int, int]]) -> int |
 
 
 def lora_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, lora_a: torch.Tensor,
-              lora_b: torch.Tensor, slices: list[tuple[int, int]], step, *, block_n: int | None = None,
-              block_k: int | None = None, split: int | None = None) -> torch.Tensor:
-    """x [1, K] @ weight [N, K]^T (+ bias) + the token's adapter delta -> [1, N] (`inline_block_n`
-    is not None; `step`: a `layers.lora.LoRAStep` whose tile 0 holds the token, or none)."""
+              lora_b: torch.Tensor, slices: list[tuple[int, int]], step, block_n: int) -> torch.Tensor:
+    """x [1, K] @ weight [N, K]^T (+ bias) + the token's adapter delta -> [1, N] (`block_n`:
+    `inline_block_n`'s; `step`: a `layers.lora.LoRAStep` whose tile 0 holds the token, or none)."""
     n, k = weight.shape
     cfg = gemv_config(n, False)
-    block_n, block_k = block_n or inline_block_n(weight, slices), block_k or cfg["block_k"]
+    block_k = cfg["block_k"]
     out = torch.empty((1, n), dtype=x.dtype, device=x.device)
     _, tiles, _ = step.kernel_inputs(1)
     rank = lora_b.shape[2]
     huge = 1 << 30  # a boundary no column reaches
     bounds = [off for off, _ in slices[1:]] + [huge] * (3 - len(slices))
     n_tiles = triton.cdiv(n, block_n)
-    nsplit, k_split = _split(k, block_k, n_tiles, split, cfg["programs"], 16)
+    nsplit, k_split = _split(k, block_k, n_tiles, None, cfg["programs"], 16)
     part = torch.empty((nsplit, 1, n), dtype=torch.float32, device=x.device) if nsplit > 1 else out
     lora_gemv_kernel[(n_tiles, nsplit)](
         x, weight, bias if bias is not None else out, out, part, arrival_counters(x.device), lora_a, lora_b, tiles,
