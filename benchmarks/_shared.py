@@ -23,13 +23,14 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def emit(out: str | None, **row) -> None:
-    """Print one result as a JSON line, and append it to `out` when given."""
+def emit(out: str | None, **row) -> dict:
+    """Print one result as a JSON line, and append it to `out` when given; the row back."""
     line = json.dumps(row)
     print(line, flush=True)
     if out:
         with open(out, "a") as f:
             f.write(line + "\n")
+    return row
 
 
 def copy_bandwidth(gigabytes: float = 2.0, reps: int = 10) -> float:

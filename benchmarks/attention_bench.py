@@ -17,7 +17,7 @@ the tile the tables in attention/triton_tiles.py pick (what the engine runs toda
 tile, and the library; then, per key range of those tables, the tile with the best geometric
 mean over its cases, written as entries to paste there.
 
-    python benchmarks/attention_bench.py [--out results.jsonl] [--quick]
+    python benchmarks/attention_bench.py [--out results.jsonl] [--quick] [--shape HEADS:KV_HEADS:DIM]
     TRITON_INTERPRET=1 python benchmarks/attention_bench.py --smoke   # CPU: tiny shapes, float32
 """
 
@@ -69,7 +69,7 @@ def prefill_tiles(quick: bool) -> list[PrefillTile]:
               PrefillTile(rows=256, block_n=32, num_warps=16), PrefillTile(rows=256, block_n=64, num_warps=16)]
     if quick:
         sweep = [PrefillTile(rows=128, block_n=64, num_warps=8), PrefillTile(rows=128, block_n=128, num_warps=8)]
-    table = [tile for _, tile in PREFILL_TILES[DIM]]
+    table = [tile for _, tile in PREFILL_TILES.get(DIM, ())]
     return list(dict.fromkeys(table + [base, dataclasses.replace(base, mask_all=True)] + sweep))
 
 
@@ -79,13 +79,15 @@ def decode_tiles(quick: bool) -> list[DecodeTile]:
     themselves (`fused_reduce`)."""
     base = DecodeTile()
     shapes = [dict(), dict(block_n=32), dict(block_n=128, num_warps=8)]
+    if DIM > 128:  # a wide head's K and V tiles: fewer keys a tile, fewer stages (shared memory)
+        shapes = [dict(), dict(block_n=32), dict(block_n=16), dict(block_n=32, num_warps=8, num_stages=2)]
     splits = [DecodeTile(max_splits=s, waves=64, **kw) for s in ((8, 64) if quick else (4, 8, 16, 32, 64))
               for kw in shapes[:1 if quick else 3]]
     more = [] if quick else [dataclasses.replace(base, **kw) for kw in (
         dict(num_warps=8), dict(num_stages=2), dict(num_stages=4), dict(mask_all=True))]
     # the splits combined by their last program (no reduction kernel), at the default and at more splits
     more += [dataclasses.replace(tile, fused_reduce=True) for tile in (base, *splits[-2:])]
-    return list(dict.fromkeys([tile for _, tile in DECODE_TILES[DIM]] + [base] + splits + more))
+    return list(dict.fromkeys([tile for _, tile in DECODE_TILES.get(DIM, ())] + [base] + splits + more))
 
 
 class Clock:
@@ -400,14 +402,14 @@ def table(prefill: list[dict], decode: list[dict], out) -> None:
 
 
 def suggest(prefill: list[dict], decode: list[dict], tiles: list, out) -> None:
-    """Per key range of the tile tables (head dim 128): the tile with the best geometric mean
+    """Per key range of the tile tables (at this head dim): the tile with the best geometric mean
     over the cases measured in that range (prefill: by query tokens; decode: by batch), as
     entries to paste into attention/triton_tiles.py. Ranges no case falls in keep their tile."""
     by_name = {name(t): t for t in tiles}
     picks = []
     for table, rows, key, score in ((PREFILL_TILES, [r for r in prefill if r["impl"] == "triton"], "q_len", "tflops"),
                                     (DECODE_TILES, decode, "batch", "kv_tb_per_s")):
-        lows = [low for low, _ in table[DIM]]
+        lows = [low for low, _ in table.get(DIM, ((0, None),))]
         for i, low in enumerate(lows):
             high = lows[i + 1] if i + 1 < len(lows) else float("inf")
             rs = [r for r in rows if low <= r[key] < high]
@@ -424,7 +426,7 @@ def suggest(prefill: list[dict], decode: list[dict], tiles: list, out) -> None:
                          f"(the table's today: {today:.2f})")
             emit(out, bench="attn_suggest", table="prefill" if table is PREFILL_TILES else "decode", key=low,
                  tile=best, score=round(gmean[best], 3), table_score=round(today, 3), unit=score)
-    print("\n== suggested entries for attention/triton_tiles.py (head dim 128)\n" + "\n".join(picks), flush=True)
+    print(f"\n== suggested entries for attention/triton_tiles.py (head dim {DIM})\n" + "\n".join(picks), flush=True)
 
 
 def cases_arg(text: str) -> list[tuple[str, ...]]:
@@ -441,7 +443,12 @@ def main() -> None:
                     help="instead of the default prefill cases: 'prompt:N' or 'chunk:TOKENS:CONTEXT', comma-separated")
     ap.add_argument("--decode-cases", type=cases_arg, default=None,
                     help="instead of the default decode cases: 'BATCH:CONTEXT', comma-separated ('' for none)")
+    ap.add_argument("--shape", default=None, help="another layer shape, HEADS:KV_HEADS:DIM (e.g. gemma-3-12b's "
+                    "16:8:256; default: the Llama-3-8B layer's 32:8:128)")
     args = ap.parse_args()
+    if args.shape:
+        global HEADS, KV_HEADS, DIM
+        HEADS, KV_HEADS, DIM = (int(x) for x in args.shape.split(":"))
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if dev.type != "cuda" and not args.smoke:
         ap.error("needs a CUDA device (or --smoke on CPU with TRITON_INTERPRET=1)")
@@ -462,6 +469,7 @@ def main() -> None:
     p_cases = p_cases if args.prefill_cases is None else [
         (c[0], int(c[1]), int(c[-1])) for c in args.prefill_cases]  # a prompt's context is its tokens
     d_cases = d_cases if args.decode_cases is None else [(int(b), int(c)) for b, c in args.decode_cases]
+    p_tiles = p_tiles if p_cases else []  # a decode-only run checks no prefill tile
     sizes = [(96, 96), (40, 96)] if args.smoke else [(1000, 1000), (300, 1000)]
     lib_ok = check_tiles(p_tiles, d_tiles, sizes, dev, dtype, args.out)
     clock = Clock(dev, args.repeats)

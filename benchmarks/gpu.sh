@@ -28,6 +28,9 @@
 #            default --no-cold); LORA_MODES (default "base lora"); LORA_ARGS: more lora_bench.py arguments
 #   loraprobe: issue #41: the copy engine beside a slot load, and one decode step's projections per LoRA path
 #            (benchmarks/lora_probe.py; no model)
+#   tiles:   issue #43: launch-shape sweeps of the new families' attention: the latent kernel's decode at 8k keys
+#            (mla_bench.py --sweep: keys a loop, warps, stages, splits) and decode attention at gemma-3-12b's
+#            16:8:256 layer (attention_bench.py --shape, batch 1-64 over 1k-4k keys); ~3 min
 #   models:  issue #43/#41 on CUDA: Gemma 2/3, Phi-3, RoPE linear/dynamic/YaRN, sliding windows, LoRA and
 #            embeddings (tests/test_gpu_models.py; MODELS_K: a pytest -k expression)
 #   lanes:   issue #6's scenario (16 short requests arriving while an 8k prompt and 32
@@ -200,6 +203,12 @@ for section in $SECTIONS; do
     loraprobe)
       echo "== LoRA probes: a slot load beside a step's input copy; one step's projections per LoRA path"
       run python3 benchmarks/lora_probe.py ;;
+    tiles)
+      echo "== the latent (MLA) decode kernel under other launch shapes (deepseek-v2-lite's 16 heads)"
+      run python3 benchmarks/mla_bench.py --sweep
+      echo "== decode attention tiles at head dim 256 (gemma-3-12b: 16 query heads, 8 KV heads)"
+      run python3 benchmarks/attention_bench.py --shape 16:8:256 --prefill-cases "" \
+        --decode-cases 1:1024,1:4096,8:1024,64:1024,64:4096 ;;
     models)
       echo "== new families, RoPE types, sliding windows, LoRA and embeddings on CUDA"
       python3 -m pytest -q tests/test_gpu_models.py ${MODELS_K:+-k "$MODELS_K"} -p no:cacheprovider 2>&1 \

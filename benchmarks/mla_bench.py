@@ -6,18 +6,22 @@ heads a rank, kv_lora_rank 512, rope dims 64, pages of 16, bf16.
   a call reads ((L + R) x 2 bytes a key) per second, % of the H200's 4.27 TB/s, and the time as a
   multiple of the read floor at this GPU's measured copy bandwidth;
 - prefill: one 2048-token chunk after 2048 cached keys: ms and TFLOP/s of the absorbed attention
-  (2 x heads x (2L + R) FLOPs per visible query-key pair), % of the 805 TFLOP/s peak.
+  (2 x heads x (2L + R) FLOPs per visible query-key pair), % of the 805 TFLOP/s peak;
+- --sweep: the decode cases at 8k keys (and batch 64 at 1k) under other launch shapes
+  (`LatentTile`: keys a loop iteration, warps, pipeline stages, key splits), each checked first;
+  the fastest per case printed last beside today's.
 
 Each case first runs a short context against the torch reference (attention/mla.py); a wrong
 result stops the benchmark (exit 1).
 
-    python benchmarks/mla_bench.py [--out results.jsonl]
+    python benchmarks/mla_bench.py [--out results.jsonl] [--sweep]
     TRITON_INTERPRET=1 python benchmarks/mla_bench.py --smoke   # CPU: tiny shapes, float32, the checks only
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 import torch
@@ -25,7 +29,7 @@ from _shared import copy_bandwidth, emit, graph_us
 
 from expresslane.attention.backend import AttentionMetadata
 from expresslane.attention.mla import latent_attention
-from expresslane.attention.mla_kernels import num_splits, paged_latent_attention
+from expresslane.attention.mla_kernels import DEFAULT_TILE, LatentTile, num_splits, paged_latent_attention
 from expresslane.bench.floors import H200_PEAK_BANDWIDTH as PEAK_BW
 from expresslane.bench.floors import H200_PEAK_FLOPS as PEAK_FLOPS
 
@@ -62,28 +66,59 @@ def inputs(contexts: list[int], new: int, dtype: torch.dtype, device: torch.devi
     return meta, positions, caches, q_lat, q_pe
 
 
-def check(contexts: list[int], new: int, dtype: torch.dtype, device: torch.device) -> None:
+def check(contexts: list[int], new: int, dtype: torch.dtype, device: torch.device,
+          tile: LatentTile = DEFAULT_TILE) -> None:
     meta, positions, [cache], q_lat, q_pe = inputs(contexts, new, dtype, device)
     scale = (128 + ROPE) ** -0.5
-    got = paged_latent_attention(q_lat, q_pe, cache, positions, meta, scale).float()
+    got = paged_latent_attention(q_lat, q_pe, cache, positions, meta, scale, tile).float()
     want = latent_attention(q_lat.float(), q_pe.float(), cache.float(), meta, scale)
     err = ((got - want).norm() / want.norm()).item()
     if err > 2e-2:
-        sys.exit(f"latent attention of {len(contexts)} seqs x {new} tokens after {contexts[0]}: relative error {err}")
+        sys.exit(f"latent attention of {len(contexts)} seqs x {new} tokens after {contexts[0]} ({tile}): "
+                 f"relative error {err}")
 
 
-def decode(batch: int, context: int, copy_bw: float, out) -> None:
+def decode(batch: int, context: int, copy_bw: float, out, tile: LatentTile = DEFAULT_TILE) -> dict:
     dtype, device = torch.bfloat16, torch.device("cuda")
-    check([min(context, 300)] * batch, 1, dtype, device)
+    check([min(context, 300)] * batch, 1, dtype, device, tile)
     per_layer = batch * (context + 1) * (LATENT + ROPE) * 2
     layers = max(2, min(64, -(-L2_BYTES // per_layer)))
     meta, positions, caches, q_lat, q_pe = inputs([context] * batch, 1, dtype, device, layers)
-    calls = [lambda c=c: paged_latent_attention(q_lat, q_pe, c, positions, meta, 0.07) for c in caches]
+    calls = [lambda c=c: paged_latent_attention(q_lat, q_pe, c, positions, meta, 0.07, tile) for c in caches]
     us = graph_us(calls)
     gbs = per_layer / us / 1e3
-    emit(out, case="decode", batch=batch, context=context, splits=num_splits(batch, HEADS, device), us=round(us, 1),
-         gb_per_s=round(gbs, 1), pct_bandwidth=round(100 * gbs * 1e9 / PEAK_BW, 1),
-         x_of_read_floor=round(copy_bw / (gbs * 1e9), 3))  # floor: the latent bytes at this GPU's copy speed
+    return emit(out, case="decode", batch=batch, context=context, tile=str(tile),
+                splits=num_splits(batch, HEADS, device, tile), us=round(us, 1), gb_per_s=round(gbs, 1),
+                pct_bandwidth=round(100 * gbs * 1e9 / PEAK_BW, 1),
+                x_of_read_floor=round(copy_bw / (gbs * 1e9), 3))  # floor: the latent bytes at this GPU's copy speed
+
+
+def sweep_tiles() -> list[LatentTile]:
+    """Today's tile, the loop shapes at today's splits, then split counts for today's loop."""
+    shapes = [LatentTile(block_n=n, num_warps=w, num_stages=s) for n in (16, 32, 64) for w in (4, 8) for s in (1, 2, 3)]
+    splits = [dataclasses.replace(DEFAULT_TILE, max_splits=m, waves=v) for m in (16, 32, 128) for v in (1, 2, 4)]
+    return list(dict.fromkeys([DEFAULT_TILE] + shapes + splits))
+
+
+def sweep(copy_bw: float, out) -> None:
+    """Every tile on each decode case; a tile that fails to build (shared memory) is left out."""
+    best = []
+    for batch, context in ((1, 8192), (8, 8192), (64, 8192), (64, 1024)):
+        rows = []
+        for tile in sweep_tiles():
+            try:
+                rows.append(decode(batch, context, copy_bw, out, tile))
+            except Exception as e:  # noqa: BLE001 - a launch shape this GPU cannot build
+                print(f"!!! {tile} at batch {batch} x {context}: {type(e).__name__}: {str(e)[:120]}", file=sys.stderr)
+        today = next(r for r in rows if r["tile"] == str(DEFAULT_TILE))
+        top = min(rows, key=lambda r: r["us"])
+        best.append(emit(out, case="decode_best", batch=batch, context=context, today_tile=today["tile"],
+                         today_us=today["us"], today_x_floor=today["x_of_read_floor"], best_tile=top["tile"],
+                         best_us=top["us"], best_x_floor=top["x_of_read_floor"], best_splits=top["splits"]))
+    print("\n== latent decode: today's tile / the fastest (x the read floor)")
+    for r in best:
+        print(f"batch {r['batch']:>3} x {r['context']:>5}: {r['today_us']:>7.1f} us ({r['today_x_floor']:.2f}x)  "
+              f"{r['best_tile']:>24} {r['best_us']:>7.1f} us ({r['best_x_floor']:.2f}x, {r['best_splits']} splits)")
 
 
 def prefill(chunk: int, cached: int, out) -> None:
@@ -101,14 +136,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="append result lines (JSON) to this file")
     parser.add_argument("--smoke", action="store_true", help="the reference checks only, tiny, on the CPU")
+    parser.add_argument("--sweep", action="store_true", help="decode under other launch shapes (LatentTile)")
     args = parser.parse_args()
     if args.smoke:
-        for contexts, new in (([5, 40], 1), ([3], 1), ([20], 9)):
-            check(contexts, new, torch.float32, torch.device("cpu"))
+        for tile in (DEFAULT_TILE, LatentTile(block_n=16, max_splits=2, waves=1)):
+            for contexts, new in (([5, 40], 1), ([3], 1), ([20], 9)):
+                check(contexts, new, torch.float32, torch.device("cpu"), tile)
         print("mla kernels match the reference")
         return
     copy_bw = copy_bandwidth()
     emit(args.out, case="copy", tb_per_s=round(copy_bw / 1e12, 3))
+    if args.sweep:
+        sweep(copy_bw, args.out)
+        return
     for batch in (1, 8, 64):
         for context in (1024, 8192, 32768):
             decode(batch, context, copy_bw, args.out)

@@ -21,6 +21,7 @@ L and R are padded to powers of two (at least 16, for tl.dot), the pads masked.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 
@@ -28,9 +29,25 @@ from expresslane.attention.backend import AttentionMetadata
 from expresslane.triton_setup import tl, triton
 
 BLOCK_H = 16  # heads a program: tl.dot needs at least 16 rows (fewer heads are masked)
-BLOCK_N = 32  # keys a loop iteration
-MAX_SPLITS = 64  # key splits of a token at most (a lone decode over 8k keys: 64 programs)
 REDUCE_BLOCK_L = 128  # latent dims a reduction program combines (64 splits x 128: 64 floats a thread)
+
+
+@dataclass(frozen=True)
+class LatentTile:
+    """The latent kernel's launch shape: keys a loop iteration, warps, software-pipelining depth,
+    and how many key splits a token takes (enough programs for `waves` waves of the GPU, at most
+    `max_splits`: a lone decode over 8k keys gets 64 programs by default)."""
+    block_n: int = 32
+    num_warps: int = 4
+    num_stages: int = 3
+    max_splits: int = 64
+    waves: int = 2
+
+    def __str__(self) -> str:
+        return f"n{self.block_n}-w{self.num_warps}-s{self.num_stages}-sp{self.max_splits}x{self.waves}"
+
+
+DEFAULT_TILE = LatentTile()
 
 
 def _pad(n: int) -> int:
@@ -44,12 +61,12 @@ def _num_sms(device: torch.device) -> int:
     return 4  # the interpreter on CPU: still exercise several splits
 
 
-def num_splits(num_tokens: int, heads: int, device: torch.device) -> int:
-    """Key splits a token's programs take: enough programs for two waves of the GPU (a few
+def num_splits(num_tokens: int, heads: int, device: torch.device, tile: LatentTile = DEFAULT_TILE) -> int:
+    """Key splits a token's programs take: enough programs for the tile's waves of the GPU (a few
     decodes over long contexts), by the token and head counts alone, so a CUDA graph of a size
     always takes the same."""
     programs = num_tokens * triton.cdiv(heads, BLOCK_H)
-    return max(1, min(MAX_SPLITS, triton.cdiv(2 * _num_sms(device), programs)))
+    return max(1, min(tile.max_splits, triton.cdiv(tile.waves * _num_sms(device), programs)))
 
 
 @triton.jit
@@ -155,7 +172,7 @@ def store_latent(cache: torch.Tensor, c_kv: torch.Tensor, k_pe: torch.Tensor, sl
 
 
 def paged_latent_attention(q_lat: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor, positions: torch.Tensor,
-                           meta: AttentionMetadata, scale: float) -> torch.Tensor:
+                           meta: AttentionMetadata, scale: float, tile: LatentTile = DEFAULT_TILE) -> torch.Tensor:
     """q_lat [T, H, L], q_pe [T, H, R] of tokens at `positions` [T] over the latent cache -> [T, H, L]."""
     t, heads, lat = q_lat.shape
     rope = q_pe.shape[-1]
@@ -163,15 +180,16 @@ def paged_latent_attention(q_lat: torch.Tensor, q_pe: torch.Tensor, cache: torch
     if not t:
         return out
     num_seqs = meta.query_start_loc.shape[0] - 1
-    splits = num_splits(t, heads, q_lat.device)
+    splits = num_splits(t, heads, q_lat.device, tile)
     part_o = torch.empty(t, heads, splits, _pad(lat), dtype=torch.float32, device=q_lat.device)
     part_lse = torch.empty(t, heads, splits, dtype=torch.float32, device=q_lat.device)
     latent_attention_kernel[(t, triton.cdiv(heads, BLOCK_H), splits)](
         q_lat, q_pe, cache, out, part_o, part_lse, positions, meta.block_tables, meta.seq_lens, meta.query_start_loc,
         num_seqs, heads, splits, scale, q_lat.stride(0), q_lat.stride(1), q_pe.stride(0), q_pe.stride(1),
         cache.stride(1), meta.block_tables.stride(0), out.stride(0), out.stride(1),
-        L=lat, R=rope, L_PAD=_pad(lat), R_PAD=_pad(rope), BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N, PAGE=cache.shape[1],
-        SEQS_PAD=_pad(num_seqs + 1), SPLIT=splits > 1, PRECISION="ieee" if q_lat.dtype == torch.float32 else "tf32")
+        L=lat, R=rope, L_PAD=_pad(lat), R_PAD=_pad(rope), BLOCK_H=BLOCK_H, BLOCK_N=tile.block_n, PAGE=cache.shape[1],
+        SEQS_PAD=_pad(num_seqs + 1), SPLIT=splits > 1, PRECISION="ieee" if q_lat.dtype == torch.float32 else "tf32",
+        num_warps=tile.num_warps, num_stages=tile.num_stages)
     if splits > 1:
         block_l = min(_pad(lat), REDUCE_BLOCK_L)
         reduce_latent_splits_kernel[(t, heads, _pad(lat) // block_l)](
