@@ -31,15 +31,15 @@ def _cases():
             for qk_norm in (False, True):  # Qwen3's per-head q_norm / k_norm folded in
                 yield "rope_store_kernel", "bf16", dict(
                     HQ=heads, HK=kv_heads, HALF=dim // 2, HQ_PAD=pow2(heads), HK_PAD=pow2(kv_heads),
-                    HALF_PAD=pow2(dim // 2), KV_FP8=kv_fp8, QK_NORM=qk_norm, HEAD_DIM=dim, REST_PAD=0,
-                    TOKENS=1), \
+                    HALF_PAD=pow2(dim // 2), KV_FP8=kv_fp8, QK_NORM=qk_norm, NORM_OFFSET=False, HEAD_DIM=dim,
+                    REST_PAD=0, TOKENS=1), \
                     dict(cache_ptr="*fp8e4nv") if kv_fp8 else {}
             # partial rotary (Phi-4-mini: 3/4 of each head rotated, the rest copied)
             rot_half = dim * 3 // 8
             yield "rope_store_kernel", "bf16", dict(
                 HQ=heads, HK=kv_heads, HALF=rot_half, HQ_PAD=pow2(heads), HK_PAD=pow2(kv_heads),
-                HALF_PAD=pow2(rot_half), KV_FP8=kv_fp8, QK_NORM=False, HEAD_DIM=dim, REST_PAD=pow2(dim - 2 * rot_half),
-                TOKENS=1), \
+                HALF_PAD=pow2(rot_half), KV_FP8=kv_fp8, QK_NORM=False, NORM_OFFSET=False, HEAD_DIM=dim,
+                REST_PAD=pow2(dim - 2 * rot_half), TOKENS=1), \
                 dict(cache_ptr="*fp8e4nv") if kv_fp8 else {}
         for dtype, precision, cache in (("bf16", "tf32", {}), ("fp32", "ieee", {}),
                                         ("bf16", "tf32", dict(k_cache_ptr="*fp8e4nv", v_cache_ptr="*fp8e4nv"))):
@@ -57,12 +57,19 @@ def _cases():
                     PRECISION=precision, SOFTCAP=False, HAS_WINDOW=window, HAS_SINKS=window), cache
         yield "reduce_splits_kernel", "bf16", dict(HEAD_DIM=dim, D_PAD=max(16, pow2(dim)), MAX_SPLITS=16)
         yield "merge_lse_kernel", "bf16", dict(HEAD_DIM=dim, D_PAD=max(16, pow2(dim)), BLOCK_T=16)  # library prefill
+    # Gemma 3 (gemma-3-12b: 16 heads, 8 KV heads of 256): its (1 + w) q/k norms in the RoPE kernel
+    yield "rope_store_kernel", "bf16", dict(HQ=16, HK=8, HALF=128, HQ_PAD=16, HK_PAD=8, HALF_PAD=128, KV_FP8=False,
+                                            QK_NORM=True, NORM_OFFSET=True, HEAD_DIM=256, REST_PAD=0, TOKENS=1)
     # fused norm and SiLU-and-mul (layers/triton_ops.py), also quantizing their output for an FP8 linear
     fp8_out = dict(q_ptr="*fp8e4nv", scale_ptr="*fp32")
+    plain = dict(OFFSET=False, PRE_NORM=False, ROWS=1)
     for has_res in (True, False):
         for fp8 in (False, True):
-            yield "_rmsnorm_kernel", "bf16", dict(HAS_RES=has_res, FP8_OUT=fp8, BLOCK=4096, PARTS=1, ROWS=1), fp8_out
-    yield "_rmsnorm_kernel", "bf16", dict(HAS_RES=True, FP8_OUT=False, BLOCK=2048, PARTS=8, ROWS=1), fp8_out  # MoE
+            yield "_rmsnorm_kernel", "bf16", dict(HAS_RES=has_res, FP8_OUT=fp8, BLOCK=4096, PARTS=1, **plain), fp8_out
+    yield "_rmsnorm_kernel", "bf16", dict(HAS_RES=True, FP8_OUT=False, BLOCK=2048, PARTS=8, **plain), fp8_out  # MoE
+    for pre in (False, True):  # Gemma's (1 + w) norms; the post-attention norm joining the pre-MLP one's pass
+        yield "_rmsnorm_kernel", "bf16", dict(HAS_RES=True, FP8_OUT=False, BLOCK=4096, PARTS=1, OFFSET=True,
+                                              PRE_NORM=pre, ROWS=1), fp8_out
     for fp8, block in ((False, 1024), (True, 16384)):
         yield "_silu_mul_kernel", "bf16", dict(FP8_OUT=fp8, BLOCK=block, ROWS=1), fp8_out
     # quantized linear layers (quant/kernels.py): FP8 per-channel, INT4 by groups; every tile shape

@@ -49,6 +49,29 @@ def test_rms_norm_sums_a_rows_parts_first(dtype, parts):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_gemma_post_norm_joins_the_next_norms_pass(dtype):
+    """Gemma's post-attention norm of the sublayer output, the residual add and the pre-MLP norm
+    in one pass equal the three steps of GemmaRMSNorm's torch path (bf16: each rounding in place)."""
+    from expresslane.models.gemma import GemmaRMSNorm
+
+    g = torch.Generator().manual_seed(3)
+    hidden = 96
+    post, pre_mlp = GemmaRMSNorm(hidden, 1e-6), GemmaRMSNorm(hidden, 1e-6)
+    for norm in (post, pre_mlp):
+        norm.weight.data = torch.randn(hidden, generator=g).to(dtype)
+    x = (4 * torch.randn(6, hidden, generator=g)).to(dtype)
+    r = torch.randn(6, hidden, generator=g).to(dtype)
+    out, res = triton_ops.rms_norm(x.to(DEVICE), pre_mlp.weight.data.to(DEVICE), 1e-6, r.to(DEVICE), offset=True,
+                                   pre_weight=post.weight.data.to(DEVICE))
+    ref_out, ref_res = pre_mlp(x, r, pre=post)  # unfused: post(x), then the add and the norm
+    tol = 1e-5 if dtype == torch.float32 else 2e-2  # the post-norm's variance sums in another order
+    assert torch.allclose(res.cpu().float(), ref_res.float(), atol=tol)
+    assert torch.allclose(out.cpu().float(), ref_out.float(), atol=tol)
+    with pytest.raises(ValueError, match="pre_weight"):
+        triton_ops.rms_norm(x.to(DEVICE), pre_mlp.weight.data.to(DEVICE), 1e-6, pre_weight=post.weight.data)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_silu_and_mul(dtype):
     x = torch.randn(5, 2 * 300, generator=torch.Generator().manual_seed(0)).to(dtype)
     gate, up = x.float().chunk(2, dim=-1)

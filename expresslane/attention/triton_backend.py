@@ -228,7 +228,8 @@ class TritonAttentionBackend(AttentionBackend):
                 0.0 if qk_norm is None else qk_norm[0].eps, t,
                 HQ=self.num_heads, HK=self.num_kv_heads, HALF=half, HQ_PAD=_pow2(self.num_heads),
                 HK_PAD=_pow2(self.num_kv_heads), HALF_PAD=_pow2(half), KV_FP8=kv_cache.dtype == torch.float8_e4m3fn,
-                QK_NORM=qk_norm is not None, HEAD_DIM=self.head_dim, REST_PAD=_pow2(rest) if rest else 0,
+                QK_NORM=qk_norm is not None, NORM_OFFSET=qk_norm is not None and qk_norm[0].offset,
+                HEAD_DIM=self.head_dim, REST_PAD=_pow2(rest) if rest else 0,
                 TOKENS=per)
         return q_out
 

@@ -37,15 +37,20 @@ def _rotate_half(x1, x2, cos, sin):
 
 
 @triton.jit
-def _head_rms_norm(x1, x2, w_ptr, d, dm, eps, HALF: tl.constexpr):
+def _head_rms_norm(x1, x2, w_ptr, d, dm, eps, HALF: tl.constexpr, OFFSET: tl.constexpr):
     """Each head's RMSNorm (Qwen3's q_norm / k_norm) over its two halves [tokens, heads, HALF],
-    rounded where layers.norm.RMSNorm rounds: the normalised value to the input dtype, then times w."""
+    rounded where layers.norm.RMSNorm rounds: the normalised value to the input dtype, then times w.
+    OFFSET: Gemma 3's, x / rms(x) * (1 + w) in float32, rounded once (models/gemma.py)."""
     f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
     r = tl.math.rsqrt((tl.sum(f1 * f1, 2) + tl.sum(f2 * f2, 2)) / (2 * HALF) + eps)[:, :, None]
     w1 = tl.load(w_ptr + d, mask=dm, other=0.0).to(tl.float32)
     w2 = tl.load(w_ptr + HALF + d, mask=dm, other=0.0).to(tl.float32)
-    return ((w1 * (f1 * r).to(x1.dtype).to(tl.float32)).to(x1.dtype),
-            (w2 * (f2 * r).to(x2.dtype).to(tl.float32)).to(x2.dtype))
+    if OFFSET:
+        y1, y2 = ((f1 * r * (1.0 + w1)).to(x1.dtype), (f2 * r * (1.0 + w2)).to(x2.dtype))
+    else:
+        y1, y2 = ((w1 * (f1 * r).to(x1.dtype).to(tl.float32)).to(x1.dtype),
+                  (w2 * (f2 * r).to(x2.dtype).to(tl.float32)).to(x2.dtype))
+    return y1, y2
 
 
 @triton.jit
@@ -73,13 +78,14 @@ def rope_store_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, slot_ptr, cos_sin_ptr, q_out
                       stride_c_kv, stride_c_slot, stride_c_head, k_scale, v_scale, norm_eps, num_tokens,
                       HQ: tl.constexpr, HK: tl.constexpr, HALF: tl.constexpr, HQ_PAD: tl.constexpr,
                       HK_PAD: tl.constexpr, HALF_PAD: tl.constexpr, KV_FP8: tl.constexpr, QK_NORM: tl.constexpr,
-                      HEAD_DIM: tl.constexpr, REST_PAD: tl.constexpr, TOKENS: tl.constexpr):
+                      NORM_OFFSET: tl.constexpr, HEAD_DIM: tl.constexpr, REST_PAD: tl.constexpr,
+                      TOKENS: tl.constexpr):
     """TOKENS new tokens a program (blocks [token, head, dim]): rotate their q heads into q_out
     ([T, HQ, HEAD_DIM]), rotate their k heads and write them with their v heads into each token's
     cache slot (an FP8 cache: k / k_scale and v / v_scale as e4m3). The rotation covers dims
     0..2*HALF by the cos|sin row pos_ptr[t] of the table; the rest of a head (partial rotary,
     REST_PAD > 0) is copied. QK_NORM (whole rotation only): each q and k head is RMS-normalised
-    first (weights qn_ptr, kn_ptr)."""
+    first (weights qn_ptr, kn_ptr; NORM_OFFSET: Gemma's (1 + w) form)."""
     t = tl.program_id(0).to(tl.int64) * TOKENS + tl.arange(0, TOKENS)[:, None, None]
     tm = t < num_tokens
     pos = tl.load(pos_ptr + t, mask=tm, other=0)
@@ -92,7 +98,7 @@ def rope_store_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, slot_ptr, cos_sin_ptr, q_out
     src = q_ptr + t * stride_qt + h * stride_qh + d
     x1, x2 = tl.load(src, mask=m, other=0.0), tl.load(src + HALF, mask=m, other=0.0)
     if QK_NORM:
-        x1, x2 = _head_rms_norm(x1, x2, qn_ptr, d, dm, norm_eps, HALF)
+        x1, x2 = _head_rms_norm(x1, x2, qn_ptr, d, dm, norm_eps, HALF, NORM_OFFSET)
     r1, r2 = _rotate_half(x1, x2, cos, sin)
     dst = q_out_ptr + t * (HQ * HEAD_DIM) + h * HEAD_DIM + d
     tl.store(dst, r1, mask=m)
@@ -107,7 +113,7 @@ def rope_store_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, slot_ptr, cos_sin_ptr, q_out
     k_src = k_ptr + t * stride_kt + hk * stride_kh + d
     k1, k2 = tl.load(k_src, mask=mk, other=0.0), tl.load(k_src + HALF, mask=mk, other=0.0)
     if QK_NORM:
-        k1, k2 = _head_rms_norm(k1, k2, kn_ptr, d, dm, norm_eps, HALF)
+        k1, k2 = _head_rms_norm(k1, k2, kn_ptr, d, dm, norm_eps, HALF, NORM_OFFSET)
     k1, k2 = _rotate_half(k1, k2, cos, sin)
     k_dst = cache_ptr + slot * stride_c_slot + hk * stride_c_head + d
     tl.store(k_dst, _cache_value(k1, k_scale, KV_FP8), mask=mk)

@@ -8,6 +8,8 @@ from torch import nn
 
 
 class RMSNorm(nn.Module):
+    offset = False  # scaled by w (GemmaRMSNorm: by 1 + w); the attention kernel's q/k norm reads it
+
     def __init__(self, size: int, eps: float = 1e-6, fused: bool = False, fp8_out: bool = False):
         """`fp8_out` (fused only): the norm feeds an FP8 linear layer, so the kernel also quantizes
         it per token and returns an Fp8Activation (quant/fp8.py) in place of the tensor."""

@@ -1,5 +1,5 @@
 """Fused elementwise kernels for the `triton` backend: RMSNorm (+ residual add; Gemma's
-(1 + w) form too) and SiLU-and-mul (or GeGLU's gelu-and-mul); RoPE is fused with the KV-cache
+(1 + w) form too, and its post-norm of the sublayer's output before the add) and SiLU-and-mul (or GeGLU's gelu-and-mul); RoPE is fused with the KV-cache
 write (attention/triton_kernels.py). Each rounds where transformers rounds (to the activation
 dtype after the residual add, after the normalisation and after the activation), so bf16 results
 match the reference path bit for bit up to the order of the variance sum.
@@ -35,12 +35,13 @@ def _store_fp8_rows(y, q_ptr, scale_ptr, r, i, m, rm, n):
 
 
 @triton.jit
-def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, q_ptr, scale_ptr, stride_x, stride_r, stride_o, n,
-                    num_rows, eps, HAS_RES: tl.constexpr, FP8_OUT: tl.constexpr, BLOCK: tl.constexpr,
-                    PARTS: tl.constexpr, OFFSET: tl.constexpr, ROWS: tl.constexpr):
+def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, pre_w_ptr, out_ptr, res_out_ptr, q_ptr, scale_ptr, stride_x, stride_r,
+                    stride_o, n, num_rows, eps, HAS_RES: tl.constexpr, FP8_OUT: tl.constexpr, BLOCK: tl.constexpr,
+                    PARTS: tl.constexpr, OFFSET: tl.constexpr, PRE_NORM: tl.constexpr, ROWS: tl.constexpr):
     """ROWS rows a program. PARTS > 1: x's row holds that many rows of n to sum first (a token's
     experts), in float32 and rounded once, as torch's sum of them. OFFSET: Gemma's norm,
-    x / rms(x) * (1 + w) in float32, rounded once."""
+    x / rms(x) * (1 + w) in float32, rounded once. PRE_NORM (with OFFSET): x is first normalised
+    so by its own weights pre_w (Gemma's post-attention norm), rounded, then added to the residual."""
     r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None]
     rm = r < num_rows
     i = tl.arange(0, BLOCK)[None, :]
@@ -52,6 +53,11 @@ def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, q_ptr, scale_pt
         x = acc.to(x_ptr.dtype.element_ty)
     else:
         x = tl.load(x_ptr + r * stride_x + i, mask=m, other=0.0)
+    if PRE_NORM:
+        pf = x.to(tl.float32)
+        pre_w = tl.load(pre_w_ptr + i, mask=i < n, other=0.0).to(tl.float32)
+        pre_r = tl.math.rsqrt(tl.sum(pf * pf, 1)[:, None] / n + eps)
+        x = (pf * pre_r * (1.0 + pre_w)).to(x.dtype)
     if HAS_RES:
         x = x + tl.load(res_ptr + r * stride_r + i, mask=m, other=0.0)
         tl.store(res_out_ptr + r * n + i, x, mask=m)
@@ -74,11 +80,14 @@ def _fp8_buffers(rows: int, n: int, device: torch.device) -> tuple[torch.Tensor,
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
-             fp8_out: bool = False, offset: bool = False):
+             fp8_out: bool = False, offset: bool = False, pre_weight: torch.Tensor | None = None):
     """Like RMSNorm.forward: norm(x), or (norm(x + residual), x + residual); with `fp8_out`
     (x [T, n]) the norm comes as an Fp8Activation. With a residual, x may be [T, P, n]: P parts
     of each row (the fused MoE's rows of a token's experts), summed here first. `offset`: scaled
-    by (1 + weight), as GemmaRMSNorm."""
+    by (1 + weight), as GemmaRMSNorm. `pre_weight` (offset, a residual, x [T, n]): x is Gemma's
+    sublayer output, normalised by (1 + pre_weight) before the add: one pass for two norms."""
+    if pre_weight is not None and not (offset and residual is not None and x.shape == residual.shape):
+        raise ValueError("pre_weight needs offset=True and a residual of x's shape")
     n = x.shape[-1]
     parts = x.shape[-2] if residual is not None and x.dim() == residual.dim() + 1 else 1
     shape = residual.shape if parts > 1 else x.shape
@@ -89,9 +98,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     q, scale = _fp8_buffers(x2.shape[0], n, x.device) if fp8_out else (out, out)
     rows = x2.shape[0]
     per = rows_per_program(rows)
-    _rmsnorm_kernel[(triton.cdiv(rows, per),)](x2, r2, weight, out, res_out, q, scale, x2.stride(0), r2.stride(0),
-                                               out.stride(0), n, rows, eps, HAS_RES=residual is not None,
-                                               FP8_OUT=fp8_out, BLOCK=_pow2(n), PARTS=parts, OFFSET=offset, ROWS=per,
+    _rmsnorm_kernel[(triton.cdiv(rows, per),)](x2, r2, weight, weight if pre_weight is None else pre_weight, out,
+                                               res_out, q, scale, x2.stride(0), r2.stride(0), out.stride(0), n, rows,
+                                               eps, HAS_RES=residual is not None, FP8_OUT=fp8_out, BLOCK=_pow2(n),
+                                               PARTS=parts, OFFSET=offset, PRE_NORM=pre_weight is not None, ROWS=per,
                                                num_warps=4 if n <= 4096 else 8)
     normed = Fp8Activation(out, q, scale) if fp8_out else out.view(shape)
     return normed if residual is None else (normed, res_out.view(shape))

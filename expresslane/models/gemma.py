@@ -11,7 +11,9 @@ loading, tensor parallelism) with what Gemma does differently, as transformers c
     logits      capped at final_logit_softcapping (when set)
 
 With the `triton` backend the norms (residual add included) and GeGLU are fused Triton kernels,
-as Llama's are (layers/triton_ops.py).
+as Llama's are (layers/triton_ops.py): three launches a layer for the four norms (the post-attention
+norm joins the pre-MLP norm's pass), and Gemma 3's q/k norms run in the attention backend's RoPE
+and KV-write kernel.
 
 A layer's attention keeps its `sliding_window` (None on global layers), which the attention
 backends apply; the global layers read every key, so the KV manager frees no block.
@@ -37,6 +39,7 @@ ACTIVATIONS = ("gelu_pytorch_tanh",)  # gelu with the tanh approximation, as tor
 class GemmaRMSNorm(nn.Module):
     """x / rms(x) * (1 + w), computed in float32 and rounded to x's dtype once (w stays as loaded:
     storing 1 + w in bfloat16 would round it); one fused Triton pass when `fused`."""
+    offset = True
 
     def __init__(self, size: int, eps: float, fused: bool = False):
         super().__init__()
@@ -49,11 +52,15 @@ class GemmaRMSNorm(nn.Module):
         f = f * torch.rsqrt(f.pow(2).mean(-1, keepdim=True) + self.eps)
         return (f * (1.0 + self.weight.float())).to(x.dtype)
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        """As RMSNorm.forward: norm(x), or (norm(x + residual), x + residual)."""
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None, pre: GemmaRMSNorm | None = None):
+        """As RMSNorm.forward: norm(x), or (norm(x + residual), x + residual). `pre` (with a
+        residual): x is a sublayer's output that `pre` normalises before the add, fused in one pass."""
         if self.fused:
             from expresslane.layers.triton_ops import rms_norm
-            return rms_norm(x, self.weight, self.eps, residual, offset=True)
+            return rms_norm(x, self.weight, self.eps, residual, offset=True,
+                            pre_weight=None if pre is None else pre.weight)
+        if pre is not None:
+            x = pre(x)
         if residual is None:
             return self._norm(x)
         x = x + residual
@@ -87,20 +94,9 @@ class GemmaAttention(Attention):
         self.scale = float(cfg.query_pre_attn_scalar) ** -0.5
         self.softcap = getattr(cfg, "attn_logit_softcapping", None)
         self.sliding_window = cfg.sliding_window if layer_type == SLIDING else None
-        if qk_norm:  # over the head dim of [T, heads, D]: the fused kernel takes any leading shape
+        if qk_norm:  # over the head dim of [T, heads, D]; the backend applies them with RoPE
             self.q_norm = GemmaRMSNorm(self.head_dim, cfg.rms_norm_eps, backend.fused_ops)
             self.k_norm = GemmaRMSNorm(self.head_dim, cfg.rms_norm_eps, backend.fused_ops)
-
-    def attention(self, positions, qkv, meta: AttentionMetadata):
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(-1, self.num_heads, self.head_dim)
-        k = k.view(-1, self.num_kv_heads, self.head_dim)
-        v = v.view(-1, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:  # here, not in the backend's kernel: its norm is Llama's (w, not 1 + w)
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = self.backend.store(positions, q, k, v, self.rotary, self.kv_cache, meta, self.kv_scales)
-        return self.backend.attend(q, self.kv_cache, meta, self.scale, self.kv_scales, self.softcap,
-                                   window=self.sliding_window).flatten(1)
 
 
 class GemmaDecoderLayer(nn.Module):
@@ -124,8 +120,8 @@ class GemmaDecoderLayer(nn.Module):
             x, residual = self.input_layernorm(x), x
         else:
             x, residual = self.input_layernorm(x, residual)
-        x = self.post_attention_layernorm(self.self_attn(positions, x, meta))
-        x, residual = self.pre_feedforward_layernorm(x, residual)
+        x, residual = self.pre_feedforward_layernorm(self.self_attn(positions, x, meta), residual,
+                                                     pre=self.post_attention_layernorm)
         return self.post_feedforward_layernorm(self.mlp(x)), residual
 
 

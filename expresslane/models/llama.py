@@ -40,6 +40,7 @@ def _linear(in_features: int, shard_sizes: list[int], bias: bool, quant: QuantCo
 
 class Attention(nn.Module):
     sliding_window: int | None = None  # a query at position p sees keys in (p - window, p]; None: all before it
+    softcap: float | None = None  # Gemma 2's attention-logit cap (softcap * tanh(s / softcap)); None: none
 
     def __init__(self, cfg, backend: AttentionBackend, rotary: RotaryEmbedding, qkv_bias: bool, qk_norm: bool,
                  quant: QuantConfig | None, prefix: str, tp: TPGroup, window: int | None = None):
@@ -83,7 +84,7 @@ class Attention(nn.Module):
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         qk_norm = None if self.q_norm is None else (self.q_norm, self.k_norm)  # the backend applies them
         q = self.backend.store(positions, q, k, v, self.rotary, self.kv_cache, meta, self.kv_scales, qk_norm)
-        return self.backend.attend(q, self.kv_cache, meta, self.scale, self.kv_scales,
+        return self.backend.attend(q, self.kv_cache, meta, self.scale, self.kv_scales, self.softcap,
                                    window=self.sliding_window, sinks=self.sinks).flatten(1)
 
 
