@@ -92,7 +92,7 @@ def test_length_dependent_rope_through_triton_matches_transformers(model_dirs, r
     length class (hits) and across classes (no hits), and preemptions."""
     pytest.importorskip("triton")
     picked = [9, 15, 16, 17, 19]  # 128; 121, 127 | 160, 250 on one prefix
-    llm = LLM(str(model_dirs[arch]), attention_backend="triton", max_num_batched_tokens=64, max_num_seqs=6,
+    llm = LLM(str(model_dirs[arch]), attention_backend="triton", max_num_batched_tokens=128, max_num_seqs=6,
               max_model_len=384, num_kv_blocks=24, scheduling_policy="fcfs")
     llm.engine.runner.build_graphs(llm.config.model.max_model_len, capture=False)
     outs = llm.generate([{"prompt_token_ids": PROMPTS[i]} for i in picked], GREEDY, use_tqdm=False)
@@ -201,7 +201,7 @@ def test_fused_moe_matches_transformers(model_dirs, references, arch):
     input path (padded decode batches and mixed steps), chunks, hits and preemption."""
     pytest.importorskip("triton")
     picked = [0, 5, 16, 17, 19]
-    llm = LLM(str(model_dirs[arch]), attention_backend="triton", max_num_batched_tokens=48, max_num_seqs=6,
+    llm = LLM(str(model_dirs[arch]), attention_backend="triton", max_num_batched_tokens=128, max_num_seqs=6,
               max_model_len=384, num_kv_blocks=24)
     llm.engine.runner.build_graphs(llm.config.model.max_model_len, capture=False)
     outs = llm.generate([{"prompt_token_ids": PROMPTS[i]} for i in picked], GREEDY, use_tqdm=False)
