@@ -7,9 +7,9 @@ heads a rank, kv_lora_rank 512, rope dims 64, pages of 16, bf16.
   multiple of the read floor at this GPU's measured copy bandwidth;
 - prefill: one 2048-token chunk after 2048 cached keys: ms and TFLOP/s of the absorbed attention
   (2 x heads x (2L + R) FLOPs per visible query-key pair), % of the 805 TFLOP/s peak;
-- --sweep: the decode cases at 8k keys (and batch 64 at 1k) under other launch shapes
-  (`LatentTile`: keys a loop iteration, warps, pipeline stages, key splits), each checked first;
-  the fastest per case printed last beside today's.
+- --sweep: the decode cases at 8k keys (and batch 64 at 1k) under other launch shapes around the
+  table's (`LatentTile`: keys a loop iteration, warps, pipeline stages, key splits), each checked
+  first; the fastest per case printed last beside the table's.
 
 Each case first runs a short context against the torch reference (attention/mla.py); a wrong
 result stops the benchmark (exit 1).
@@ -29,7 +29,7 @@ from _shared import copy_bandwidth, emit, graph_us
 
 from expresslane.attention.backend import AttentionMetadata
 from expresslane.attention.mla import latent_attention
-from expresslane.attention.mla_kernels import DEFAULT_TILE, LatentTile, num_splits, paged_latent_attention
+from expresslane.attention.mla_kernels import LatentTile, latent_tile, num_splits, paged_latent_attention
 from expresslane.bench.floors import H200_PEAK_BANDWIDTH as PEAK_BW
 from expresslane.bench.floors import H200_PEAK_FLOPS as PEAK_FLOPS
 
@@ -67,7 +67,7 @@ def inputs(contexts: list[int], new: int, dtype: torch.dtype, device: torch.devi
 
 
 def check(contexts: list[int], new: int, dtype: torch.dtype, device: torch.device,
-          tile: LatentTile = DEFAULT_TILE) -> None:
+          tile: LatentTile | None = None) -> None:
     meta, positions, [cache], q_lat, q_pe = inputs(contexts, new, dtype, device)
     scale = (128 + ROPE) ** -0.5
     got = paged_latent_attention(q_lat, q_pe, cache, positions, meta, scale, tile).float()
@@ -78,8 +78,10 @@ def check(contexts: list[int], new: int, dtype: torch.dtype, device: torch.devic
                  f"relative error {err}")
 
 
-def decode(batch: int, context: int, copy_bw: float, out, tile: LatentTile = DEFAULT_TILE) -> dict:
+def decode(batch: int, context: int, copy_bw: float, out, tile: LatentTile | None = None, sweep: bool = False) -> dict:
+    """One decode case under `tile` (None: the table's, as the engine runs it)."""
     dtype, device = torch.bfloat16, torch.device("cuda")
+    tile = tile or latent_tile(batch)
     check([min(context, 300)] * batch, 1, dtype, device, tile)
     per_layer = batch * (context + 1) * (LATENT + ROPE) * 2
     layers = max(2, min(64, -(-L2_BYTES // per_layer)))
@@ -87,30 +89,31 @@ def decode(batch: int, context: int, copy_bw: float, out, tile: LatentTile = DEF
     calls = [lambda c=c: paged_latent_attention(q_lat, q_pe, c, positions, meta, 0.07, tile) for c in caches]
     us = graph_us(calls)
     gbs = per_layer / us / 1e3
-    return emit(out, case="decode", batch=batch, context=context, tile=str(tile),
+    return emit(out, case="decode", batch=batch, context=context, tile=str(tile), sweep=sweep,
                 splits=num_splits(batch, HEADS, device, tile), us=round(us, 1), gb_per_s=round(gbs, 1),
                 pct_bandwidth=round(100 * gbs * 1e9 / PEAK_BW, 1),
                 x_of_read_floor=round(copy_bw / (gbs * 1e9), 3))  # floor: the latent bytes at this GPU's copy speed
 
 
-def sweep_tiles() -> list[LatentTile]:
+def sweep_tiles(today: LatentTile) -> list[LatentTile]:
     """Today's tile, the loop shapes at today's splits, then split counts for today's loop."""
-    shapes = [LatentTile(block_n=n, num_warps=w, num_stages=s) for n in (16, 32, 64) for w in (4, 8) for s in (1, 2, 3)]
-    splits = [dataclasses.replace(DEFAULT_TILE, max_splits=m, waves=v) for m in (16, 32, 128) for v in (1, 2, 4)]
-    return list(dict.fromkeys([DEFAULT_TILE] + shapes + splits))
+    shapes = [dataclasses.replace(today, block_n=n, num_warps=w, num_stages=s)
+              for n in (16, 32, 64) for w in (4, 8) for s in (1, 2, 3)]
+    splits = [dataclasses.replace(today, max_splits=m, waves=v) for m in (16, 32, 64, 128, 256) for v in (1, 2, 4)]
+    return list(dict.fromkeys([today] + shapes + splits))
 
 
 def sweep(copy_bw: float, out) -> None:
     """Every tile on each decode case; a tile that fails to build (shared memory) is left out."""
     best = []
     for batch, context in ((1, 8192), (8, 8192), (64, 8192), (64, 1024)):
-        rows = []
-        for tile in sweep_tiles():
+        rows, today = [], latent_tile(batch)
+        for tile in sweep_tiles(today):
             try:
-                rows.append(decode(batch, context, copy_bw, out, tile))
+                rows.append(decode(batch, context, copy_bw, out, tile, sweep=True))
             except Exception as e:  # noqa: BLE001 - a launch shape this GPU cannot build
                 print(f"!!! {tile} at batch {batch} x {context}: {type(e).__name__}: {str(e)[:120]}", file=sys.stderr)
-        today = next(r for r in rows if r["tile"] == str(DEFAULT_TILE))
+        today = next(r for r in rows if r["tile"] == str(today))
         top = min(rows, key=lambda r: r["us"])
         best.append(emit(out, case="decode_best", batch=batch, context=context, today_tile=today["tile"],
                          today_us=today["us"], today_x_floor=today["x_of_read_floor"], best_tile=top["tile"],
@@ -139,7 +142,7 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true", help="decode under other launch shapes (LatentTile)")
     args = parser.parse_args()
     if args.smoke:
-        for tile in (DEFAULT_TILE, LatentTile(block_n=16, max_splits=2, waves=1)):
+        for tile in (None, LatentTile(block_n=16, max_splits=2, waves=1)):
             for contexts, new in (([5, 40], 1), ([3], 1), ([20], 9)):
                 check(contexts, new, torch.float32, torch.device("cpu"), tile)
         print("mla kernels match the reference")

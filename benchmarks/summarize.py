@@ -186,10 +186,16 @@ def fmt_gemv(r: dict) -> str | None:
     return None
 
 
-def fmt_mla(r: dict) -> str:
-    """benchmarks/mla_bench.py's rows (issue #43)."""
+def fmt_mla(r: dict) -> str | None:
+    """benchmarks/mla_bench.py's rows (issue #43); of a sweep, each case's best beside today's."""
     if r["case"] == "copy":
         return f"device copy bandwidth {r['tb_per_s']:.2f} TB/s"
+    if r["case"] == "decode_best":
+        return (f"MLA decode b={r['batch']:<3} @{r['context']:<6} today {r['today_tile']} {r['today_us']:.1f} us "
+                f"({r['today_x_floor']:.2f}x floor), fastest {r['best_tile']} {r['best_us']:.1f} us "
+                f"({r['best_x_floor']:.2f}x, {r['best_splits']} splits)")
+    if r["case"] == "decode" and r.get("sweep"):
+        return None
     if r["case"] == "decode":
         return (f"MLA decode b={r['batch']:<3} @{r['context']:<6} {r['us']:8.1f} us  {r['gb_per_s']:7.0f} GB/s  "
                 f"{r['x_of_read_floor']:.2f}x the latent read floor ({r['splits']} splits)")
@@ -246,4 +252,5 @@ for r in rows:
     if key != last:
         print(f"-- {key[0]}  {key[1]}" + (f" [{key[2]}]" if key[2] else "") + (f"  ({r['backend']}, graphs={r['cuda_graphs']})" if "backend" in r else ""))
         last = key
-    print("   " + fmt(r))
+    if (line := fmt(r)) is not None:
+        print("   " + line)

@@ -3,7 +3,7 @@ torch reference they are tested against).
 
 ``latent_attention_kernel``: one program per (token, tile of BLOCK_H heads, split of the
 token's keys; `num_splits`: several only when there are few tokens, the splits combined by
-``reduce_latent_splits_kernel``). All heads read
+``reduce_latent_splits_kernel``, which reads only the splits that had keys). All heads read
 the same latent row of a key, so a tile of heads shares each loaded [BLOCK_N, L + R] tile of
 the cache::
 
@@ -36,18 +36,25 @@ REDUCE_BLOCK_L = 128  # latent dims a reduction program combines (64 splits x 12
 class LatentTile:
     """The latent kernel's launch shape: keys a loop iteration, warps, software-pipelining depth,
     and how many key splits a token takes (enough programs for `waves` waves of the GPU, at most
-    `max_splits`: a lone decode over 8k keys gets 64 programs by default)."""
+    `max_splits`)."""
     block_n: int = 32
     num_warps: int = 4
     num_stages: int = 3
-    max_splits: int = 64
+    max_splits: int = 128
     waves: int = 2
 
     def __str__(self) -> str:
         return f"n{self.block_n}-w{self.num_warps}-s{self.num_stages}-sp{self.max_splits}x{self.waves}"
 
 
-DEFAULT_TILE = LatentTile()
+# ((fewest tokens, tile), ...): the last entry whose count is <= the step's tokens wins (a CUDA
+# graph of a size always takes the same). Measured (`mla_bench.py --sweep`, docs/performance.md):
+# a lone decode over 8k keys runs fastest over 128 splits, 64 decodes over four waves of programs.
+LATENT_TILES = ((1, LatentTile()), (32, LatentTile(waves=4)))
+
+
+def latent_tile(num_tokens: int) -> LatentTile:
+    return next(tile for low, tile in reversed(LATENT_TILES) if num_tokens >= low)
 
 
 def _pad(n: int) -> int:
@@ -61,7 +68,7 @@ def _num_sms(device: torch.device) -> int:
     return 4  # the interpreter on CPU: still exercise several splits
 
 
-def num_splits(num_tokens: int, heads: int, device: torch.device, tile: LatentTile = DEFAULT_TILE) -> int:
+def num_splits(num_tokens: int, heads: int, device: torch.device, tile: LatentTile) -> int:
     """Key splits a token's programs take: enough programs for the tile's waves of the GPU (a few
     decodes over long contexts), by the token and head counts alone, so a CUDA graph of a size
     always takes the same."""
@@ -135,7 +142,7 @@ def latent_attention_kernel(q_lat_ptr, q_pe_ptr, cache_ptr, out_ptr, part_o_ptr,
     out = acc / tl.where(den > 0, den, 1.0)[:, None]
     if SPLIT:
         row = (t * num_heads + h) * num_splits + split
-        tl.store(part_o_ptr + row[:, None] * L_PAD + dl[None, :], out, mask=hm)
+        tl.store(part_o_ptr + row[:, None] * L_PAD + dl[None, :], out, mask=hm & (hi > lo))  # no keys: lse alone
         lse = tl.where(den > 0, m + tl.log(tl.where(den > 0, den, 1.0)), float("-inf"))  # -inf: no keys here
         tl.store(part_lse_ptr + row, lse, mask=h < num_heads)
     else:
@@ -147,8 +154,8 @@ def latent_attention_kernel(q_lat_ptr, q_pe_ptr, cache_ptr, out_ptr, part_o_ptr,
 def reduce_latent_splits_kernel(part_o_ptr, part_lse_ptr, out_ptr, num_heads, num_splits, stride_ot, stride_oh,
                                 L: tl.constexpr, L_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr,
                                 BLOCK_L: tl.constexpr):
-    """Program (t, head, BLOCK_L latent dims): the splits' partials weighted by exp(lse - max lse);
-    no keys at all: zeros."""
+    """Program (t, head, BLOCK_L latent dims): the splits' partials weighted by exp(lse - max lse),
+    read only for splits with keys (lse > -inf; the others wrote none); no keys at all: zeros."""
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     sp = tl.arange(0, SPLITS_PAD)
@@ -157,7 +164,7 @@ def reduce_latent_splits_kernel(part_o_ptr, part_lse_ptr, out_ptr, num_heads, nu
     top = tl.max(lse, axis=0)
     w = tl.where(lse > float("-inf"), tl.exp(lse - tl.where(top > float("-inf"), top, 0.0)), 0.0)
     dl = tl.program_id(2) * BLOCK_L + tl.arange(0, BLOCK_L)
-    o = tl.load(part_o_ptr + row[:, None] * L_PAD + dl[None, :], mask=(sp < num_splits)[:, None], other=0.0)
+    o = tl.load(part_o_ptr + row[:, None] * L_PAD + dl[None, :], mask=(lse > float("-inf"))[:, None], other=0.0)
     total = tl.sum(w, axis=0)
     out = tl.sum(w[:, None] * o, axis=0) / tl.where(total > 0, total, 1.0)
     tl.store(out_ptr + t * stride_ot + h * stride_oh + dl, out.to(out_ptr.dtype.element_ty), mask=dl < L)
@@ -172,14 +179,16 @@ def store_latent(cache: torch.Tensor, c_kv: torch.Tensor, k_pe: torch.Tensor, sl
 
 
 def paged_latent_attention(q_lat: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor, positions: torch.Tensor,
-                           meta: AttentionMetadata, scale: float, tile: LatentTile = DEFAULT_TILE) -> torch.Tensor:
-    """q_lat [T, H, L], q_pe [T, H, R] of tokens at `positions` [T] over the latent cache -> [T, H, L]."""
+                           meta: AttentionMetadata, scale: float, tile: LatentTile | None = None) -> torch.Tensor:
+    """q_lat [T, H, L], q_pe [T, H, R] of tokens at `positions` [T] over the latent cache -> [T, H, L]
+    (`tile`: the launch shape; by default the table's for T tokens)."""
     t, heads, lat = q_lat.shape
     rope = q_pe.shape[-1]
     out = torch.empty_like(q_lat)
     if not t:
         return out
     num_seqs = meta.query_start_loc.shape[0] - 1
+    tile = tile or latent_tile(t)
     splits = num_splits(t, heads, q_lat.device, tile)
     part_o = torch.empty(t, heads, splits, _pad(lat), dtype=torch.float32, device=q_lat.device)
     part_lse = torch.empty(t, heads, splits, dtype=torch.float32, device=q_lat.device)

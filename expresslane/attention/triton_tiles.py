@@ -59,14 +59,16 @@ class DecodeTile:
 # Entries that repeat a tile keep their key ranges: attention_bench.py suggests a tile per range.
 Table = dict[int, tuple[tuple[int, object], ...]]
 # Head dim 128 takes the measured winners (docs/architecture.md, "Triton attention kernels"); 64 keeps
-# the defaults. A tile whose K/V pipeline does not fit shared memory (r128-n128 over a float32
+# the defaults; 256 (Gemma 2/3) decodes with two stages, the best over batch 1-64 and 1k-4k keys
+# (`attention_bench.py --shape 16:8:256`, docs/performance.md). A tile whose K/V pipeline does not fit shared memory (r128-n128 over a float32
 # cache) falls back to the default (TritonAttentionBackend.prefill_tile).
 _P, _D = PrefillTile(), DecodeTile()
 _P_LONG = PrefillTile(rows=128, block_n=128, num_warps=8)
 PREFILL_TILES: Table = {64: ((0, _P), (1024, _P), (4096, _P), (16384, _P)),
                         128: ((0, _P_LONG), (1024, _P_LONG), (4096, _P_LONG), (16384, _P_LONG))}
 DECODE_TILES: Table = {64: ((1, _D), (2, _D), (32, _D)),
-                       128: ((1, DecodeTile(max_splits=64, waves=4)), (2, _D), (32, _D))}
+                       128: ((1, DecodeTile(max_splits=64, waves=4)), (2, _D), (32, _D)),
+                       256: ((1, DecodeTile(num_stages=2)),)}
 # An FP8 cache at batch 32+ and head dim 128: 128-key tiles over 8 warps, 2 stages (measured).
 FP8_DECODE_TILES: Table = {64: DECODE_TILES[64],
                            128: DECODE_TILES[128][:2] + ((32, DecodeTile(block_n=128, num_warps=8, num_stages=2)),)}
