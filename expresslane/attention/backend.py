@@ -68,8 +68,8 @@ class AttentionBackend(ABC):
               kv_cache: torch.Tensor, meta: AttentionMetadata,
               kv_scales: tuple[float, float] = (1.0, 1.0), qk_norm=None) -> torch.Tensor:
         """q [T, Hq, D], k/v [T, Hk, D]: normalise each q and k head by `qk_norm` (q_norm, k_norm:
-        RMSNorm over the head dim, Qwen3; or GemmaRMSNorm, whose `offset` says so) when given, rotate q and k by `rotary` (a
-        RotaryEmbedding) at `positions` (its rows: `rotary.lookup(positions, meta.rope_lengths)`),
+        RMSNorm over the head dim, Qwen3; or GemmaRMSNorm, whose `offset` says so) when given,
+        rotate q and k by `rotary` (a RotaryEmbedding) at `positions` (its rows: `rotary.lookup(positions, meta.rope_lengths)`),
         write k/v into the cache; returns the rotated q."""
 
     @abstractmethod

@@ -29,7 +29,7 @@ from expresslane.attention.backend import AttentionMetadata
 from expresslane.triton_setup import tl, triton
 
 BLOCK_H = 16  # heads a program: tl.dot needs at least 16 rows (fewer heads are masked)
-REDUCE_BLOCK_L = 128  # latent dims a reduction program combines (64 splits x 128: 64 floats a thread)
+REDUCE_BLOCK_L = 128  # latent dims a reduction program combines (128 splits x 128: 128 floats a thread)
 
 
 @dataclass(frozen=True)

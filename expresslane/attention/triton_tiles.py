@@ -60,8 +60,9 @@ class DecodeTile:
 Table = dict[int, tuple[tuple[int, object], ...]]
 # Head dim 128 takes the measured winners (docs/architecture.md, "Triton attention kernels"); 64 keeps
 # the defaults; 256 (Gemma 2/3) decodes with two stages, the best over batch 1-64 and 1k-4k keys
-# (`attention_bench.py --shape 16:8:256`, docs/performance.md). A tile whose K/V pipeline does not fit shared memory (r128-n128 over a float32
-# cache) falls back to the default (TritonAttentionBackend.prefill_tile).
+# (`attention_bench.py --shape 16:8:256`, docs/performance.md). A tile whose K/V pipeline does not
+# fit shared memory (r128-n128 over a float32 cache) falls back to the default
+# (TritonAttentionBackend.prefill_tile).
 _P, _D = PrefillTile(), DecodeTile()
 _P_LONG = PrefillTile(rows=128, block_n=128, num_warps=8)
 PREFILL_TILES: Table = {64: ((0, _P), (1024, _P), (4096, _P), (16384, _P)),

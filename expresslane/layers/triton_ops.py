@@ -1,6 +1,6 @@
 """Fused elementwise kernels for the `triton` backend: RMSNorm (+ residual add; Gemma's
-(1 + w) form too, and its post-norm of the sublayer's output before the add) and SiLU-and-mul (or GeGLU's gelu-and-mul); RoPE is fused with the KV-cache
-write (attention/triton_kernels.py). Each rounds where transformers rounds (to the activation
+(1 + w) form too, and its post-norm of the sublayer's output before the add) and SiLU-and-mul
+(or GeGLU's gelu-and-mul); RoPE is fused with the KV-cache write (attention/triton_kernels.py). Each rounds where transformers rounds (to the activation
 dtype after the residual add, after the normalisation and after the activation), so bf16 results
 match the reference path bit for bit up to the order of the variance sum.
 
