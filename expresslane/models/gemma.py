@@ -11,9 +11,9 @@ loading, tensor parallelism) with what Gemma does differently, as transformers c
     logits      capped at final_logit_softcapping (when set)
 
 With the `triton` backend the norms (residual add included) and GeGLU are fused Triton kernels,
-as Llama's are (layers/triton_ops.py): three launches a layer for the four norms (the post-attention
-norm joins the pre-MLP norm's pass), and Gemma 3's q/k norms run in the attention backend's RoPE
-and KV-write kernel.
+as Llama's are (layers/triton_ops.py): two launches a layer for the four norms (the post-attention
+norm joins the pre-MLP norm's pass, the post-MLP norm the next layer's input norm), and Gemma 3's
+q/k norms run in the attention backend's RoPE and KV-write kernel.
 
 A layer's attention keeps its `sliding_window` (None on global layers), which the attention
 backends apply; the global layers read every key, so the KV manager frees no block.
@@ -113,16 +113,18 @@ class GemmaDecoderLayer(nn.Module):
     def fused_decode_refusal(self) -> str | None:
         return "Gemma's layers (four (1 + w) norms, GeGLU)"
 
-    def forward(self, positions, x, residual, meta: AttentionMetadata):
-        """(hidden, residual) in and out, as the Llama layer: their sum is the residual stream.
-        The post-norms' outputs join it in the next norm's residual add."""
+    def forward(self, positions, x, residual, meta: AttentionMetadata, pre: GemmaRMSNorm | None = None):
+        """(hidden, residual) in: their sum is the residual stream, as the Llama layer's, once `pre`
+        (the previous layer's post-MLP norm, None for hidden as it is) has normalised hidden; the
+        input norm runs them in one pass. Out: the MLP's output before this layer's post-MLP norm,
+        and the residual (Gemma2ForCausalLM.run_layers hands the norm on to the next layer)."""
         if residual is None:
             x, residual = self.input_layernorm(x), x
         else:
-            x, residual = self.input_layernorm(x, residual)
+            x, residual = self.input_layernorm(x, residual, pre=pre)
         x, residual = self.pre_feedforward_layernorm(self.self_attn(positions, x, meta), residual,
                                                      pre=self.post_attention_layernorm)
-        return self.post_feedforward_layernorm(self.mlp(x)), residual
+        return self.mlp(x), residual
 
 
 def layer_types(cfg, pattern: int) -> list[str]:
@@ -208,6 +210,16 @@ class Gemma2ForCausalLM(LlamaForCausalLM):
 
     def make_norm(self, cfg, fused: bool) -> nn.Module:
         return GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps, fused)
+
+    def run_layers(self, positions, x, residual, meta: AttentionMetadata, start: int, end: int):
+        """As the Llama model's, (hidden, residual) summing to the residual stream at both ends; within
+        the range each layer's post-MLP norm runs in the next layer's input-norm pass, and the last
+        layer's alone."""
+        pre = None
+        for layer in self.layers[start:end]:
+            x, residual = layer(positions, x, residual, meta, pre)
+            pre = layer.post_feedforward_layernorm
+        return (x if pre is None else pre(x)), residual
 
     def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """float32 logits, capped at final_logit_softcapping (in float32) when it is set."""
