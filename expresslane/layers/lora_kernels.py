@@ -155,6 +155,19 @@ def lora_shrink(x: torch.Tensor, lora_a: torch.Tensor, step, part: torch.Tensor 
     return part
 
 
+_NO_BOUND = 1 << 30  # a slice boundary no column reaches
+
+
+def _merged_bounds(slices: list[tuple[int, int]]) -> list[int] | None:
+    """The two slice boundaries a merged launch takes (bound1, bound2: relative to the first
+    slice's offset, _NO_BOUND where there are fewer slices), or None unless the slices (up to
+    three) are consecutive."""
+    start = slices[0][0]
+    if len(slices) > 3 or any(off + size != slices[i + 1][0] for i, (off, size) in enumerate(slices[:-1])):
+        return None
+    return [off - start for off, _ in slices[1:]] + [_NO_BOUND] * (3 - len(slices))
+
+
 def lora_expand(part: torch.Tensor, lora_b: torch.Tensor, y: torch.Tensor, slices: list[tuple[int, int]],
                 step) -> None:
     """y[:, slice] += the slice's rank space @ B[slot, slice]^T, in place: the slices of a merged
@@ -163,15 +176,11 @@ def lora_expand(part: torch.Tensor, lora_b: torch.Tensor, y: torch.Tensor, slice
     rank = lora_b.shape[2]
     sorted_tokens, tiles, num_tiles = step.kernel_inputs(y.shape[0])
     start = slices[0][0]
-    bounds = [off - start for off, _ in slices[1:]]
-    one = len(slices) <= 3 and all(b % BLOCK_N == 0 for b in bounds) and all(
-        slices[i][0] + slices[i][1] == slices[i + 1][0] for i in range(len(slices) - 1))
-    huge = 1 << 30  # a boundary no column reaches
-    if one:
-        bounds += [huge] * (2 - len(bounds))
+    bounds = _merged_bounds(slices)
+    if bounds is not None and all(b % BLOCK_N == 0 for b in bounds if b != _NO_BOUND):
         groups = [(0, start, slices[-1][0] + slices[-1][1] - start, *bounds)]
     else:
-        groups = [(i, off, size, huge, huge) for i, (off, size) in enumerate(slices)]
+        groups = [(i, off, size, _NO_BOUND, _NO_BOUND) for i, (off, size) in enumerate(slices)]
     for first, offset, n, bound1, bound2 in groups:
         lora_expand_kernel[(num_tiles, triton.cdiv(n, BLOCK_N))](
             part, lora_b, y, sorted_tokens, tiles, n, rank, bound1, bound2, first * rank, offset, part.stride(1),
@@ -244,9 +253,8 @@ def inline_block_n(weight: torch.Tensor, slices: list[tuple[int, int]]) -> int |
     until the slice boundaries fall on whole tiles), or None where it does not take it: a weight
     not in a float dtype, or slices (up to three) not covering its outputs in order."""
     ends = [off + size for off, size in slices]
-    if not (weight.dim() == 2 and weight.dtype in (torch.bfloat16, torch.float16, torch.float32)
-            and 0 < len(slices) <= 3 and slices[0][0] == 0 and ends[-1] == weight.shape[0]
-            and all(ends[i] == slices[i + 1][0] for i in range(len(slices) - 1))):
+    if not (weight.dim() == 2 and weight.dtype in (torch.bfloat16, torch.float16, torch.float32) and slices
+            and slices[0][0] == 0 and ends[-1] == weight.shape[0] and _merged_bounds(slices) is not None):
         return None
     block_n = gemv_config(weight.shape[0], False)["block_n"]
     while block_n > 16 and any(end % block_n for end in ends[:-1]):
@@ -264,8 +272,7 @@ def lora_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, 
     out = torch.empty((1, n), dtype=x.dtype, device=x.device)
     _, tiles, _ = step.kernel_inputs(1)
     rank = lora_b.shape[2]
-    huge = 1 << 30  # a boundary no column reaches
-    bounds = [off for off, _ in slices[1:]] + [huge] * (3 - len(slices))
+    bounds = _merged_bounds(slices)  # slices from 0 (inline_block_n checked them)
     n_tiles = triton.cdiv(n, block_n)
     nsplit, k_split = _split(k, block_k, n_tiles, None, cfg["programs"], 16)
     part = torch.empty((nsplit, 1, n), dtype=torch.float32, device=x.device) if nsplit > 1 else out
