@@ -4,8 +4,11 @@ engine leaves it to the next fused RMSNorm, so it shows what that fold saves), t
 GEMMs' tiles swept, and cuBLAS on the same experts one linear at a time, each against the
 routed weights' read floor.
 
-    python benchmarks/moe_kernel_bench.py [--shapes qwen3-30b-a3b,mixtral-8x7b] [--tokens 1,4,16,64]
+    python benchmarks/moe_kernel_bench.py [--shapes qwen3-30b-a3b,mixtral-8x7b,gpt-oss-20b] [--tokens 1,4,16,64]
                                           [--sweep-tokens 1] [--out results.jsonl]
+
+gpt-oss-20b's experts are MXFP4 as shipped (random codes, scales 2^-9 .. 2^1), with its biases and
+clamped SwiGLU: the kernel decodes them in the GEMM; their bytes are 17/32 of a byte a weight.
 
 Every timing replays a CUDA graph of REPS calls, each with its own routing (random router
 logits), so one call's experts are mostly not in L2 from the call before; µs per call.
@@ -25,6 +28,9 @@ from _shared import emit, graph_us
 from triton.runtime.errors import OutOfResources
 
 from expresslane.bench.floors import H200_PEAK_BANDWIDTH as PEAK_BW
+from expresslane.layers.moe import ClampedSwiGLU
+from expresslane.quant.mxfp4 import Mxfp4Experts
+from expresslane.layers import fused_moe
 from expresslane.layers.fused_moe import (
     Tiles,
     _tiles,
@@ -34,7 +40,9 @@ from expresslane.layers.fused_moe import (
     grouped_gemm,
 )
 
-SHAPES = {"qwen3-30b-a3b": (128, 8, 2048, 768), "mixtral-8x7b": (8, 2, 4096, 14336)}  # experts, top-k, H, I
+SHAPES = {"qwen3-30b-a3b": (128, 8, 2048, 768), "mixtral-8x7b": (8, 2, 4096, 14336),  # experts, top-k, H, I
+          "gpt-oss-20b": (32, 4, 2880, 2880)}
+MXFP4 = {"gpt-oss-20b"}  # shapes whose experts are MXFP4 (with biases and the clamped SwiGLU)
 REPS = 16
 
 
@@ -46,8 +54,14 @@ def calls_us(fn) -> float:
 def bench_shape(name: str, tokens_list: list[int], sweep_tokens: set[int], out) -> None:
     experts, _, hidden, inter = SHAPES[name]
     dev, dt = torch.device("cuda"), torch.bfloat16
-    w13 = torch.empty(experts, 2 * inter, hidden, dtype=dt, device=dev).normal_(std=hidden ** -0.5)
-    w2 = torch.empty(experts, hidden, inter, dtype=dt, device=dev).normal_(std=inter ** -0.5)
+    if name in MXFP4:
+        w13, w2 = Mxfp4Experts(experts, 2 * inter, hidden).to(dev), Mxfp4Experts(experts, hidden, inter).to(dev)
+        for w in (w13, w2):
+            w.blocks.data.random_(0, 256)
+            w.scales.data.random_(118, 129)
+    else:
+        w13 = torch.empty(experts, 2 * inter, hidden, dtype=dt, device=dev).normal_(std=hidden ** -0.5)
+        w2 = torch.empty(experts, hidden, inter, dtype=dt, device=dev).normal_(std=inter ** -0.5)
     gate = torch.empty(experts, hidden, dtype=dt, device=dev).normal_(std=hidden ** -0.5)
     for tokens in tokens_list:
         bench_tokens(name, tokens, (w13, w2, gate), tokens in sweep_tokens, out)
@@ -57,14 +71,20 @@ def bench_tokens(name: str, tokens: int, weights: tuple, tiles_swept: bool, out)
     """One layer's pieces for `tokens` tokens (and its GEMMs' tiles swept when `tiles_swept`)."""
     experts, k, hidden, inter = SHAPES[name]
     w13, w2, gate = weights
-    dev, dt = w13.device, w13.dtype
+    dev, dt = gate.device, gate.dtype
     x = torch.randn(tokens, hidden, dtype=dt, device=dev)
     logits = [torch.randn(tokens, experts, dtype=dt, device=dev) * 2 for _ in range(REPS)]
     counts = torch.zeros(experts, dtype=torch.int64, device=dev)
     slots = torch.arange(tokens, device=dev)
     routed = [fused_route(lg, k, True, counts, slots) for lg in logits]  # (weights, ids) per call
     used = sum(len(ids.unique()) for _, ids in routed) / REPS  # experts a call reads
-    bytes1, bytes2 = used * 2 * inter * hidden * 2, used * hidden * inter * 2
+    per_weight = 17 / 32 if name in MXFP4 else 2  # bytes: MXFP4 codes and a scale a 32, or bf16
+    bytes1, bytes2 = used * 2 * inter * hidden * per_weight, used * hidden * inter * per_weight
+    b13, b2, swiglu = (None, None, None)
+    if name in MXFP4:
+        b13 = torch.randn(experts, 2 * inter, dtype=dt, device=dev) * 0.1
+        b2 = torch.randn(experts, hidden, dtype=dt, device=dev) * 0.1
+        swiglu = ClampedSwiGLU(limit=7.0)
     n = tokens * k
     tiles1, tiles2 = _tiles(n, experts, hidden), _tiles(n, experts, inter)
     aligned = [align_by_expert(ids, experts, tiles1.block_m) for _, ids in routed]
@@ -72,10 +92,10 @@ def bench_tokens(name: str, tokens: int, weights: tuple, tiles_swept: bool, out)
     rows_out = torch.empty(n, hidden, dtype=dt, device=dev)
 
     def gemm1(r, t=tiles1):
-        grouped_gemm(x, w13, act, routed[r][0], aligned[r], k, True, t)
+        grouped_gemm(x, w13, act, routed[r][0], aligned[r], k, True, t, b13, swiglu)
 
     def gemm2(r, t=tiles2):
-        grouped_gemm(act, w2, rows_out, routed[r][0], aligned[r], k, False, t)
+        grouped_gemm(act, w2, rows_out, routed[r][0], aligned[r], k, False, t, b2)
 
     pieces = {
         "router_matmul": lambda r: F.linear(x, gate),
@@ -84,13 +104,25 @@ def bench_tokens(name: str, tokens: int, weights: tuple, tiles_swept: bool, out)
         "align": lambda r: align_by_expert(routed[r][1], experts, tiles1.block_m),
         "gemm1": gemm1, "gemm2": gemm2,
         "sum": lambda r: rows_out.view(tokens, k, hidden).sum(1),
-        "experts_whole": lambda r: fused_experts(x, w13, w2, routed[r][0], routed[r][1], all_routed=True),
+        "experts_whole": lambda r: fused_experts(x, w13, w2, routed[r][0], routed[r][1], all_routed=True, b13=b13,
+                                                 b2=b2, act=swiglu),
     }
+    if name in MXFP4 and hasattr(fused_moe, "dequantize_experts"):  # each path of MXFP4 experts, forced
+        def forced(r, rows):
+            kept, fused_moe.MX4_IN_KERNEL_ROWS = fused_moe.MX4_IN_KERNEL_ROWS, rows  # read when captured
+            try:
+                pieces["experts_whole"](r)
+            finally:
+                fused_moe.MX4_IN_KERNEL_ROWS = kept
+        pieces.update(decode_whole_w13=lambda r: fused_moe.dequantize_experts(w13, dt),
+                      decode_whole_w2=lambda r: fused_moe.dequantize_experts(w2, dt),
+                      experts_in_kernel=lambda r: forced(r, 1 << 30), experts_decoded_whole=lambda r: forced(r, -1))
     us = {p: round(calls_us(fn), 2) for p, fn in pieces.items()}
     row = {"bench": "moe_kernels", "shape": name, "tokens": tokens, "experts_read": used,
            "tiles": [list(tiles1), list(tiles2)], "us": us, "gemm1_gb_s": round(bytes1 / us["gemm1"] / 1e3),
-           "gemm2_gb_s": round(bytes2 / us["gemm2"] / 1e3), "floor_us": round((bytes1 + bytes2) / PEAK_BW * 1e6, 2)}
-    if tokens == 1:  # the library alternative: each routed expert as two cuBLAS linears
+           "gemm2_gb_s": round(bytes2 / us["gemm2"] / 1e3), "floor_us": round((bytes1 + bytes2) / PEAK_BW * 1e6, 2),
+           "gemms_tflop_s": round(2 * n * 3 * inter * hidden / (us["gemm1"] + us["gemm2"]) / 1e6, 1)}
+    if tokens == 1 and name not in MXFP4:  # the library alternative: each routed expert as two cuBLAS linears
         chosen = [ids[0].tolist() for _, ids in routed]  # read before the capture
 
         def cublas(r):

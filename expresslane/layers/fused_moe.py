@@ -29,25 +29,12 @@ from expresslane.triton_setup import rows_per_program, tl, triton
 
 @triton.jit
 def _weight_tile(w_ptr, s_ptr, z_ptr, expert, k0, k, k_ok, cols, cols_ok, stride_we, stride_wn, stride_se,
-                 stride_sg, dtype: tl.constexpr, W4: tl.constexpr, GROUP: tl.constexpr, MX4: tl.constexpr):
+                 stride_sg, dtype: tl.constexpr, W4: tl.constexpr, GROUP: tl.constexpr):
     """[BLOCK_K, BLOCK_N]: W^T of `expert` at inputs k, outputs cols. Float W [E, N, K]; W4: the
     packed INT4 layout (qweight [E, K/8, N], scales and zeros [E, K/G, N]), dequantized here as
-    (q - z) * s; one group per tile (GROUP is a multiple of BLOCK_K). MX4: MXFP4 (blocks [E, N,
-    K/2], two e2m1 codes a byte, the even input low; scales [E, N, K/32], e8m0), decoded here:
-    (-1)^sign * (exp ? (1 + mant / 2) 2^(exp - 1) : mant / 2) * 2^(scale - 127)."""
+    (q - z) * s; one group per tile (GROUP is a multiple of BLOCK_K). (MXFP4: _mx4_tiles.)"""
     mask = k_ok[:, None] & cols_ok[None, :]
-    if MX4:
-        row = expert * stride_we + cols[None, :].to(tl.int64) * stride_wn
-        packed = tl.load(w_ptr + row + (k // 2)[:, None], mask=mask, other=0).to(tl.int32)
-        code = (packed >> ((k % 2) * 4)[:, None]) & 0xF
-        exp = (code >> 1) & 3
-        mant = (code & 1).to(tl.float32)
-        value = tl.where(exp == 0, mant * 0.5, (1.0 + mant * 0.5) * tl.exp2((exp - 1).to(tl.float32)))
-        value = tl.where(code >= 8, -value, value)
-        scale = tl.load(s_ptr + expert * stride_se + cols[None, :].to(tl.int64) * stride_sg + (k // 32)[:, None],
-                        mask=mask, other=127)
-        w = (value * tl.exp2(scale.to(tl.float32) - 127.0)).to(dtype)
-    elif W4:
+    if W4:
         packed = tl.load(w_ptr + expert * stride_we + (k // 8)[:, None] * stride_wn + cols[None, :], mask=mask,
                          other=0)
         q = (packed >> ((k % 8) * 4)[:, None]) & 0xF
@@ -60,6 +47,46 @@ def _weight_tile(w_ptr, s_ptr, z_ptr, expert, k0, k, k_ok, cols, cols_ok, stride
                     other=0.0)
     return w
 
+
+@triton.jit
+def _e2m1(code):
+    """FP4 e2m1 codes (int32 nibbles) as float32, built from bits: sign (bit 3) to bit 31; exponent e
+    (bits 2-1, bias 1) to e + 126; mantissa (bit 0) to the top mantissa bit; e = 0 is 0 or 0.5."""
+    e = (code >> 1) & 3
+    m = code & 1
+    bits = tl.where(e == 0, m * 0x3F000000, ((e + 126) << 23) | (m << 22)) | ((code & 8) << 28)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _mx4_tiles(w_ptr, s_ptr, expert, k0, K, cols, cols_ok, stride_we, stride_wn, stride_se, stride_sg,
+               HALF_K: tl.constexpr, dtype: tl.constexpr):
+    """MXFP4 W of `expert` at outputs cols, inputs [k0, k0 + 2 HALF_K), as two [BLOCK_N, HALF_K]
+    tiles: the even inputs' and the odd inputs' (blocks [E, N, K/2]: two e2m1 codes a byte, the
+    even input low; scales [E, N, K/32], e8m0: 2^(s - 127)). Each byte is read once, along K (the
+    shipped layout's contiguous axis), and each value is made from bits (no exp2)."""
+    kb = k0 // 2 + tl.arange(0, HALF_K)  # byte index along K
+    mask = cols_ok[:, None] & (kb < K // 2)[None, :]
+    col = cols[:, None].to(tl.int64)
+    packed = tl.load(w_ptr + expert * stride_we + col * stride_wn + kb[None, :], mask=mask, other=0).to(tl.int32)
+    s = tl.load(s_ptr + expert * stride_se + col * stride_sg + (kb // 16)[None, :], mask=mask, other=127)
+    s = s.to(tl.int32)
+    scale = tl.where(s == 0, 0x00400000, s << 23).to(tl.float32, bitcast=True)  # 2^(s - 127); s = 0: subnormal
+    return (_e2m1(packed & 0xF) * scale).to(dtype), (_e2m1(packed >> 4) * scale).to(dtype)
+
+
+@triton.jit
+def mx4_dequant_kernel(w_ptr, s_ptr, out_ptr, N, K, stride_we, stride_wn, stride_se, stride_sg, stride_oe,
+                       stride_on, BLOCK_N: tl.constexpr, HALF_K: tl.constexpr):
+    """out[e, n, k] (the activation dtype) = MXFP4 W[e, n, k], for a [BLOCK_N, 2 HALF_K] tile."""
+    expert = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    k0 = tl.program_id(2) * 2 * HALF_K
+    even, odd = _mx4_tiles(w_ptr, s_ptr, expert, k0, K, cols, cols < N, stride_we, stride_wn, stride_se, stride_sg,
+                           HALF_K, out_ptr.dtype.element_ty)
+    k = k0 + tl.arange(0, 2 * HALF_K)
+    tl.store(out_ptr + expert * stride_oe + cols[:, None].to(tl.int64) * stride_on + k[None, :],
+             tl.reshape(tl.join(even, odd), (BLOCK_N, 2 * HALF_K)), mask=(cols < N)[:, None] & (k < K)[None, :])
 
 @triton.jit
 def moe_gemm_kernel(a_ptr, w_ptr, s_ptr, z_ptr, c_ptr, topk_w_ptr, sorted_rows_ptr, block_expert_ptr, num_padded_ptr,
@@ -83,23 +110,38 @@ def moe_gemm_kernel(a_ptr, w_ptr, s_ptr, z_ptr, c_ptr, topk_w_ptr, sorted_rows_p
         valid = rows < num_rows  # padding of the expert's run
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         n_mask = offs_n < N
-        offs_k = tl.arange(0, BLOCK_K)
-        a_ptrs = a_ptr + (rows // TOP_K)[:, None] * stride_am + offs_k[None, :]
+        offs_k = tl.arange(0, BLOCK_K // 2 if MX4 else BLOCK_K)
+        a_rows = a_ptr + (rows // TOP_K)[:, None] * stride_am
         dtype = a_ptr.dtype.element_ty
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
-            k = k0 + offs_k
-            k_mask = k < K
-            a = tl.load(a_ptrs, mask=valid[:, None] & k_mask[None, :], other=0.0)
-            w = _weight_tile(w_ptr, s_ptr, z_ptr, expert, k0, k, k_mask, offs_n, n_mask, stride_we, stride_wn,
-                             stride_se, stride_sg, dtype, W4, GROUP, MX4)
-            acc = tl.dot(a, w, acc, input_precision=PRECISION)
-            if GATED:
-                w_up = _weight_tile(w_ptr, s_ptr, z_ptr, expert, k0, k, k_mask, offs_n + N, n_mask, stride_we,
-                                    stride_wn, stride_se, stride_sg, dtype, W4, GROUP, MX4)
-                acc_up = tl.dot(a, w_up, acc_up, input_precision=PRECISION)
-            a_ptrs += BLOCK_K
+            if MX4:  # the even and the odd inputs of the step: a dot each
+                k = k0 + 2 * offs_k
+                a_mask = valid[:, None] & (k < K)[None, :]
+                a_even = tl.load(a_rows + k[None, :], mask=a_mask, other=0.0)
+                a_odd = tl.load(a_rows + (k + 1)[None, :], mask=a_mask, other=0.0)
+                w_even, w_odd = _mx4_tiles(w_ptr, s_ptr, expert, k0, K, offs_n, n_mask, stride_we, stride_wn,
+                                           stride_se, stride_sg, BLOCK_K // 2, dtype)
+                acc = tl.dot(a_odd, tl.trans(w_odd), tl.dot(a_even, tl.trans(w_even), acc, input_precision=PRECISION),
+                             input_precision=PRECISION)
+                if GATED:
+                    w_even, w_odd = _mx4_tiles(w_ptr, s_ptr, expert, k0, K, offs_n + N, n_mask, stride_we,
+                                               stride_wn, stride_se, stride_sg, BLOCK_K // 2, dtype)
+                    acc_up = tl.dot(a_odd, tl.trans(w_odd),
+                                    tl.dot(a_even, tl.trans(w_even), acc_up, input_precision=PRECISION),
+                                    input_precision=PRECISION)
+            else:
+                k = k0 + offs_k
+                k_mask = k < K
+                a = tl.load(a_rows + k[None, :], mask=valid[:, None] & k_mask[None, :], other=0.0)
+                w = _weight_tile(w_ptr, s_ptr, z_ptr, expert, k0, k, k_mask, offs_n, n_mask, stride_we, stride_wn,
+                                 stride_se, stride_sg, dtype, W4, GROUP)
+                acc = tl.dot(a, w, acc, input_precision=PRECISION)
+                if GATED:
+                    w_up = _weight_tile(w_ptr, s_ptr, z_ptr, expert, k0, k, k_mask, offs_n + N, n_mask, stride_we,
+                                        stride_wn, stride_se, stride_sg, dtype, W4, GROUP)
+                    acc_up = tl.dot(a, w_up, acc_up, input_precision=PRECISION)
         dtype = c_ptr.dtype.element_ty
         if HAS_BIAS:
             bias = bias_ptr + expert * stride_be + offs_n
@@ -303,11 +345,31 @@ def grouped_gemm(a: torch.Tensor, w, out: torch.Tensor, weights: torch.Tensor, a
         num_stages=tiles.stages if a.is_cuda else 1, **w_const)
 
 
+def dequantize_experts(w: Mxfp4Experts, dtype: torch.dtype) -> torch.Tensor:
+    """MXFP4 experts as a stacked [E, N, K] weight in `dtype` (one launch; exact, as
+    quant.mxfp4.dequantize_mxfp4)."""
+    num_experts, n, k = w.shape
+    out = torch.empty(num_experts, n, k, dtype=dtype, device=w.blocks.device)
+    b, s = w.blocks, w.scales
+    block_n, half_k = 64, 128
+    mx4_dequant_kernel[(num_experts, triton.cdiv(n, block_n), triton.cdiv(k, 2 * half_k))](
+        b, s, out, n, k, b.stride(0), b.stride(1), s.stride(0), s.stride(1), out.stride(0), out.stride(1),
+        BLOCK_N=block_n, HALF_K=half_k, num_warps=4)
+    return out
+
+
+# MXFP4 experts routed more rows than this on average are decoded whole (dequantize_experts) for
+# the call and multiplied by the float grouped GEMM: the in-kernel decode is paid again for every
+# tile of rows, and it costs less than the decode-whole's write and read only at decode's few rows
+# (benchmarks/moe_kernel_bench.py, gpt-oss-20b; docs/performance.md).
+MX4_IN_KERNEL_ROWS = 16
+
+
 def fused_experts(x: torch.Tensor, w13, w2, weights: torch.Tensor, ids: torch.Tensor,
                   all_routed: bool = False, summed: bool = True, b13: torch.Tensor | None = None,
                   b2: torch.Tensor | None = None, act=None) -> torch.Tensor:
     """As layers.moe.torch_experts: x [T, H], w13 [E, 2I, H], w2 [E, H, I] (float tensors, or
-    Int4Experts of those shapes), weights/ids [T, k]. `all_routed`: no id is -1, so every
+    Int4Experts or Mxfp4Experts of those shapes), weights/ids [T, k]. `all_routed`: no id is -1, so every
     output row is written (no zero fill needed). Not `summed`: [T, k, H], each row one expert's
     weighted output, for a consumer that sums them (the next fused RMSNorm: one launch less a
     layer, a 4.9 us torch reduction at batch 1 on qwen3-30b-a3b). b13, b2, `act`: as
@@ -316,10 +378,18 @@ def fused_experts(x: torch.Tensor, w13, w2, weights: torch.Tensor, ids: torch.Te
     num_experts, two_i, hidden = w13.shape
     n = tokens * k
     tiles1, tiles2 = _tiles(n, num_experts, hidden), _tiles(n, num_experts, two_i // 2)
+    mx4 = isinstance(w13, Mxfp4Experts) and n <= MX4_IN_KERNEL_ROWS * num_experts  # decoded in the GEMMs
+    if mx4:  # two weight tiles decoded a step: half the inputs' step (moe_kernel_bench.py's sweep)
+        tiles1 = tiles1._replace(block_k=min(tiles1.block_k, 128))
     aligned = align_by_expert(ids, num_experts, tiles1.block_m)
     inter = torch.empty(n, two_i // 2, dtype=x.dtype, device=x.device)
-    grouped_gemm(x.contiguous(), w13, inter, weights, aligned, k, True, tiles1, b13, act)
+    grouped_gemm(x.contiguous(), _as_float(w13, x.dtype, mx4), inter, weights, aligned, k, True, tiles1, b13, act)
     out = (torch.empty if all_routed else torch.zeros)(n, hidden, dtype=x.dtype, device=x.device)  # -1 rows: 0
-    grouped_gemm(inter, w2, out, weights.contiguous(), aligned, k, False, tiles2, b2)
+    grouped_gemm(inter, _as_float(w2, x.dtype, mx4), out, weights.contiguous(), aligned, k, False, tiles2, b2)
     out = out.view(tokens, k, hidden)
     return out.sum(1) if summed else out
+
+
+def _as_float(w, dtype: torch.dtype, in_kernel: bool):
+    """MXFP4 experts decoded whole for this call unless `in_kernel`; any other weight as it is."""
+    return dequantize_experts(w, dtype) if isinstance(w, Mxfp4Experts) and not in_kernel else w
