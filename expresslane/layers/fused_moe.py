@@ -50,12 +50,11 @@ def _weight_tile(w_ptr, s_ptr, z_ptr, expert, k0, k, k_ok, cols, cols_ok, stride
 
 @triton.jit
 def _e2m1(code):
-    """FP4 e2m1 codes (int32 nibbles) as float32, built from bits: sign (bit 3) to bit 31; exponent e
-    (bits 2-1, bias 1) to e + 126; mantissa (bit 0) to the top mantissa bit; e = 0 is 0 or 0.5."""
-    e = (code >> 1) & 3
-    m = code & 1
-    bits = tl.where(e == 0, m * 0x3F000000, ((e + 126) << 23) | (m << 22)) | ((code & 8) << 28)
-    return bits.to(tl.float32, bitcast=True)
+    """FP4 e2m1 codes (int32 nibbles) as float32 / 2^14: the three magnitude bits placed at an fp16's
+    two low exponent bits and top mantissa bit (exponent 0 is then fp16's subnormal 0 or 2^-15,
+    exact through the conversion), the sign at its sign bit."""
+    bits = ((code & 7) << 9) | ((code & 8) << 12)
+    return bits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
 
 
 @triton.jit
@@ -64,15 +63,21 @@ def _mx4_tiles(w_ptr, s_ptr, expert, k0, K, cols, cols_ok, stride_we, stride_wn,
     """MXFP4 W of `expert` at outputs cols, inputs [k0, k0 + 2 HALF_K), as two [BLOCK_N, HALF_K]
     tiles: the even inputs' and the odd inputs' (blocks [E, N, K/2]: two e2m1 codes a byte, the
     even input low; scales [E, N, K/32], e8m0: 2^(s - 127)). Each byte is read once, along K (the
-    shipped layout's contiguous axis), and each value is made from bits (no exp2)."""
+    shipped layout's contiguous axis), a block's scale once, and values are made from bits."""
+    BLOCK_N: tl.constexpr = cols.shape[0]
     kb = k0 // 2 + tl.arange(0, HALF_K)  # byte index along K
-    mask = cols_ok[:, None] & (kb < K // 2)[None, :]
     col = cols[:, None].to(tl.int64)
-    packed = tl.load(w_ptr + expert * stride_we + col * stride_wn + kb[None, :], mask=mask, other=0).to(tl.int32)
-    s = tl.load(s_ptr + expert * stride_se + col * stride_sg + (kb // 16)[None, :], mask=mask, other=127)
-    s = s.to(tl.int32)
-    scale = tl.where(s == 0, 0x00400000, s << 23).to(tl.float32, bitcast=True)  # 2^(s - 127); s = 0: subnormal
-    return (_e2m1(packed & 0xF) * scale).to(dtype), (_e2m1(packed >> 4) * scale).to(dtype)
+    packed = tl.load(w_ptr + expert * stride_we + col * stride_wn + kb[None, :],
+                     mask=cols_ok[:, None] & (kb < K // 2)[None, :], other=0).to(tl.int32)
+    g = k0 // 32 + tl.arange(0, HALF_K // 16)  # the blocks of 32 inputs
+    s = tl.load(s_ptr + expert * stride_se + col * stride_sg + g[None, :],
+                mask=cols_ok[:, None] & (g < K // 32)[None, :], other=127).to(tl.int32)
+    scale = tl.where(s == 0, 0x00400000, s << 23).to(tl.float32, bitcast=True)[:, :, None]  # 2^(s - 127)
+    even = tl.reshape(tl.reshape(_e2m1(packed & 0xF) * 16384.0, (BLOCK_N, HALF_K // 16, 16)) * scale,
+                      (BLOCK_N, HALF_K))
+    odd = tl.reshape(tl.reshape(_e2m1(packed >> 4) * 16384.0, (BLOCK_N, HALF_K // 16, 16)) * scale,
+                     (BLOCK_N, HALF_K))
+    return even.to(dtype), odd.to(dtype)
 
 
 @triton.jit
@@ -379,8 +384,6 @@ def fused_experts(x: torch.Tensor, w13, w2, weights: torch.Tensor, ids: torch.Te
     n = tokens * k
     tiles1, tiles2 = _tiles(n, num_experts, hidden), _tiles(n, num_experts, two_i // 2)
     mx4 = isinstance(w13, Mxfp4Experts) and n <= MX4_IN_KERNEL_ROWS * num_experts  # decoded in the GEMMs
-    if mx4:  # two weight tiles decoded a step: half the inputs' step (moe_kernel_bench.py's sweep)
-        tiles1 = tiles1._replace(block_k=min(tiles1.block_k, 128))
     aligned = align_by_expert(ids, num_experts, tiles1.block_m)
     inter = torch.empty(n, two_i // 2, dtype=x.dtype, device=x.device)
     grouped_gemm(x.contiguous(), _as_float(w13, x.dtype, mx4), inter, weights, aligned, k, True, tiles1, b13, act)
