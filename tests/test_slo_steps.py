@@ -257,6 +257,30 @@ def test_a_lone_prompt_grows_its_chunks_within_an_eighth_of_the_ttft_target():
     assert "long" in sim.first_token
 
 
+def test_a_lone_prompt_on_a_model_slower_than_the_share_still_grows_its_chunks():
+    """Every step of this model (a large MoE's: the experts' read) takes longer than the TTFT
+    target's share: a lone prompt's steps may last twice its cheapest step instead, so its chunks
+    still grow (at the smallest chunk all along, an 8k prompt took 512 steps)."""
+    moe = PiecewiseStepCostModel([1, 16, 64, 128, 512, 2048], [20e-3, 28e-3, 32e-3, 40e-3, 55e-3, 80e-3])
+    assert moe.predict(StepShape(0).plus_chunk(0, MIN_CHUNK)) > TTFT / 8
+    now = [0.0]
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=2048, max_num_seqs=256, scheduling_policy="deadline",
+                                      lane_slo=f"interactive:ttft={TTFT * 1e3:g}ms,tpot={TPOT * 1e3:g}ms,slack={SLACK}"),
+                      KVCacheManager(40_000, 16), clock=lambda: now[0], cost_model=moe)
+    long = request("long", 8192, 4, 0.0)
+    sched.add_request(long)
+    chunks = []
+    while long.num_computed_tokens < 8192:
+        plan = sched.schedule()
+        done = long.num_computed_tokens
+        chunks.append(plan.num_batched_tokens)
+        cheapest = moe.predict(StepShape(0).plus_chunk(done, MIN_CHUNK))
+        assert moe.predict(shape_of(plan)) <= max(TTFT / 8, 2 * cheapest) + 1e-12 or done == 0
+        now[0] += moe.predict(shape_of(plan))
+        land(sched, plan)
+    assert max(chunks) >= 256 and len(chunks) < 64
+
+
 def test_long_prompts_running_together_share_a_lone_prompts_room():
     """Two long prompts prefilling, nothing decoding, nobody waiting: their chunks together keep
     the step within an eighth of the TTFT target (each taking it made a step twice as long, which

@@ -61,6 +61,14 @@ class SchedulingPolicy:
         cap = self.prefill_cap if head is not None or len(running) > 1 else budget
         return StepBudget(budget, cap, dict.fromkeys(LANES, budget), top_up=cap < budget)
 
+    def lone_step(self, base: StepShape, start: int) -> float:
+        """How long a step of prompts may last with no interactive decode running: the TTFT target's
+        share (what a request arriving meanwhile waits behind), or twice the cheapest chunk's step
+        where that is longer. A model whose every step reads weights for longer than the share (a
+        large MoE) would otherwise prefill in its smallest chunks, each step mostly that read."""
+        cheapest = self.cost_model.predict(base.plus_chunk(start, self.config.min_prefill_chunk))
+        return max(self.lanes["interactive"].ttft / self.config.lone_step_share, 2 * cheapest)
+
     def order_running(self, running: Collection[Request]) -> list[Request]:
         return sorted(running, key=self.key)
 
@@ -145,12 +153,13 @@ class DeadlinePolicy(SchedulingPolicy):
         room = max(min(self.config.min_prefill_chunk, limit), self.cost_model.max_chunk(base, start, limit, target), 1)
         if not pace:
             if head is None:  # lone prompts: chunks up to double what is computed
-                room = max(room, min(start, self.cost_model.max_chunk(base, start, limit, slo.ttft / self.config.lone_step_share)))
+                grown = self.cost_model.max_chunk(base, start, limit, self.lone_step(base, start))
+                room = max(room, min(start, grown))
                 return top, room, room
             if idle and self.prefill_alone(head.num_tokens) <= slo.ttft / 4:
                 room = max(room, head.num_tokens)
                 return top, room, top
-            step = max(room, self.cost_model.max_chunk(base, 0, limit, slo.ttft / self.config.lone_step_share))
+            step = max(room, self.cost_model.max_chunk(base, 0, limit, self.lone_step(base, 0)))
             return step, room, room
         if head is None or head.lane != "interactive":
             return min(top, base.num_tokens + room), room, room
@@ -159,6 +168,14 @@ class DeadlinePolicy(SchedulingPolicy):
         rest = self.cost_model.max_chunk(base.plus_chunk(0, starting), start, limit - starting, target)
         rest = max(rest, min(self.config.min_prefill_chunk - starting, limit - starting))  # the floor is the step's, shared
         return min(top, base.num_tokens + starting + rest), max(starting, rest), rest
+
+    def lone_step(self, base: StepShape, start: int) -> float:
+        """How long a step of prompts may last with no interactive decode running: the TTFT target's
+        share (what a request arriving meanwhile waits behind), or twice the cheapest chunk's step
+        where that is longer. A model whose every step reads weights for longer than the share (a
+        large MoE) would otherwise prefill in its smallest chunks, each step mostly that read."""
+        cheapest = self.cost_model.predict(base.plus_chunk(start, self.config.min_prefill_chunk))
+        return max(self.lanes["interactive"].ttft / self.config.lone_step_share, 2 * cheapest)
 
     def order_running(self, running: Collection[Request]) -> list[Request]:
         """Decodes by deadline, then prompts by tokens left, fewest first."""
