@@ -109,8 +109,8 @@ class SchedulerConfig:
                                    "times its prefill time alone (a factor): short prompts go before long ones "
                                    "that arrived up to this stretch of their work earlier")
     lone_step_share: int = _knob(8, "deadline: with no decode running, a prefill step lasts at most the "
-                                 "interactive TTFT target divided by this (a divisor): what a request arriving "
-                                 "meanwhile waits")
+                                 "interactive TTFT target divided by this (a divisor), or twice its cheapest "
+                                 "chunk's step where that is longer: what a request arriving meanwhile waits")
     step_hold_margin_ms: float = _knob(2.0, "plan the next step when the one on the GPU is predicted to end "
                                        "within this margin (ms), so a request arriving meanwhile joins it")
     step_hold_host_factor: float = _knob(3.0, "the hold margin is at least this many times the recent time to "
