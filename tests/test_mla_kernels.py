@@ -80,15 +80,41 @@ def test_padding_tokens_read_nothing():
     assert got[:5].abs().min() > 0
 
 
-def test_store_matches_reference_and_skips_padding():
-    meta, _, num_blocks = make_step([(2, 1), (0, 6)], 4, seed=2)
-    meta.slot_mapping[3] = -1  # a padding token: written nowhere
-    c_kv, k_pe = torch.randn(7, 12), torch.randn(7, 4)
-    want, got = torch.zeros(num_blocks, 4, 16), torch.zeros(num_blocks, 4, 16)
-    TorchMLA().store(want, c_kv, k_pe, meta)
-    mla_kernels.store_latent(got, c_kv, k_pe, meta.slot_mapping)
-    assert torch.equal(got, want)
-    assert want.view(-1, 16)[meta.slot_mapping[meta.slot_mapping >= 0]].abs().sum(-1).min() > 0
+def test_rope_store_matches_reference_and_skips_padding():
+    """The fused latent write (c_kv's RMSNorm, RoPE on k_pe and q_pe, the cache slot) equals the
+    torch path's norm, rotary and copy (float32: the rotations bit for bit, the norm to an ulp of
+    rsqrt); a padding token's slot stays unwritten. Strided inputs, as the projections' splits give
+    them; YaRN's scaled table. (bf16: on CUDA, through the DeepSeek models' tests; the interpreter
+    rounds to bf16 its own way.)"""
+    dtype = torch.float32
+    from transformers import Qwen2Config
+
+    from expresslane.layers.norm import RMSNorm
+    from expresslane.layers.rotary import RotaryEmbedding, rope_frequencies
+
+    g = torch.Generator().manual_seed(4)
+    heads, lat, rope, nope = 3, 24, 8, 6
+    meta, positions, num_blocks = make_step([(2, 1), (5, 1), (0, 6)], 4, seed=2)
+    meta.slot_mapping[4] = -1  # a padding token: written nowhere
+    t = positions.shape[0]
+    cfg = Qwen2Config(max_position_embeddings=64, hidden_size=2 * rope, num_attention_heads=2,
+                      rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16})
+    rotary = RotaryEmbedding(rope, 64, freqs=rope_frequencies(cfg, rope, 64))
+    norm = RMSNorm(lat, 1e-6)
+    norm.weight.data = (torch.randn(lat, generator=g) * 0.5 + 1).to(dtype)
+    kv = (torch.randn(t, lat + rope, generator=g) * 3).to(dtype)
+    q = torch.randn(t, heads, nope + rope, generator=g).to(dtype)
+    c_kv, k_pe = kv.split([lat, rope], dim=-1)
+    q_pe = q[..., nope:]
+    want = torch.zeros(num_blocks, 4, lat + rope, dtype=dtype)
+    got = torch.zeros_like(want)
+    q_want = TorchMLA().rope_store(want, q_pe, c_kv, k_pe, norm, rotary, positions, meta)
+    q_got = mla_kernels.rope_store_latent(got, q_pe, c_kv, k_pe, norm, rotary, positions, meta)
+    assert torch.equal(q_got, q_want) and q_got.is_contiguous()
+    assert torch.equal(got[..., lat:], want[..., lat:])
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
+    written = want.view(-1, lat + rope)[meta.slot_mapping[meta.slot_mapping >= 0]]
+    assert written.abs().sum(-1).min() > 0 and want.view(-1, lat + rope).abs().sum(-1).count_nonzero() == t - 1
 
 
 def test_expanded_prefill_equals_absorbed():

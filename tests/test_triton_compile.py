@@ -131,10 +131,12 @@ def _cases():
         for split, rank_pad in ((True, 16), (False, 64)):
             yield "lora_gemv_kernel", dtype, dict(HAS_BIAS=not split, SPLIT_K=split, EVEN=split, IEEE=ieee, BLOCK_N=64,
                                                   BLOCK_K=128, BLOCK_R=rank_pad), lora
-    # multi-head latent attention (attention/mla_kernels.py) at DeepSeek's dims: the latent cache write, the
-    # attention with and without key splits, the splits' combine
+    # multi-head latent attention (attention/mla_kernels.py) at DeepSeek's dims: the latent norm, RoPE and cache
+    # write (V2-Lite's 16 heads, V3's 128), the attention with and without key splits, the splits' combine
     mla = dict(tables_ptr="*i32", qsl_ptr="*i32", part_o_ptr="*fp32", part_lse_ptr="*fp32")
-    yield "store_latent_kernel", "bf16", dict(L=512, R=64, L_PAD=512, R_PAD=64)
+    for heads in (16, 128):
+        yield "latent_rope_store_kernel", "bf16", dict(H=heads, H_PAD=heads, L=512, L_PAD=512, HALF=32, HALF_PAD=32,
+                                                       TOKENS=1)
     for split in (False, True):
         yield "latent_attention_kernel", "bf16", dict(L=512, R=64, L_PAD=512, R_PAD=64, BLOCK_H=16, BLOCK_N=32,
                                                       PAGE=16, SEQS_PAD=64, SPLIT=split, PRECISION="tf32"), mla

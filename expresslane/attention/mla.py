@@ -86,10 +86,16 @@ class TorchMLA:
 
     expands_prefill = True
 
-    def store(self, cache: torch.Tensor, c_kv: torch.Tensor, k_pe: torch.Tensor, meta: AttentionMetadata) -> None:
+    def rope_store(self, cache: torch.Tensor, q_pe: torch.Tensor, c_kv: torch.Tensor, k_pe: torch.Tensor, norm,
+                   rotary, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """c_kv through `norm`, RoPE on q_pe [T, H, R] and k_pe [T, R], c_kv | k_pe into each token's
+        cache slot; returns q_pe rotated."""
+        c_kv = norm(c_kv.contiguous())
+        q_pe, k_pe = rotary(positions, q_pe, k_pe[:, None], meta.rope_lengths)
         slots = meta.slot_mapping
         keep = slots >= 0  # (CUDA-graph padding carries -1; eager steps have none)
-        cache.view(-1, cache.shape[-1]).index_copy_(0, slots[keep], torch.cat([c_kv, k_pe], dim=-1)[keep])
+        cache.view(-1, cache.shape[-1]).index_copy_(0, slots[keep], torch.cat([c_kv, k_pe[:, 0]], dim=-1)[keep])
+        return q_pe
 
     def attend(self, q_lat, q_pe, cache, positions, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         """The first q_lat.shape[0] tokens (their positions follow from the seq lengths)."""
@@ -97,14 +103,14 @@ class TorchMLA:
 
 
 class TritonMLA:
-    """One store kernel and one latent-attention kernel for the whole step (decodes and
-    prefill alike): no host sync, so the CUDA graphs capture them."""
+    """One kernel for the latent norm, RoPE and cache write, and one latent-attention kernel, for
+    the whole step (decodes and prefill alike): no host sync, so the CUDA graphs capture them."""
 
     expands_prefill = False
 
-    def store(self, cache, c_kv, k_pe, meta: AttentionMetadata) -> None:
-        from expresslane.attention.mla_kernels import store_latent
-        store_latent(cache, c_kv, k_pe, meta.slot_mapping)
+    def rope_store(self, cache, q_pe, c_kv, k_pe, norm, rotary, positions, meta: AttentionMetadata) -> torch.Tensor:
+        from expresslane.attention.mla_kernels import rope_store_latent
+        return rope_store_latent(cache, q_pe, c_kv, k_pe, norm, rotary, positions, meta)
 
     def attend(self, q_lat, q_pe, cache, positions, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         from expresslane.attention.mla_kernels import paged_latent_attention

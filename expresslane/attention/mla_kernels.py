@@ -26,7 +26,8 @@ from dataclasses import dataclass
 import torch
 
 from expresslane.attention.backend import AttentionMetadata
-from expresslane.triton_setup import tl, triton
+from expresslane.attention.triton_kernels import _rotate_half
+from expresslane.triton_setup import rows_per_program, tl, triton
 
 BLOCK_H = 16  # heads a program: tl.dot needs at least 16 rows (fewer heads are masked)
 REDUCE_BLOCK_L = 128  # latent dims a reduction program combines (128 splits x 128: 128 floats a thread)
@@ -77,17 +78,43 @@ def num_splits(num_tokens: int, heads: int, device: torch.device, tile: LatentTi
 
 
 @triton.jit
-def store_latent_kernel(c_ptr, pe_ptr, slot_ptr, cache_ptr, stride_c, stride_pe, stride_slot,
-                        L: tl.constexpr, R: tl.constexpr, L_PAD: tl.constexpr, R_PAD: tl.constexpr):
-    """Token t's c_kv and k_pe into its cache slot; slot -1 (padding) writes nothing."""
-    t = tl.program_id(0).to(tl.int64)
-    slot = tl.load(slot_ptr + t)
-    if slot >= 0:
-        dst = cache_ptr + slot * stride_slot
-        d = tl.arange(0, L_PAD)
-        tl.store(dst + d, tl.load(c_ptr + t * stride_c + d, mask=d < L), mask=d < L)
-        e = tl.arange(0, R_PAD)
-        tl.store(dst + L + e, tl.load(pe_ptr + t * stride_pe + e, mask=e < R), mask=e < R)
+def latent_rope_store_kernel(c_ptr, pe_ptr, q_ptr, w_ptr, pos_ptr, slot_ptr, cos_sin_ptr, cache_ptr, q_out_ptr,
+                             stride_c, stride_pe, stride_qt, stride_qh, stride_cs, stride_slot, eps, num_tokens,
+                             H: tl.constexpr, H_PAD: tl.constexpr, L: tl.constexpr, L_PAD: tl.constexpr,
+                             HALF: tl.constexpr, HALF_PAD: tl.constexpr, TOKENS: tl.constexpr):
+    """TOKENS new tokens a program (blocks [token, head, dim]): RoPE on their q_pe heads into q_out
+    [T, H, 2 HALF], and into each token's cache slot c_kv RMS-normalised (weight w_ptr, rounded as
+    layers.norm.RMSNorm rounds) then k_pe rotated; slot -1 (CUDA-graph padding) writes no slot.
+    The rotation: rotate-half by the cos|sin row pos_ptr[t] of the table."""
+    t = tl.program_id(0).to(tl.int64) * TOKENS + tl.arange(0, TOKENS)[:, None, None]
+    tm = t < num_tokens
+    pos = tl.load(pos_ptr + t, mask=tm, other=0)
+    d = tl.arange(0, HALF_PAD)[None, None, :]
+    dm = d < HALF
+    cos = tl.load(cos_sin_ptr + pos * stride_cs + d, mask=tm & dm, other=0.0)
+    sin = tl.load(cos_sin_ptr + pos * stride_cs + HALF + d, mask=tm & dm, other=0.0)
+    h = tl.arange(0, H_PAD)[None, :, None]
+    m = tm & (h < H) & dm
+    src = q_ptr + t * stride_qt + h * stride_qh + d
+    r1, r2 = _rotate_half(tl.load(src, mask=m, other=0.0), tl.load(src + HALF, mask=m, other=0.0), cos, sin)
+    dst = q_out_ptr + t * (H * 2 * HALF) + h * (2 * HALF) + d
+    tl.store(dst, r1, mask=m)
+    tl.store(dst + HALF, r2, mask=m)
+    slot = tl.load(slot_ptr + t, mask=tm, other=-1)
+    row = cache_ptr + slot * stride_slot
+    mk = (slot >= 0) & dm
+    k1 = tl.load(pe_ptr + t * stride_pe + d, mask=mk, other=0.0)
+    k2 = tl.load(pe_ptr + t * stride_pe + HALF + d, mask=mk, other=0.0)
+    k1, k2 = _rotate_half(k1, k2, cos, sin)
+    tl.store(row + L + d, k1, mask=mk)
+    tl.store(row + L + HALF + d, k2, mask=mk)
+    e = tl.arange(0, L_PAD)[None, None, :]
+    me = (slot >= 0) & (e < L)
+    c = tl.load(c_ptr + t * stride_c + e, mask=me, other=0.0)
+    f = c.to(tl.float32)
+    normed = (f * tl.math.rsqrt(tl.sum(f * f, 2) / L + eps)[:, :, None]).to(c.dtype)
+    w = tl.load(w_ptr + e, mask=e < L, other=0.0).to(tl.float32)
+    tl.store(row + e, (w * normed.to(tl.float32)).to(cache_ptr.dtype.element_ty), mask=me)
 
 
 @triton.jit
@@ -170,12 +197,25 @@ def reduce_latent_splits_kernel(part_o_ptr, part_lse_ptr, out_ptr, num_heads, nu
     tl.store(out_ptr + t * stride_ot + h * stride_oh + dl, out.to(out_ptr.dtype.element_ty), mask=dl < L)
 
 
-def store_latent(cache: torch.Tensor, c_kv: torch.Tensor, k_pe: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """cache [blocks, block_size, L + R]; c_kv [T, L], k_pe [T, R] (rows may be strided)."""
-    t, lat, rope = c_kv.shape[0], c_kv.shape[1], k_pe.shape[-1]
+def rope_store_latent(cache: torch.Tensor, q_pe: torch.Tensor, c_kv: torch.Tensor, k_pe: torch.Tensor, norm,
+                      rotary, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    """One launch for a step's latent cache write and its RoPE: cache [blocks, block_size, L + R];
+    c_kv [T, L] (normalised by `norm`, an RMSNorm, on the way in), k_pe [T, R], q_pe [T, H, R] (rows
+    may be strided); `rotary` a RotaryEmbedding over all R dims. Returns q_pe rotated, [T, H, R]."""
+    t, heads, rope = q_pe.shape
+    out = torch.empty(t, heads, rope, dtype=q_pe.dtype, device=q_pe.device)
     if t:
-        store_latent_kernel[(t,)](c_kv, k_pe, slot_mapping, cache, c_kv.stride(0), k_pe.stride(0), cache.stride(1),
-                                  L=lat, R=rope, L_PAD=_pad(lat), R_PAD=_pad(rope))
+        cs, rows = rotary.lookup(positions, meta.rope_lengths)
+        half = cs.shape[1] // 2
+        if 2 * half != rope:
+            raise ValueError(f"the latent cache's RoPE covers all {rope} rope dims; the table has {2 * half}")
+        lat = c_kv.shape[1]
+        per = rows_per_program(t)
+        latent_rope_store_kernel[(triton.cdiv(t, per),)](
+            c_kv, k_pe, q_pe, norm.weight, rows, meta.slot_mapping, cs, cache, out, c_kv.stride(0), k_pe.stride(0),
+            q_pe.stride(0), q_pe.stride(1), cs.stride(0), cache.stride(1), norm.eps, t, H=heads,
+            H_PAD=1 << (heads - 1).bit_length(), L=lat, L_PAD=_pad(lat), HALF=half, HALF_PAD=_pad(half), TOKENS=per)
+    return out
 
 
 def paged_latent_attention(q_lat: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor, positions: torch.Tensor,

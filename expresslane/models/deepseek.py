@@ -110,14 +110,16 @@ class MLAttention(nn.Module):
         q = q.view(-1, self.num_heads, self.nope + self.rope)
         q_nope, q_pe = q[..., :self.nope], q[..., self.nope:]
         c_kv, k_pe = self.kv_a_proj_with_mqa(x).split([self.latent, self.rope], dim=-1)
-        c_kv = self.kv_a_layernorm(c_kv.contiguous())
-        q_pe, k_pe = self.rotary(positions, q_pe, k_pe[:, None], meta.rope_lengths)
-        self.mla.store(self.kv_cache, c_kv, k_pe[:, 0], meta)
+        q_pe = self.mla.rope_store(self.kv_cache, q_pe, c_kv, k_pe, self.kv_a_layernorm, self.rotary, positions, meta)
         # absorbed: every token on the Triton path, the decodes on the torch path (prefill expands)
         n = meta.num_decodes if self.mla.expands_prefill else x.shape[0]
+        w_uk, w_uv = self._absorbed()
+        if 0 < n == x.shape[0]:  # every token absorbed: no partial writes into a shared output (a copy less)
+            o_lat = self.mla.attend(torch.einsum("thn,hnl->thl", q_nope, w_uk), q_pe, self.kv_cache, positions, meta,
+                                    self.scale)
+            return self.o_proj(torch.einsum("thl,hvl->thv", o_lat, w_uv).flatten(1))
         out = x.new_empty(x.shape[0], self.num_heads, self.v_dim)
         if n:
-            w_uk, w_uv = self._absorbed()
             q_lat = torch.einsum("thn,hnl->thl", q_nope[:n], w_uk)
             o_lat = self.mla.attend(q_lat, q_pe[:n].contiguous(), self.kv_cache, positions[:n], meta, self.scale)
             out[:n] = torch.einsum("thl,hvl->thv", o_lat, w_uv)
