@@ -74,6 +74,23 @@ def test_fused_route_matches_reference(experts, k, renormalize):
     assert torch.equal(counts.cpu(), torch.bincount(ref_ids[:-5].flatten(), minlength=experts))
 
 
+def test_fused_route_scales_as_deepseek_greedy_routing():
+    """DeepSeek-V2's greedy routing (softmax, top k unrenormalised, times routed_scaling_factor)
+    through the fused kernel: the same experts and weights as route_deepseek."""
+    from expresslane.layers.deepseek_moe import Routing, route_deepseek
+
+    g = torch.Generator().manual_seed(9)
+    logits = torch.randn(21, 64, generator=g) * 2
+    counts = torch.zeros(64, dtype=torch.int64, device=DEVICE)
+    weights, ids = fused_moe.fused_route(logits.to(DEVICE), 6, False, counts, torch.arange(21).to(DEVICE), scale=16.0)
+    ref_w, ref_ids = route_deepseek(logits, 6, Routing("greedy", 1, 1, False, 16.0), None)
+    order = ref_ids.sort(-1)
+    assert torch.equal(ids.cpu().long().sort(-1).values, order.values)
+    assert torch.allclose(weights.cpu().gather(1, ids.cpu().long().sort(-1).indices), ref_w.gather(1, order.indices),
+                          atol=1e-5, rtol=1e-5)
+    assert int(counts.sum()) == 21 * 6
+
+
 def test_engine_counts_real_tokens_only(model_dirs):
     """Through the CUDA-graph input path (run eagerly on CPU), padded decode batches and mixed
     steps route padding tokens too; the counters take only the real ones: every computed

@@ -102,10 +102,15 @@ class DeepseekMoE(SparseMoE):
     def forward(self, x: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
         """x [T, H] -> [T, H]; tokens with slot -1 (CUDA-graph padding) are not counted."""
         logits = F.linear(x.float(), self.gate.weight)
-        bias = self.gate.e_score_correction_bias if self.routing.method == "noaux_tc" else None
-        weights, ids = route_deepseek(logits, self.top_k, self.routing, bias)
-        real = (slot_mapping >= 0).to(torch.int64)
-        self.expert_tokens.scatter_add_(0, ids.flatten(), real[:, None].expand(ids.shape).flatten())
+        if self.fused and self.routing.method == "greedy":  # one kernel: softmax, top-k, scaling, counters
+            from expresslane.layers.fused_moe import fused_route
+            weights, ids = fused_route(logits, self.top_k, False, self.expert_tokens, slot_mapping,
+                                       scale=self.routing.scaling)
+        else:
+            bias = self.gate.e_score_correction_bias if self.routing.method == "noaux_tc" else None
+            weights, ids = route_deepseek(logits, self.top_k, self.routing, bias)
+            real = (slot_mapping >= 0).to(torch.int64)
+            self.expert_tokens.scatter_add_(0, ids.flatten(), real[:, None].expand(ids.shape).flatten())
         if self.tp.expert_parallel:
             out = dispatch_combine(x, weights, ids, self.experts_per_rank, self.tp, self.experts)
         else:

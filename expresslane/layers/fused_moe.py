@@ -170,13 +170,13 @@ def moe_gemm_kernel(a_ptr, w_ptr, s_ptr, z_ptr, c_ptr, topk_w_ptr, sorted_rows_p
 
 
 @triton.jit
-def route_kernel(logits_ptr, weights_ptr, ids_ptr, counts_ptr, slot_ptr, E, stride_l, num_tokens,
+def route_kernel(logits_ptr, weights_ptr, ids_ptr, counts_ptr, slot_ptr, E, stride_l, num_tokens, scale,
                  TOP_K: tl.constexpr, K_PAD: tl.constexpr, E_PAD: tl.constexpr, RENORM: tl.constexpr,
                  TOPK_SOFTMAX: tl.constexpr, TOKENS: tl.constexpr):
     """TOKENS tokens a program (one when compiled), each: float32 softmax of its router logits,
-    the top k (best first), renormalised when RENORM; each chosen expert's counter + 1 unless
-    the token is CUDA-graph padding. TOPK_SOFTMAX (gpt-oss): the top k of the logits, then the
-    softmax over those k."""
+    the top k (best first), renormalised when RENORM, times `scale`; each chosen expert's counter
+    + 1 unless the token is CUDA-graph padding. TOPK_SOFTMAX (gpt-oss): the top k of the logits,
+    then the softmax over those k."""
     t = tl.program_id(0).to(tl.int64) * TOKENS + tl.arange(0, TOKENS)[:, None]
     tm = t < num_tokens
     offs = tl.arange(0, E_PAD)[None, :]
@@ -208,22 +208,22 @@ def route_kernel(logits_ptr, weights_ptr, ids_ptr, counts_ptr, slot_ptr, E, stri
         weights = e / tl.sum(e, 1)[:, None]
     elif RENORM:
         weights = weights / tl.sum(weights, 1)[:, None]
-    tl.store(weights_ptr + t * TOP_K + slots, weights, mask=picked)
+    tl.store(weights_ptr + t * TOP_K + slots, weights * scale, mask=picked)
     tl.store(ids_ptr + t * TOP_K + slots, ids, mask=picked)
 
 
 def fused_route(router_logits: torch.Tensor, top_k: int, renormalize: bool, counts: torch.Tensor,
-                slot_mapping: torch.Tensor, warps: int = 1,
-                topk_softmax: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """As layers.moe.route (ids int32), counting into `counts` the real tokens (slot >= 0). One
-    warp a token: its reductions stay in the warp (faster than 4 warps in
-    benchmarks/moe_kernel_bench.py)."""
+                slot_mapping: torch.Tensor, warps: int = 1, topk_softmax: bool = False,
+                scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """As layers.moe.route (ids int32), the weights times `scale` (DeepSeek's routed scaling),
+    counting into `counts` the real tokens (slot >= 0). One warp a token: its reductions stay in
+    the warp (faster than 4 warps in benchmarks/moe_kernel_bench.py)."""
     tokens, experts = router_logits.shape
     weights = torch.empty(tokens, top_k, dtype=torch.float32, device=router_logits.device)
     ids = torch.empty(tokens, top_k, dtype=torch.int32, device=router_logits.device)
     per = rows_per_program(tokens)
     route_kernel[(triton.cdiv(tokens, per),)](router_logits, weights, ids, counts, slot_mapping, experts,
-                                              router_logits.stride(0), tokens, TOP_K=top_k, K_PAD=_pow2(top_k),
+                                              router_logits.stride(0), tokens, scale, TOP_K=top_k, K_PAD=_pow2(top_k),
                                               E_PAD=_pow2(experts), RENORM=renormalize, TOPK_SOFTMAX=topk_softmax,
                                               TOKENS=per, num_warps=warps)
     return weights, ids
