@@ -16,6 +16,9 @@
 #            phi-4 deepseek-v2-lite gpt-oss-20b; FAMILIES_HF=0: no transformers; BASELINE_TREE=DIR: an older
 #            checkout's package first, in the same call); then the MLA latent kernel (mla_bench.py: decode at 1k-32k
 #            keys against the latent read floor, a prefill chunk); MLA_BENCH=0 leaves it out
+#   mxfp4:   issue #43: gpt-oss-20b's MXFP4 experts alone (moe_kernel_bench.py --shapes gpt-oss-20b): one layer at
+#            1-2048 tokens in the GEMMs' decode, decoded whole and in one-row tiles (no tensor cores); tiles swept
+#            at 1 and 4 tokens, one-row tiles among them; ~3 min
 #   familyprofile: issue #43: where batch-1 decode and TTFT 128 / 8192 spend GPU time (decode_profile.py, kernels
 #            by kind and by name) for FAMILIES (default deepseek-v2-lite gemma-3-12b), real shapes, weights on the GPU
 #   fusedgemv: issue #42: the fused layer's four GEMVs (norm / residual / SiLU folded in) one by one against
@@ -368,6 +371,9 @@ for section in $SECTIONS; do
       run python3 benchmarks/decode_profile.py --model "$MODELS/qwen3-30b-a3b-bare" --load-format dummy --no-ttft
       echo "== qwen3-30b-a3b: transformers (at most 150 s; what it measured by then stays)"
       timeout 150 "${Q[@]}" --only hf --ttft-lengths 128,8192 --out "$RES" || echo "transformers stopped (rc $?)" ;;
+    mxfp4)
+      echo "== gpt-oss-20b's MXFP4 experts alone, one layer: each path by token count, tiles swept at 1 and 4 tokens"
+      run python3 benchmarks/moe_kernel_bench.py --shapes gpt-oss-20b --tokens 1,4,16,64,128,2048 --sweep-tokens 1,4 ;;
     pdmux)
       for b in 1 32; do
         echo "== prefill beside decode (decode batch $b)"

@@ -87,15 +87,16 @@ def bench_tokens(name: str, tokens: int, weights: tuple, tiles_swept: bool, out)
         swiglu = ClampedSwiGLU(limit=7.0)
     n = tokens * k
     tiles1, tiles2 = _tiles(n, experts, hidden), _tiles(n, experts, inter)
-    aligned = [align_by_expert(ids, experts, tiles1.block_m) for _, ids in routed]
+    aligned = {m: [align_by_expert(ids, experts, m) for _, ids in routed]  # by the tiles' rows
+               for m in {tiles1.block_m, 1 if name in MXFP4 else tiles1.block_m}}
     act = torch.empty(n, inter, dtype=dt, device=dev)
     rows_out = torch.empty(n, hidden, dtype=dt, device=dev)
 
     def gemm1(r, t=tiles1):
-        grouped_gemm(x, w13, act, routed[r][0], aligned[r], k, True, t, b13, swiglu)
+        grouped_gemm(x, w13, act, routed[r][0], aligned[t.block_m][r], k, True, t, b13, swiglu)
 
     def gemm2(r, t=tiles2):
-        grouped_gemm(act, w2, rows_out, routed[r][0], aligned[r], k, False, t, b2)
+        grouped_gemm(act, w2, rows_out, routed[r][0], aligned[t.block_m][r], k, False, t, b2)
 
     pieces = {
         "router_matmul": lambda r: F.linear(x, gate),
@@ -108,15 +109,22 @@ def bench_tokens(name: str, tokens: int, weights: tuple, tiles_swept: bool, out)
                                                  b2=b2, act=swiglu),
     }
     if name in MXFP4 and hasattr(fused_moe, "dequantize_experts"):  # each path of MXFP4 experts, forced
-        def forced(r, rows):
-            kept, fused_moe.MX4_IN_KERNEL_ROWS = fused_moe.MX4_IN_KERNEL_ROWS, rows  # read when captured
+        def forced(r, **settings):  # module settings, read when the graph is captured
+            kept = {key: getattr(fused_moe, key) for key in settings}
             try:
+                for key, value in settings.items():
+                    setattr(fused_moe, key, value)
                 pieces["experts_whole"](r)
             finally:
-                fused_moe.MX4_IN_KERNEL_ROWS = kept
+                for key, value in kept.items():
+                    setattr(fused_moe, key, value)
         pieces.update(decode_whole_w13=lambda r: fused_moe.dequantize_experts(w13, dt),
                       decode_whole_w2=lambda r: fused_moe.dequantize_experts(w2, dt),
-                      experts_in_kernel=lambda r: forced(r, 1 << 30), experts_decoded_whole=lambda r: forced(r, -1))
+                      experts_in_kernel=lambda r: forced(r, MX4_IN_KERNEL_ROWS=1 << 30),
+                      experts_decoded_whole=lambda r: forced(r, MX4_IN_KERNEL_ROWS=-1))
+        if hasattr(fused_moe, "MX4_TILES"):
+            one_row = (Tiles(1, 32, 256, 4), Tiles(1, 32, 256, 4))
+            pieces["experts_one_row_tiles"] = lambda r: forced(r, MX4_IN_KERNEL_ROWS=1 << 30, MX4_TILES=one_row)
     us = {p: round(calls_us(fn), 2) for p, fn in pieces.items()}
     row = {"bench": "moe_kernels", "shape": name, "tokens": tokens, "experts_read": used,
            "tiles": [list(tiles1), list(tiles2)], "us": us, "gemm1_gb_s": round(bytes1 / us["gemm1"] / 1e3),
@@ -132,14 +140,16 @@ def bench_tokens(name: str, tokens: int, weights: tuple, tiles_swept: bool, out)
         row["cublas_linears_us"] = round(calls_us(cublas), 2)
     emit(out, **row)
     if tiles_swept:
-        sweep(name, tokens, gemm1, gemm2, tiles1, tiles2, act, rows_out, bytes1, bytes2, out)
+        sweep(name, tokens, gemm1, gemm2, tiles1, tiles2, act, rows_out, bytes1, bytes2, out, name in MXFP4)
 
 
-def sweep(name, tokens, gemm1, gemm2, tiles1, tiles2, act, rows_out, bytes1, bytes2, out) -> None:
-    """Each GEMM under every tile of a grid (block_m kept: the alignment's); the six fastest."""
+def sweep(name, tokens, gemm1, gemm2, tiles1, tiles2, act, rows_out, bytes1, bytes2, out, one_row: bool) -> None:
+    """Each GEMM under every tile of a grid (block_m kept: the alignment's; `one_row`, MXFP4: tiles of one
+    row too, multiplying without tensor cores); the six fastest."""
     for label, fn, default, result, nbytes in (("gemm1", gemm1, tiles1, act, bytes1),
                                                ("gemm2", gemm2, tiles2, rows_out, bytes2)):
-        grid = [Tiles(default.block_m, bn, bk, warps, stages)
+        grid = [Tiles(m, bn, bk, warps, stages)
+                for m in ((default.block_m, 1) if one_row else (default.block_m,))
                 for bn, bk, warps, stages in itertools.product((16, 32, 64), (128, 256), (2, 4), (3, 5))]
         fn(0)
         reference = result.clone()

@@ -117,6 +117,11 @@ def _cases():
                                                       BLOCK_N=bn, BLOCK_K=bk, PRECISION="tf32", W4=False, GROUP=1,
                                                       HAS_BIAS=True, SWIGLU=gated, MX4=True), {
                     **moe, "w_ptr": "*u8", "s_ptr": "*u8", "z_ptr": "*u8"}
+    for top_k, gated in ((4, True), (1, False)):  # MXFP4 in tiles of one row (no tensor cores)
+        yield "moe_gemm_kernel", "bf16", dict(TOP_K=top_k, GATED=gated, WEIGHTED=not gated, BLOCK_M=1, BLOCK_N=32,
+                                              BLOCK_K=256, PRECISION="tf32", W4=False, GROUP=1, HAS_BIAS=True,
+                                              SWIGLU=gated, MX4=True), {
+            **moe, "w_ptr": "*u8", "s_ptr": "*u8", "z_ptr": "*u8"}
     # MXFP4 experts decoded whole for a prefill's grouped GEMMs
     yield "mx4_dequant_kernel", "bf16", dict(BLOCK_N=64, HALF_K=128), dict(w_ptr="*u8", s_ptr="*u8")
     # multi-LoRA shrink and expand (layers/lora_kernels.py): bf16 and float32 activations

@@ -195,10 +195,14 @@ def test_fused_topk_softmax_route(experts, k):
     assert torch.equal(counts.cpu(), torch.bincount(ref_ids.flatten(), minlength=experts))
 
 
-@pytest.mark.parametrize("tokens,experts,k,drop", [(1, 5, 2, 0.0), (33, 5, 4, 0.3), (300, 3, 1, 0.0)])
-def test_fused_mxfp4_experts_match_reference(tokens, experts, k, drop):
+@pytest.mark.parametrize("tokens,experts,k,drop,one_row", [(1, 5, 2, 0.0, False), (33, 5, 4, 0.3, False),
+                                                           (300, 3, 1, 0.0, False), (3, 5, 2, 0.3, True)])
+def test_fused_mxfp4_experts_match_reference(tokens, experts, k, drop, one_row, monkeypatch):
     """The grouped GEMMs decoding MXFP4 in-kernel (every code and sign, scales above and below 1)
-    equal the reference on the dequantized experts, with gpt-oss's biases and SwiGLU."""
+    equal the reference on the dequantized experts, with gpt-oss's biases and SwiGLU; `one_row`:
+    through tiles of one row (no tensor cores), rows on other ranks (-1) left zero."""
+    if one_row:
+        monkeypatch.setattr(fused_moe, "MX4_TILES", (fused_moe.Tiles(1, 32, 64, 4), fused_moe.Tiles(1, 16, 64, 4)))
     from expresslane.layers.moe import ClampedSwiGLU
     from expresslane.quant.mxfp4 import Mxfp4Experts
 

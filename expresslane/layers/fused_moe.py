@@ -81,6 +81,24 @@ def _mx4_tiles(w_ptr, s_ptr, expert, k0, K, cols, cols_ok, stride_we, stride_wn,
 
 
 @triton.jit
+def _mx4_step(acc, a_even, a_odd, w_ptr, s_ptr, expert, k0, K, cols, cols_ok, stride_we, stride_wn, stride_se,
+              stride_sg, BLOCK_M: tl.constexpr, HALF_K: tl.constexpr, dtype: tl.constexpr, PRECISION: tl.constexpr):
+    """acc [BLOCK_M, BLOCK_N] += A [BLOCK_M, 2 HALF_K] . W^T for MXFP4 W at outputs cols, inputs k0..:
+    a dot for the even inputs and one for the odd; a tile of one row (BLOCK_M 1: rows aligned one
+    a tile, no padding) multiplies and sums in float32 instead, with no tensor-core layout."""
+    if BLOCK_M == 1:
+        w_even, w_odd = _mx4_tiles(w_ptr, s_ptr, expert, k0, K, cols, cols_ok, stride_we, stride_wn, stride_se,
+                                   stride_sg, HALF_K, tl.float32)
+        acc += tl.sum(w_even * a_even.to(tl.float32) + w_odd * a_odd.to(tl.float32), 1)[None, :]
+    else:
+        w_even, w_odd = _mx4_tiles(w_ptr, s_ptr, expert, k0, K, cols, cols_ok, stride_we, stride_wn, stride_se,
+                                   stride_sg, HALF_K, dtype)
+        acc = tl.dot(a_odd, tl.trans(w_odd), tl.dot(a_even, tl.trans(w_even), acc, input_precision=PRECISION),
+                     input_precision=PRECISION)
+    return acc
+
+
+@triton.jit
 def mx4_dequant_kernel(w_ptr, s_ptr, out_ptr, N, K, stride_we, stride_wn, stride_se, stride_sg, stride_oe,
                        stride_on, BLOCK_N: tl.constexpr, HALF_K: tl.constexpr):
     """out[e, n, k] (the activation dtype) = MXFP4 W[e, n, k], for a [BLOCK_N, 2 HALF_K] tile."""
@@ -126,16 +144,12 @@ def moe_gemm_kernel(a_ptr, w_ptr, s_ptr, z_ptr, c_ptr, topk_w_ptr, sorted_rows_p
                 a_mask = valid[:, None] & (k < K)[None, :]
                 a_even = tl.load(a_rows + k[None, :], mask=a_mask, other=0.0)
                 a_odd = tl.load(a_rows + (k + 1)[None, :], mask=a_mask, other=0.0)
-                w_even, w_odd = _mx4_tiles(w_ptr, s_ptr, expert, k0, K, offs_n, n_mask, stride_we, stride_wn,
-                                           stride_se, stride_sg, BLOCK_K // 2, dtype)
-                acc = tl.dot(a_odd, tl.trans(w_odd), tl.dot(a_even, tl.trans(w_even), acc, input_precision=PRECISION),
-                             input_precision=PRECISION)
+                acc = _mx4_step(acc, a_even, a_odd, w_ptr, s_ptr, expert, k0, K, offs_n, n_mask, stride_we, stride_wn,
+                                stride_se, stride_sg, BLOCK_M, BLOCK_K // 2, dtype, PRECISION)
                 if GATED:
-                    w_even, w_odd = _mx4_tiles(w_ptr, s_ptr, expert, k0, K, offs_n + N, n_mask, stride_we,
-                                               stride_wn, stride_se, stride_sg, BLOCK_K // 2, dtype)
-                    acc_up = tl.dot(a_odd, tl.trans(w_odd),
-                                    tl.dot(a_even, tl.trans(w_even), acc_up, input_precision=PRECISION),
-                                    input_precision=PRECISION)
+                    acc_up = _mx4_step(acc_up, a_even, a_odd, w_ptr, s_ptr, expert, k0, K, offs_n + N, n_mask,
+                                       stride_we, stride_wn, stride_se, stride_sg, BLOCK_M, BLOCK_K // 2, dtype,
+                                       PRECISION)
             else:
                 k = k0 + offs_k
                 k_mask = k < K
@@ -340,6 +354,9 @@ def grouped_gemm(a: torch.Tensor, w, out: torch.Tensor, weights: torch.Tensor, a
     rows, block_expert, num_padded = aligned
     n_out = out.shape[1]
     w_args, w_const, block_k = _weights(w, tiles.block_k)
+    if tiles.block_m < 16 and not w_const["MX4"]:
+        raise ValueError(f"tiles of {tiles.block_m} rows multiply MXFP4 experts only (tensor-core tiles: 16 rows "
+                         "or more)")
     moe_gemm_kernel[(block_expert.shape[0], triton.cdiv(n_out, tiles.block_n))](
         a, *w_args[:3], out, weights, rows, block_expert, num_padded, a if bias is None else bias, n_out, a.shape[1],
         out.shape[0], a.stride(0), *w_args[3:], out.stride(0), 0 if bias is None else bias.stride(0),
@@ -363,6 +380,11 @@ def dequantize_experts(w: Mxfp4Experts, dtype: torch.dtype) -> torch.Tensor:
     return out
 
 
+# The tiles of MXFP4 experts decoded in the GEMMs, where not _tiles' (the bf16 experts', measured on
+# gpt-oss-20b): Tiles(1, ...) aligns one row a tile and multiplies without tensor cores (_mx4_step),
+# not yet measured on a GPU (moe_kernel_bench.py's sweep times it).
+MX4_TILES: tuple[Tiles, Tiles] | None = None
+
 # MXFP4 experts routed more rows than this on average are decoded whole (dequantize_experts) for
 # the call and multiplied by the float grouped GEMM: the in-kernel decode is paid again for every
 # tile of rows, and it costs less than the decode-whole's write and read only at decode's few rows
@@ -384,6 +406,8 @@ def fused_experts(x: torch.Tensor, w13, w2, weights: torch.Tensor, ids: torch.Te
     n = tokens * k
     tiles1, tiles2 = _tiles(n, num_experts, hidden), _tiles(n, num_experts, two_i // 2)
     mx4 = isinstance(w13, Mxfp4Experts) and n <= MX4_IN_KERNEL_ROWS * num_experts  # decoded in the GEMMs
+    if mx4 and MX4_TILES is not None:
+        tiles1, tiles2 = MX4_TILES
     aligned = align_by_expert(ids, num_experts, tiles1.block_m)
     inter = torch.empty(n, two_i // 2, dtype=x.dtype, device=x.device)
     grouped_gemm(x.contiguous(), _as_float(w13, x.dtype, mx4), inter, weights, aligned, k, True, tiles1, b13, act)
