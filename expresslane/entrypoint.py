@@ -94,9 +94,10 @@ class LLM:
     def embed(self, prompts: Prompt | Sequence[Prompt], *,
               pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
               priority: int | Sequence[int] | None = None, lane: str | Sequence[str] | None = None,
-              use_tqdm: bool = True) -> list[EmbeddingRequestOutput]:
+              use_tqdm: bool = True, truncate_prompt_tokens: int | None = None) -> list[EmbeddingRequestOutput]:
         """vLLM's: each prompt's pooled final hidden state (``runner="pooling"`` or ``task="embed"``).
-        ``pooling_params``: ``dimensions`` and ``normalize`` (default: the pooler config's)."""
+        ``pooling_params``: ``dimensions`` and ``normalize`` (default: the pooler config's);
+        ``truncate_prompt_tokens``: each prompt's last k tokens only (-1: the model's context)."""
         if self.engine.core.pooler is None:
             raise ValueError("embed: this LLM runs a generation model; start it with runner='pooling' "
                              "(or task='embed') for embeddings")
@@ -111,7 +112,9 @@ class LLM:
         try:
             for prompt, pp, prio, ln in zip(prompts, params, prios, lanes):
                 rid = str(next(self._ids))
-                self.engine.add_pooling_request(rid, prompt, PoolingParams(pp.dimensions, pp.normalize), prio, lane=ln)
+                pp = PoolingParams(pp.dimensions, pp.normalize, truncate_prompt_tokens=pp.truncate_prompt_tokens
+                                   if truncate_prompt_tokens is None else truncate_prompt_tokens)
+                self.engine.add_pooling_request(rid, prompt, pp, prio, lane=ln)
                 ids.append(rid)
         except Exception:
             for rid in ids:

@@ -16,6 +16,8 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from expresslane.sampling_params import valid_truncation
+
 POOLING_TYPES = ("LAST", "MEAN", "CLS")
 RUNNERS = ("auto", "generate", "pooling")
 _ST_MODES = {"pooling_mode_lasttoken": "LAST", "pooling_mode_mean_tokens": "MEAN", "pooling_mode_cls_token": "CLS"}
@@ -40,11 +42,19 @@ class PoolerConfig:
 class PoolingParams:
     """A pooling request's own parameters (vLLM's): ``dimensions`` keeps the first that many values
     of the pooled vector before normalising (Matryoshka, as OpenAI's ``dimensions``); ``normalize``
-    None takes the pooler config's. ``pooling_type`` is the engine's to fill in (the pooler config's)."""
+    None takes the pooler config's. ``pooling_type`` is the engine's to fill in (the pooler config's).
+    ``truncate_prompt_tokens`` (vLLM's): only the input's last k tokens are pooled (-1: as many as
+    the model's context holds)."""
 
     dimensions: int | None = None
     normalize: bool | None = None
     pooling_type: str | None = None
+    truncate_prompt_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if not valid_truncation(self.truncate_prompt_tokens):
+            raise ValueError("truncate_prompt_tokens must be an integer >= 1, or -1 for the model's context, got "
+                             f"{self.truncate_prompt_tokens!r}")
 
     def resolved(self, pooler: PoolerConfig, hidden_size: int) -> PoolingParams:
         """A copy with every field set; ValueError naming the field when it does not fit the model."""

@@ -5,6 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+def valid_truncation(k) -> bool:
+    """A `truncate_prompt_tokens`: None, -1 or an integer >= 1."""
+    return k is None or (isinstance(k, int) and not isinstance(k, bool) and (k == -1 or k >= 1))
+
+
 class SamplingParamError(ValueError):
     """A parameter out of range; ``param`` names it (the server answers 400 naming the field)."""
 
@@ -69,6 +74,8 @@ class SamplingParams:
     # vLLM's: words never generated (a word's last token is banned right after the rest of it)
     bad_words: list[str] | None = None
     bad_words_token_ids: list[list[int]] | None = None  # set from the tokenizer (update_from_tokenizer)
+    # vLLM's: only the prompt's last k tokens are kept (-1: as many as the model's context holds)
+    truncate_prompt_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -124,6 +131,8 @@ class SamplingParams:
             raise bad("allowed_token_ids", "must be a non-empty list of non-negative token ids")
         if self.bad_words is not None and any(not isinstance(w, str) or not w.strip() for w in self.bad_words):
             raise bad("bad_words", "must be a list of non-empty strings")
+        if not valid_truncation(self.truncate_prompt_tokens):
+            raise bad("truncate_prompt_tokens", "must be an integer >= 1, or -1 for the model's context")
 
     def update_from_tokenizer(self, tokenizer) -> None:
         """Tokenize ``bad_words`` as vLLM does: each word alone, and after a space when that is

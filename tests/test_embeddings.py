@@ -120,6 +120,19 @@ def test_dimensions_and_normalize(model_dir):
         embed(llm, prompts[:1], pooling_params=PoolingParams(dimensions=65))
 
 
+def test_truncate_prompt_tokens_pools_the_last_tokens(model_dir):
+    """vLLM's truncate_prompt_tokens, as LLM.embed's argument or a PoolingParams field: the last k
+    tokens pooled as if alone; a bad value names the field."""
+    llm = LLM(str(model_dir), runner="pooling")
+    ids = PROMPTS[4]
+    assert len(ids) > 5
+    [by_arg] = embed(llm, [ids], truncate_prompt_tokens=5)
+    [by_params] = embed(llm, [ids], pooling_params=PoolingParams(truncate_prompt_tokens=5))
+    check(model_dir, [by_arg, by_params], [ids[-5:]] * 2, "LAST")
+    with pytest.raises(ValueError, match="truncate_prompt_tokens"):
+        embed(llm, [ids], truncate_prompt_tokens=0)
+
+
 def test_sentence_transformers_directory(model_dir, tmp_path):
     d = tmp_path / "st"
     shutil.copytree(model_dir, d)

@@ -40,6 +40,17 @@ class InputProcessor:
             return prompt["prompt"], self.encode(prompt["prompt"])
         raise TypeError(f"a prompt is a string or a dict with 'prompt_token_ids' or 'prompt', got {type(prompt).__name__}")
 
+    def truncate(self, text: str | None, ids: list[int], keep: int | None) -> tuple[str | None, list[int]]:
+        """A prompt's last `keep` tokens (vLLM's truncate_prompt_tokens; -1: the model's context, None:
+        all); a cut prompt has no text of its own (its tokens are the prompt)."""
+        if keep is None:
+            return text, ids
+        limit = self.max_model_len if keep == -1 else keep
+        if limit > self.max_model_len:
+            raise InputError(f"truncate_prompt_tokens ({keep}) is more than the model's context ({self.max_model_len} "
+                             "tokens)", "truncate_prompt_tokens")
+        return (text, ids) if len(ids) <= limit else (None, ids[-limit:])
+
     def check_pooling(self, prompt_token_ids: list[int]) -> None:
         """An embeddings input: not empty, at most the context (nothing is generated after it)."""
         try:

@@ -43,7 +43,7 @@ class LLMEngine:
             raise ValueError("this engine runs pooling (runner): generation needs runner generate; LLM.embed "
                              "serves embeddings")
         lane = resolve_lane(lane, priority)
-        text, ids = self.inputs.tokenize(prompt)
+        text, ids = self.inputs.truncate(*self.inputs.tokenize(prompt), params.truncate_prompt_tokens)
         self.inputs.check(ids, params)
         arrival = time.monotonic() if arrival_time is None else arrival_time
         child_ids = self.outputs.add_request(request_id, text, ids, params, arrival)
@@ -71,7 +71,7 @@ class LLMEngine:
         if request_id in self._pooling or self.outputs.child_ids(request_id):
             raise ValueError(f"request id {request_id!r} is already in use")
         lane = resolve_lane(lane, priority)
-        text, ids = self.inputs.tokenize(prompt)
+        text, ids = self.inputs.truncate(*self.inputs.tokenize(prompt), params.truncate_prompt_tokens)
         self.inputs.check_pooling(ids)
         arrival = time.monotonic() if arrival_time is None else arrival_time
         self.core.add_request(EngineCoreRequest(request_id, ids, POOLING_SAMPLING, (), arrival, priority, lane,

@@ -80,7 +80,7 @@ class PoolingRoutes:
         self.client, self.settings, self.model_name = client, settings, model_name
         self.check_model, self.respond = check_model, respond
 
-    def _tokenize(self, raw: list[str | dict], add_special_tokens: bool, names: list[str]
+    def _tokenize(self, raw: list[str | dict], add_special_tokens: bool, names: list[str], keep: int | None
                   ) -> list[tuple[str | None, list[int]]]:
         client = self.client
         prompts = []
@@ -90,9 +90,11 @@ class PoolingRoutes:
                     text, ids = item, client.tokenizer.encode(item, add_special_tokens=False)
                 else:
                     text, ids = client.inputs.tokenize(item)
+                text, ids = client.inputs.truncate(text, ids, keep)
                 client.inputs.check_pooling(ids)
             except InputError as e:
-                raise errors.bad_request(str(e), where, e.code) from None
+                raise errors.bad_request(str(e), e.param if e.param == "truncate_prompt_tokens" else where,
+                                         e.code) from None
             prompts.append((text, ids))
         return prompts
 
@@ -113,12 +115,14 @@ class PoolingRoutes:
         if len(raw) > limits.max_sequences_per_request:
             raise errors.bad_request(f"{len(raw)} inputs is more than this server takes in one request "
                                      f"({limits.max_sequences_per_request}, --max-sequences-per-request)", param)
-        max_chars = limits.max_prompt_chars or client.max_prompt_chars
-        check_chars([len(p) for p in raw if isinstance(p, str)], max_chars, client.max_model_len, param)
+        keep = req.truncate_prompt_tokens
+        if keep is None:  # (a truncated input may be longer than the context: the body's limit bounds it)
+            max_chars = limits.max_prompt_chars or client.max_prompt_chars
+            check_chars([len(p) for p in raw if isinstance(p, str)], max_chars, client.max_model_len, param)
         if size > _INLINE_BYTES:
-            prompts = await asyncio.to_thread(self._tokenize, raw, req.add_special_tokens, names)
+            prompts = await asyncio.to_thread(self._tokenize, raw, req.add_special_tokens, names, keep)
         else:
-            prompts = self._tokenize(raw, req.add_special_tokens, names)
+            prompts = self._tokenize(raw, req.add_special_tokens, names, keep)
         group = client.submit(new_id(prefix), prompts, params, priority=req.priority, lane=req.lane,
                               timeout=self.settings.request_timeout)
 

@@ -17,7 +17,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator
 
-from expresslane.server.protocol import _BODY, INT32, List, NonEmptyStr
+from expresslane.server.protocol import _BODY, INT32, List, NonEmptyStr, Truncation
 
 Input = str | List[str] | List[int] | List[List[int]]
 
@@ -29,6 +29,7 @@ class _PoolingBody(BaseModel):
     priority: int = Field(0, ge=-INT32, le=INT32)
     lane: Literal["interactive", "batch"] | None = None
     user: str | None = None  # OpenAI's end-user id: accepted, not used
+    truncate_prompt_tokens: Truncation | None = None  # vLLM's: each input's last k tokens (-1: the context)
 
 
 def inputs_of(value: Input) -> list[str | dict]:

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from typing import Annotated, Iterator, Literal, TypeVar
 
 import msgspec
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from expresslane.sampling_params import SamplingParamError, SamplingParams, StructuredOutputs
 from expresslane.server.errors import APIError, bad_request
@@ -37,7 +37,7 @@ _BODY = ConfigDict(strict=True, extra="allow", allow_inf_nan=False, json_schema_
 # field. A field neither declared nor listed here is a 400 too. docs/api.md lists them all.
 NOOP_FIELDS: dict[str, tuple] = {
     **{name: (None,) for name in (
-        "truncate_prompt_tokens", "guided_decoding_backend", "guided_whitespace_pattern",
+        "guided_decoding_backend", "guided_whitespace_pattern",
         "logits_processors", "documents", "request_id", "cache_salt",
         "kv_transfer_params", "vllm_xargs", "mm_processor_kwargs", "service_tier",
         "reasoning_effort", "modalities", "audio", "prediction", "web_search_options", "functions",
@@ -49,6 +49,14 @@ NOOP_FIELDS: dict[str, tuple] = {
 }
 
 NonEmptyStr = Annotated[str, Field(min_length=1)]
+# vLLM's truncate_prompt_tokens: keep the prompt's last k tokens; -1: as many as the context holds
+def _not_zero(k: int) -> int:
+    if k == 0:
+        raise ValueError("must be at least 1 (tokens kept), or -1 for the model's context")
+    return k
+
+
+Truncation = Annotated[int, Field(ge=-1, le=INT32), AfterValidator(_not_zero)]
 # what a chat template gets from the request itself: chat_template_kwargs may not set these
 RESERVED_TEMPLATE_NAMES = frozenset({"messages", "tools", "documents", "add_generation_prompt", "continue_final_message",
                                      "chat_template", "tokenize", "return_dict", "conversation"})
@@ -125,6 +133,7 @@ class SamplingRequest(BaseModel):
     logit_bias: dict[str, float] | None = None  # token id (as OpenAI sends it, a string) -> bias
     allowed_token_ids: List[Annotated[int, Field(ge=0, le=INT32)]] | None = Field(None, min_length=1)
     bad_words: List[str] | None = None  # vLLM's: words never generated
+    truncate_prompt_tokens: Truncation | None = None
     user: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -230,7 +239,8 @@ class SamplingRequest(BaseModel):
                 presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
                 repetition_penalty=own["repetition_penalty"],
                 logit_bias={int(k): v for k, v in self.logit_bias.items()} if self.logit_bias else None,
-                allowed_token_ids=self.allowed_token_ids, bad_words=self.bad_words or None)
+                allowed_token_ids=self.allowed_token_ids, bad_words=self.bad_words or None,
+                truncate_prompt_tokens=self.truncate_prompt_tokens)
         except SamplingParamError as e:
             raise bad_request(str(e), e.param) from None
 

@@ -83,13 +83,30 @@ def _max_chars(client: EngineClient, limits: RequestLimits) -> int:
     return client.max_prompt_chars if limits.max_prompt_chars is None else limits.max_prompt_chars
 
 
+def check_prompt_chars(client: EngineClient, limits: RequestLimits, lengths: list[int], param: str,
+                       truncation: int | None) -> None:
+    """Prompts refused by their characters before tokenizing, unless they are to be cut to their
+    last tokens (truncate_prompt_tokens: they may be longer than the context; the body's limit
+    bounds them)."""
+    if truncation is None:
+        check_chars(lengths, _max_chars(client, limits), client.max_model_len, param)
+
+
+def tokenized(client: EngineClient, prompt: Prompt, params: SamplingParams, param: str) -> tuple[str | None, list[int]]:
+    """A prompt's text and token ids, cut to `params.truncate_prompt_tokens`; errors name `param`
+    (or truncate_prompt_tokens)."""
+    try:
+        return client.inputs.truncate(*client.inputs.tokenize(prompt), params.truncate_prompt_tokens)
+    except InputError as e:
+        raise errors.bad_request(str(e), e.param if e.param == "truncate_prompt_tokens" else param, e.code) from None
+
+
 def prepare_completion(client: EngineClient, req: CompletionRequest,
                        limits: RequestLimits) -> tuple[list[Prompt], SamplingParams]:
     raw = req.prompts()
     check_counts(limits, stop=req.stop, n=req.n, num_prompts=len(raw), logprobs=req.logprobs, logprobs_param="logprobs")
     check_counts(limits, stop=None, n=1, num_prompts=1, logprobs=req.prompt_logprobs, logprobs_param="prompt_logprobs")
-    check_chars([len(p) for p in raw if isinstance(p, str)], _max_chars(client, limits), client.max_model_len,
-                "prompt")
+    check_prompt_chars(client, limits, [len(p) for p in raw if isinstance(p, str)], "prompt", req.truncate_prompt_tokens)
     if req.max_tokens == 0 and not req.echo:
         raise errors.bad_request("'max_tokens' must be at least 1 (0 only with echo: true)", "max_tokens")
     if req.echo_only and req.min_tokens:
@@ -100,10 +117,7 @@ def prepare_completion(client: EngineClient, req: CompletionRequest,
     clamp = not req.sets_max_tokens and "max_tokens" in client.sampling_defaults
     prompts = []
     for p in raw:
-        try:
-            text, ids = client.inputs.tokenize(p)
-        except InputError as e:
-            raise errors.bad_request(str(e), "prompt", e.code) from None
+        text, ids = tokenized(client, p, params, "prompt")
         check_prompt(client, ids, params, "prompt", clamp)
         prompts.append((text, ids))
     return prompts, params
@@ -135,8 +149,8 @@ def prepare_chat(client: EngineClient, req: ChatCompletionRequest, limits: Reque
     check_counts(limits, stop=req.stop, n=req.n, num_prompts=1, logprobs=req.top_logprobs,
                  logprobs_param="top_logprobs")
     check_counts(limits, stop=None, n=1, num_prompts=1, logprobs=req.prompt_logprobs, logprobs_param="prompt_logprobs")
-    check_chars([sum(len(m.text()) for m in req.messages)], _max_chars(client, limits), client.max_model_len,
-                "messages")
+    check_prompt_chars(client, limits, [sum(len(m.text()) for m in req.messages)], "messages",
+                       req.truncate_prompt_tokens)
     params = req.sampling_params(req.max_completion_tokens or req.max_tokens, req.num_logprobs, req.prompt_logprobs,
                                  client.sampling_defaults)
     if tools is not None and (constraint := tools.constraint()) is not None:
@@ -146,6 +160,7 @@ def prepare_chat(client: EngineClient, req: ChatCompletionRequest, limits: Reque
                             req.chat_template_kwargs, req.continue_final_message)
     if reasoning is not None:
         params = grammar_after_thinking(params, text, client.tokenizer)
+    text, ids = tokenized(client, {"prompt_token_ids": ids, "prompt": text}, params, "messages")
     check_prompt(client, ids, params, "messages", not req.sets_max_tokens and "max_tokens" in client.sampling_defaults)
     return [(text, ids)], params
 
@@ -154,13 +169,10 @@ def prepare_generate(client: EngineClient, req: GenerateRequest,
                      limits: RequestLimits) -> tuple[list[Prompt], SamplingParams]:
     check_counts(limits, stop=req.stop, n=req.n, num_prompts=1, logprobs=None, logprobs_param="logprobs")
     if isinstance(req.prompt, str):
-        check_chars([len(req.prompt)], _max_chars(client, limits), client.max_model_len, "prompt")
+        check_prompt_chars(client, limits, [len(req.prompt)], "prompt", req.truncate_prompt_tokens)
     params = req.sampling_params(req.max_tokens, None, defaults=client.sampling_defaults)
     p = req.prompt if isinstance(req.prompt, str) else {"prompt_token_ids": req.prompt}
-    try:
-        text, ids = client.inputs.tokenize(p)
-    except InputError as e:
-        raise errors.bad_request(str(e), "prompt", e.code) from None
+    text, ids = tokenized(client, p, params, "prompt")
     check_prompt(client, ids, params, "prompt", not req.sets_max_tokens and "max_tokens" in client.sampling_defaults)
     return [(text, ids)], params
 

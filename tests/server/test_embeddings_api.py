@@ -135,11 +135,28 @@ def test_langchain_openai_embeddings(embed_server, client):
     ({"input": TEXTS[0], "truncate": True}, "truncate"),
     ({"input": list(range(300))}, "input"),  # longer than --max-model-len 256
     ({}, "input"),
+    ({"input": TEXTS[0], "truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
+    ({"input": TEXTS[0], "truncate_prompt_tokens": -2}, "truncate_prompt_tokens"),
+    ({"input": TEXTS[0], "truncate_prompt_tokens": 257}, "truncate_prompt_tokens"),  # over the context
 ])
 def test_bad_fields_are_named(embed_server, body, param):
     r = post(embed_server, "/v1/embeddings", body)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param
+
+
+def test_truncate_prompt_tokens_pools_the_last_tokens(embed_server, client, model_dir):
+    """vLLM's truncate_prompt_tokens: each input's last k tokens, as if sent alone; -1 keeps what the
+    context holds, so an input longer than the context (refused without it) is pooled too."""
+    ids = token_ids(embed_server, TEXTS[3])
+    res = client.embeddings.create(model="tiny", input=TEXTS[3], encoding_format="float",
+                                   extra_body={"truncate_prompt_tokens": 3})
+    assert close(res.data[0].embedding, reference(model_dir, ids[-3:])) and res.usage.prompt_tokens == 3
+    long = [(7 * i) % 500 + 3 for i in range(300)]  # more than --max-model-len 256
+    assert post(embed_server, "/v1/embeddings", {"input": long}).status_code == 400
+    whole = post(embed_server, "/v1/embeddings", {"input": long, "truncate_prompt_tokens": -1,
+                                                  "encoding_format": "float"}).json()
+    assert whole["usage"]["prompt_tokens"] == 256 and close(whole["data"][0]["embedding"], reference(model_dir, long[-256:]))
 
 
 def test_pooling_score_rerank(embed_server, client):

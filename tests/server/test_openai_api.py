@@ -9,7 +9,7 @@ import pytest
 
 from expresslane import SamplingParams
 
-from .conftest import API_KEY, metric
+from .conftest import API_KEY, MAX_MODEL_LEN, metric
 
 PROMPT = "The quick brown fox"
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Tell me a story."}]
@@ -34,6 +34,25 @@ def test_completion_greedy_equals_offline_with_usage(openai_client, llm):
     assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (len(ref.prompt_token_ids), 12)
     assert r.usage.total_tokens == len(ref.prompt_token_ids) + 12
     assert r.usage.prompt_tokens_details.cached_tokens >= 0
+
+
+def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(openai_client, llm, server):
+    """vLLM's truncate_prompt_tokens: the completion and the chat of a prompt's last k tokens, as the
+    offline engine gives them for those tokens alone; 0 and more than the context are 400s naming it."""
+    ids = llm.tokenizer.encode(PROMPT * 4)
+    ref = offline(llm, {"prompt_token_ids": ids[-5:]}, max_tokens=6, temperature=0.0, ignore_eos=True)
+    r = openai_client.completions.create(model="tiny", prompt=PROMPT * 4, max_tokens=6, temperature=0.0,
+                                         extra_body={"ignore_eos": True, "truncate_prompt_tokens": 5})
+    assert r.usage.prompt_tokens == 5 and r.choices[0].text == ref.outputs[0].text
+    chat = chat_ids(llm)
+    ref = offline(llm, {"prompt_token_ids": chat[-7:]}, max_tokens=6, temperature=0.0, ignore_eos=True)
+    c = openai_client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=6, temperature=0.0,
+                                              extra_body={"ignore_eos": True, "truncate_prompt_tokens": 7})
+    assert c.usage.prompt_tokens == 7 and c.choices[0].message.content == ref.outputs[0].text
+    for bad in (0, MAX_MODEL_LEN + 1):
+        resp = httpx.post(server.url + "/v1/completions", headers=server.headers, timeout=60,
+                          json={"model": "tiny", "prompt": PROMPT, "truncate_prompt_tokens": bad})
+        assert resp.status_code == 400 and resp.json()["error"]["param"] == "truncate_prompt_tokens", resp.text
 
 
 def test_completion_stream_with_usage_equals_offline(openai_client, llm):
