@@ -318,8 +318,14 @@ def _lane(data: dict) -> str:
 def _prompt_text(data: dict) -> tuple[str, int | None]:
     """What the prefix hashes cover, and the exact token count when the prompt is token ids."""
     messages = data.get("messages")
+    given = data.get("input")
+    if isinstance(given, list) and given and not isinstance(given[0], dict):  # embeddings' inputs
+        if all(isinstance(t, int) for t in given):
+            return " ".join(map(str, given)), len(given)
+        if all(isinstance(p, list) for p in given):
+            return "\n".join(" ".join(map(str, p)) for p in given), sum(map(len, given))
+        return "\n".join(map(str, given)), None
     if "input" in data and not isinstance(messages, list):  # the Responses API: its messages as chat's
-        given = data["input"]
         messages = ([{"role": "system", "content": data["instructions"]}] if isinstance(data.get("instructions"), str)
                     else []) + ([{"role": "user", "content": given}] if isinstance(given, str)
                                 else given if isinstance(given, list) else [])
@@ -339,10 +345,15 @@ def _prompt_text(data: dict) -> tuple[str, int | None]:
     return str(prompt), None
 
 
+POOLING_ROUTES = ("/v1/embeddings", "/pooling", "/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank")
+
+
 def build_router_app(router: Router) -> FastAPI:
     app = FastAPI(title="expresslane router")
 
-    for path in ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/generate", "/tokenize", "/detokenize"):
+    # the generation routes, and a pooling server's (its replicas started with --runner pooling)
+    for path in ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/generate", "/tokenize", "/detokenize",
+                 *POOLING_ROUTES):
         async def route(request: Request, _path: str = path) -> Response:
             return await router.proxy(request, _path)
         app.add_api_route(path, route, methods=["POST"])

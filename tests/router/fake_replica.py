@@ -48,6 +48,14 @@ def build(name: str, waiting: int) -> FastAPI:
             return StreamingResponse(events(), media_type="text/event-stream")
         return JSONResponse({"object": "text_completion", "choices": [{"index": 0, "text": name}]})
 
+    async def pooled(request: Request):  # a pooling server's routes: which replica answered, and the body's input
+        body = await request.json()
+        seen.append(json.dumps(body.get("input", body.get("query", body.get("text_1")))))
+        return JSONResponse({"object": "list", "model": name, "data": [{"index": 0, "embedding": [1.0]}],
+                             "path": request.url.path})
+
+    for path in ("/v1/embeddings", "/pooling", "/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank"):
+        app.add_api_route(path, pooled, methods=["POST"])
     return app
 
 
