@@ -13,7 +13,8 @@ import json
 import uuid
 from dataclasses import dataclass, field
 
-ENDPOINTS = ("/v1/completions", "/v1/chat/completions")
+ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/embeddings")
+POOLING_ENDPOINTS = ("/v1/embeddings",)  # served by a --runner pooling server (the others: generation)
 COMPLETION_WINDOWS = {"24h": 24 * 3600}
 MAX_REQUESTS = 50_000  # OpenAI's limits on one batch
 MAX_FILE_BYTES = 200 * 2**20

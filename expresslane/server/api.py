@@ -370,7 +370,7 @@ def build_app(client: EngineClient, settings: ServerConfig, metrics: Metrics,
     add_pooling_routes(app, PoolingRoutes(client, settings, model_name, check_base_model, _unless_client_gone), body,
                        auth)
     if batches is not None:
-        app.include_router(batches.router(auth))
+        app.include_router(batches.router(auth, lambda: client.runner_type if client.max_model_len else None))
     _describe_bodies(app, {"/v1/completions": CompletionRequest, "/v1/chat/completions": ChatCompletionRequest,
                            "/v1/responses": ResponsesRequest,
                            "/generate": GenerateRequest, "/tokenize": TokenizeRequest,

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from expresslane.batch_api.records import TERMINAL, FileRecord, jsonl, parse_input
+from expresslane.batch_api.records import ENDPOINTS, TERMINAL, FileRecord, jsonl, parse_input
 from expresslane.batch_api.store import BatchStore
 from expresslane.config import EngineConfig, engine_kwargs_from_args
 from expresslane.config.commands import LoggingConfig
@@ -42,7 +42,7 @@ def run_batch(args: argparse.Namespace) -> int:
     log_level = from_args(LoggingConfig, args).log_level
     content = Path(args.input).read_bytes()
     first = next((line for line in content.decode("utf-8", "replace").splitlines() if line.strip()), "")
-    endpoint = "/v1/chat/completions" if '"/v1/chat/completions"' in first else "/v1/completions"
+    endpoint = next((e for e in ENDPOINTS if f'"{e}"' in first), "/v1/completions")  # the first line's url
     items, problems = parse_input(content, endpoint)
     if problems:
         for p in problems[:10]:

@@ -22,7 +22,7 @@ from fastapi.responses import Response
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from expresslane.batch_api.records import FileRecord, Item, ItemResult, new_id
+from expresslane.batch_api.records import ENDPOINTS, POOLING_ENDPOINTS, FileRecord, Item, ItemResult, new_id
 from expresslane.batch_api.registry import default_store_url, open_store
 from expresslane.batch_api.store import BatchStore, StoreError, check_upload
 from expresslane.batch_api.worker import BatchWorker, Outcome
@@ -205,7 +205,9 @@ class BatchService:
         except StoreError as e:
             raise _store_error(e) from None
 
-    def router(self, dependencies: list) -> APIRouter:
+    def router(self, dependencies: list, runner: Callable[[], str | None] = lambda: None) -> APIRouter:
+        """`runner`: this server's engine runner (generate, pooling; None before it is known): a batch
+        for an endpoint it does not serve is refused when created."""
         r = APIRouter(dependencies=dependencies)
         store = self.store
 
@@ -264,6 +266,10 @@ class BatchService:
         @r.post("/v1/batches")
         async def create_batch(request: Request) -> dict:
             req = parse(BatchCreate, await request.body())
+            need, have = "pooling" if req.endpoint in POOLING_ENDPOINTS else "generate", runner()
+            if req.endpoint in ENDPOINTS and have is not None and have != need:
+                raise errors.bad_request(f"endpoint {req.endpoint} needs a server started with --runner {need}; this "
+                                         f"one runs {have}", "endpoint")
             b = await self._call(store.create_batch, req.input_file_id, req.endpoint, req.completion_window,
                                  req.metadata, int(time.time()))
             return b.to_openai()

@@ -56,6 +56,17 @@ def client(batch_server):
     return OpenAI(base_url=batch_server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=60)
 
 
+def test_an_embeddings_batch_is_refused_by_a_generation_server(client):
+    from openai import BadRequestError
+
+    f = client.files.create(file=("e.jsonl", io.BytesIO(json.dumps(
+        {"custom_id": "e", "method": "POST", "url": "/v1/embeddings", "body": {"input": "x"}}).encode())),
+        purpose="batch")
+    with pytest.raises(BadRequestError) as e:
+        client.batches.create(input_file_id=f.id, endpoint="/v1/embeddings", completion_window="24h")
+    assert e.value.body["param"] == "endpoint" and "--runner pooling" in e.value.body["message"]
+
+
 def test_files_batches_round_trip_with_the_openai_client(client, batch_server, llm):
     content = requests_file(6) + b"\n"  # a trailing blank line is fine
     f = client.files.create(file=("requests.jsonl", io.BytesIO(content)), purpose="batch")

@@ -28,9 +28,11 @@ def model_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def embed_server(model_dir):
-    # 32-token steps: the longer inputs' prefills are chunked
-    s = Server(str(model_dir), "--served-model-name", "tiny", "--runner", "pooling", "--max-num-batched-tokens", "32")
+def embed_server(model_dir, tmp_path_factory):
+    # 32-token steps: the longer inputs' prefills are chunked; a batch store for embeddings batches
+    store = tmp_path_factory.mktemp("embed-batch") / "store.db"
+    s = Server(str(model_dir), "--served-model-name", "tiny", "--runner", "pooling", "--max-num-batched-tokens", "32",
+               "--batch-store", f"sqlite:{store}")
     try:
         yield s.wait_ready()
     finally:
@@ -157,6 +159,32 @@ def test_truncate_prompt_tokens_pools_the_last_tokens(embed_server, client, mode
     whole = post(embed_server, "/v1/embeddings", {"input": long, "truncate_prompt_tokens": -1,
                                                   "encoding_format": "float"}).json()
     assert whole["usage"]["prompt_tokens"] == 256 and close(whole["data"][0]["embedding"], reference(model_dir, long[-256:]))
+
+
+def test_a_batch_of_embeddings_equals_the_requests_alone(embed_server, client):
+    """The Batch API's /v1/embeddings lines (OpenAI's) through the openai SDK: each output line's vector
+    is the one the route answers; a completions batch on this pooling server is refused by name."""
+    import io
+    import json
+    import time
+
+    rows = [{"custom_id": f"e{i}", "method": "POST", "url": "/v1/embeddings",
+             "body": {"model": "tiny", "input": text, "encoding_format": "float"}} for i, text in enumerate(TEXTS)]
+    f = client.files.create(file=("embed.jsonl", io.BytesIO("\n".join(map(json.dumps, rows)).encode())),
+                            purpose="batch")
+    b = client.batches.create(input_file_id=f.id, endpoint="/v1/embeddings", completion_window="24h")
+    deadline = time.monotonic() + 120
+    while (b := client.batches.retrieve(b.id)).status not in ("completed", "failed") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert b.status == "completed" and b.request_counts.completed == len(TEXTS), b
+    lines = [json.loads(x) for x in client.files.content(b.output_file_id).text.splitlines()]
+    alone = client.embeddings.create(model="tiny", input=TEXTS, encoding_format="float").data
+    for line, want in zip(sorted(lines, key=lambda x: x["custom_id"]), alone):
+        assert line["response"]["status_code"] == 200
+        assert close(line["response"]["body"]["data"][0]["embedding"], want.embedding)
+    with pytest.raises(BadRequestError) as e:
+        client.batches.create(input_file_id=f.id, endpoint="/v1/completions", completion_window="24h")
+    assert e.value.body["param"] == "endpoint" and "--runner generate" in e.value.body["message"]
 
 
 def test_pooling_score_rerank(embed_server, client):
