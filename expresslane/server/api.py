@@ -367,7 +367,8 @@ def build_app(client: EngineClient, settings: ServerConfig, metrics: Metrics,
             raise errors.bad_request(f"the model {name!r} is a LoRA adapter: pooling serves the base model only",
                                      "model")
 
-    add_pooling_routes(app, PoolingRoutes(client, settings, model_name, check_base_model, _unless_client_gone), body,
+    add_pooling_routes(app, PoolingRoutes(client, settings, model_name, check_base_model, _unless_client_gone,
+                                          server_template), body,
                        auth)
     if batches is not None:
         app.include_router(batches.router(auth, lambda: client.runner_type if client.max_model_len else None))

@@ -36,7 +36,7 @@ from expresslane.server.pooling_protocol import (
     inputs_of,
 )
 from expresslane.server.protocol import parse
-from expresslane.server.serving import new_id
+from expresslane.server.serving import chat_prompt, new_id
 
 _encode_json = msgspec.json.Encoder().encode
 _INLINE_BYTES = 64 * 1024  # a larger body is tokenized in a worker thread (as api.py does)
@@ -76,9 +76,20 @@ class PoolingRoutes:
     """What the four routes share: checks, tokenization, one submission, the outputs in order."""
 
     def __init__(self, client: EngineClient, settings: ServerConfig, model_name: str,
-                 check_model: Callable[[str | None], None], respond: Respond):
+                 check_model: Callable[[str | None], None], respond: Respond, template: str | None = None):
+        """`template`: the server's --chat-template (for `messages` inputs)."""
         self.client, self.settings, self.model_name = client, settings, model_name
-        self.check_model, self.respond = check_model, respond
+        self.check_model, self.respond, self.template = check_model, respond, template
+
+    async def conversation(self, req: EmbeddingRequest) -> list[dict]:
+        """vLLM's chat embeddings: the messages through the chat template, one input of token ids."""
+        if req.truncate_prompt_tokens is None:
+            max_chars = self.settings.limits.max_prompt_chars or self.client.max_prompt_chars
+            check_chars([sum(len(m.text()) for m in req.messages)], max_chars, self.client.max_model_len, "messages")
+        text, ids = await asyncio.to_thread(chat_prompt, self.client.tokenizer, req.messages, req.add_generation_prompt,
+                                            None, req.chat_template or self.template, req.chat_template_kwargs,
+                                            req.continue_final_message)
+        return [{"prompt_token_ids": ids, "prompt": text}]
 
     def _tokenize(self, raw: list[str | dict], add_special_tokens: bool, names: list[str], keep: int | None
                   ) -> list[tuple[str | None, list[int]]]:
@@ -159,8 +170,14 @@ def add_pooling_routes(app: FastAPI, routes: PoolingRoutes, body, auth) -> None:
                         for i, o in enumerate(outs)]
                 return {**routes.header(prefix, outs), "data": data}
 
-            return await routes.run(request, req, inputs_of(req.input), field_names("input", req.input),
-                                    PoolingParams(req.dimensions, req.normalize), prefix, size, answer)
+            if (refused := req.refusal()) is not None:
+                raise errors.bad_request(*refused)
+            if req.messages is not None:
+                raw, names = await routes.conversation(req), ["messages"]
+            else:
+                raw, names = inputs_of(req.input), field_names("input", req.input)
+            return await routes.run(request, req, raw, names, PoolingParams(req.dimensions, req.normalize), prefix,
+                                    size, answer)
         handler.__name__ = name
         return handler
 

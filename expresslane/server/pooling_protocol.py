@@ -17,7 +17,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator
 
-from expresslane.server.protocol import _BODY, INT32, List, NonEmptyStr, Truncation
+from expresslane.server.protocol import _BODY, INT32, ChatMessage, List, NonEmptyStr, Truncation, template_kwargs
 
 Input = str | List[str] | List[int] | List[List[int]]
 
@@ -42,10 +42,16 @@ def inputs_of(value: Input) -> list[str | dict]:
 
 
 class EmbeddingRequest(_PoolingBody):
-    input: Input
+    input: Input | None = None
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, ge=1, le=INT32)
     normalize: bool | None = None  # vLLM's: None takes the server's pooler config
+    # vLLM's chat embeddings: the conversation through the chat template is the one input
+    messages: List[ChatMessage] | None = Field(None, min_length=1)
+    add_generation_prompt: bool = False  # (vLLM's default for embeddings)
+    continue_final_message: bool = False
+    chat_template: NonEmptyStr | None = None
+    chat_template_kwargs: dict | None = None
 
     @field_validator("input")
     @classmethod
@@ -53,6 +59,23 @@ class EmbeddingRequest(_PoolingBody):
         if isinstance(v, list) and (not v or any(isinstance(p, list) and not p for p in v)):
             raise ValueError("must not be empty")
         return v
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _no_reserved_names(cls, v: dict | None) -> dict | None:
+        return template_kwargs(v)
+
+    def refusal(self) -> tuple[str, str] | None:
+        """(message, field) when the fields do not go together, else None."""
+        if (self.input is None) == (self.messages is None):
+            return "give either 'input' or 'messages' (a conversation, through the chat template)", "input"
+        if self.messages is None:
+            for name in ("chat_template", "chat_template_kwargs", "add_generation_prompt", "continue_final_message"):
+                if getattr(self, name):
+                    return f"'{name}' needs 'messages'", name
+        if self.continue_final_message and self.add_generation_prompt:
+            return "'continue_final_message' needs add_generation_prompt: false", "continue_final_message"
+        return None
 
 
 class PoolingRequest(EmbeddingRequest):

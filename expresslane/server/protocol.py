@@ -404,10 +404,7 @@ class ChatCompletionRequest(SamplingRequest):
     @field_validator("chat_template_kwargs")
     @classmethod
     def _no_reserved_names(cls, v: dict | None) -> dict | None:
-        taken = sorted(set(v or ()) & RESERVED_TEMPLATE_NAMES)
-        if taken:
-            raise ValueError(f"may not set {taken}: the request's own fields give them")
-        return v
+        return template_kwargs(v)
 
     @field_validator("continue_final_message")
     @classmethod
@@ -433,6 +430,14 @@ class GenerateRequest(SamplingRequest):
     max_tokens: int | None = Field(16, ge=1, le=INT32)
     n: int = Field(1, ge=1, le=1)
     prompt_logprobs: None = None  # /generate returns text and token ids only
+
+
+def template_kwargs(v: dict | None) -> dict | None:
+    """chat_template_kwargs: none of the names the request's own fields give the template."""
+    taken = sorted(set(v or ()) & RESERVED_TEMPLATE_NAMES)
+    if taken:
+        raise ValueError(f"may not set {taken}: the request's own fields give them")
+    return v
 
 
 class TokenizeRequest(BaseModel):

@@ -140,6 +140,9 @@ def test_langchain_openai_embeddings(embed_server, client):
     ({"input": TEXTS[0], "truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
     ({"input": TEXTS[0], "truncate_prompt_tokens": -2}, "truncate_prompt_tokens"),
     ({"input": TEXTS[0], "truncate_prompt_tokens": 257}, "truncate_prompt_tokens"),  # over the context
+    ({"input": TEXTS[0], "messages": [{"role": "user", "content": "x"}]}, "input"),  # one or the other
+    ({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"messages": 1}}, "chat_template_kwargs"),
+    ({"messages": []}, "messages"),
 ])
 def test_bad_fields_are_named(embed_server, body, param):
     r = post(embed_server, "/v1/embeddings", body)
@@ -159,6 +162,18 @@ def test_truncate_prompt_tokens_pools_the_last_tokens(embed_server, client, mode
     whole = post(embed_server, "/v1/embeddings", {"input": long, "truncate_prompt_tokens": -1,
                                                   "encoding_format": "float"}).json()
     assert whole["usage"]["prompt_tokens"] == 256 and close(whole["data"][0]["embedding"], reference(model_dir, long[-256:]))
+
+
+def test_messages_are_embedded_through_the_chat_template(embed_server, model_dir):
+    """vLLM's chat embeddings: `messages` through the chat template (no generation prompt by default)
+    are one input, pooled as its token ids alone."""
+    msgs = [{"role": "system", "content": "Represent the query."}, {"role": "user", "content": TEXTS[0]}]
+    ids = post(embed_server, "/tokenize", {"messages": msgs, "add_generation_prompt": False}).json()["tokens"]
+    r = post(embed_server, "/v1/embeddings", {"messages": msgs, "encoding_format": "float"}).json()
+    assert r["usage"]["prompt_tokens"] == len(ids) and close(r["data"][0]["embedding"], reference(model_dir, ids))
+    cut = post(embed_server, "/v1/embeddings", {"messages": msgs, "truncate_prompt_tokens": 4,
+                                                "encoding_format": "float"}).json()
+    assert close(cut["data"][0]["embedding"], reference(model_dir, ids[-4:]))
 
 
 def test_a_batch_of_embeddings_equals_the_requests_alone(embed_server, client):
