@@ -230,7 +230,7 @@ class KVCacheManager:
 
 def max_blocks_per_request(max_model_len: int, block_size: int, sliding_window: int | None,
                            max_step_tokens: int) -> int:
-    """Blocks one request holds at once: with a window, the window - 1 + step keys of a step,
+    """Blocks one request holds at once: with a window, the window - 1 + a step's keys,
     straddling one more block."""
     full = -(-max_model_len // block_size)
     if sliding_window is None:

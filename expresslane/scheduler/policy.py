@@ -61,14 +61,6 @@ class SchedulingPolicy:
         cap = self.prefill_cap if head is not None or len(running) > 1 else budget
         return StepBudget(budget, cap, dict.fromkeys(LANES, budget), top_up=cap < budget)
 
-    def lone_step(self, base: StepShape, start: int) -> float:
-        """How long a step of prompts may last with no interactive decode running: the TTFT target's
-        share (what a request arriving meanwhile waits behind), or twice the cheapest chunk's step
-        where that is longer. A model whose every step reads weights for longer than the share (a
-        large MoE) would otherwise prefill in its smallest chunks, each step mostly that read."""
-        cheapest = self.cost_model.predict(base.plus_chunk(start, self.config.min_prefill_chunk))
-        return max(self.lanes["interactive"].ttft / self.config.lone_step_share, 2 * cheapest)
-
     def order_running(self, running: Collection[Request]) -> list[Request]:
         return sorted(running, key=self.key)
 
@@ -170,10 +162,7 @@ class DeadlinePolicy(SchedulingPolicy):
         return min(top, base.num_tokens + starting + rest), max(starting, rest), rest
 
     def lone_step(self, base: StepShape, start: int) -> float:
-        """How long a step of prompts may last with no interactive decode running: the TTFT target's
-        share (what a request arriving meanwhile waits behind), or twice the cheapest chunk's step
-        where that is longer. A model whose every step reads weights for longer than the share (a
-        large MoE) would otherwise prefill in its smallest chunks, each step mostly that read."""
+        """Seconds a lone step may last."""
         cheapest = self.cost_model.predict(base.plus_chunk(start, self.config.min_prefill_chunk))
         return max(self.lanes["interactive"].ttft / self.config.lone_step_share, 2 * cheapest)
 
