@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from expresslane.attention.backend import AttentionMetadata
-from expresslane.attention.triton_kernels import _rotate_half
+from expresslane.attention.triton_kernels import _rope_rows, _rotate_half
 from expresslane.triton_setup import rows_per_program, tl, triton
 
 BLOCK_H = 16  # heads a program: tl.dot needs at least 16 rows (fewer heads are masked)
@@ -86,13 +86,7 @@ def latent_rope_store_kernel(c_ptr, pe_ptr, q_ptr, w_ptr, pos_ptr, slot_ptr, cos
     [T, H, 2 HALF], and into each token's cache slot c_kv RMS-normalised (weight w_ptr, rounded as
     layers.norm.RMSNorm rounds) then k_pe rotated; slot -1 (CUDA-graph padding) writes no slot.
     The rotation: rotate-half by the cos|sin row pos_ptr[t] of the table."""
-    t = tl.program_id(0).to(tl.int64) * TOKENS + tl.arange(0, TOKENS)[:, None, None]
-    tm = t < num_tokens
-    pos = tl.load(pos_ptr + t, mask=tm, other=0)
-    d = tl.arange(0, HALF_PAD)[None, None, :]
-    dm = d < HALF
-    cos = tl.load(cos_sin_ptr + pos * stride_cs + d, mask=tm & dm, other=0.0)
-    sin = tl.load(cos_sin_ptr + pos * stride_cs + HALF + d, mask=tm & dm, other=0.0)
+    t, tm, d, dm, cos, sin = _rope_rows(pos_ptr, cos_sin_ptr, stride_cs, num_tokens, TOKENS, HALF, HALF_PAD)
     h = tl.arange(0, H_PAD)[None, :, None]
     m = tm & (h < H) & dm
     src = q_ptr + t * stride_qt + h * stride_qh + d

@@ -37,6 +37,21 @@ def _rotate_half(x1, x2, cos, sin):
 
 
 @triton.jit
+def _rope_rows(pos_ptr, cos_sin_ptr, stride_cs, num_tokens, TOKENS: tl.constexpr, HALF: tl.constexpr,
+               HALF_PAD: tl.constexpr):
+    """A program's TOKENS tokens [TOKENS, 1, 1], their mask, the rotary dims [1, 1, HALF_PAD] and
+    their mask, and each token's cos and sin halves (the table's row pos_ptr[t])."""
+    t = tl.program_id(0).to(tl.int64) * TOKENS + tl.arange(0, TOKENS)[:, None, None]
+    tm = t < num_tokens
+    pos = tl.load(pos_ptr + t, mask=tm, other=0)
+    d = tl.arange(0, HALF_PAD)[None, None, :]
+    dm = d < HALF
+    cos = tl.load(cos_sin_ptr + pos * stride_cs + d, mask=tm & dm, other=0.0)
+    sin = tl.load(cos_sin_ptr + pos * stride_cs + HALF + d, mask=tm & dm, other=0.0)
+    return t, tm, d, dm, cos, sin
+
+
+@triton.jit
 def _head_rms_norm(x1, x2, w_ptr, d, dm, eps, HALF: tl.constexpr, OFFSET: tl.constexpr):
     """Each head's RMSNorm (Qwen3's q_norm / k_norm) over its two halves [tokens, heads, HALF],
     rounded where layers.norm.RMSNorm rounds: the normalised value to the input dtype, then times w.
@@ -86,13 +101,7 @@ def rope_store_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, slot_ptr, cos_sin_ptr, q_out
     0..2*HALF by the cos|sin row pos_ptr[t] of the table; the rest of a head (partial rotary,
     REST_PAD > 0) is copied. QK_NORM (whole rotation only): each q and k head is RMS-normalised
     first (weights qn_ptr, kn_ptr; NORM_OFFSET: Gemma's (1 + w) form)."""
-    t = tl.program_id(0).to(tl.int64) * TOKENS + tl.arange(0, TOKENS)[:, None, None]
-    tm = t < num_tokens
-    pos = tl.load(pos_ptr + t, mask=tm, other=0)
-    d = tl.arange(0, HALF_PAD)[None, None, :]
-    dm = d < HALF
-    cos = tl.load(cos_sin_ptr + pos * stride_cs + d, mask=tm & dm, other=0.0)
-    sin = tl.load(cos_sin_ptr + pos * stride_cs + HALF + d, mask=tm & dm, other=0.0)
+    t, tm, d, dm, cos, sin = _rope_rows(pos_ptr, cos_sin_ptr, stride_cs, num_tokens, TOKENS, HALF, HALF_PAD)
     h = tl.arange(0, HQ_PAD)[None, :, None]
     m = tm & (h < HQ) & dm
     src = q_ptr + t * stride_qt + h * stride_qh + d
