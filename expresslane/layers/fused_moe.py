@@ -111,6 +111,7 @@ def mx4_dequant_kernel(w_ptr, s_ptr, out_ptr, N, K, stride_we, stride_wn, stride
     tl.store(out_ptr + expert * stride_oe + cols[:, None].to(tl.int64) * stride_on + k[None, :],
              tl.reshape(tl.join(even, odd), (BLOCK_N, 2 * HALF_K)), mask=(cols < N)[:, None] & (k < K)[None, :])
 
+
 @triton.jit
 def moe_gemm_kernel(a_ptr, w_ptr, s_ptr, z_ptr, c_ptr, topk_w_ptr, sorted_rows_ptr, block_expert_ptr, num_padded_ptr,
                     bias_ptr, N, K, num_rows, stride_am, stride_we, stride_wn, stride_se, stride_sg, stride_cm,
@@ -135,6 +136,7 @@ def moe_gemm_kernel(a_ptr, w_ptr, s_ptr, z_ptr, c_ptr, topk_w_ptr, sorted_rows_p
         n_mask = offs_n < N
         offs_k = tl.arange(0, BLOCK_K // 2 if MX4 else BLOCK_K)
         a_rows = a_ptr + (rows // TOP_K)[:, None] * stride_am
+        a_ptrs = a_rows + offs_k[None, :]  # (the float and INT4 path's, a step on each time)
         dtype = a_ptr.dtype.element_ty
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -153,7 +155,7 @@ def moe_gemm_kernel(a_ptr, w_ptr, s_ptr, z_ptr, c_ptr, topk_w_ptr, sorted_rows_p
             else:
                 k = k0 + offs_k
                 k_mask = k < K
-                a = tl.load(a_rows + k[None, :], mask=valid[:, None] & k_mask[None, :], other=0.0)
+                a = tl.load(a_ptrs, mask=valid[:, None] & k_mask[None, :], other=0.0)
                 w = _weight_tile(w_ptr, s_ptr, z_ptr, expert, k0, k, k_mask, offs_n, n_mask, stride_we, stride_wn,
                                  stride_se, stride_sg, dtype, W4, GROUP)
                 acc = tl.dot(a, w, acc, input_precision=PRECISION)
@@ -161,6 +163,7 @@ def moe_gemm_kernel(a_ptr, w_ptr, s_ptr, z_ptr, c_ptr, topk_w_ptr, sorted_rows_p
                     w_up = _weight_tile(w_ptr, s_ptr, z_ptr, expert, k0, k, k_mask, offs_n + N, n_mask, stride_we,
                                         stride_wn, stride_se, stride_sg, dtype, W4, GROUP)
                     acc_up = tl.dot(a, w_up, acc_up, input_precision=PRECISION)
+                a_ptrs += BLOCK_K
         dtype = c_ptr.dtype.element_ty
         if HAS_BIAS:
             bias = bias_ptr + expert * stride_be + offs_n
