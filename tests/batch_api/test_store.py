@@ -127,7 +127,7 @@ def test_bad_input_files_fail_the_batch_with_line_numbers(store):
     assert store.claim("A", 10, 1000, T0) == []
     assert b.to_openai()["errors"]["object"] == "list" and b.to_openai()["metadata"] == {"k": "v"}
     for kwargs, param, status in ((dict(input_file_id="file-nope"), "input_file_id", 404),
-                                  (dict(endpoint="/v1/embeddings"), "endpoint", 400),
+                                  (dict(endpoint="/v1/moderations"), "endpoint", 400),
                                   (dict(completion_window="1h"), "completion_window", 400)):
         args = {"input_file_id": fid, "endpoint": "/v1/completions", "completion_window": "24h", **kwargs}
         with pytest.raises(StoreError) as e:

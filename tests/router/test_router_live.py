@@ -81,26 +81,21 @@ def test_replica_killed_mid_run_is_removed_and_the_rest_keep_serving(procs):
     assert httpx.get(r.url + "/health").status_code == 503
 
 
-def test_pooling_routes_reach_a_replica(procs):
-    """A pooling server's routes (embeddings, vLLM's /pooling, /score, /rerank) pass through the router,
-    token-id inputs counted as tokens for the routing."""
+def test_router_refuses_bad_input_and_passes_pooling_routes_on(procs):
+    """A body that is not JSON is the router's 400; a pooling server's routes (embeddings, vLLM's
+    /pooling, /score, /rerank) pass through it, token-id inputs counted as tokens for the routing."""
     from expresslane.router.app import POOLING_ROUTES
 
     a = procs(fake_replica("a"))
     r = procs(router([a.url]))
+    resp = httpx.post(r.url + "/v1/completions", content=b"not json", timeout=10)
+    assert resp.status_code == 400 and "JSON" in resp.json()["error"]["message"]
     bodies = {"/score": {"text_1": "q", "text_2": ["d"]}, "/rerank": {"query": "q", "documents": ["d"]}}
     for path in POOLING_ROUTES:
         body = bodies.get(path.removeprefix("/v1").removeprefix("/v2"), {"input": [[1, 2, 3], [4, 5]]})
         resp = httpx.post(r.url + path, json={"model": "m", **body}, timeout=30)
         assert resp.status_code == 200 and resp.json()["path"] == path and resp.json()["model"] == "a", resp.text
     assert len(httpx.get(a.url + "/seen", timeout=10).json()) == len(POOLING_ROUTES)
-
-
-def test_router_refuses_bad_input(procs):
-    a = procs(fake_replica("a"))
-    r = procs(router([a.url]))
-    resp = httpx.post(r.url + "/v1/completions", content=b"not json", timeout=10)
-    assert resp.status_code == 400 and "JSON" in resp.json()["error"]["message"]
 
 
 def test_a_draining_replica_gets_no_new_work(procs):
