@@ -174,7 +174,7 @@ def test_doctor_end_to_end_on_expresslane_fcfs_then_with_its_flags(tmp_path):
     alone, is lower (an ordering fact; on fcfs the shorts wait for a whole ~1000-token step)."""
     from server.conftest import Server
 
-    common = ["--num-short", "8", "--repeats", "2", "--duration", "2", "--rate", "4", "--output-len", "16"]
+    common = ["--num-short", "8", "--repeats", "1", "--duration", "2", "--rate", "4", "--output-len", "16"]
 
     def doctor(*serve_args: str) -> dict:
         # the doctor measures this machine's latency: the engine sizes steps by its calibrated model
