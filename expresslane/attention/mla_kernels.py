@@ -208,7 +208,7 @@ def rope_store_latent(cache: torch.Tensor, q_pe: torch.Tensor, c_kv: torch.Tenso
         latent_rope_store_kernel[(triton.cdiv(t, per),)](
             c_kv, k_pe, q_pe, norm.weight, rows, meta.slot_mapping, cs, cache, out, c_kv.stride(0), k_pe.stride(0),
             q_pe.stride(0), q_pe.stride(1), cs.stride(0), cache.stride(1), norm.eps, t, H=heads,
-            H_PAD=1 << (heads - 1).bit_length(), L=lat, L_PAD=_pad(lat), HALF=half, HALF_PAD=_pad(half), TOKENS=per)
+            H_PAD=_pad(heads), L=lat, L_PAD=_pad(lat), HALF=half, HALF_PAD=_pad(half), TOKENS=per)
     return out
 
 

@@ -15,6 +15,10 @@ class InputError(ValueError):
         super().__init__(message)
         self.param, self.code = param, code
 
+    def field(self, where: str) -> str:
+        """The field to name: `where` the prompt came from, if the prompt is at fault."""
+        return where if self.param in ("prompt", "input") else self.param
+
 
 class InputProcessor:
 
@@ -41,8 +45,7 @@ class InputProcessor:
         raise TypeError(f"a prompt is a string or a dict with 'prompt_token_ids' or 'prompt', got {type(prompt).__name__}")
 
     def truncate(self, text: str | None, ids: list[int], keep: int | None) -> tuple[str | None, list[int]]:
-        """A prompt's last `keep` tokens (vLLM's truncate_prompt_tokens; -1: the model's context, None:
-        all); a cut prompt has no text of its own (its tokens are the prompt)."""
+        """The last `keep` tokens (-1: the context's worth; None: all); a cut prompt loses its text."""
         if keep is None:
             return text, ids
         limit = self.max_model_len if keep == -1 else keep

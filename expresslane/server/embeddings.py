@@ -27,7 +27,6 @@ from expresslane.outputs import EmbeddingRequestOutput
 from expresslane.pooling_params import PoolingParams
 from expresslane.server import errors
 from expresslane.server.engine_client import EngineClient
-from expresslane.server.limits import check_chars
 from expresslane.server.pooling_protocol import (
     EmbeddingRequest,
     PoolingRequest,
@@ -36,7 +35,7 @@ from expresslane.server.pooling_protocol import (
     inputs_of,
 )
 from expresslane.server.protocol import parse
-from expresslane.server.serving import chat_prompt, new_id
+from expresslane.server.serving import chat_prompt, check_prompt_chars, new_id
 
 _encode_json = msgspec.json.Encoder().encode
 _INLINE_BYTES = 64 * 1024  # a larger body is tokenized in a worker thread (as api.py does)
@@ -83,9 +82,8 @@ class PoolingRoutes:
 
     async def conversation(self, req: EmbeddingRequest) -> list[dict]:
         """vLLM's chat embeddings: the messages through the chat template, one input of token ids."""
-        if req.truncate_prompt_tokens is None:
-            max_chars = self.settings.limits.max_prompt_chars or self.client.max_prompt_chars
-            check_chars([sum(len(m.text()) for m in req.messages)], max_chars, self.client.max_model_len, "messages")
+        check_prompt_chars(self.client, self.settings.limits, [sum(len(m.text()) for m in req.messages)], "messages",
+                           req.truncate_prompt_tokens)
         text, ids = await asyncio.to_thread(chat_prompt, self.client.tokenizer, req.messages, req.add_generation_prompt,
                                             None, req.chat_template or self.template, req.chat_template_kwargs,
                                             req.continue_final_message)
@@ -104,8 +102,7 @@ class PoolingRoutes:
                 text, ids = client.inputs.truncate(text, ids, keep)
                 client.inputs.check_pooling(ids)
             except InputError as e:
-                raise errors.bad_request(str(e), e.param if e.param == "truncate_prompt_tokens" else where,
-                                         e.code) from None
+                raise errors.bad_request(str(e), e.field(where), e.code) from None
             prompts.append((text, ids))
         return prompts
 
@@ -127,9 +124,7 @@ class PoolingRoutes:
             raise errors.bad_request(f"{len(raw)} inputs is more than this server takes in one request "
                                      f"({limits.max_sequences_per_request}, --max-sequences-per-request)", param)
         keep = req.truncate_prompt_tokens
-        if keep is None:  # (a truncated input may be longer than the context: the body's limit bounds it)
-            max_chars = limits.max_prompt_chars or client.max_prompt_chars
-            check_chars([len(p) for p in raw if isinstance(p, str)], max_chars, client.max_model_len, param)
+        check_prompt_chars(client, limits, [len(p) for p in raw if isinstance(p, str)], param, keep)
         if size > _INLINE_BYTES:
             prompts = await asyncio.to_thread(self._tokenize, raw, req.add_special_tokens, names, keep)
         else:

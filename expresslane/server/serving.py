@@ -70,7 +70,7 @@ def check_prompt(client: EngineClient, ids: list[int], params: SamplingParams, p
     try:
         client.inputs.check(ids, params)
     except InputError as e:  # `param`: where the prompt came from (prompt, messages)
-        raise errors.bad_request(str(e), param if e.param == "prompt" else e.param, e.code) from None
+        raise errors.bad_request(str(e), e.field(param), e.code) from None
     limit = client.max_model_len
     if params.max_tokens is not None and not clamp and len(ids) + params.max_tokens > limit:
         raise errors.context_too_long(
@@ -98,7 +98,7 @@ def tokenized(client: EngineClient, prompt: Prompt, params: SamplingParams, para
     try:
         return client.inputs.truncate(*client.inputs.tokenize(prompt), params.truncate_prompt_tokens)
     except InputError as e:
-        raise errors.bad_request(str(e), e.param if e.param == "truncate_prompt_tokens" else param, e.code) from None
+        raise errors.bad_request(str(e), e.field(param), e.code) from None
 
 
 def prepare_completion(client: EngineClient, req: CompletionRequest,
