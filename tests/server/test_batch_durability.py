@@ -3,7 +3,7 @@
 The server (and its engine) is killed with SIGKILL twice while the batch drains and
 started again on the same store; the leases of what the dead server held run out and
 the new server takes them over. ``EXPRESSLANE_BATCH_TEST_N`` sets the batch size
-(96 by default, to keep CI short; docs/batch.md records the 1,000-request run).
+(64 by default, to keep CI short; docs/batch.md records the 1,000-request run).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from openai import OpenAI
 from .conftest import API_KEY, Server, metric
 from .test_batch_api import requests_file, wait_batch
 
-N = int(os.environ.get("EXPRESSLANE_BATCH_TEST_N", "96"))
+N = int(os.environ.get("EXPRESSLANE_BATCH_TEST_N", "64"))
 # Four requests at a time, 8 tokens each: the kills wait for a count of completed requests,
 # and the test asserts that the batch was still in progress at each, so speed cannot hide a race.
 TOKENS = 8
