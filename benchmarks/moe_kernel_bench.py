@@ -123,8 +123,10 @@ def bench_tokens(name: str, tokens: int, weights: tuple, tiles_swept: bool, out)
                       experts_in_kernel=lambda r: forced(r, MX4_IN_KERNEL_ROWS=1 << 30),
                       experts_decoded_whole=lambda r: forced(r, MX4_IN_KERNEL_ROWS=-1))
         if hasattr(fused_moe, "MX4_TILES"):
-            one_row = (Tiles(1, 32, 256, 4), Tiles(1, 32, 256, 4))
+            one_row = (Tiles(1, 32, 128, 4), Tiles(1, 32, 128, 4))
             pieces["experts_one_row_tiles"] = lambda r: forced(r, MX4_IN_KERNEL_ROWS=1 << 30, MX4_TILES=one_row)
+        for mode in (1, 2) if hasattr(fused_moe, "MX4_DOT") else ():  # Triton's scaled dot, W right / left
+            pieces[f"experts_scaled_dot{mode}"] = lambda r, m=mode: forced(r, MX4_IN_KERNEL_ROWS=1 << 30, MX4_DOT=m)
     us = {p: round(calls_us(fn), 2) for p, fn in pieces.items()}
     row = {"bench": "moe_kernels", "shape": name, "tokens": tokens, "experts_read": used,
            "tiles": [list(tiles1), list(tiles2)], "us": us, "gemm1_gb_s": round(bytes1 / us["gemm1"] / 1e3),
@@ -143,31 +145,37 @@ def bench_tokens(name: str, tokens: int, weights: tuple, tiles_swept: bool, out)
         sweep(name, tokens, gemm1, gemm2, tiles1, tiles2, act, rows_out, bytes1, bytes2, out, name in MXFP4)
 
 
-def sweep(name, tokens, gemm1, gemm2, tiles1, tiles2, act, rows_out, bytes1, bytes2, out, one_row: bool) -> None:
-    """Each GEMM under every tile of a grid (block_m kept: the alignment's; `one_row`, MXFP4: tiles of one
-    row too, multiplying without tensor cores); the six fastest."""
+def sweep(name, tokens, gemm1, gemm2, tiles1, tiles2, act, rows_out, bytes1, bytes2, out, mx4: bool) -> None:
+    """Each GEMM under every tile of a grid (block_m kept: the alignment's; `mx4`, MXFP4: tiles of one
+    row too, multiplying without tensor cores, and the tensor-core tiles under each MX4_DOT product);
+    the eight fastest, `dot` the MX4_DOT of each."""
     for label, fn, default, result, nbytes in (("gemm1", gemm1, tiles1, act, bytes1),
                                                ("gemm2", gemm2, tiles2, rows_out, bytes2)):
-        grid = [Tiles(m, bn, bk, warps, stages)
-                for m in ((default.block_m, 1) if one_row else (default.block_m,))
-                for bn, bk, warps, stages in itertools.product((16, 32, 64), (128, 256), (2, 4), (3, 5))]
+        grid = [(Tiles(m, bn, bk, warps, stages), dot)
+                for m in ((default.block_m, 1) if mx4 else (default.block_m,))
+                for bn, bk, warps, stages in itertools.product((16, 32, 64), (128, 256), (2, 4),
+                                                               (3,) if mx4 else (3, 5))
+                for dot in ((0, 1, 2) if mx4 and m > 1 else (0,))]
         fn(0)
         reference = result.clone()
         timed = []
-        for t in dict.fromkeys([default, *grid]):
+        for t, dot in dict.fromkeys([(default, 0), *grid]):
             try:
+                fused_moe.MX4_DOT = dot  # read at the launches the graph captures
                 result.zero_()
                 fn(0, t)
                 ok = torch.allclose(result.float(), reference.float(), atol=2e-2, rtol=2e-2)
-                timed.append((calls_us(lambda r, fn=fn, t=t: fn(r, t)), t, ok))
+                timed.append((calls_us(lambda r, fn=fn, t=t: fn(r, t)), t, dot, ok))
             except OutOfResources as e:  # out of shared memory for the tile: skip it
-                timed.append((float("inf"), t, repr(e)[:80]))
+                timed.append((float("inf"), t, dot, repr(e)[:80]))
+            finally:
+                fused_moe.MX4_DOT = 0
         timed.sort(key=lambda x: x[0])
-        default_us = next(u for u, t, _ in timed if t == default)
+        default_us = next(u for u, t, dot, _ in timed if t == default and dot == 0)
         emit(out, bench="moe_tile_sweep", shape=name, tokens=tokens, gemm=label, default=list(default),
              default_us=round(default_us, 2), default_gb_s=round(nbytes / default_us / 1e3),
-             best=[dict(tiles=list(t), us=round(u, 2), gb_s=round(nbytes / u / 1e3), matches=ok)
-                   for u, t, ok in timed[:6]])
+             best=[dict(tiles=list(t), dot=dot, us=round(u, 2), gb_s=round(nbytes / u / 1e3), matches=ok)
+                   for u, t, dot, ok in timed[:8]])
 
 
 def main() -> None:

@@ -113,14 +113,15 @@ def _cases():
                         PRECISION=precision, W4=w4, GROUP=group, HAS_BIAS=False, SWIGLU=False, MX4=False), {
                         **moe, **(int4 if w4 else {})}
             for top_k, gated in ((4, True), (1, False)):  # gpt-oss as shipped: MXFP4, biases, the clamped SwiGLU
-                yield "moe_gemm_kernel", "bf16", dict(TOP_K=top_k, GATED=gated, WEIGHTED=not gated, BLOCK_M=bm,
-                                                      BLOCK_N=bn, BLOCK_K=bk, PRECISION="tf32", W4=False, GROUP=1,
-                                                      HAS_BIAS=True, SWIGLU=gated, MX4=True), {
-                    **moe, "w_ptr": "*u8", "s_ptr": "*u8", "z_ptr": "*u8"}
-    for top_k, gated in ((4, True), (1, False)):  # MXFP4 in tiles of one row (no tensor cores)
+                for dot in (0, 1, 2) if bm == 16 else (0,):  # the product: own decode, Triton's scaled dot, swapped
+                    yield "moe_gemm_kernel", "bf16", dict(TOP_K=top_k, GATED=gated, WEIGHTED=not gated, BLOCK_M=bm,
+                                                          BLOCK_N=bn, BLOCK_K=bk, PRECISION="tf32", W4=False, GROUP=1,
+                                                          HAS_BIAS=True, SWIGLU=gated, MX4=True, MX4_DOT=dot), {
+                        **moe, "w_ptr": "*u8", "s_ptr": "*u8", "z_ptr": "*u8"}
+    for top_k, gated in ((4, True), (1, False)):  # MXFP4 in tiles of one row (no tensor cores), PTX's decode
         yield "moe_gemm_kernel", "bf16", dict(TOP_K=top_k, GATED=gated, WEIGHTED=not gated, BLOCK_M=1, BLOCK_N=32,
-                                              BLOCK_K=256, PRECISION="tf32", W4=False, GROUP=1, HAS_BIAS=True,
-                                              SWIGLU=gated, MX4=True), {
+                                              BLOCK_K=128, PRECISION="tf32", W4=False, GROUP=1, HAS_BIAS=True,
+                                              SWIGLU=gated, MX4=True, ASM=True), {
             **moe, "w_ptr": "*u8", "s_ptr": "*u8", "z_ptr": "*u8"}
     # MXFP4 experts decoded whole for a prefill's grouped GEMMs
     yield "mx4_dequant_kernel", "bf16", dict(BLOCK_N=64, HALF_K=128), dict(w_ptr="*u8", s_ptr="*u8")
@@ -183,6 +184,8 @@ def _compile_all() -> None:
     compiled = set()
     for name, dtype, constexprs, *pointers in _cases():
         fn = kernels[name]
+        # constexprs a case leaves out take the kernel's defaults
+        constexprs = {**{p.name: p.default for p in fn.params if p.is_constexpr and p.has_default}, **constexprs}
         pointers = {**_POINTERS, **(pointers[0] if pointers else {})}
         signature = {}
         for arg in fn.arg_names:

@@ -219,7 +219,9 @@ def test_fused_mxfp4_experts_match_reference(tokens, experts, k, drop, one_row, 
     assert torch.allclose(torch_experts(x, w13, w2, weights, ids, b13, b2, act), ref)
     out = fused_moe.fused_experts(x.to(DEVICE), w13.to(DEVICE), w2.to(DEVICE), weights.to(DEVICE), ids.to(DEVICE),
                                   b13=b13.to(DEVICE), b2=b2.to(DEVICE), act=act)
-    assert torch.allclose(out.cpu(), ref, atol=1e-4, rtol=1e-4), (out.cpu() - ref).abs().max()
+    # float32 sums in another order: errors relative to the outputs' scale (hundreds here)
+    assert torch.allclose(out.cpu(), ref, atol=2e-6 * ref.abs().max(), rtol=1e-4), (out.cpu() - ref).abs().max()
+
 
 def test_mxfp4_experts_decode_whole_exactly():
     """dequantize_experts (the path for many rows an expert) equals the reference decode bit for

@@ -58,43 +58,122 @@ def _e2m1(code):
 
 
 @triton.jit
-def _mx4_tiles(w_ptr, s_ptr, expert, k0, K, cols, cols_ok, stride_we, stride_wn, stride_se, stride_sg,
-               HALF_K: tl.constexpr, dtype: tl.constexpr):
-    """MXFP4 W of `expert` at outputs cols, inputs [k0, k0 + 2 HALF_K), as two [BLOCK_N, HALF_K]
-    tiles: the even inputs' and the odd inputs' (blocks [E, N, K/2]: two e2m1 codes a byte, the
-    even input low; scales [E, N, K/32], e8m0: 2^(s - 127)). Each byte is read once, along K (the
-    shipped layout's contiguous axis), a block's scale once, and values are made from bits."""
-    BLOCK_N: tl.constexpr = cols.shape[0]
+def _mx4_load(w_ptr, s_ptr, expert, k0, K, cols, cols_ok, stride_we, stride_wn, stride_se, stride_sg,
+              HALF_K: tl.constexpr):
+    """MXFP4 W of `expert` at outputs cols, inputs [k0, k0 + 2 HALF_K): its bytes [BLOCK_N, HALF_K]
+    (int32; blocks [E, N, K/2]: two e2m1 codes a byte, the even input low) and each block's scale
+    (scales [E, N, K/32], e8m0: 2^(s - 127)) times 2^14 (_e2m1's), [BLOCK_N, HALF_K // 16, 1]. Each
+    byte is read once, along K (the shipped layout's contiguous axis), a block's scale once."""
     kb = k0 // 2 + tl.arange(0, HALF_K)  # byte index along K
     col = cols[:, None].to(tl.int64)
     packed = tl.load(w_ptr + expert * stride_we + col * stride_wn + kb[None, :],
                      mask=cols_ok[:, None] & (kb < K // 2)[None, :], other=0).to(tl.int32)
     g = k0 // 32 + tl.arange(0, HALF_K // 16)  # the blocks of 32 inputs
     s = tl.load(s_ptr + expert * stride_se + col * stride_sg + g[None, :],
-                mask=cols_ok[:, None] & (g < K // 32)[None, :], other=127).to(tl.int32)
-    scale = tl.where(s == 0, 0x00400000, s << 23).to(tl.float32, bitcast=True)[:, :, None]  # 2^(s - 127)
-    even = tl.reshape(tl.reshape(_e2m1(packed & 0xF) * 16384.0, (BLOCK_N, HALF_K // 16, 16)) * scale,
-                      (BLOCK_N, HALF_K))
-    odd = tl.reshape(tl.reshape(_e2m1(packed >> 4) * 16384.0, (BLOCK_N, HALF_K // 16, 16)) * scale,
-                     (BLOCK_N, HALF_K))
+                mask=cols_ok[:, None] & (g < K // 32)[None, :], other=127).to(tl.int32) + 14
+    return packed, (tl.minimum(s, 255) << 23).to(tl.float32, bitcast=True)[:, :, None]  # (255: inf, as exp2)
+
+
+@triton.jit
+def _mx4_tiles(w_ptr, s_ptr, expert, k0, K, cols, cols_ok, stride_we, stride_wn, stride_se, stride_sg,
+               HALF_K: tl.constexpr, dtype: tl.constexpr):
+    """MXFP4 W of `expert` at outputs cols, inputs [k0, k0 + 2 HALF_K), as two [BLOCK_N, HALF_K]
+    tiles in `dtype`: the even inputs' and the odd inputs' (see _mx4_load); values made from bits."""
+    BLOCK_N: tl.constexpr = cols.shape[0]
+    packed, scale = _mx4_load(w_ptr, s_ptr, expert, k0, K, cols, cols_ok, stride_we, stride_wn, stride_se, stride_sg,
+                              HALF_K)
+    even = tl.reshape(tl.reshape(_e2m1(packed & 0xF), (BLOCK_N, HALF_K // 16, 16)) * scale, (BLOCK_N, HALF_K))
+    odd = tl.reshape(tl.reshape(_e2m1(packed >> 4), (BLOCK_N, HALF_K // 16, 16)) * scale, (BLOCK_N, HALF_K))
     return even.to(dtype), odd.to(dtype)
 
 
 @triton.jit
 def _mx4_step(acc, a_even, a_odd, w_ptr, s_ptr, expert, k0, K, cols, cols_ok, stride_we, stride_wn, stride_se,
-              stride_sg, BLOCK_M: tl.constexpr, HALF_K: tl.constexpr, dtype: tl.constexpr, PRECISION: tl.constexpr):
+              stride_sg, HALF_K: tl.constexpr, dtype: tl.constexpr, PRECISION: tl.constexpr):
     """acc [BLOCK_M, BLOCK_N] += A [BLOCK_M, 2 HALF_K] . W^T for MXFP4 W at outputs cols, inputs k0..:
-    a dot for the even inputs and one for the odd; a tile of one row (BLOCK_M 1: rows aligned one
-    a tile, no padding) multiplies and sums in float32 instead, with no tensor-core layout."""
-    if BLOCK_M == 1:
-        w_even, w_odd = _mx4_tiles(w_ptr, s_ptr, expert, k0, K, cols, cols_ok, stride_we, stride_wn, stride_se,
-                                   stride_sg, HALF_K, tl.float32)
-        acc += tl.sum(w_even * a_even.to(tl.float32) + w_odd * a_odd.to(tl.float32), 1)[None, :]
+    a dot for the even inputs and one for the odd."""
+    w_even, w_odd = _mx4_tiles(w_ptr, s_ptr, expert, k0, K, cols, cols_ok, stride_we, stride_wn, stride_se,
+                               stride_sg, HALF_K, dtype)
+    return tl.dot(a_odd, tl.trans(w_odd), tl.dot(a_even, tl.trans(w_even), acc, input_precision=PRECISION),
+                  input_precision=PRECISION)
+
+
+# Eight e2m1 codes of an int32 word as float32 (each / 2^14, _e2m1's) in PTX: the bytes j, j + 1
+# spread to a word's halves (prmt), both halves' even codes, then their odd codes, put in place as
+# fp16 bits at once (two shifts and masks each), the eight halves widened to float32.
+_E2M1_WORD_PTX = tl.constexpr("""{
+.reg .b32 z, y, t, e, o;
+.reg .b16 l, h;
+mov.b32 z, 0;
+prmt.b32 y, $8, z, 0x4140;
+shl.b32 e, y, 9; and.b32 e, e, 0x0E000E00; shl.b32 t, y, 12; and.b32 t, t, 0x80008000; or.b32 e, e, t;
+shl.b32 o, y, 5; and.b32 o, o, 0x0E000E00; shl.b32 t, y, 8; and.b32 t, t, 0x80008000; or.b32 o, o, t;
+mov.b32 {l, h}, e; cvt.f32.f16 $0, l; cvt.f32.f16 $2, h;
+mov.b32 {l, h}, o; cvt.f32.f16 $1, l; cvt.f32.f16 $3, h;
+prmt.b32 y, $8, z, 0x4342;
+shl.b32 e, y, 9; and.b32 e, e, 0x0E000E00; shl.b32 t, y, 12; and.b32 t, t, 0x80008000; or.b32 e, e, t;
+shl.b32 o, y, 5; and.b32 o, o, 0x0E000E00; shl.b32 t, y, 8; and.b32 t, t, 0x80008000; or.b32 o, o, t;
+mov.b32 {l, h}, e; cvt.f32.f16 $4, l; cvt.f32.f16 $6, h;
+mov.b32 {l, h}, o; cvt.f32.f16 $5, l; cvt.f32.f16 $7, h;
+}""")
+
+
+@triton.jit
+def _e2m1_word(words, ASM: tl.constexpr):
+    """The eight e2m1 codes of int32 words (byte j: code 2j low, 2j + 1 high) as eight float32
+    tensors, code i's value / 2^14 in the i-th; ASM (CUDA): _E2M1_WORD_PTX, else _e2m1 a code."""
+    if ASM:
+        return tl.inline_asm_elementwise(_E2M1_WORD_PTX, "=r,=r,=r,=r,=r,=r,=r,=r,r", [words],
+                                         dtype=(tl.float32,) * 8, is_pure=True, pack=1)
     else:
-        w_even, w_odd = _mx4_tiles(w_ptr, s_ptr, expert, k0, K, cols, cols_ok, stride_we, stride_wn, stride_se,
-                                   stride_sg, HALF_K, dtype)
-        acc = tl.dot(a_odd, tl.trans(w_odd), tl.dot(a_even, tl.trans(w_even), acc, input_precision=PRECISION),
-                     input_precision=PRECISION)
+        return (_e2m1(words & 0xF), _e2m1((words >> 4) & 0xF), _e2m1((words >> 8) & 0xF),
+                _e2m1((words >> 12) & 0xF), _e2m1((words >> 16) & 0xF), _e2m1((words >> 20) & 0xF),
+                _e2m1((words >> 24) & 0xF), _e2m1((words >> 28) & 0xF))
+
+
+@triton.jit
+def _mx4_row_step(acc, a_row, a_ok, w_ptr, s_ptr, expert, k0, K, cols, cols_ok, stride_we, stride_wn, stride_se,
+                  stride_sg, BLOCK_K: tl.constexpr, ASM: tl.constexpr):
+    """One row of A times MXFP4 W at outputs cols, inputs [k0, k0 + BLOCK_K), in float32 without
+    tensor cores (a tile of one row: no padding rows): acc [BLOCK_N, BLOCK_K // 8] += each int32
+    word of codes' eight products, times its block's scale (summed over K after the loop)."""
+    BLOCK_N: tl.constexpr = cols.shape[0]
+    WORDS: tl.constexpr = BLOCK_K // 8
+    kw = k0 // 8 + tl.arange(0, WORDS)
+    col = cols[:, None].to(tl.int64)
+    words = tl.load(w_ptr.to(tl.pointer_type(tl.int32)) + expert * (stride_we // 4) + col * (stride_wn // 4)
+                    + kw[None, :], mask=cols_ok[:, None] & (kw < K // 8)[None, :], other=0)
+    values = _e2m1_word(words, ASM)
+    k = 8 * kw
+    products = tl.zeros((BLOCK_N, WORDS), dtype=tl.float32)
+    for i in tl.static_range(8):
+        a = tl.load(a_row + k + i, mask=a_ok & (k < K), other=0.0).to(tl.float32)
+        products += values[i] * a[None, :]
+    g = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+    s = tl.load(s_ptr + expert * stride_se + col * stride_sg + g[None, :],
+                mask=cols_ok[:, None] & (g < K // 32)[None, :], other=127).to(tl.int32) + 14
+    scale = (tl.minimum(s, 255) << 23).to(tl.float32, bitcast=True)  # 2^(s - 127) * 2^14 (255: inf, as exp2)
+    return acc + tl.reshape(tl.reshape(products, (BLOCK_N, BLOCK_K // 32, 4)) * scale[:, :, None],
+                            (BLOCK_N, WORDS))
+
+
+@triton.jit
+def _mx4_scaled(acc, a, w_ptr, s_ptr, expert, k0, K, cols, cols_ok, stride_we, stride_wn, stride_se, stride_sg,
+                HALF_K: tl.constexpr, SWAP: tl.constexpr):
+    """acc += A [BLOCK_M, 2 HALF_K] . W^T through Triton's scaled dot (the compiler's own e2m1
+    upcast into the MMA's operand layout). SWAP: acc is [BLOCK_N, BLOCK_M], W the left operand
+    (its outputs fill the MMA's 64 rows; decode's few tokens its narrow side)."""
+    kb = k0 // 2 + tl.arange(0, HALF_K)
+    col = cols[:, None].to(tl.int64)
+    packed = tl.load(w_ptr + expert * stride_we + col * stride_wn + kb[None, :],
+                     mask=cols_ok[:, None] & (kb < K // 2)[None, :], other=0)
+    g = k0 // 32 + tl.arange(0, HALF_K // 16)
+    s = tl.load(s_ptr + expert * stride_se + col * stride_sg + g[None, :],
+                mask=cols_ok[:, None] & (g < K // 32)[None, :], other=127)
+    if SWAP:
+        acc = tl.dot_scaled(packed, s, "e2m1", tl.trans(a), None, "bf16", acc, fast_math=True)
+    else:
+        acc = tl.dot_scaled(a, None, "bf16", tl.trans(packed), s, "e2m1", acc, fast_math=True)
     return acc
 
 
@@ -118,7 +197,8 @@ def moe_gemm_kernel(a_ptr, w_ptr, s_ptr, z_ptr, c_ptr, topk_w_ptr, sorted_rows_p
                     stride_be, alpha, limit,
                     TOP_K: tl.constexpr, GATED: tl.constexpr, WEIGHTED: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, W4: tl.constexpr,
-                    GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr, MX4: tl.constexpr):
+                    GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr, MX4: tl.constexpr,
+                    MX4_DOT: tl.constexpr = 0, ASM: tl.constexpr = False):
     """C[row, n] = A[row // TOP_K] . W[expert, n] for the rows of one expert's tile; GATED: W
     holds gate rows [0, N) then up rows [N, 2N) and C = silu(gate) * up; WEIGHTED: C *= w[row].
     W4: W is INT4 (see _weight_tile; s_ptr, z_ptr and their strides are its scales and zeros); MX4:
@@ -138,20 +218,41 @@ def moe_gemm_kernel(a_ptr, w_ptr, s_ptr, z_ptr, c_ptr, topk_w_ptr, sorted_rows_p
         a_rows = a_ptr + (rows // TOP_K)[:, None] * stride_am
         a_ptrs = a_rows + offs_k[None, :]  # (the float and INT4 path's, a step on each time)
         dtype = a_ptr.dtype.element_ty
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        if MX4_DOT == 2:
+            acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+            acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        elif MX4 and BLOCK_M == 1:  # partial sums along K (_mx4_row_step)
+            acc = tl.zeros((BLOCK_N, BLOCK_K // 8), dtype=tl.float32)
+            acc_up = tl.zeros((BLOCK_N, BLOCK_K // 8), dtype=tl.float32)
+        else:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
-            if MX4:  # the even and the odd inputs of the step: a dot each
+            if MX4_DOT > 0:
+                ka = k0 + tl.arange(0, BLOCK_K)
+                a = tl.load(a_rows + ka[None, :], mask=valid[:, None] & (ka < K)[None, :], other=0.0)
+                acc = _mx4_scaled(acc, a, w_ptr, s_ptr, expert, k0, K, offs_n, n_mask, stride_we, stride_wn, stride_se,
+                                  stride_sg, BLOCK_K // 2, MX4_DOT == 2)
+                if GATED:
+                    acc_up = _mx4_scaled(acc_up, a, w_ptr, s_ptr, expert, k0, K, offs_n + N, n_mask, stride_we,
+                                         stride_wn, stride_se, stride_sg, BLOCK_K // 2, MX4_DOT == 2)
+            elif MX4 and BLOCK_M == 1:
+                a_row = a_ptr + (rows // TOP_K) * stride_am
+                acc = _mx4_row_step(acc, a_row, valid, w_ptr, s_ptr, expert, k0, K, offs_n, n_mask, stride_we,
+                                    stride_wn, stride_se, stride_sg, BLOCK_K, ASM)
+                if GATED:
+                    acc_up = _mx4_row_step(acc_up, a_row, valid, w_ptr, s_ptr, expert, k0, K, offs_n + N, n_mask,
+                                           stride_we, stride_wn, stride_se, stride_sg, BLOCK_K, ASM)
+            elif MX4:  # the even and the odd inputs of the step: a dot each
                 k = k0 + 2 * offs_k
                 a_mask = valid[:, None] & (k < K)[None, :]
                 a_even = tl.load(a_rows + k[None, :], mask=a_mask, other=0.0)
                 a_odd = tl.load(a_rows + (k + 1)[None, :], mask=a_mask, other=0.0)
                 acc = _mx4_step(acc, a_even, a_odd, w_ptr, s_ptr, expert, k0, K, offs_n, n_mask, stride_we, stride_wn,
-                                stride_se, stride_sg, BLOCK_M, BLOCK_K // 2, dtype, PRECISION)
+                                stride_se, stride_sg, BLOCK_K // 2, dtype, PRECISION)
                 if GATED:
                     acc_up = _mx4_step(acc_up, a_even, a_odd, w_ptr, s_ptr, expert, k0, K, offs_n + N, n_mask,
-                                       stride_we, stride_wn, stride_se, stride_sg, BLOCK_M, BLOCK_K // 2, dtype,
-                                       PRECISION)
+                                       stride_we, stride_wn, stride_se, stride_sg, BLOCK_K // 2, dtype, PRECISION)
             else:
                 k = k0 + offs_k
                 k_mask = k < K
@@ -164,6 +265,12 @@ def moe_gemm_kernel(a_ptr, w_ptr, s_ptr, z_ptr, c_ptr, topk_w_ptr, sorted_rows_p
                                         stride_wn, stride_se, stride_sg, dtype, W4, GROUP)
                     acc_up = tl.dot(a, w_up, acc_up, input_precision=PRECISION)
                 a_ptrs += BLOCK_K
+        if MX4_DOT == 2:
+            acc = tl.trans(acc)
+            acc_up = tl.trans(acc_up)
+        elif MX4 and BLOCK_M == 1:
+            acc = tl.sum(acc, 1)[None, :]
+            acc_up = tl.sum(acc_up, 1)[None, :]
         dtype = c_ptr.dtype.element_ty
         if HAS_BIAS:
             bias = bias_ptr + expert * stride_be + offs_n
@@ -367,7 +474,9 @@ def grouped_gemm(a: torch.Tensor, w, out: torch.Tensor, weights: torch.Tensor, a
         SWIGLU=act is not None, TOP_K=top_k if gated else 1, GATED=gated, WEIGHTED=not gated,
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=block_k,
         PRECISION="ieee" if a.dtype == torch.float32 else "tf32", num_warps=tiles.warps,
-        num_stages=tiles.stages if a.is_cuda else 1, **w_const)
+        num_stages=tiles.stages if a.is_cuda else 1,
+        MX4_DOT=MX4_DOT if w_const["MX4"] and a.is_cuda and a.dtype == torch.bfloat16 and tiles.block_m >= 16 else 0,
+        ASM=a.is_cuda, **w_const)
 
 
 def dequantize_experts(w: Mxfp4Experts, dtype: torch.dtype) -> torch.Tensor:
@@ -384,9 +493,13 @@ def dequantize_experts(w: Mxfp4Experts, dtype: torch.dtype) -> torch.Tensor:
 
 
 # The tiles of MXFP4 experts decoded in the GEMMs, where not _tiles' (the bf16 experts', measured on
-# gpt-oss-20b): Tiles(1, ...) aligns one row a tile and multiplies without tensor cores (_mx4_step),
-# not yet measured on a GPU (moe_kernel_bench.py's sweep times it).
+# gpt-oss-20b): Tiles(1, ...) aligns one row a tile and multiplies without tensor cores
+# (_mx4_row_step, codes decoded by PTX on CUDA), not yet measured on a GPU (moe_kernel_bench.py times it).
 MX4_TILES: tuple[Tiles, Tiles] | None = None
+
+# Tensor-core tiles' MXFP4 product on CUDA in bf16: 0, the kernel's own decode and two dots (_mx4_step);
+# 1, Triton's scaled dot (_mx4_scaled); 2, the same with W the left operand. Not yet measured on a GPU.
+MX4_DOT = 0
 
 # MXFP4 experts routed more rows than this on average are decoded whole (dequantize_experts) for
 # the call and multiplied by the float grouped GEMM: the in-kernel decode is paid again for every
