@@ -223,6 +223,29 @@ def test_fused_mxfp4_experts_match_reference(tokens, experts, k, drop, one_row, 
     assert torch.allclose(out.cpu(), ref, atol=2e-6 * ref.abs().max(), rtol=1e-4), (out.cpu() - ref).abs().max()
 
 
+
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="Triton's scaled dot runs on CUDA only (not in the interpreter)")
+@pytest.mark.parametrize("dot", [1, 2])
+def test_mxfp4_scaled_dot_equals_the_kernels_own_decode(dot, monkeypatch):
+    """MX4_DOT's products (Triton's scaled dot, W as the right or the left operand) in bf16 equal the
+    kernel's own decode and dots on the same tensor-core tiles (16 rows an expert, in the kernel)."""
+    from expresslane.layers.moe import ClampedSwiGLU
+    from expresslane.quant.mxfp4 import Mxfp4Experts
+
+    x, _, _, weights, ids = _inputs(16, 16, 5, 4, 256, 128, torch.bfloat16, 0.0)
+    g = torch.Generator().manual_seed(7)
+    w13, w2 = Mxfp4Experts(5, 256, 256), Mxfp4Experts(5, 256, 128)
+    for w in (w13, w2):
+        w.blocks.data = torch.randint(0, 256, w.blocks.shape, dtype=torch.uint8, generator=g)
+        w.scales.data = torch.randint(118, 129, w.scales.shape, dtype=torch.uint8, generator=g)
+    w13, w2 = w13.to(DEVICE), w2.to(DEVICE)
+    args = (x.to(DEVICE), w13, w2, weights.to(DEVICE), ids.to(DEVICE))
+    act = ClampedSwiGLU(limit=7.0)
+    ref = fused_moe.fused_experts(*args, act=act).float()
+    monkeypatch.setattr(fused_moe, "MX4_DOT", dot)
+    out = fused_moe.fused_experts(*args, act=act).float()
+    assert torch.allclose(out, ref, atol=2e-2 * ref.abs().max(), rtol=2e-2), (out - ref).abs().max()
+
 def test_mxfp4_experts_decode_whole_exactly():
     """dequantize_experts (the path for many rows an expert) equals the reference decode bit for
     bit, over a width that is not a multiple of its tile, every code, scales from 2^-125 up (the
