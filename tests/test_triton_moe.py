@@ -196,7 +196,7 @@ def test_fused_topk_softmax_route(experts, k):
 
 
 @pytest.mark.parametrize("tokens,experts,k,drop,one_row", [(1, 5, 2, 0.0, False), (33, 5, 4, 0.3, False),
-                                                           (300, 3, 1, 0.0, False), (3, 5, 2, 0.3, True)])
+                                                           (300, 3, 1, 0.0, False), (2, 5, 2, 0.3, True)])
 def test_fused_mxfp4_experts_match_reference(tokens, experts, k, drop, one_row, monkeypatch):
     """The grouped GEMMs decoding MXFP4 in-kernel (every code and sign, scales above and below 1)
     equal the reference on the dequantized experts, with gpt-oss's biases and SwiGLU; `one_row`:

@@ -492,8 +492,9 @@ def dequantize_experts(w: Mxfp4Experts, dtype: torch.dtype) -> torch.Tensor:
     return out
 
 
-# The tiles of MXFP4 experts decoded in the GEMMs, where not _tiles' (the bf16 experts', measured on
-# gpt-oss-20b): Tiles(1, ...) aligns one row a tile and multiplies without tensor cores
+# The tiles of MXFP4 experts decoded in the GEMMs at most one row an expert on average (decode's
+# few tokens), where not _tiles' (the bf16 experts', measured on gpt-oss-20b): Tiles(1, ...) aligns
+# one row a tile (a weight tile is read again for each of an expert's rows) and multiplies without tensor cores
 # (_mx4_row_step, codes decoded by PTX on CUDA), not yet measured on a GPU (moe_kernel_bench.py times it).
 MX4_TILES: tuple[Tiles, Tiles] | None = None
 
@@ -522,7 +523,7 @@ def fused_experts(x: torch.Tensor, w13, w2, weights: torch.Tensor, ids: torch.Te
     n = tokens * k
     tiles1, tiles2 = _tiles(n, num_experts, hidden), _tiles(n, num_experts, two_i // 2)
     mx4 = isinstance(w13, Mxfp4Experts) and n <= MX4_IN_KERNEL_ROWS * num_experts  # decoded in the GEMMs
-    if mx4 and MX4_TILES is not None:
+    if mx4 and MX4_TILES is not None and n <= num_experts:  # at most a row an expert on average
         tiles1, tiles2 = MX4_TILES
     aligned = align_by_expert(ids, num_experts, tiles1.block_m)
     inter = torch.empty(n, two_i // 2, dtype=x.dtype, device=x.device)
