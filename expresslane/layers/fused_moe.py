@@ -58,20 +58,26 @@ def _e2m1(code):
 
 
 @triton.jit
+def _mx4_scales(s_ptr, expert, k0, K, cols, cols_ok, stride_se, stride_sg, BLOCKS: tl.constexpr):
+    """[BLOCK_N, BLOCKS] float32: the scales of the blocks of 32 inputs from k0 (scales [E, N, K/32],
+    e8m0: 2^(s - 127)) times 2^14, the offset of _e2m1's values; s = 255 gives inf, as exp2 does."""
+    g = k0 // 32 + tl.arange(0, BLOCKS)
+    s = tl.load(s_ptr + expert * stride_se + cols[:, None].to(tl.int64) * stride_sg + g[None, :],
+                mask=cols_ok[:, None] & (g < K // 32)[None, :], other=127).to(tl.int32) + 14
+    return (tl.minimum(s, 255) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _mx4_load(w_ptr, s_ptr, expert, k0, K, cols, cols_ok, stride_we, stride_wn, stride_se, stride_sg,
               HALF_K: tl.constexpr):
     """MXFP4 W of `expert` at outputs cols, inputs [k0, k0 + 2 HALF_K): its bytes [BLOCK_N, HALF_K]
-    (int32; blocks [E, N, K/2]: two e2m1 codes a byte, the even input low) and each block's scale
-    (scales [E, N, K/32], e8m0: 2^(s - 127)) times 2^14 (_e2m1's), [BLOCK_N, HALF_K // 16, 1]. Each
-    byte is read once, along K (the shipped layout's contiguous axis), a block's scale once."""
+    (int32; blocks [E, N, K/2]: two e2m1 codes a byte, the even input low) and its blocks' scales
+    (_mx4_scales), [BLOCK_N, HALF_K // 16, 1]. Each byte is read once, along K (the shipped layout's
+    contiguous axis), a block's scale once."""
     kb = k0 // 2 + tl.arange(0, HALF_K)  # byte index along K
-    col = cols[:, None].to(tl.int64)
-    packed = tl.load(w_ptr + expert * stride_we + col * stride_wn + kb[None, :],
+    packed = tl.load(w_ptr + expert * stride_we + cols[:, None].to(tl.int64) * stride_wn + kb[None, :],
                      mask=cols_ok[:, None] & (kb < K // 2)[None, :], other=0).to(tl.int32)
-    g = k0 // 32 + tl.arange(0, HALF_K // 16)  # the blocks of 32 inputs
-    s = tl.load(s_ptr + expert * stride_se + col * stride_sg + g[None, :],
-                mask=cols_ok[:, None] & (g < K // 32)[None, :], other=127).to(tl.int32) + 14
-    return packed, (tl.minimum(s, 255) << 23).to(tl.float32, bitcast=True)[:, :, None]  # (255: inf, as exp2)
+    return packed, _mx4_scales(s_ptr, expert, k0, K, cols, cols_ok, stride_se, stride_sg, HALF_K // 16)[:, :, None]
 
 
 @triton.jit
@@ -140,19 +146,16 @@ def _mx4_row_step(acc, a_row, a_ok, w_ptr, s_ptr, expert, k0, K, cols, cols_ok, 
     BLOCK_N: tl.constexpr = cols.shape[0]
     WORDS: tl.constexpr = BLOCK_K // 8
     kw = k0 // 8 + tl.arange(0, WORDS)
-    col = cols[:, None].to(tl.int64)
-    words = tl.load(w_ptr.to(tl.pointer_type(tl.int32)) + expert * (stride_we // 4) + col * (stride_wn // 4)
-                    + kw[None, :], mask=cols_ok[:, None] & (kw < K // 8)[None, :], other=0)
+    words = tl.load(w_ptr.to(tl.pointer_type(tl.int32)) + expert * (stride_we // 4)
+                    + cols[:, None].to(tl.int64) * (stride_wn // 4) + kw[None, :],
+                    mask=cols_ok[:, None] & (kw < K // 8)[None, :], other=0)
     values = _e2m1_word(words, ASM)
     k = 8 * kw
     products = tl.zeros((BLOCK_N, WORDS), dtype=tl.float32)
     for i in tl.static_range(8):
         a = tl.load(a_row + k + i, mask=a_ok & (k < K), other=0.0).to(tl.float32)
         products += values[i] * a[None, :]
-    g = k0 // 32 + tl.arange(0, BLOCK_K // 32)
-    s = tl.load(s_ptr + expert * stride_se + col * stride_sg + g[None, :],
-                mask=cols_ok[:, None] & (g < K // 32)[None, :], other=127).to(tl.int32) + 14
-    scale = (tl.minimum(s, 255) << 23).to(tl.float32, bitcast=True)  # 2^(s - 127) * 2^14 (255: inf, as exp2)
+    scale = _mx4_scales(s_ptr, expert, k0, K, cols, cols_ok, stride_se, stride_sg, BLOCK_K // 32)
     return acc + tl.reshape(tl.reshape(products, (BLOCK_N, BLOCK_K // 32, 4)) * scale[:, :, None],
                             (BLOCK_N, WORDS))
 
