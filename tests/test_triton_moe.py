@@ -201,8 +201,8 @@ def test_fused_mxfp4_experts_match_reference(tokens, experts, k, drop, one_row, 
     """The grouped GEMMs decoding MXFP4 in-kernel (every code and sign, scales above and below 1)
     equal the reference on the dequantized experts, with gpt-oss's biases and SwiGLU; `one_row`:
     through tiles of one row (no tensor cores), rows on other ranks (-1) left zero."""
-    if one_row:
-        monkeypatch.setattr(fused_moe, "MX4_TILES", (fused_moe.Tiles(1, 32, 64, 4), fused_moe.Tiles(1, 16, 64, 4)))
+    monkeypatch.setattr(fused_moe, "MX4_TILES",  # one-row tiles, else the tensor-core tiles at every row count
+                        (fused_moe.Tiles(1, 32, 64, 4), fused_moe.Tiles(1, 16, 64, 4)) if one_row else None)
     from expresslane.layers.moe import ClampedSwiGLU
     from expresslane.quant.mxfp4 import Mxfp4Experts
 
@@ -241,6 +241,7 @@ def test_mxfp4_scaled_dot_equals_the_kernels_own_decode(dot, monkeypatch):
     w13, w2 = w13.to(DEVICE), w2.to(DEVICE)
     args = (x.to(DEVICE), w13, w2, weights.to(DEVICE), ids.to(DEVICE))
     act = ClampedSwiGLU(limit=7.0)
+    monkeypatch.setattr(fused_moe, "MX4_DOT", 0)
     ref = fused_moe.fused_experts(*args, act=act).float()
     monkeypatch.setattr(fused_moe, "MX4_DOT", dot)
     out = fused_moe.fused_experts(*args, act=act).float()

@@ -496,14 +496,15 @@ def dequantize_experts(w: Mxfp4Experts, dtype: torch.dtype) -> torch.Tensor:
 
 
 # The tiles of MXFP4 experts decoded in the GEMMs at most one row an expert on average (decode's
-# few tokens), where not _tiles' (the bf16 experts', measured on gpt-oss-20b): Tiles(1, ...) aligns
-# one row a tile (a weight tile is read again for each of an expert's rows) and multiplies without tensor cores
-# (_mx4_row_step, codes decoded by PTX on CUDA), not yet measured on a GPU (moe_kernel_bench.py times it).
-MX4_TILES: tuple[Tiles, Tiles] | None = None
+# few tokens): one row a tile (a weight tile is read again for each of an expert's rows), multiplied
+# without tensor cores (_mx4_row_step, codes decoded by PTX on CUDA); the fastest of
+# moe_kernel_bench.py's sweep on gpt-oss-20b (docs/performance.md). None: _tiles'.
+MX4_TILES: tuple[Tiles, Tiles] | None = (Tiles(1, 16, 256, 2), Tiles(1, 16, 256, 2))
 
 # Tensor-core tiles' MXFP4 product on CUDA in bf16: 0, the kernel's own decode and two dots (_mx4_step);
-# 1, Triton's scaled dot (_mx4_scaled); 2, the same with W the left operand. Not yet measured on a GPU.
-MX4_DOT = 0
+# 1, Triton's scaled dot (_mx4_scaled); 2, the same with W the left operand. 1 measured fastest from
+# 16 tokens on gpt-oss-20b (moe_kernel_bench.py; docs/performance.md).
+MX4_DOT = 1
 
 # MXFP4 experts routed more rows than this on average are decoded whole (dequantize_experts) for
 # the call and multiplied by the float grouped GEMM: the in-kernel decode is paid again for every
