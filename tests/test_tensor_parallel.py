@@ -48,7 +48,7 @@ def _expected_numel(name: str, full: int, cfg, tp: int) -> int:
     return full // tp
 
 
-# TP=4 (four processes on CI's two cores, 12-19 s a model) where four ranks split otherwise than two:
+# TP=4 (four processes on CI's two cores: the costliest cases) where four ranks split otherwise than two:
 # fewer KV heads than ranks (each rank keeps one of the two) and each expert's intermediate size in
 # quarters, both in qwen3_moe (the dense families split at 2 as at 4: llama's llama3 RoPE, qwen2's biases)
 TP4 = ("qwen3_moe",)
