@@ -125,8 +125,10 @@ def bench_tokens(name: str, tokens: int, weights: tuple, tiles_swept: bool, out)
         if hasattr(fused_moe, "MX4_TILES"):
             one_row = (Tiles(1, 32, 128, 4), Tiles(1, 32, 128, 4))
             pieces["experts_one_row_tiles"] = lambda r: forced(r, MX4_IN_KERNEL_ROWS=1 << 30, MX4_TILES=one_row)
-        for mode in (1, 2) if hasattr(fused_moe, "MX4_DOT") else ():  # Triton's scaled dot, W right / left
-            pieces[f"experts_scaled_dot{mode}"] = lambda r, m=mode: forced(r, MX4_IN_KERNEL_ROWS=1 << 30, MX4_DOT=m)
+        if hasattr(fused_moe, "MX4_DOT"):  # the tensor-core tiles' product: Triton's scaled dot, or the kernel's own
+            for dot in (True, False):
+                pieces[f"experts_scaled_dot_{dot}"] = lambda r, d=dot: forced(r, MX4_IN_KERNEL_ROWS=1 << 30,
+                                                                              MX4_TILES=None, MX4_DOT=d)
     us = {p: round(calls_us(fn), 2) for p, fn in pieces.items()}
     row = {"bench": "moe_kernels", "shape": name, "tokens": tokens, "experts_read": used,
            "tiles": [list(tiles1), list(tiles2)], "us": us, "gemm1_gb_s": round(bytes1 / us["gemm1"] / 1e3),
@@ -147,19 +149,20 @@ def bench_tokens(name: str, tokens: int, weights: tuple, tiles_swept: bool, out)
 
 def sweep(name, tokens, gemm1, gemm2, tiles1, tiles2, act, rows_out, bytes1, bytes2, out, mx4: bool) -> None:
     """Each GEMM under every tile of a grid (block_m kept: the alignment's; `mx4`, MXFP4: tiles of one
-    row too, multiplying without tensor cores, and the tensor-core tiles under each MX4_DOT product);
-    the eight fastest, `dot` the MX4_DOT of each."""
+    row too, multiplying without tensor cores, and the tensor-core tiles with and without MX4_DOT's
+    scaled dot); the eight fastest, `dot` the MX4_DOT of each."""
     for label, fn, default, result, nbytes in (("gemm1", gemm1, tiles1, act, bytes1),
                                                ("gemm2", gemm2, tiles2, rows_out, bytes2)):
         grid = [(Tiles(m, bn, bk, warps, stages), dot)
                 for m in ((default.block_m, 1) if mx4 else (default.block_m,))
                 for bn, bk, warps, stages in itertools.product((16, 32, 64), (128, 256), (2, 4),
                                                                (3,) if mx4 else (3, 5))
-                for dot in ((0, 1, 2) if mx4 and m > 1 else (0,))]
+                for dot in ((False, True) if mx4 and m > 1 else (False,))]
+        kept = getattr(fused_moe, "MX4_DOT", False)
         fn(0)
         reference = result.clone()
         timed = []
-        for t, dot in dict.fromkeys([(default, 0), *grid]):
+        for t, dot in dict.fromkeys([(default, kept), *grid]):
             try:
                 fused_moe.MX4_DOT = dot  # read at the launches the graph captures
                 result.zero_()
@@ -169,9 +172,9 @@ def sweep(name, tokens, gemm1, gemm2, tiles1, tiles2, act, rows_out, bytes1, byt
             except OutOfResources as e:  # out of shared memory for the tile: skip it
                 timed.append((float("inf"), t, dot, repr(e)[:80]))
             finally:
-                fused_moe.MX4_DOT = 0
+                fused_moe.MX4_DOT = kept
         timed.sort(key=lambda x: x[0])
-        default_us = next(u for u, t, dot, _ in timed if t == default and dot == 0)
+        default_us = next(u for u, t, dot, _ in timed if t == default and dot == kept)
         emit(out, bench="moe_tile_sweep", shape=name, tokens=tokens, gemm=label, default=list(default),
              default_us=round(default_us, 2), default_gb_s=round(nbytes / default_us / 1e3),
              best=[dict(tiles=list(t), dot=dot, us=round(u, 2), gb_s=round(nbytes / u / 1e3), matches=ok)

@@ -162,10 +162,9 @@ def _mx4_row_step(acc, a_row, a_ok, w_ptr, s_ptr, expert, k0, K, cols, cols_ok, 
 
 @triton.jit
 def _mx4_scaled(acc, a, w_ptr, s_ptr, expert, k0, K, cols, cols_ok, stride_we, stride_wn, stride_se, stride_sg,
-                HALF_K: tl.constexpr, SWAP: tl.constexpr):
+                HALF_K: tl.constexpr):
     """acc += A [BLOCK_M, 2 HALF_K] . W^T through Triton's scaled dot (the compiler's own e2m1
-    upcast into the MMA's operand layout). SWAP: acc is [BLOCK_N, BLOCK_M], W the left operand
-    (its outputs fill the MMA's 64 rows; decode's few tokens its narrow side)."""
+    upcast into the MMA's operand layout)."""
     kb = k0 // 2 + tl.arange(0, HALF_K)
     col = cols[:, None].to(tl.int64)
     packed = tl.load(w_ptr + expert * stride_we + col * stride_wn + kb[None, :],
@@ -173,11 +172,7 @@ def _mx4_scaled(acc, a, w_ptr, s_ptr, expert, k0, K, cols, cols_ok, stride_we, s
     g = k0 // 32 + tl.arange(0, HALF_K // 16)
     s = tl.load(s_ptr + expert * stride_se + col * stride_sg + g[None, :],
                 mask=cols_ok[:, None] & (g < K // 32)[None, :], other=127)
-    if SWAP:
-        acc = tl.dot_scaled(packed, s, "e2m1", tl.trans(a), None, "bf16", acc, fast_math=True)
-    else:
-        acc = tl.dot_scaled(a, None, "bf16", tl.trans(packed), s, "e2m1", acc, fast_math=True)
-    return acc
+    return tl.dot_scaled(a, None, "bf16", tl.trans(packed), s, "e2m1", acc, fast_math=True)
 
 
 @triton.jit
@@ -201,7 +196,7 @@ def moe_gemm_kernel(a_ptr, w_ptr, s_ptr, z_ptr, c_ptr, topk_w_ptr, sorted_rows_p
                     TOP_K: tl.constexpr, GATED: tl.constexpr, WEIGHTED: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, W4: tl.constexpr,
                     GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr, MX4: tl.constexpr,
-                    MX4_DOT: tl.constexpr = 0, ASM: tl.constexpr = False):
+                    MX4_DOT: tl.constexpr = False, ASM: tl.constexpr = False):
     """C[row, n] = A[row // TOP_K] . W[expert, n] for the rows of one expert's tile; GATED: W
     holds gate rows [0, N) then up rows [N, 2N) and C = silu(gate) * up; WEIGHTED: C *= w[row].
     W4: W is INT4 (see _weight_tile; s_ptr, z_ptr and their strides are its scales and zeros); MX4:
@@ -221,24 +216,21 @@ def moe_gemm_kernel(a_ptr, w_ptr, s_ptr, z_ptr, c_ptr, topk_w_ptr, sorted_rows_p
         a_rows = a_ptr + (rows // TOP_K)[:, None] * stride_am
         a_ptrs = a_rows + offs_k[None, :]  # (the float and INT4 path's, a step on each time)
         dtype = a_ptr.dtype.element_ty
-        if MX4_DOT == 2:
-            acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-            acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        elif MX4 and BLOCK_M == 1:  # partial sums along K (_mx4_row_step)
+        if MX4 and BLOCK_M == 1:  # partial sums along K (_mx4_row_step)
             acc = tl.zeros((BLOCK_N, BLOCK_K // 8), dtype=tl.float32)
             acc_up = tl.zeros((BLOCK_N, BLOCK_K // 8), dtype=tl.float32)
         else:
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
-            if MX4_DOT > 0:
+            if MX4_DOT:
                 ka = k0 + tl.arange(0, BLOCK_K)
                 a = tl.load(a_rows + ka[None, :], mask=valid[:, None] & (ka < K)[None, :], other=0.0)
                 acc = _mx4_scaled(acc, a, w_ptr, s_ptr, expert, k0, K, offs_n, n_mask, stride_we, stride_wn, stride_se,
-                                  stride_sg, BLOCK_K // 2, MX4_DOT == 2)
+                                  stride_sg, BLOCK_K // 2)
                 if GATED:
                     acc_up = _mx4_scaled(acc_up, a, w_ptr, s_ptr, expert, k0, K, offs_n + N, n_mask, stride_we,
-                                         stride_wn, stride_se, stride_sg, BLOCK_K // 2, MX4_DOT == 2)
+                                         stride_wn, stride_se, stride_sg, BLOCK_K // 2)
             elif MX4 and BLOCK_M == 1:
                 a_row = a_ptr + (rows // TOP_K) * stride_am
                 acc = _mx4_row_step(acc, a_row, valid, w_ptr, s_ptr, expert, k0, K, offs_n, n_mask, stride_we,
@@ -268,10 +260,7 @@ def moe_gemm_kernel(a_ptr, w_ptr, s_ptr, z_ptr, c_ptr, topk_w_ptr, sorted_rows_p
                                         stride_wn, stride_se, stride_sg, dtype, W4, GROUP)
                     acc_up = tl.dot(a, w_up, acc_up, input_precision=PRECISION)
                 a_ptrs += BLOCK_K
-        if MX4_DOT == 2:
-            acc = tl.trans(acc)
-            acc_up = tl.trans(acc_up)
-        elif MX4 and BLOCK_M == 1:
+        if MX4 and BLOCK_M == 1:
             acc = tl.sum(acc, 1)[None, :]
             acc_up = tl.sum(acc_up, 1)[None, :]
         dtype = c_ptr.dtype.element_ty
@@ -478,7 +467,7 @@ def grouped_gemm(a: torch.Tensor, w, out: torch.Tensor, weights: torch.Tensor, a
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=block_k,
         PRECISION="ieee" if a.dtype == torch.float32 else "tf32", num_warps=tiles.warps,
         num_stages=tiles.stages if a.is_cuda else 1,
-        MX4_DOT=MX4_DOT if w_const["MX4"] and a.is_cuda and a.dtype == torch.bfloat16 and tiles.block_m >= 16 else 0,
+        MX4_DOT=MX4_DOT and w_const["MX4"] and a.is_cuda and a.dtype == torch.bfloat16 and tiles.block_m >= 16,
         ASM=a.is_cuda, **w_const)
 
 
@@ -501,10 +490,10 @@ def dequantize_experts(w: Mxfp4Experts, dtype: torch.dtype) -> torch.Tensor:
 # moe_kernel_bench.py's sweep on gpt-oss-20b (docs/performance.md). None: _tiles'.
 MX4_TILES: tuple[Tiles, Tiles] | None = (Tiles(1, 16, 256, 2), Tiles(1, 16, 256, 2))
 
-# Tensor-core tiles' MXFP4 product on CUDA in bf16: 0, the kernel's own decode and two dots (_mx4_step);
-# 1, Triton's scaled dot (_mx4_scaled); 2, the same with W the left operand. 1 measured fastest from
-# 16 tokens on gpt-oss-20b (moe_kernel_bench.py; docs/performance.md).
-MX4_DOT = 1
+# Tensor-core tiles' MXFP4 product on CUDA in bf16 through Triton's scaled dot (_mx4_scaled), else
+# the kernel's own decode and two dots (_mx4_step, the interpreter's); measured faster from 16 tokens
+# on gpt-oss-20b (moe_kernel_bench.py; docs/performance.md).
+MX4_DOT = True
 
 # MXFP4 experts routed more rows than this on average are decoded whole (dequantize_experts) for
 # the call and multiplied by the float grouped GEMM: the in-kernel decode is paid again for every

@@ -113,19 +113,21 @@ class MLAttention(nn.Module):
         q_pe = self.mla.rope_store(self.kv_cache, q_pe, c_kv, k_pe, self.kv_a_layernorm, self.rotary, positions, meta)
         # absorbed: every token on the Triton path, the decodes on the torch path (prefill expands)
         n = meta.num_decodes if self.mla.expands_prefill else x.shape[0]
-        if n:
-            w_uk, w_uv = self._absorbed()
-            q_lat = torch.einsum("thn,hnl->thl", q_nope[:n], w_uk)
-            o_lat = self.mla.attend(q_lat, q_pe[:n].contiguous(), self.kv_cache, positions[:n], meta, self.scale)
-            absorbed = torch.einsum("thl,hvl->thv", o_lat, w_uv)
-            if n == x.shape[0]:  # every token: no copy into a shared output
-                return self.o_proj(absorbed.flatten(1))
+        if n == x.shape[0]:  # every token absorbed: no shared output to copy into
+            return self.o_proj(self._attend_absorbed(q_nope, q_pe, positions, meta).flatten(1))
         out = x.new_empty(x.shape[0], self.num_heads, self.v_dim)
         if n:
-            out[:n] = absorbed
-        if n < x.shape[0]:
-            out[n:] = expanded_prefill(q_nope, q_pe, self.kv_cache, meta, self.scale, self._expand, self.v_dim)
+            out[:n] = self._attend_absorbed(q_nope[:n], q_pe[:n], positions[:n], meta)
+        out[n:] = expanded_prefill(q_nope, q_pe, self.kv_cache, meta, self.scale, self._expand, self.v_dim)
         return self.o_proj(out.flatten(1))
+
+    def _attend_absorbed(self, q_nope, q_pe, positions, meta: AttentionMetadata) -> torch.Tensor:
+        """Attention in the latent space for these tokens (W_UK folded into the query, W_UV into the
+        output): [n, H, v]."""
+        w_uk, w_uv = self._absorbed()
+        q_lat = torch.einsum("thn,hnl->thl", q_nope, w_uk)
+        o_lat = self.mla.attend(q_lat, q_pe.contiguous(), self.kv_cache, positions, meta, self.scale)
+        return torch.einsum("thl,hvl->thv", o_lat, w_uv)
 
 
 class DeepseekDecoderLayer(nn.Module):
