@@ -5,7 +5,7 @@ GEMMs' tiles swept, and cuBLAS on the same experts one linear at a time, each ag
 routed weights' read floor.
 
     python benchmarks/moe_kernel_bench.py [--shapes qwen3-30b-a3b,mixtral-8x7b,gpt-oss-20b] [--tokens 1,4,16,64]
-                                          [--sweep-tokens 1] [--out results.jsonl]
+                                          [--sweep-tokens 1] [--tall-sweep-tokens 512] [--out results.jsonl]
 
 gpt-oss-20b's experts are MXFP4 as shipped (random codes, scales 2^-9 .. 2^1), with its biases and
 clamped SwiGLU: the kernel decodes them in the GEMM; their bytes are 17/32 of a byte a weight.
@@ -44,6 +44,7 @@ SHAPES = {"qwen3-30b-a3b": (128, 8, 2048, 768), "mixtral-8x7b": (8, 2, 4096, 143
           "gpt-oss-20b": (32, 4, 2880, 2880)}
 MXFP4 = {"gpt-oss-20b"}  # shapes whose experts are MXFP4 (with biases and the clamped SwiGLU)
 REPS = 16
+PREFILL_SWEEP: set[int] = set()  # --tall-sweep-tokens: token counts whose MXFP4 GEMMs sweep tall tiles
 
 
 def calls_us(fn) -> float:
@@ -92,11 +93,11 @@ def bench_tokens(name: str, tokens: int, weights: tuple, tiles_swept: bool, out)
     act = torch.empty(n, inter, dtype=dt, device=dev)
     rows_out = torch.empty(n, hidden, dtype=dt, device=dev)
 
-    def gemm1(r, t=tiles1):
-        grouped_gemm(x, w13, act, routed[r][0], aligned[t.block_m][r], k, True, t, b13, swiglu)
+    def gemm1(r, t=tiles1, by_expert=None):  # by_expert: an alignment made for t.block_m (else the table's)
+        grouped_gemm(x, w13, act, routed[r][0], by_expert or aligned[t.block_m][r], k, True, t, b13, swiglu)
 
-    def gemm2(r, t=tiles2):
-        grouped_gemm(act, w2, rows_out, routed[r][0], aligned[t.block_m][r], k, False, t, b2)
+    def gemm2(r, t=tiles2, by_expert=None):
+        grouped_gemm(act, w2, rows_out, routed[r][0], by_expert or aligned[t.block_m][r], k, False, t, b2)
 
     pieces = {
         "router_matmul": lambda r: F.linear(x, gate),
@@ -121,7 +122,7 @@ def bench_tokens(name: str, tokens: int, weights: tuple, tiles_swept: bool, out)
         pieces.update(decode_whole_w13=lambda r: fused_moe.dequantize_experts(w13, dt),
                       decode_whole_w2=lambda r: fused_moe.dequantize_experts(w2, dt),
                       experts_in_kernel=lambda r: forced(r, MX4_IN_KERNEL_ROWS=1 << 30),
-                      experts_decoded_whole=lambda r: forced(r, MX4_IN_KERNEL_ROWS=-1))
+                      experts_decoded_whole=lambda r: forced(r, MX4_IN_KERNEL_ROWS=-1, MX4_DOT=False))
         if hasattr(fused_moe, "MX4_TILES"):
             one_row = (Tiles(1, 32, 128, 4), Tiles(1, 32, 128, 4))
             pieces["experts_one_row_tiles"] = lambda r: forced(r, MX4_IN_KERNEL_ROWS=1 << 30, MX4_TILES=one_row)
@@ -145,6 +146,8 @@ def bench_tokens(name: str, tokens: int, weights: tuple, tiles_swept: bool, out)
     emit(out, **row)
     if tiles_swept:
         sweep(name, tokens, gemm1, gemm2, tiles1, tiles2, act, rows_out, bytes1, bytes2, out, name in MXFP4)
+    if tokens in PREFILL_SWEEP and name in MXFP4:
+        sweep_tall(name, tokens, routed, experts, gemm1, gemm2, tiles1, tiles2, act, rows_out, out)
 
 
 def sweep(name, tokens, gemm1, gemm2, tiles1, tiles2, act, rows_out, bytes1, bytes2, out, mx4: bool) -> None:
@@ -181,13 +184,53 @@ def sweep(name, tokens, gemm1, gemm2, tiles1, tiles2, act, rows_out, bytes1, byt
                    for u, t, dot, ok in timed[:8]])
 
 
+def sweep_tall(name, tokens, routed, experts, gemm1, gemm2, tiles1, tiles2, act, rows_out, out) -> None:
+    """MXFP4 experts at prefill sizes: each GEMM decoded in the kernel under tiles of 16-128 rows
+    (each block_m with its own alignment), Triton's scaled dot against the kernel's own decode,
+    the fastest eight against the default tiles (whose time, in the kernel, `moe_kernels` gives as
+    experts_in_kernel; decoded whole: experts_decoded_whole)."""
+    flops = 2 * tokens * SHAPES[name][1] * 3 * SHAPES[name][2] * SHAPES[name][3]
+    for label, fn, default, result, share in (("gemm1", gemm1, tiles1, act, 2 / 3), ("gemm2", gemm2, tiles2, rows_out,
+                                                                                      1 / 3)):
+        grid = [(Tiles(m, bn, bk, warps, stages), dot)
+                for m, bn, bk, warps, stages in itertools.product((16, 32, 64, 128), (64, 128), (128, 256), (4, 8),
+                                                                  (3,))
+                for dot in (True, False)]
+        kept = fused_moe.MX4_DOT
+        aligned = {m: [align_by_expert(ids, experts, m) for _, ids in routed] for m in (16, 32, 64, 128)}
+        fn(0)
+        reference = result.clone()
+        timed = []
+        for t, dot in dict.fromkeys([(default, kept), *grid]):
+            try:
+                fused_moe.MX4_DOT = dot
+                run = (lambda r, t=t: fn(r, t, aligned[t.block_m][r]))
+                result.zero_()
+                run(0)
+                ok = torch.allclose(result.float(), reference.float(), atol=2e-2, rtol=2e-2)
+                timed.append((calls_us(run), t, dot, ok))
+            except OutOfResources as e:
+                timed.append((float("inf"), t, dot, repr(e)[:80]))
+            finally:
+                fused_moe.MX4_DOT = kept
+        timed.sort(key=lambda x: x[0])
+        default_us = next(u for u, t, dot, _ in timed if t == default and dot == kept)
+        emit(out, bench="moe_tall_sweep", shape=name, tokens=tokens, gemm=label, default=list(default),
+             default_us=round(default_us, 2), default_tflop_s=round(flops * share / default_us / 1e6, 1),
+             best=[dict(tiles=list(t), dot=dot, us=round(u, 2), tflop_s=round(flops * share / u / 1e6, 1),
+                        matches=ok) for u, t, dot, ok in timed[:8]])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="qwen3-30b-a3b,mixtral-8x7b")
     ap.add_argument("--tokens", default="1,4,16,64")
     ap.add_argument("--sweep-tokens", default="1")
+    ap.add_argument("--tall-sweep-tokens", default="", help="MXFP4 shapes: token counts whose GEMMs sweep tiles of "
+                    "16-128 rows (prefill)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    PREFILL_SWEEP.update(int(t) for t in args.tall_sweep_tokens.split(",") if t)
     torch.manual_seed(0)
     for name in args.shapes.split(","):
         bench_shape(name, [int(t) for t in args.tokens.split(",")],

@@ -113,7 +113,7 @@ def _cases():
                         PRECISION=precision, W4=w4, GROUP=group, HAS_BIAS=False, SWIGLU=False, MX4=False), {
                         **moe, **(int4 if w4 else {})}
             for top_k, gated in ((4, True), (1, False)):  # gpt-oss as shipped: MXFP4, biases, the clamped SwiGLU
-                for dot in (False, True) if bm == 16 else (False,):  # the product: own decode, Triton's scaled dot
+                for dot in (False, True) if bm == 16 else (True,):  # the product: own decode, Triton's scaled dot
                     yield "moe_gemm_kernel", "bf16", dict(TOP_K=top_k, GATED=gated, WEIGHTED=not gated, BLOCK_M=bm,
                                                           BLOCK_N=bn, BLOCK_K=bk, PRECISION="tf32", W4=False, GROUP=1,
                                                           HAS_BIAS=True, SWIGLU=gated, MX4=True, MX4_DOT=dot), {

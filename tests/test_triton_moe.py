@@ -225,13 +225,15 @@ def test_fused_mxfp4_experts_match_reference(tokens, experts, k, drop, one_row, 
 
 
 @pytest.mark.skipif(DEVICE.type != "cuda", reason="Triton's scaled dot runs on CUDA only (not in the interpreter)")
-def test_mxfp4_scaled_dot_equals_the_kernels_own_decode(monkeypatch):
-    """MX4_DOT's products (Triton's scaled dot) in bf16 equal the kernel's own decode and dots on the
-    same tensor-core tiles (16 rows an expert, in the kernel)."""
+@pytest.mark.parametrize("tokens", [16, 300])
+def test_mxfp4_scaled_dot_equals_the_kernels_own_decode(tokens, monkeypatch):
+    """MX4_DOT's products (Triton's scaled dot) in bf16, on MX4_DOT_TILES' tiles, equal the kernel's
+    own decode and dots (16 tokens: 12.8 rows an expert, in the kernel) and the experts decoded whole
+    (300 tokens: 240 rows an expert, 128-row tiles under the scaled dot)."""
     from expresslane.layers.moe import ClampedSwiGLU
     from expresslane.quant.mxfp4 import Mxfp4Experts
 
-    x, _, _, weights, ids = _inputs(16, 16, 5, 4, 256, 128, torch.bfloat16, 0.0)
+    x, _, _, weights, ids = _inputs(tokens, tokens, 5, 4, 256, 128, torch.bfloat16, 0.0)
     g = torch.Generator().manual_seed(7)
     w13, w2 = Mxfp4Experts(5, 256, 256), Mxfp4Experts(5, 256, 128)
     for w in (w13, w2):

@@ -467,7 +467,7 @@ def grouped_gemm(a: torch.Tensor, w, out: torch.Tensor, weights: torch.Tensor, a
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=block_k,
         PRECISION="ieee" if a.dtype == torch.float32 else "tf32", num_warps=tiles.warps,
         num_stages=tiles.stages if a.is_cuda else 1,
-        MX4_DOT=MX4_DOT and w_const["MX4"] and a.is_cuda and a.dtype == torch.bfloat16 and tiles.block_m >= 16,
+        MX4_DOT=w_const["MX4"] and _scaled_dot(a) and tiles.block_m >= 16,
         ASM=a.is_cuda, **w_const)
 
 
@@ -495,11 +495,27 @@ MX4_TILES: tuple[Tiles, Tiles] | None = (Tiles(1, 16, 256, 2), Tiles(1, 16, 256,
 # on gpt-oss-20b (moe_kernel_bench.py; docs/performance.md).
 MX4_DOT = True
 
-# MXFP4 experts routed more rows than this on average are decoded whole (dequantize_experts) for
-# the call and multiplied by the float grouped GEMM: the in-kernel decode is paid again for every
-# tile of rows, and it costs less than the decode-whole's write and read only at decode's few rows
+# The tensor-core tiles of MXFP4 experts under the scaled dot, by the rows each expert gets on
+# average (one block_m for both GEMMs of a layer): ((most rows, tiles), ...), the first that holds
+# wins, the last for more; the fastest of moe_kernel_bench.py --tall-sweep-tokens on gpt-oss-20b.
+MX4_DOT_TILES = ((16, Tiles(16, 64, 128, 4)), (32, Tiles(32, 64, 128, 4)), (64, Tiles(64, 64, 128, 4)),
+                 (None, Tiles(128, 64, 128, 4)))
+
+# Without the scaled dot, MXFP4 experts routed more rows than this on average are decoded whole
+# (dequantize_experts) for the call and multiplied by the float grouped GEMM: the kernel's own
+# decode is paid again for every tile of rows, and it costs less than the decode-whole's write and
+# read only at decode's few rows. With it, the experts stay in the GEMMs at every row count
 # (benchmarks/moe_kernel_bench.py, gpt-oss-20b; docs/performance.md).
 MX4_IN_KERNEL_ROWS = 16
+
+
+def _scaled_dot(a: torch.Tensor) -> bool:
+    """Whether MXFP4 tensor-core tiles multiplying `a` take Triton's scaled dot (MX4_DOT)."""
+    return MX4_DOT and a.is_cuda and a.dtype == torch.bfloat16
+
+
+def _mx4_dot_tiles(per_expert: float) -> Tiles:
+    return next(tiles for most, tiles in MX4_DOT_TILES if most is None or per_expert <= most)
 
 
 def fused_experts(x: torch.Tensor, w13, w2, weights: torch.Tensor, ids: torch.Tensor,
@@ -515,9 +531,12 @@ def fused_experts(x: torch.Tensor, w13, w2, weights: torch.Tensor, ids: torch.Te
     num_experts, two_i, hidden = w13.shape
     n = tokens * k
     tiles1, tiles2 = _tiles(n, num_experts, hidden), _tiles(n, num_experts, two_i // 2)
-    mx4 = isinstance(w13, Mxfp4Experts) and n <= MX4_IN_KERNEL_ROWS * num_experts  # decoded in the GEMMs
+    dot = isinstance(w13, Mxfp4Experts) and _scaled_dot(x)
+    mx4 = isinstance(w13, Mxfp4Experts) and (dot or n <= MX4_IN_KERNEL_ROWS * num_experts)  # decoded in the GEMMs
     if mx4 and MX4_TILES is not None and n <= num_experts:  # at most a row an expert on average
         tiles1, tiles2 = MX4_TILES
+    elif dot:
+        tiles1 = tiles2 = _mx4_dot_tiles(n / num_experts)
     aligned = align_by_expert(ids, num_experts, tiles1.block_m)
     inter = torch.empty(n, two_i // 2, dtype=x.dtype, device=x.device)
     grouped_gemm(x.contiguous(), _as_float(w13, x.dtype, mx4), inter, weights, aligned, k, True, tiles1, b13, act)
