@@ -25,6 +25,20 @@ sys.path.insert(0, str(Path(__file__).parent))  # tests/models.py
 
 from models import ARCHS, build_model  # noqa: E402
 
+# The longest test files (docs/performance.md, "CI time"), collected first: .ci/run's pytest-xdist
+# hands whole files (--dist loadfile) to its workers in collection order, so a long file collected
+# last keeps one worker busy after the other has finished.
+LONGEST_FILES = ("test_equivalence.py", "test_deepseek.py", "test_spec_decode.py", "test_tensor_parallel.py",
+                 "test_gpt_oss.py", "test_sliding_window.py", "server/test_batch_durability.py",
+                 "router/test_data_parallel.py", "reliability/test_sigterm.py", "test_gemma.py", "test_lora.py",
+                 "bench/test_doctor.py", "reliability/test_schemathesis.py")
+
+
+def pytest_collection_modifyitems(items):
+    tests = Path(__file__).parent
+    rank = {name: i for i, name in enumerate(LONGEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.relative_to(tests).as_posix(), len(rank)))  # stable
+
 
 @pytest.fixture(scope="session")
 def flat_sim():

@@ -52,9 +52,13 @@ class LatentTile:
 # graph of a size always takes the same). Measured (`mla_bench.py --sweep`, docs/performance.md):
 # a lone decode over 8k keys runs fastest over 128 splits, 64 decodes over four waves of programs.
 LATENT_TILES = ((1, LatentTile()), (32, LatentTile(waves=4)))
+# Triton's interpreter (CPU): 64 keys an iteration, half the Python-level steps of 32 per program
+INTERPRETER_TILE = LatentTile(block_n=64)
 
 
-def latent_tile(num_tokens: int) -> LatentTile:
+def latent_tile(num_tokens: int, device: torch.device | None = None) -> LatentTile:
+    if device is not None and device.type != "cuda":
+        return INTERPRETER_TILE
     return next(tile for low, tile in reversed(LATENT_TILES) if num_tokens >= low)
 
 
@@ -222,7 +226,7 @@ def paged_latent_attention(q_lat: torch.Tensor, q_pe: torch.Tensor, cache: torch
     if not t:
         return out
     num_seqs = meta.query_start_loc.shape[0] - 1
-    tile = tile or latent_tile(t)
+    tile = tile or latent_tile(t, q_lat.device)
     splits = num_splits(t, heads, q_lat.device, tile)
     part_o = torch.empty(t, heads, splits, _pad(lat), dtype=torch.float32, device=q_lat.device)
     part_lse = torch.empty(t, heads, splits, dtype=torch.float32, device=q_lat.device)

@@ -125,16 +125,11 @@ mov.b32 {l, h}, o; cvt.f32.f16 $5, l; cvt.f32.f16 $7, h;
 
 
 @triton.jit
-def _e2m1_word(words, ASM: tl.constexpr):
+def _e2m1_word(words):
     """The eight e2m1 codes of int32 words (byte j: code 2j low, 2j + 1 high) as eight float32
-    tensors, code i's value / 2^14 in the i-th; ASM (CUDA): _E2M1_WORD_PTX, else _e2m1 a code."""
-    if ASM:
-        return tl.inline_asm_elementwise(_E2M1_WORD_PTX, "=r,=r,=r,=r,=r,=r,=r,=r,r", [words],
-                                         dtype=(tl.float32,) * 8, is_pure=True, pack=1)
-    else:
-        return (_e2m1(words & 0xF), _e2m1((words >> 4) & 0xF), _e2m1((words >> 8) & 0xF),
-                _e2m1((words >> 12) & 0xF), _e2m1((words >> 16) & 0xF), _e2m1((words >> 20) & 0xF),
-                _e2m1((words >> 24) & 0xF), _e2m1((words >> 28) & 0xF))
+    tensors, code i's value / 2^14 in the i-th (_E2M1_WORD_PTX: CUDA only)."""
+    return tl.inline_asm_elementwise(_E2M1_WORD_PTX, "=r,=r,=r,=r,=r,=r,=r,=r,r", [words],
+                                     dtype=(tl.float32,) * 8, is_pure=True, pack=1)
 
 
 @triton.jit
@@ -149,12 +144,18 @@ def _mx4_row_step(acc, a_row, a_ok, w_ptr, s_ptr, expert, k0, K, cols, cols_ok, 
     words = tl.load(w_ptr.to(tl.pointer_type(tl.int32)) + expert * (stride_we // 4)
                     + cols[:, None].to(tl.int64) * (stride_wn // 4) + kw[None, :],
                     mask=cols_ok[:, None] & (kw < K // 8)[None, :], other=0)
-    values = _e2m1_word(words, ASM)
     k = 8 * kw
-    products = tl.zeros((BLOCK_N, WORDS), dtype=tl.float32)
-    for i in tl.static_range(8):
-        a = tl.load(a_row + k + i, mask=a_ok & (k < K), other=0.0).to(tl.float32)
-        products += values[i] * a[None, :]
+    if ASM:  # CUDA: a word's eight codes decoded at once by PTX, a product each
+        values = _e2m1_word(words)
+        products = tl.zeros((BLOCK_N, WORDS), dtype=tl.float32)
+        for i in tl.static_range(8):
+            a = tl.load(a_row + k + i, mask=a_ok & (k < K), other=0.0).to(tl.float32)
+            products += values[i] * a[None, :]
+    else:  # the interpreter: the same products with a word's codes along a third axis (fewer Python-level ops)
+        i = tl.arange(0, 8)
+        values = _e2m1((words[:, :, None] >> (4 * i)[None, None, :]) & 0xF)
+        a = tl.load(a_row + k[:, None] + i[None, :], mask=a_ok & (k < K)[:, None], other=0.0).to(tl.float32)
+        products = tl.sum(values * a[None, :, :], 2)
     scale = _mx4_scales(s_ptr, expert, k0, K, cols, cols_ok, stride_se, stride_sg, BLOCK_K // 32)
     return acc + tl.reshape(tl.reshape(products, (BLOCK_N, BLOCK_K // 32, 4)) * scale[:, :, None],
                             (BLOCK_N, WORDS))

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.reliability
 
 REQUESTS = 12
 SEQS = 4  # --max-num-seqs: two thirds of the requests are still queued at SIGTERM
-TOKENS = 250  # 750 decode steps in all: none ends before SIGTERM, and the drain outlasts the checks after it
+TOKENS = 160  # 480 decode steps in all: none ends before SIGTERM, and the drain outlasts the checks after it
 MSG = [{"role": "user", "content": "drain"}]
 
 
