@@ -1,5 +1,5 @@
 """Triton for every kernel module, which import it from here: under Triton's interpreter
-(TRITON_INTERPRET=1: CPU, tests, `attention_bench.py --smoke`) with two changes applied first.
+(TRITON_INTERPRET=1: CPU, tests, `attention_bench.py --smoke`) with three changes applied first.
 Compiled kernels (CUDA) are untouched.
 
 - Triton 3.6's interpreter keeps scalars as shape-(1,) arrays and turns them into loop bounds
@@ -10,6 +10,10 @@ Compiled kernels (CUDA) are untouched.
   engine step, where helpers run once per program. Within one launch a helper's patches are the
   ones already in place (the same modules, the same builder), so each module set is patched once
   a launch; the launch's own patches are restored after it as before.
+- Its integer adds, subtracts and multiplies each compute an int64 overflow check
+  (`sanitize_overflow`, on by default) whose assert then runs only with `debug`, as in compiled
+  kernels: without `debug` the check is work for nothing, about half of an interpreted attention
+  program's time, so it is turned off (left on with `debug`).
 
 The interpreter runs a launch's programs one after another, each op a numpy call on the
 program's block, so its cost follows the number of programs, not their size. Kernels with one
@@ -19,6 +23,7 @@ as designed), all of them (up to a cap) when interpreted.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import triton
@@ -38,6 +43,11 @@ def _fix_interpreter() -> None:
 
     patched.expresslane_fixed = True
     interpreter._patch_lang_tensor = patched
+
+    builder = getattr(interpreter, "interpreter_builder", None)
+    options = getattr(builder, "options", None)
+    if options is not None and not options.debug and getattr(options, "sanitize_overflow", False):
+        builder.options = dataclasses.replace(options, sanitize_overflow=False)
 
     if not (hasattr(interpreter, "_patch_lang") and hasattr(interpreter, "GridExecutor")):
         return  # another Triton's interpreter: left as it is (slower, not wrong)
