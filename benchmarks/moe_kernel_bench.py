@@ -150,6 +150,27 @@ def bench_tokens(name: str, tokens: int, weights: tuple, tiles_swept: bool, out)
         sweep_tall(name, tokens, routed, experts, gemm1, gemm2, tiles1, tiles2, act, rows_out, out)
 
 
+def time_tiles(candidates: list, result: torch.Tensor, run) -> list:
+    """(µs, tiles, dot, matches) of run(r, tiles) under MX4_DOT = dot for each (tiles, dot) of
+    `candidates`, fastest first; each one's output (`result`) checked against the first's (the
+    default); a tile out of shared memory: inf."""
+    kept = getattr(fused_moe, "MX4_DOT", False)
+    timed, reference = [], None
+    for t, dot in dict.fromkeys(candidates):
+        try:
+            fused_moe.MX4_DOT = dot  # read at the launches the graph captures
+            result.zero_()
+            run(0, t)
+            reference = result.clone() if reference is None else reference
+            ok = torch.allclose(result.float(), reference.float(), atol=2e-2, rtol=2e-2)
+            timed.append((calls_us(lambda r, t=t: run(r, t)), t, dot, ok))
+        except OutOfResources as e:
+            timed.append((float("inf"), t, dot, repr(e)[:80]))
+        finally:
+            fused_moe.MX4_DOT = kept
+    return sorted(timed, key=lambda x: x[0])
+
+
 def sweep(name, tokens, gemm1, gemm2, tiles1, tiles2, act, rows_out, bytes1, bytes2, out, mx4: bool) -> None:
     """Each GEMM under every tile of a grid (block_m kept: the alignment's; `mx4`, MXFP4: tiles of one
     row too, multiplying without tensor cores, and the tensor-core tiles with and without MX4_DOT's
@@ -162,21 +183,7 @@ def sweep(name, tokens, gemm1, gemm2, tiles1, tiles2, act, rows_out, bytes1, byt
                                                                (3,) if mx4 else (3, 5))
                 for dot in ((False, True) if mx4 and m > 1 else (False,))]
         kept = getattr(fused_moe, "MX4_DOT", False)
-        fn(0)
-        reference = result.clone()
-        timed = []
-        for t, dot in dict.fromkeys([(default, kept), *grid]):
-            try:
-                fused_moe.MX4_DOT = dot  # read at the launches the graph captures
-                result.zero_()
-                fn(0, t)
-                ok = torch.allclose(result.float(), reference.float(), atol=2e-2, rtol=2e-2)
-                timed.append((calls_us(lambda r, fn=fn, t=t: fn(r, t)), t, dot, ok))
-            except OutOfResources as e:  # out of shared memory for the tile: skip it
-                timed.append((float("inf"), t, dot, repr(e)[:80]))
-            finally:
-                fused_moe.MX4_DOT = kept
-        timed.sort(key=lambda x: x[0])
+        timed = time_tiles([(default, kept), *grid], result, lambda r, t, fn=fn: fn(r, t))
         default_us = next(u for u, t, dot, _ in timed if t == default and dot == kept)
         emit(out, bench="moe_tile_sweep", shape=name, tokens=tokens, gemm=label, default=list(default),
              default_us=round(default_us, 2), default_gb_s=round(nbytes / default_us / 1e3),
@@ -198,22 +205,8 @@ def sweep_tall(name, tokens, routed, experts, gemm1, gemm2, tiles1, tiles2, act,
                 for dot in (True, False)]
         kept = fused_moe.MX4_DOT
         aligned = {m: [align_by_expert(ids, experts, m) for _, ids in routed] for m in (16, 32, 64, 128)}
-        fn(0)
-        reference = result.clone()
-        timed = []
-        for t, dot in dict.fromkeys([(default, kept), *grid]):
-            try:
-                fused_moe.MX4_DOT = dot
-                run = (lambda r, t=t: fn(r, t, aligned[t.block_m][r]))
-                result.zero_()
-                run(0)
-                ok = torch.allclose(result.float(), reference.float(), atol=2e-2, rtol=2e-2)
-                timed.append((calls_us(run), t, dot, ok))
-            except OutOfResources as e:
-                timed.append((float("inf"), t, dot, repr(e)[:80]))
-            finally:
-                fused_moe.MX4_DOT = kept
-        timed.sort(key=lambda x: x[0])
+        timed = time_tiles([(default, kept), *grid], result,
+                           lambda r, t, fn=fn: fn(r, t, aligned[t.block_m][r]))
         default_us = next(u for u, t, dot, _ in timed if t == default and dot == kept)
         emit(out, bench="moe_tall_sweep", shape=name, tokens=tokens, gemm=label, default=list(default),
              default_us=round(default_us, 2), default_tflop_s=round(flops * share / default_us / 1e6, 1),
