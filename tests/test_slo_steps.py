@@ -58,8 +58,9 @@ def shape_of(plan) -> StepShape:
 class Sim:
     """Arrivals at given times; each step takes the model's time for it."""
 
-    def __init__(self, sched: Scheduler, now: list[float], arrivals: list[Request]):
+    def __init__(self, sched: Scheduler, now: list[float], arrivals: list[Request], model=H200):
         self.sched, self.now, self.todo = sched, now, sorted(arrivals, key=lambda r: r.arrival_time)
+        self.model = model
         self.first_scheduled_step: dict[str, int] = {}
         self.added_before_step: dict[str, int] = {}
         self.first_token: dict[str, float] = {}
@@ -78,7 +79,7 @@ class Sim:
         for s in plan.seqs:
             self.first_scheduled_step.setdefault(s.request_id, self.steps)
         self.steps += 1
-        self.now[0] += max(H200.predict(shape_of(plan)), 1e-4)
+        self.now[0] += max(self.model.predict(shape_of(plan)), 1e-4)
         outs = self.sched.update(plan, {s.request_id: 5 for s in plan.seqs if s.sample})
         for o in outs:
             self.first_token.setdefault(o.request_id, self.now[0])
@@ -188,14 +189,15 @@ def test_the_slack_counts_from_a_lone_decode_s_step():
 
 
 def test_deadlines_at_risk_grow_the_step_up_to_the_tpot_target():
-    """Beside decoding requests, a backlog that has waited half its TTFT target gets bigger
-    steps (its deadlines come first), still within the tpot target; one more than its TTFT
-    target past its deadline, the whole budget."""
+    """Beside decoding requests, a backlog (of prompts too long to start whole within the tpot
+    target) that has waited half its TTFT target gets bigger steps (its deadlines come first),
+    still within the tpot target; one more than its TTFT target past its deadline, the whole
+    budget."""
     now = [0.0]
     sched = scheduler(now)
     decoding(sched, 4)
     for i in range(64):
-        sched.add_request(request(f"r{i}", 512, 8, 0.0))
+        sched.add_request(request(f"r{i}", 1600, 8, 0.0))
     small = sched.schedule()
     sched.update(small, {})
     now[0] = sched.policy.deadline(sched._peek_waiting())  # the head is at its deadline
@@ -368,12 +370,12 @@ def test_running_long_prompts_share_the_slack_and_leave_a_waiting_short_its_firs
 
 def test_a_short_prompt_past_its_first_chunk_goes_before_a_long_one_past_its_deadline():
     """An 8k prompt prefills beside 8 decodes, past its deadline; a 300-token prompt arrives and
-    starts with the chunk the step keeps for it. Its rest then comes before the long prompt's
+    starts with the chunk the step keeps for it (under a 5 ms tpot target it cannot start whole). Its rest then comes before the long prompt's
     next chunks: it finishes its prefill in the next steps. (By deadline alone the long prompt,
     whose deadline came first, took the whole room every step: on the H200 a short prompt waited
     3.4 s.)"""
     now = [0.0]
-    sched = scheduler(now)
+    sched = scheduler(now, lane_slo=f"interactive:ttft={TTFT * 1e3:g}ms,tpot=5ms,slack={SLACK}")
     decoding(sched, 8)
     sched.add_request(request("long", 8192, 4, 0.0))
     for _ in range(3):
@@ -413,3 +415,49 @@ def test_a_prompt_arriving_to_an_idle_engine_goes_whole_when_it_fits_a_quarter_o
     assert first_chunks(fits) == [fits]
     for chunks in (first_chunks(fits, fits), first_chunks(too_long)):
         assert all(prefill(n) <= slack_bound for n in chunks)
+
+
+def test_waiting_shorts_that_fit_the_tpot_target_start_whole_beside_decodes():
+    """The tpot target is a ceiling, not a pace: beside 16 decodes, where the slack's pace gives a
+    step ~100-160 prompt tokens, three waiting 300-token prompts each start whole in one step
+    (still within the target), as fcfs would start them; a fourth would pass the target and waits."""
+    now = [0.0]
+    sched = scheduler(now)
+    decoding(sched, 16)
+    for i in range(4):
+        sched.add_request(request(f"s{i}", 300, 4, 0.0))
+    plan = sched.schedule()
+    chunks = {s.request_id: len(s.token_ids) for s in plan.seqs if len(s.token_ids) > 1}
+    assert H200.predict(shape_of(plan)) <= TPOT
+    whole = [rid for rid, n in chunks.items() if n == 300]
+    assert len(whole) >= 3 and len(whole) == sum(H200.predict(StepShape.of([(64, 1)] * 16 + [(0, 300)] * k)) <= TPOT
+                                                 for k in range(1, 5)), chunks
+
+
+# A CPU's step costs (the built-in model's start-up fit: a step with a prompt chunk ~16-27 ms, more than
+# a lone decode's 8.5 ms plus any slack), where pacing chunks at the slack cut every short prompt into
+# min_prefill_chunk pieces
+CPU = PiecewiseStepCostModel([1, 8, 64, 256, 2048], [8.46e-3, 16.27e-3, 26.84e-3, 26.84e-3, 26.84e-3],
+                             k_decode=1.4e-6, k_prefill=3.4e-9)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_interactive_shorts_beside_a_batch_lane_prompt_meet_their_ttft_target_at_p90(seed):
+    """Issue #45's CPU finding: with an explicit interactive SLO (ttft 200 ms, tpot 100 ms) and a
+    3,000-token prompt in the batch lane, 40 shorts (48 tokens) arriving at 8/s start within their
+    TTFT target at P90 (they waited up to 213 ms when each went in 16-token chunks)."""
+    now = [0.0]
+    cfg = SchedulerConfig(max_num_batched_tokens=2048, max_num_seqs=256, scheduling_policy="deadline",
+                          lane_slo="interactive:ttft=200ms,tpot=100ms")
+    sched = Scheduler(cfg, KVCacheManager(40_000, 16), clock=lambda: now[0], cost_model=CPU)
+    rng = random.Random(seed)
+    arrivals, t = [request("long", 3000, 32, 0.0, lane="batch")], 0.0
+    for i in range(40):
+        t += rng.expovariate(8.0)
+        arrivals.append(request(f"s{i}", 48, 16, t))
+    sim = Sim(sched, now, arrivals, CPU)
+    for _ in sim.run():
+        pass
+    ttft = sorted(sim.first_token[r.request_id] - r.arrival_time for r in arrivals[1:])
+    assert ttft[int(0.9 * len(ttft))] <= 0.2, ttft
+    assert "long" in sim.first_token

@@ -109,7 +109,7 @@ class DeadlinePolicy(SchedulingPolicy):
         if ("interactive" in busy and self.cost_model is not None
                 and self.config.long_prefill_token_threshold is None):
             idle = not running and sum(waiting_by_lane.values()) == 1
-            sized = self.slo_sized(head, running, now, spec_tokens, idle)
+            sized = self.slo_sized(head, running, now, spec_tokens, idle, waiting_by_lane.get("interactive", 0))
             budget.tokens, budget.prefill_cap, budget.running_prefill = sized
         if "interactive" in busy:
             share = int(self.lanes["batch"].share * budget.tokens)
@@ -119,8 +119,9 @@ class DeadlinePolicy(SchedulingPolicy):
         return budget
 
     def slo_sized(self, head: Request | None, running: Collection[Request], now: float,
-                  spec_tokens: int = 0, idle: bool = False) -> tuple[int, int, int]:
-        """(step tokens, prefill cap, running prompts' share) within the interactive SLO."""
+                  spec_tokens: int = 0, idle: bool = False, waiting: int = 1) -> tuple[int, int, int]:
+        """(step tokens, prefill cap, running prompts' share) within the interactive SLO; `waiting`:
+        the interactive requests waiting (the head among them)."""
         slo = self.lanes["interactive"]
         decodes, start, pace = [], 0, False
         for r in running:
@@ -143,6 +144,7 @@ class DeadlinePolicy(SchedulingPolicy):
         top = self.config.max_num_batched_tokens
         limit = top - base.num_tokens
         room = max(min(self.config.min_prefill_chunk, limit), self.cost_model.max_chunk(base, start, limit, target), 1)
+        first = self.whole_prompts(head, base, limit, waiting)
         if not pace:
             if head is None:  # lone prompts: chunks up to double what is computed
                 grown = self.cost_model.max_chunk(base, start, limit, self.lone_step(base, start))
@@ -152,14 +154,32 @@ class DeadlinePolicy(SchedulingPolicy):
                 room = max(room, head.num_tokens)
                 return top, room, top
             step = max(room, self.cost_model.max_chunk(base, 0, limit, self.lone_step(base, 0)))
+            if first:
+                return max(step, base.num_tokens + first), max(room, head.num_tokens), room
             return step, room, room
         if head is None or head.lane != "interactive":
             return min(top, base.num_tokens + room), room, room
         # the head's first chunk first; running prompts share the rest
-        starting = min(head.num_tokens, room)
+        starting = first or min(head.num_tokens, room)
         rest = self.cost_model.max_chunk(base.plus_chunk(0, starting), start, limit - starting, target)
         rest = max(rest, min(self.config.min_prefill_chunk - starting, limit - starting))  # the floor is the step's, shared
-        return min(top, base.num_tokens + starting + rest), max(starting, rest), rest
+        cap = head.num_tokens if first else starting
+        return min(top, base.num_tokens + starting + rest), max(cap, rest), rest
+
+    def whole_prompts(self, head: Request | None, base: StepShape, limit: int, waiting: int) -> int:
+        """Tokens of the waiting interactive prompts (at most `waiting`, each taken as long as the
+        head's) that start whole in this step: as many as keep it within the TPOT target, a ceiling,
+        not a pace to keep (chunked at the slack's pace, a short prompt would start steps later than
+        under fcfs); 0 when the head's alone would not."""
+        if head is None or head.lane != "interactive":
+            return 0
+        tpot, n, shape, taken = self.lanes["interactive"].tpot, head.num_tokens, base, 0
+        while taken < waiting and (taken + 1) * n <= limit:
+            shape = shape.plus_chunk(0, n)
+            if self.cost_model.predict(shape) > tpot:
+                break
+            taken += 1
+        return taken * n
 
     def lone_step(self, base: StepShape, start: int) -> float:
         """Seconds a lone step may last."""
