@@ -51,6 +51,12 @@ def decoding(sched: Scheduler, n: int) -> None:
     land(sched, sched.schedule())
 
 
+def queue(sched: Scheduler, prefix: str, count: int, length: int, out: int) -> None:
+    """`count` interactive prompts of `length` tokens, all arriving at 0."""
+    for i in range(count):
+        sched.add_request(request(f"{prefix}{i}", length, out, 0.0))
+
+
 def shape_of(plan) -> StepShape:
     return StepShape.of((s.start_pos, len(s.token_ids)) for s in plan.seqs)
 
@@ -196,8 +202,7 @@ def test_deadlines_at_risk_grow_the_step_up_to_the_tpot_target():
     now = [0.0]
     sched = scheduler(now)
     decoding(sched, 4)
-    for i in range(64):
-        sched.add_request(request(f"r{i}", 1600, 8, 0.0))
+    queue(sched, "r", 64, 1600, 8)
     small = sched.schedule()
     sched.update(small, {})
     now[0] = sched.policy.deadline(sched._peek_waiting())  # the head is at its deadline
@@ -424,8 +429,7 @@ def test_waiting_shorts_that_fit_the_tpot_target_start_whole_beside_decodes():
     now = [0.0]
     sched = scheduler(now)
     decoding(sched, 16)
-    for i in range(4):
-        sched.add_request(request(f"s{i}", 300, 4, 0.0))
+    queue(sched, "s", 4, 300, 4)
     plan = sched.schedule()
     chunks = {s.request_id: len(s.token_ids) for s in plan.seqs if len(s.token_ids) > 1}
     assert H200.predict(shape_of(plan)) <= TPOT
