@@ -119,9 +119,8 @@ class DeadlinePolicy(SchedulingPolicy):
         return budget
 
     def slo_sized(self, head: Request | None, running: Collection[Request], now: float,
-                  spec_tokens: int = 0, idle: bool = False, waiting: int = 1) -> tuple[int, int, int]:
-        """(step tokens, prefill cap, running prompts' share) within the interactive SLO; `waiting`:
-        the interactive requests waiting (the head among them)."""
+                  spec_tokens: int = 0, idle: bool = False, waiting_interactive: int = 1) -> tuple[int, int, int]:
+        """(step tokens, prefill cap, running prompts' share) within the interactive SLO."""
         slo = self.lanes["interactive"]
         decodes, start, pace = [], 0, False
         for r in running:
@@ -144,7 +143,7 @@ class DeadlinePolicy(SchedulingPolicy):
         top = self.config.max_num_batched_tokens
         limit = top - base.num_tokens
         room = max(min(self.config.min_prefill_chunk, limit), self.cost_model.max_chunk(base, start, limit, target), 1)
-        first = self.whole_prompts(head, base, limit, waiting)
+        first = self.whole_prompts(head, base, limit, waiting_interactive)
         if not pace:
             if head is None:  # lone prompts: chunks up to double what is computed
                 grown = self.cost_model.max_chunk(base, start, limit, self.lone_step(base, start))
@@ -167,10 +166,7 @@ class DeadlinePolicy(SchedulingPolicy):
         return min(top, base.num_tokens + starting + rest), max(cap, rest), rest
 
     def whole_prompts(self, head: Request | None, base: StepShape, limit: int, waiting: int) -> int:
-        """Tokens of the waiting interactive prompts (at most `waiting`, each taken as long as the
-        head's) that start whole in this step: as many as keep it within the TPOT target, a ceiling,
-        not a pace to keep (chunked at the slack's pace, a short prompt would start steps later than
-        under fcfs); 0 when the head's alone would not."""
+        """Tokens of the waiting interactive prompts that start whole within the TPOT target."""
         if head is None or head.lane != "interactive":
             return 0
         tpot, n, shape, taken = self.lanes["interactive"].tpot, head.num_tokens, base, 0
