@@ -112,7 +112,7 @@ class DeadlinePolicy(SchedulingPolicy):
             sized = self.slo_sized(head, running, now, spec_tokens, idle, waiting_by_lane.get("interactive", 0))
             budget.tokens, budget.prefill_cap, budget.running_prefill = sized
         if "interactive" in busy:
-            share = int(self.lanes["batch"].share * budget.tokens)
+            share = min(int(self.lanes["batch"].share * budget.tokens), budget.running_prefill)
             budget.lanes = {"interactive": budget.tokens - (share if "batch" in busy else 0), "batch": share}
         budget.short_first = (head is not None and head.lane == "interactive"
                               and head.num_tokens <= budget.prefill_cap)
