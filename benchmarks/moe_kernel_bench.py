@@ -44,7 +44,6 @@ SHAPES = {"qwen3-30b-a3b": (128, 8, 2048, 768), "mixtral-8x7b": (8, 2, 4096, 143
           "gpt-oss-20b": (32, 4, 2880, 2880)}
 MXFP4 = {"gpt-oss-20b"}  # shapes whose experts are MXFP4 (with biases and the clamped SwiGLU)
 REPS = 16
-PREFILL_SWEEP: set[int] = set()  # --tall-sweep-tokens: token counts whose MXFP4 GEMMs sweep tall tiles
 
 
 def calls_us(fn) -> float:
@@ -52,7 +51,7 @@ def calls_us(fn) -> float:
     return graph_us([lambda r=r: fn(r) for r in range(REPS)])
 
 
-def bench_shape(name: str, tokens_list: list[int], sweep_tokens: set[int], out) -> None:
+def bench_shape(name: str, tokens_list: list[int], sweep_tokens: set[int], tall_tokens: set[int], out) -> None:
     experts, _, hidden, inter = SHAPES[name]
     dev, dt = torch.device("cuda"), torch.bfloat16
     if name in MXFP4:
@@ -65,11 +64,12 @@ def bench_shape(name: str, tokens_list: list[int], sweep_tokens: set[int], out) 
         w2 = torch.empty(experts, hidden, inter, dtype=dt, device=dev).normal_(std=inter ** -0.5)
     gate = torch.empty(experts, hidden, dtype=dt, device=dev).normal_(std=hidden ** -0.5)
     for tokens in tokens_list:
-        bench_tokens(name, tokens, (w13, w2, gate), tokens in sweep_tokens, out)
+        bench_tokens(name, tokens, (w13, w2, gate), tokens in sweep_tokens, tokens in tall_tokens, out)
 
 
-def bench_tokens(name: str, tokens: int, weights: tuple, tiles_swept: bool, out) -> None:
-    """One layer's pieces for `tokens` tokens (and its GEMMs' tiles swept when `tiles_swept`)."""
+def bench_tokens(name: str, tokens: int, weights: tuple, tiles_swept: bool, tall_swept: bool, out) -> None:
+    """One layer's pieces for `tokens` tokens (and its GEMMs' tiles swept when `tiles_swept`, tall
+    ones when `tall_swept`)."""
     experts, k, hidden, inter = SHAPES[name]
     w13, w2, gate = weights
     dev, dt = gate.device, gate.dtype
@@ -146,7 +146,7 @@ def bench_tokens(name: str, tokens: int, weights: tuple, tiles_swept: bool, out)
     emit(out, **row)
     if tiles_swept:
         sweep(name, tokens, gemm1, gemm2, tiles1, tiles2, act, rows_out, bytes1, bytes2, out, name in MXFP4)
-    if tokens in PREFILL_SWEEP and name in MXFP4:
+    if tall_swept and name in MXFP4:
         sweep_tall(name, tokens, routed, experts, gemm1, gemm2, tiles1, tiles2, act, rows_out, out)
 
 
@@ -223,11 +223,11 @@ def main() -> None:
                     "16-128 rows (prefill)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    PREFILL_SWEEP.update(int(t) for t in args.tall_sweep_tokens.split(",") if t)
     torch.manual_seed(0)
     for name in args.shapes.split(","):
         bench_shape(name, [int(t) for t in args.tokens.split(",")],
-                    {int(t) for t in args.sweep_tokens.split(",") if t}, args.out)
+                    {int(t) for t in args.sweep_tokens.split(",") if t},
+                    {int(t) for t in args.tall_sweep_tokens.split(",") if t}, args.out)
         torch.cuda.empty_cache()
 
 

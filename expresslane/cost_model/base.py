@@ -28,11 +28,12 @@ class StepShape:
                 pairs += n * start + n * (n + 1) // 2
         return cls(tokens, context, pairs, prefill)
 
-    def plus_chunk(self, start: int, n: int) -> "StepShape":
-        if n <= 0:
+    def plus_chunk(self, start: int, n: int, count: int = 1) -> "StepShape":
+        """With `count` chunks of `n` tokens, each after `start` cached ones."""
+        if n <= 0 or count <= 0:
             return self
-        return StepShape(self.num_tokens + n, self.decode_context,
-                         self.prefill_pairs + n * start + n * (n + 1) // 2, True)
+        return StepShape(self.num_tokens + count * n, self.decode_context,
+                         self.prefill_pairs + count * (n * start + n * (n + 1) // 2), True)
 
 
 class StepCostModel(ABC):

@@ -532,8 +532,9 @@ def fused_experts(x: torch.Tensor, w13, w2, weights: torch.Tensor, ids: torch.Te
     num_experts, two_i, hidden = w13.shape
     n = tokens * k
     tiles1, tiles2 = _tiles(n, num_experts, hidden), _tiles(n, num_experts, two_i // 2)
-    dot = isinstance(w13, Mxfp4Experts) and _scaled_dot(x)
-    mx4 = isinstance(w13, Mxfp4Experts) and (dot or n <= MX4_IN_KERNEL_ROWS * num_experts)  # decoded in the GEMMs
+    packed = isinstance(w13, Mxfp4Experts)
+    dot = packed and _scaled_dot(x)
+    mx4 = packed and (dot or n <= MX4_IN_KERNEL_ROWS * num_experts)  # decoded in the GEMMs
     if mx4 and MX4_TILES is not None and n <= num_experts:  # at most a row an expert on average
         tiles1, tiles2 = MX4_TILES
     elif dot:

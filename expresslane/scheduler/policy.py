@@ -143,7 +143,6 @@ class DeadlinePolicy(SchedulingPolicy):
         top = self.config.max_num_batched_tokens
         limit = top - base.num_tokens
         room = max(min(self.config.min_prefill_chunk, limit), self.cost_model.max_chunk(base, start, limit, target), 1)
-        first = self.whole_prompts(head, base, limit, waiting_interactive)
         if not pace:
             if head is None:  # lone prompts: chunks up to double what is computed
                 grown = self.cost_model.max_chunk(base, start, limit, self.lone_step(base, start))
@@ -153,12 +152,14 @@ class DeadlinePolicy(SchedulingPolicy):
                 room = max(room, head.num_tokens)
                 return top, room, top
             step = max(room, self.cost_model.max_chunk(base, 0, limit, self.lone_step(base, 0)))
+            first = self.whole_prompts(head, base, limit, waiting_interactive)
             if first:
                 return max(step, base.num_tokens + first), max(room, head.num_tokens), room
             return step, room, room
         if head is None or head.lane != "interactive":
             return min(top, base.num_tokens + room), room, room
         # the head's first chunk first; running prompts share the rest
+        first = self.whole_prompts(head, base, limit, waiting_interactive)
         starting = first or min(head.num_tokens, room)
         rest = self.cost_model.max_chunk(base.plus_chunk(0, starting), start, limit - starting, target)
         rest = max(rest, min(self.config.min_prefill_chunk - starting, limit - starting))  # the floor is the step's, shared
@@ -169,13 +170,15 @@ class DeadlinePolicy(SchedulingPolicy):
         """Tokens of the waiting interactive prompts that start whole within the TPOT target."""
         if head is None or head.lane != "interactive":
             return 0
-        tpot, n, shape, taken = self.lanes["interactive"].tpot, head.num_tokens, base, 0
-        while taken < waiting and (taken + 1) * n <= limit:
-            shape = shape.plus_chunk(0, n)
-            if self.cost_model.predict(shape) > tpot:
-                break
-            taken += 1
-        return taken * n
+        tpot, n = self.lanes["interactive"].tpot, head.num_tokens
+        lo, hi = 0, min(waiting, limit // n)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.cost_model.predict(base.plus_chunk(0, n, mid)) <= tpot:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo * n
 
     def lone_step(self, base: StepShape, start: int) -> float:
         """Seconds a lone step may last."""
