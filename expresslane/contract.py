@@ -157,7 +157,7 @@ class NewRequest:
     rope_length: int = 0  # the length RoPE that depends on it sees (Request.rope_length); 0: the prompt's
 
 
-# The block-table entry of a position whose block the KV manager freed (out of every layer's
+# The block-table entry of a position whose block the KV manager freed (out of its group's
 # sliding window) or never held (before a windowed prefix-cache hit): no kernel reads it.
 NULL_BLOCK_ID = 0
 
@@ -169,7 +169,9 @@ class ScheduledSeq:
     request_id: str
     token_ids: list[int]  # the tokens to compute now (a placeholder where `from_previous`)
     start_pos: int  # position of token_ids[0] = tokens already in the KV cache
-    new_block_ids: list[int]  # appended to the request's block table (all of it when it is new; NULL_BLOCK_ID)
+    # appended to the request's block tables, one KV group's after another, as many each (all of it
+    # when it is new; NULL_BLOCK_ID)
+    new_block_ids: list[int]
     sample: bool  # this step reaches the request's last token: sample the next one
     # the (single) input token is the one this request sampled in the previous step, still
     # on the device: the runner takes it from there

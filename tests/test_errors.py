@@ -66,7 +66,7 @@ def test_unknown_config_field():
 
 
 def test_kv_cache_smaller_than_context(llama_dir):
-    with pytest.raises(ValueError, match="KV cache holds 32 tokens"):
+    with pytest.raises(ValueError, match="KV cache has 2 blocks of 16 tokens, fewer than max_model_len=64"):
         LLM(str(llama_dir), num_kv_blocks=2, max_model_len=64)
 
 

@@ -2,6 +2,7 @@
 test_equivalence.py checks for every architecture: logprobs, the soft-caps in the Triton kernels
 (through the interpreter), the per-layer RoPE tables and windows, and the refusals."""
 
+import logging
 import random
 
 import pytest
@@ -134,8 +135,8 @@ def test_layers_windows_and_rope_bases_match_transformers(model_dirs):
 @pytest.mark.parametrize("arch", ["gemma2", "gemma3"])
 def test_windows_past_the_prompt_match_transformers(arch, tmp_path):
     """A window of 24 tokens on the sliding layers, prompts past it in 16-token chunks: tokens as
-    transformers'; max_model_len is the model's, and with global layers beside them no block is
-    freed."""
+    transformers'; max_model_len is the model's, and the sliding layers' KV group frees the blocks
+    that leave the window while the global layers' keeps them."""
     d = build_model(arch, tmp_path / arch, sliding_window=24)
     llm = LLM(str(d), max_num_batched_tokens=16)
     assert llm.config.model.max_model_len == load_hf_config(d).max_position_embeddings
@@ -143,7 +144,30 @@ def test_windows_past_the_prompt_match_transformers(arch, tmp_path):
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(temperature=0, max_tokens=8,
                                                                                    ignore_eos=True), use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(d, p, 8) for p in prompts]
-    assert llm.engine.runner.kv_window is None and llm.engine.core.kv.window_freed_blocks == 0
+    assert llm.engine.runner.kv_groups == (24, None) and llm.engine.core.kv.window_freed_blocks > 0
+
+
+def test_a_request_of_8x_the_window_holds_the_window_in_its_sliding_layers(tmp_path, caplog):
+    """Gemma 3, a window of 32 on its sliding layer (blocks of 16), a 40-token prompt that runs to
+    8x the window in one-block steps: after every plan the sliding layer's KV group holds at most
+    the window and one block, the global layer's every block so far; tokens as transformers'."""
+    d = build_model("gemma3", tmp_path / "gemma3", sliding_window=32)
+    with caplog.at_level(logging.INFO, logger="expresslane.engine.core"):
+        llm = LLM(str(d), max_num_batched_tokens=16, enable_prefix_caching=False)
+    assert "sliding windows (KV groups (32, None))" in caplog.text
+    core = llm.engine.core
+    held = []
+    real = core.scheduler.schedule
+    core.scheduler.schedule = lambda: (plan := real(), held.append((core.kv.num_held_blocks(group=0),
+                                                                    core.kv.num_held_blocks(group=1))))[0]
+    ids = prompt(40, 11)
+    max_tokens = 8 * 32 - len(ids)
+    out = llm.generate([{"prompt_token_ids": ids}], SamplingParams(temperature=0.0, max_tokens=max_tokens,
+                                                                   ignore_eos=True), use_tqdm=False)[0]
+    assert out.outputs[0].token_ids == hf_greedy(d, ids, max_tokens)
+    assert len(held) >= max_tokens and max(sliding for sliding, _ in held) == 32 // 16 + 1
+    assert max(full for _, full in held) == 8 * 32 // 16
+    assert core.kv.window_freed_blocks == 8 * 32 // 16 - (32 // 16 + 1)
 
 
 def test_refusals(model_dirs):

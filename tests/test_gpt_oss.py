@@ -42,8 +42,12 @@ def test_reference_is_eager_with_sinks_and_alternating_windows(oss_dir):
 @pytest.mark.parametrize("case", ["chunk16-cache", "preempt", "small-cache"])
 def test_greedy_matches_transformers(oss_dir, oss_refs, case):
     """Every prompt of the equivalence suite (most longer than the window, all running on past
-    it while decoding) through chunks, prefix hits and preemption."""
-    llm = LLM(str(oss_dir), **CASES[case])
+    it while decoding) through chunks, prefix hits and preemption. Its two layers are two KV groups:
+    a block holds one layer's K and V, so the same memory is twice the blocks."""
+    config = dict(CASES[case])
+    if "num_kv_blocks" in config:
+        config["num_kv_blocks"] *= 2
+    llm = LLM(str(oss_dir), **config)
     outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], GREEDY, use_tqdm=False)
     mismatched = [i for i, o in enumerate(outs) if o.outputs[0].token_ids != oss_refs[i]]
     assert not mismatched, f"prompts {mismatched} differ from transformers"
@@ -60,7 +64,7 @@ def test_triton_backend_matches_transformers(oss_dir, oss_refs):
     SwiGLU; the interpreter on CPU) through the CUDA-graph input path, with chunks, prefix
     hits and preemption."""
     pytest.importorskip("triton")
-    llm = triton_through_graphs(oss_dir, PROMPTS, oss_refs, num_kv_blocks=24)
+    llm = triton_through_graphs(oss_dir, PROMPTS, oss_refs, num_kv_blocks=48)  # (two KV groups)
     assert llm.engine.runner.model.layers[0].mlp.fused
 
 
@@ -70,7 +74,8 @@ def test_tensor_parallel_matches_transformers(oss_dir, oss_refs, expert_parallel
     bias added by one rank), or with expert parallelism whole experts with their biases."""
     from test_tensor_parallel import CASE, PICKED
 
-    llm = LLM(str(oss_dir), tensor_parallel_size=2, enable_expert_parallel=expert_parallel, **CASE)
+    llm = LLM(str(oss_dir), tensor_parallel_size=2, enable_expert_parallel=expert_parallel,
+              **{**CASE, "num_kv_blocks": 2 * CASE["num_kv_blocks"]})  # (two KV groups)
     try:
         outs = llm.generate([{"prompt_token_ids": PROMPTS[i]} for i in PICKED], GREEDY, use_tqdm=False)
         assert llm.engine.core.scheduler.num_preemptions > 0

@@ -39,28 +39,34 @@ def check_invariants(sched: Scheduler, kv: KVCacheManager) -> None:
 
 
 def check_block_contents(sched: Scheduler, kv: KVCacheManager) -> None:
-    """Every block a running request holds at table index i is either unpublished or published
-    for exactly the tokens of its block i: a prefix hit never reads a block for other positions."""
+    """Every block a running request holds at table index i of a KV group is either unpublished or
+    published for exactly the tokens of its block i in that group: a prefix hit never reads a block
+    for other positions."""
     for rid, req in sched.running.items():
-        held, table = kv.held_block_ids(rid), kv.block_ids(rid)
-        offset = len(table) - len(held)  # the freed entries lead
         parent = None
         hashes = []
         for i in range(req.num_tokens // kv.block_size):
             parent = hash_block(parent, req.all_token_ids[i * kv.block_size:(i + 1) * kv.block_size])
             hashes.append(parent)
-        for j, block_id in enumerate(held):
-            published = kv.pool.blocks[block_id].block_hash
-            if published is not None:
-                assert published == hashes[offset + j], f"block {block_id} published for other tokens"
+        for g, blocks in enumerate(kv._req_blocks[rid]):
+            for i, block in enumerate(blocks):
+                if block is not None and block.block_hash is not None:
+                    assert block.block_hash == kv._group_key(hashes[i], g), \
+                        f"block {block.block_id} published for other tokens"
 
 
-def drive(seed, num_blocks, budget, max_seqs, policy, caching, steps=4000, pipelined=False, window=None):
+def group_table(kv: KVCacheManager, rid: str, group: int) -> list[int]:
+    table = kv.block_ids(rid)
+    n = len(table) // kv.num_groups
+    return table[group * n:(group + 1) * n]
+
+
+def drive(seed, num_blocks, budget, max_seqs, policy, caching, steps=4000, pipelined=False, windows=(None,)):
     """Random arrivals, aborts and tokens. `pipelined`: step N+1 is planned before step N's
-    tokens are applied, as the engine does to overlap host and GPU work. `window`: a sliding
-    window on every layer (the KV manager frees blocks out of it)."""
+    tokens are applied, as the engine does to overlap host and GPU work. `windows`: the KV
+    groups' sliding windows (the KV manager frees blocks out of them)."""
     rng = random.Random(seed)
-    kv = KVCacheManager(num_blocks, 4, enable_prefix_caching=caching, sliding_window=window)
+    kv = KVCacheManager(num_blocks, 4, enable_prefix_caching=caching, windows=windows)
     now = [0.0]  # one step = 10 ms: deadline's long prompts step aside for a while, then not
     sched = Scheduler(SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget,
                                       scheduling_policy=policy), kv, clock=lambda: now[0])
@@ -68,7 +74,7 @@ def drive(seed, num_blocks, budget, max_seqs, policy, caching, steps=4000, pipel
     submitted, finished, aborted = set(), set(), set()
     next_id = 0
     prev_plan, prev_sampled = StepPlan(-1, [], 0), {}
-    tables: dict[str, list[int]] = {}  # the runner's view: block tables rebuilt from the plans alone
+    tables: dict[str, list[list[int]]] = {}  # the runner's view: block tables rebuilt from the plans alone
     for step in range(steps):
         now[0] = step / 100
         if next_id < 60 and rng.random() < 0.4:
@@ -94,15 +100,17 @@ def drive(seed, num_blocks, budget, max_seqs, policy, caching, steps=4000, pipel
                 tables.pop(rid, None)
             for new in plan.new_requests:
                 assert new.request_id not in tables
-                tables[new.request_id] = []
+                tables[new.request_id] = [[] for _ in windows]
         for s in plan.seqs:
-            tables[s.request_id] += s.new_block_ids
-            first = kv.first_needed_block(s.start_pos)  # (0 without a window) the blocks this step reads
-            assert tables[s.request_id][first:] == kv.block_ids(s.request_id)[first:]
-            assert len(tables[s.request_id]) * kv.block_size >= s.start_pos + len(s.token_ids)
-            if window is not None:
-                assert kv.num_held_blocks(s.request_id) <= max_blocks_per_request(4096, 4, window, budget)
-                assert kv.block_ids(s.request_id)[first:] == kv.held_block_ids(s.request_id)
+            new = len(s.new_block_ids) // len(windows)
+            for g, table in enumerate(tables[s.request_id]):
+                table += s.new_block_ids[g * new:(g + 1) * new]
+                first = kv.first_needed_block(s.start_pos, g)  # (0 without a window) the blocks this step reads
+                assert table[first:] == group_table(kv, s.request_id, g)[first:]
+                assert len(table) * kv.block_size >= s.start_pos + len(s.token_ids)
+                if windows[g] is not None:  # the blocks before `first` freed, those after held
+                    assert kv.num_held_blocks(s.request_id, g) == len(table) - first
+            assert kv.num_held_blocks(s.request_id) <= max_blocks_per_request(4096, 4, windows, budget)
         for s in plan.seqs:
             assert s.from_previous == (pipelined and s.request_id in prev_sampled), "input token source"
         sampled = {s.request_id: rng.choice([EOS] + list(range(1, 50)) * 8) for s in plan.seqs if s.sample}
@@ -112,8 +120,7 @@ def drive(seed, num_blocks, budget, max_seqs, policy, caching, steps=4000, pipel
             if out.finish_reason:
                 finished.add(out.request_id)
         check_invariants(sched, kv)
-        if window is not None:
-            check_block_contents(sched, kv)
+        check_block_contents(sched, kv)
         if next_id >= 60 and not sched.has_unfinished() and not prev_plan.seqs:
             break
     assert not sched.has_unfinished(), "every request must finish"
@@ -138,7 +145,19 @@ def test_random_workload_invariants_with_a_sliding_window(seed, pipelined):
     """A window of 6 tokens (blocks of 4) on every layer: blocks freed as requests move on,
     windowed prefix hits, preemptions; refcounts, tables and bounds hold at every step."""
     sched = drive(seed, num_blocks=16, budget=rng_budget(seed), max_seqs=6, policy="fcfs", caching=True,
-                  pipelined=pipelined, window=6)
+                  pipelined=pipelined, windows=(6,))
+    assert sched.num_preemptions > 0 and sched.kv.window_freed_blocks > 0 and sched.kv.window_saved_blocks == 0
+    assert sched.kv.prefix_cache_hits > 0
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("pipelined", [False, True])
+def test_random_workload_invariants_with_kv_groups(seed, pipelined):
+    """Layers in three KV groups (windows of 6 and 9 tokens, and one reading every key) from one
+    pool: the windowed groups free blocks as requests move on, prefix hits need the whole prefix in
+    the global group and the window's blocks in the others; refcounts, tables and bounds hold."""
+    sched = drive(seed, num_blocks=40, budget=rng_budget(seed), max_seqs=6, policy="fcfs", caching=True,
+                  pipelined=pipelined, windows=(6, None, 9))
     assert sched.num_preemptions > 0 and sched.kv.window_freed_blocks > 0 and sched.kv.window_saved_blocks == 0
     assert sched.kv.prefix_cache_hits > 0
 

@@ -172,7 +172,7 @@ def _request(rid: str, prompt: list[int], max_tokens: int) -> Request:
 
 
 def test_a_request_of_8x_the_window_holds_the_window_and_one_block():
-    kv = KVCacheManager(64, BLOCK, sliding_window=WINDOW)
+    kv = KVCacheManager(64, BLOCK, windows=(WINDOW,))
     req = _request("a", list(range(1, 41)), 8 * WINDOW)
     held = []
     for start in range(0, 40, BLOCK):  # the prompt in chunks of one block
@@ -197,7 +197,7 @@ def test_a_windowed_hit_needs_only_the_blocks_the_window_reaches():
     """The early blocks of a cached prefix gone (reallocated): a hit still covers every block
     whose window's blocks are cached, with the entries before it null; a gap in the window
     shortens the hit to before the gap."""
-    kv = KVCacheManager(32, 4, sliding_window=6)
+    kv = KVCacheManager(32, 4, windows=(6,))
     tokens = list(range(1, 42))
     a = _request("a", tokens, 1)
     assert kv.allocate_slots(a, 41)  # (a whole prompt in one step: nothing out of its first window yet)
@@ -214,7 +214,7 @@ def test_a_windowed_hit_needs_only_the_blocks_the_window_reaches():
     b = _request("b", tokens + [50, 51], 1)
     hit = kv.find_cached_prefix(b)
     # 10 full blocks; the hit of all 10 (40 tokens) needs blocks 35 // 4 = 8 and 9
-    assert len(hit) == 10 and hit[:8] == [None] * 8 and [blk.block_hash for blk in hit[8:]] == hashes[8:]
+    assert len(hit) == 10 and hit[:8] == [(None,)] * 8 and [blk.block_hash for blk, in hit[8:]] == hashes[8:]
     assert kv.allocate_slots(b, 2, hit)
     assert kv.num_held_blocks("b") == 3 and kv.block_ids("b")[:8] == [0] * 8
     kv.free(b)
@@ -223,7 +223,7 @@ def test_a_windowed_hit_needs_only_the_blocks_the_window_reaches():
     gap.block_hash = None
     hit = kv.find_cached_prefix(_request("c", tokens + [50, 51], 1))
     # before the gap: a hit of 8 blocks (32 tokens) needs blocks 27 // 4 = 6 and 7
-    assert len(hit) == 8 and hit[:6] == [None] * 6 and [blk.block_hash for blk in hit[6:]] == hashes[6:8]
+    assert len(hit) == 8 and hit[:6] == [(None,)] * 6 and [blk.block_hash for blk, in hit[6:]] == hashes[6:8]
 
 
 # -- the engine ---------------------------------------------------------------------------------
@@ -236,7 +236,7 @@ def test_windowed_greedy_matches_transformers(swa_dir, swa_refs, case):
     mismatched = [i for i, o in enumerate(outs) if o.outputs[0].token_ids != swa_refs[i]]
     assert not mismatched, f"prompts {mismatched} differ from transformers"
     core = llm.engine.core
-    assert llm.engine.runner.kv_window == WINDOW and core.kv.window_freed_blocks > 0
+    assert llm.engine.runner.kv_groups == (WINDOW,) and core.kv.window_freed_blocks > 0
     if CASES[case].get("scheduling_policy") == "fcfs" and CASES[case]["enable_prefix_caching"]:
         assert max(o.num_cached_tokens for o in outs) >= 112
     if case == "preempt":
@@ -251,7 +251,7 @@ def test_engine_request_of_8x_the_window(swa_dir, caplog):
     prompt = PROMPTS[5][:40]
     with caplog.at_level(logging.INFO, logger="expresslane.engine.core"):
         llm = LLM(str(swa_dir), max_num_batched_tokens=BLOCK, enable_prefix_caching=False)
-    assert f"sliding window of {WINDOW} tokens on every layer" in caplog.text
+    assert f"sliding windows (KV groups ({WINDOW},))" in caplog.text
     core = llm.engine.core
     held = []
     real = core.scheduler.schedule
@@ -297,7 +297,7 @@ def test_tensor_parallel_windowed_matches_transformers(swa_dir, swa_refs):
     try:
         outs = llm.generate([{"prompt_token_ids": PROMPTS[i]} for i in PICKED], GREEDY, use_tqdm=False)
         core = llm.engine.core
-        assert llm.engine.runner.kv_window == WINDOW and core.kv.window_freed_blocks > 0
+        assert llm.engine.runner.kv_groups == (WINDOW,) and core.kv.window_freed_blocks > 0
         assert core.scheduler.num_preemptions > 0 and core.kv.prefix_cache_hits > 0
     finally:
         llm.shutdown()
@@ -320,19 +320,20 @@ def test_prompt_lookup_speculation_with_a_window(swa_dir, swa_refs):
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "ministral"])
-def test_some_layers_windowed_frees_nothing(tmp_path, arch):
+def test_some_layers_windowed_free_in_their_kv_group(tmp_path, arch):
     """A window on one of two layers (Qwen2: the second, from max_window_layers; Ministral: the
-    first, from layer_types): it applies there, and since the other layer reads every key, no
-    block is freed."""
+    first, from layer_types): two KV groups of one layer each; the windowed layer's group frees
+    the blocks that leave its window, the other keeps every block."""
     extra = dict(use_sliding_window=True, sliding_window=24, max_window_layers=1) if arch == "qwen2" else {}
     d = build_model(arch, tmp_path / arch, **extra)
     picked = [PROMPTS[i] for i in (4, 9, 12)]  # 16, 128 and 255 tokens
     llm = LLM(str(d), max_num_batched_tokens=32)
     windows = [None, 24] if arch == "qwen2" else [24, None]
-    assert llm.apply_model(lambda model: model.windows) == [windows] and llm.engine.runner.kv_window is None
+    assert llm.apply_model(lambda model: model.windows) == [windows]
+    assert llm.engine.runner.kv_groups == tuple(windows) and llm.engine.runner.layer_slab == [0, 0]
     outs = llm.generate([{"prompt_token_ids": p} for p in picked], GREEDY, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(d, p, MAX_TOKENS) for p in picked]
-    assert llm.engine.core.kv.window_freed_blocks == 0
+    assert llm.engine.core.kv.window_freed_blocks > 0
 
 
 def test_library_prefill_has_no_window(swa_dir):

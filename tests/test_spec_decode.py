@@ -268,8 +268,8 @@ def test_the_draft_chain_writes_only_the_slots_of_the_proposals_a_seq_makes(tmp_
     seqs = [ScheduledSeq("a", [0], 5, [], True), ScheduledSeq("b", [0], 1023, [], True)]
     step = StepInputs(seqs=seqs, rows=np.arange(2), token_ids=np.zeros(2, np.int64), positions=np.array([5, 1023]),
                       rope_lengths=np.zeros(2, np.int64),
-                      slot_mapping=np.array([16 + 5, 48 + 15]), query_start_loc=np.arange(3, dtype=np.int32),
-                      seq_lens=np.array([6, 1024], np.int32), block_tables=table, num_decodes=2,
+                      slot_mapping=np.array([[16 + 5, 48 + 15]]), query_start_loc=np.arange(3, dtype=np.int32),
+                      seq_lens=np.array([6, 1024], np.int32), block_tables=table[None], num_decodes=2,
                       sampling=np.arange(2), from_previous=np.arange(0), num_spec=np.zeros(2, np.int64))
     tokens = chain.run_chain(step, Patch(np.arange(2), np.arange(2), torch.tensor([7, 9])), np.array([3, 1]))
     assert tokens.shape == (2, 2)

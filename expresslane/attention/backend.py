@@ -24,7 +24,7 @@ blocks that another seq computes in this very step.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -49,6 +49,19 @@ class AttentionMetadata:
     # [T] int64, each token's request's RoPE length (its prompt's; the sequence's once a longrope
     # request restarted): for RoPE whose frequencies follow the length (layers/rotary.py)
     rope_lengths: torch.Tensor | None = None
+    # with layers in several KV groups (attention/kv_groups.py): each group's copy, its own slot
+    # mapping and block tables; the fields above are group 0's
+    kv_groups: tuple[AttentionMetadata, ...] = ()
+
+    def group(self, index: int) -> AttentionMetadata:
+        return self.kv_groups[index] if self.kv_groups else self
+
+    def with_groups(self, slot_mapping: torch.Tensor, block_tables: torch.Tensor) -> AttentionMetadata:
+        """After `prepare`: a copy per group from [G, T] slots and [G, B, W] tables (G > 1)."""
+        if len(slot_mapping) > 1:
+            self.kv_groups = tuple(replace(self, slot_mapping=slots, block_tables=tables)
+                                   for slots, tables in zip(slot_mapping, block_tables))
+        return self
 
 
 class AttentionBackend(ABC):

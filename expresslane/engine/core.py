@@ -81,13 +81,14 @@ class EngineCore:
                      "normalised" if self.pooler.normalize else "not normalised")
         self.runner = make_runner(config, self.hf_config, self.model_dir)
         bs = config.cache.block_size
-        window = self.runner.kv_window
-        per_request = max_blocks_per_request(config.model.max_model_len, bs, window, max_step_tokens(config))
+        windows = self.runner.kv_groups
+        per_request = max_blocks_per_request(config.model.max_model_len, bs, windows, max_step_tokens(config))
+        full = max_blocks_per_request(config.model.max_model_len, bs, (None,) * len(windows), 0)
         num_blocks = self.runner.profile_num_blocks(config.scheduler.max_num_seqs * per_request + 1)
         if num_blocks < per_request:
-            need = (f"the {per_request} blocks a request holds with a sliding window of {window}" if window
+            need = (f"the {per_request} blocks a request holds with sliding windows {windows}" if any(windows)
                     else f"max_model_len={config.model.max_model_len}")
-            raise ValueError(f"the KV cache holds {num_blocks * bs} tokens ({num_blocks} blocks), less than {need}; "
+            raise ValueError(f"the KV cache has {num_blocks} blocks of {bs} tokens, fewer than {need}; "
                              "lower max_model_len or give it more memory (num_kv_blocks, gpu_memory_utilization, "
                              "cpu_kv_cache_space_gb)")
         self.runner.allocate_kv_cache(num_blocks)
@@ -112,7 +113,7 @@ class EngineCore:
         self.expert_tokens: dict[int, list[int]] | None = None
         self.config = config.replace(num_kv_blocks=num_blocks, device=str(self.runner.device),
                                      dtype=str(self.runner.dtype).removeprefix("torch."))  # "auto" resolved
-        self.kv = KVCacheManager(num_blocks, bs, config.cache.enable_prefix_caching, window,
+        self.kv = KVCacheManager(num_blocks, bs, config.cache.enable_prefix_caching, windows,
                                  length_class(self.hf_config))
         proposer = self.runner.proposer
         self.spec = None if proposer is None else SpecDecoder(config.speculative, self.cost_model, proposer)
@@ -139,11 +140,10 @@ class EngineCore:
         self._last_done: tuple[float, int] | None = None  # (done, index)
         log.info("KV cache: %d blocks of %d tokens (%.2f GiB, %s)", num_blocks, bs,
                  num_blocks * self.runner.kv_block_bytes() / 2**30, str(self.runner.kv_dtype).removeprefix("torch."))
-        if window:
-            full = -(-config.model.max_model_len // bs)
-            log.info("sliding window of %d tokens on every layer: blocks that leave it are freed while their request "
-                     "runs, so a request holds at most %d blocks (%.3f GiB), not %d (%.3f GiB) at max_model_len %d",
-                     window, per_request, per_request * self.runner.kv_block_bytes() / 2**30, full,
+        if any(windows):
+            log.info("sliding windows (KV groups %s): blocks that leave them are freed while their request runs, so a "
+                     "request holds at most %d blocks (%.3f GiB), not %d (%.3f GiB) at max_model_len %d", windows,
+                     per_request, per_request * self.runner.kv_block_bytes() / 2**30, full,
                      full * self.runner.kv_block_bytes() / 2**30, config.model.max_model_len)
 
     @property

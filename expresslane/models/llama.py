@@ -71,6 +71,7 @@ class Attention(nn.Module):
         self.rotary = rotary  # shared: one cos/sin table per model
         self.backend = backend
         self.kv_cache: torch.Tensor | None = None  # bound by the runner after allocation
+        self.kv_group = 0  # whose slot mapping and block tables it reads (attention/kv_groups.py)
         self.kv_scales = (1.0, 1.0)  # k, v: an FP8 cache stores k / k_scale (checkpoint k_scale/v_scale)
 
     def forward(self, positions, x, meta: AttentionMetadata):
@@ -83,6 +84,7 @@ class Attention(nn.Module):
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         qk_norm = None if self.q_norm is None else (self.q_norm, self.k_norm)  # the backend applies them
+        meta = meta.group(self.kv_group)
         q = self.backend.store(positions, q, k, v, self.rotary, self.kv_cache, meta, self.kv_scales, qk_norm)
         return self.backend.attend(q, self.kv_cache, meta, self.scale, self.kv_scales, self.softcap,
                                    window=self.sliding_window, sinks=self.sinks).flatten(1)

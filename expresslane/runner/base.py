@@ -46,7 +46,7 @@ class Runner(ABC):
     block_size: int
     model: nn.Module  # this rank's slice
     proposer: Proposer | None  # None: speculation off
-    kv_window: int | None  # keys this far behind a query may be freed (None: none)
+    kv_groups: tuple[int | None, ...]  # each KV group's sliding window (None: every key)
 
     # start-up, in this order
     @abstractmethod

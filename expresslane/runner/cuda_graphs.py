@@ -35,15 +35,15 @@ class _Graphs:
     num_pieces = 1
 
     def __init__(self, model, backend, sizes: list[int], max_tokens: int, max_seqs: int, max_blocks: int,
-                 device: torch.device, logits_out: torch.Tensor):
+                 device: torch.device, logits_out: torch.Tensor, kv_groups: int = 1):
         self.model, self.backend, self.sizes = model, backend, sizes
         self.logits_out = logits_out  # shared by every graph
         self.device = device
         self.input_ids = torch.zeros(max_tokens, dtype=torch.int64, device=device)
         self.positions = torch.zeros(max_tokens, dtype=torch.int64, device=device)
         self.rope_lengths = torch.zeros(max_tokens, dtype=torch.int64, device=device)
-        self.slot_mapping = torch.full((max_tokens,), -1, dtype=torch.int64, device=device)
-        self.block_tables = torch.zeros(max_seqs, max_blocks, dtype=torch.int32, device=device)
+        self.slot_mapping = torch.full((kv_groups, max_tokens), -1, dtype=torch.int64, device=device)
+        self.block_tables = torch.zeros(kv_groups, max_seqs, max_blocks, dtype=torch.int32, device=device)
         self.seq_lens = torch.zeros(max_seqs, dtype=torch.int32, device=device)
         self.query_start_loc = torch.arange(max_seqs + 1, dtype=torch.int32, device=device)
         self.logits_rows = torch.zeros(max_seqs, dtype=torch.int64, device=device)
@@ -117,11 +117,11 @@ class _Graphs:
 
     def _token_fields(self, inputs: StepInputs, padded: int, num_seqs: int) -> list:
         """Padded to `padded` tokens and `num_seqs` seqs."""
-        t, (b, width) = inputs.num_tokens, inputs.block_tables.shape
+        t, (_, b, width) = inputs.num_tokens, inputs.block_tables.shape
         fields = [(self.input_ids[:t], inputs.token_ids, 0), (self.positions[:padded], inputs.positions, 0),
-                  (self.rope_lengths[:padded], inputs.rope_lengths, 0),
-                  (self.slot_mapping[:padded], inputs.slot_mapping, -1), (self.seq_lens[:num_seqs], inputs.seq_lens, 0),
-                  (self.block_tables[:b, :width], inputs.block_tables, 0)]
+                  (self.rope_lengths[:padded], inputs.rope_lengths, 0), (self.seq_lens[:num_seqs], inputs.seq_lens, 0)]
+        for g, (slots, table) in enumerate(zip(inputs.slot_mapping, inputs.block_tables)):
+            fields += [(self.slot_mapping[g, :padded], slots, -1), (self.block_tables[g, :b, :width], table, 0)]
         if self.lora is not None:
             fields += self.lora.fields(self.model.lora_state.step, padded)
         return fields
@@ -138,19 +138,19 @@ class DecodeGraphs(_Graphs):
     """Every seq computes one token."""
 
     def __init__(self, model, backend, max_num_seqs: int, max_blocks: int, device: torch.device,
-                 logits_out: torch.Tensor):
+                 logits_out: torch.Tensor, kv_groups: int = 1):
         sizes = bucket_sizes(max_num_seqs)
-        super().__init__(model, backend, sizes, sizes[-1], sizes[-1] + 1, max_blocks, device, logits_out)
+        super().__init__(model, backend, sizes, sizes[-1], sizes[-1] + 1, max_blocks, device, logits_out, kv_groups)
         self.logits_rows[:] = torch.arange(sizes[-1] + 1, device=device)
 
     def _meta(self, size: int) -> AttentionMetadata:
         meta = AttentionMetadata(
-            slot_mapping=self.slot_mapping[:size], block_tables=self.block_tables[:size],
+            slot_mapping=self.slot_mapping[0, :size], block_tables=self.block_tables[0, :size],
             seq_lens=self.seq_lens[:size], query_start_loc=self.query_start_loc[:size + 1], num_decodes=size,
             seq_lens_cpu=[0] * size, query_start_loc_cpu=list(range(size + 1)), max_decode_seq_len=0,
             rope_lengths=self.rope_lengths[:size])
         self.backend.prepare(meta)  # split count depends on batch size only
-        return meta
+        return meta.with_groups(self.slot_mapping[:, :size], self.block_tables[:, :size])
 
     def _num_logit_rows(self, size: int) -> int:
         return size
@@ -180,8 +180,8 @@ class DraftChainGraphs(DecodeGraphs):
     def _pieces(self, size: int) -> list:
         [forward] = super()._pieces(size)
         ids, pos, lens, slots = (self.input_ids[:size], self.positions[:size], self.seq_lens[:size],
-                                 self.slot_mapping[:size])
-        table, counts, bs = self.block_tables[:size], self.counts[:size], self.block_size
+                                 self.slot_mapping[0, :size])
+        table, counts, bs = self.block_tables[0, :size], self.counts[:size], self.block_size
 
         def run():
             for j in range(self.steps):
@@ -211,11 +211,12 @@ class MixedGraphs(_Graphs):
     num_pieces = 4
 
     def __init__(self, model, backend, max_tokens: int, max_num_seqs: int, max_blocks: int, device: torch.device,
-                 logits_out: torch.Tensor):
+                 logits_out: torch.Tensor, kv_groups: int = 1):
         # SLO-sized steps: dense to 512
         sizes = bucket_sizes(max_tokens, small=(8, 16, 32, 64, 192, 320, 448), step=128)
         self.max_seqs = min(sizes[-1], max_num_seqs)
-        super().__init__(model, backend, sizes, sizes[-1], self.max_seqs + 1, max_blocks, device, logits_out)
+        super().__init__(model, backend, sizes, sizes[-1], self.max_seqs + 1, max_blocks, device, logits_out,
+                         kv_groups)
         self.work = torch.zeros(max(backend.max_prefill_work(s, self._seqs(s)) for s in sizes), 5, dtype=torch.int32,
                                 device=device)
         self.work[:, 3] = 1  # valid items for the capture's warm-up
@@ -226,11 +227,12 @@ class MixedGraphs(_Graphs):
     def _meta(self, size: int) -> AttentionMetadata:
         b = self._seqs(size)
         return AttentionMetadata(
-            slot_mapping=self.slot_mapping[:size], block_tables=self.block_tables[:b + 1],
+            slot_mapping=self.slot_mapping[0, :size], block_tables=self.block_tables[0, :b + 1],
             seq_lens=self.seq_lens[:b + 1], query_start_loc=self.query_start_loc[:b + 2], num_decodes=0,
             seq_lens_cpu=[], query_start_loc_cpu=[], max_decode_seq_len=0, num_splits=1,
             prefill_tile=self.backend.prefill_tile(size),
-            prefill_work=self.work[:self.backend.max_prefill_work(size, b)], rope_lengths=self.rope_lengths[:size])
+            prefill_work=self.work[:self.backend.max_prefill_work(size, b)], rope_lengths=self.rope_lengths[:size],
+        ).with_groups(self.slot_mapping[:, :size], self.block_tables[:, :b + 1])
 
     def _num_logit_rows(self, size: int) -> int:
         return self._seqs(size)

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from expresslane.attention.backend import AttentionMetadata
+from expresslane.attention.kv_groups import layer_groups
 from expresslane.attention.registry import get_backend
 from expresslane.config import EngineConfig
 from expresslane.device import kv_zeros, stage, to_device
@@ -110,7 +111,9 @@ class ModelRunner(Runner):
             if config.lora.enable_lora else None
         self.proposer = make_proposer(config.speculative, hf_config.vocab_size, self.device, self.dtype,
                                       config.device.attention_backend)
-        self.kv_window = self._kv_window(windows)
+        self.layer_group, self.layer_slab, self.kv_groups = self._kv_groups(windows)
+        for layer, group in zip(self.model.layers, self.layer_group):
+            layer.self_attn.kv_group = group
         log.info("loaded %s in %.1fs on %s (%s%s)", model_dir, time.monotonic() - t0, self.device, self.dtype,
                  f", {self.quant.name} weights" if self.quant else "")
         cached, full = math.prod(self.model.kv_cache_shape(1, 1)), self.model.full_kv_values()
@@ -125,7 +128,7 @@ class ModelRunner(Runner):
         self.pooler = Pooler()
         s = config.scheduler
         longest = max(config.model.max_model_len or 0, s.max_num_batched_tokens)  # (the profiling step's)
-        self.rows = RequestRows(s.max_num_seqs, -(-longest // self.block_size), self.block_size)
+        self.rows = RequestRows(s.max_num_seqs, -(-longest // self.block_size), self.block_size, len(self.kv_groups))
         self.kv_caches: list[torch.Tensor] = []
         self._prev_tokens: torch.Tensor | None = None  # the last launched step's
         self._prev_rows: dict[str, int] = {}
@@ -146,23 +149,22 @@ class ModelRunner(Runner):
         self.model.enable_fused_decode()
         log.info("fused decode layer: the norms folded into %d layers' QKV and gate|up weights", len(self.model.layers))
 
-    def _kv_window(self, windows: list[int | None]) -> int | None:
-        """None: some layer reads every key, or a draft model's cache shares the block ids."""
-        if not windows or None in windows:
-            if any(w is not None for w in windows):
-                log.info("sliding window on %d of %d layers: the others attend to every key, so no KV block is "
-                         "freed while a request runs", sum(w is not None for w in windows), len(windows))
-            return None
-        if self.proposer is not None and self.proposer.kv_block_bytes(self.block_size, self.kv_dtype):
+    def _kv_groups(self, windows: list[int | None]):
+        """A window of max_model_len reads every key; with a draft model's cache (sharing the
+        block ids) every layer does."""
+        longest = self.config.model.max_model_len
+        windows = [None if w is None or longest and w >= longest else w for w in windows]
+        if any(windows) and self.proposer is not None and self.proposer.kv_block_bytes(self.block_size,
+                                                                                        self.kv_dtype):
             log.info("sliding window: the draft model's cache shares the block ids, so no KV block is freed "
                      "while a request runs")
-            return None
-        return max(windows)
+            windows = [None] * len(windows)
+        return layer_groups(windows)
 
     def kv_block_bytes(self) -> int:
         per_layer = math.prod(self.model.kv_cache_shape(1, self.block_size)) * self.kv_dtype.itemsize
         proposer = self.proposer.kv_block_bytes(self.block_size, self.kv_dtype) if self.proposer else 0
-        return per_layer * len(self.model.layers) + proposer
+        return per_layer * (max(self.layer_slab) + 1) + proposer
 
     @torch.inference_mode()
     def profile_num_blocks(self, max_blocks: int) -> int:
@@ -194,16 +196,17 @@ class ModelRunner(Runner):
         nblocks = -(-per_seq // self.block_size)
         self.allocate_kv_cache(num_seqs * nblocks + 1)
         ids = [f"profile-{i}" for i in range(num_seqs)]
-        seqs = [ScheduledSeq(rid, [0] * per_seq, 0, list(range(i * nblocks, (i + 1) * nblocks)), True)
+        seqs = [ScheduledSeq(rid, [0] * per_seq, 0, list(range(i * nblocks, (i + 1) * nblocks)) * len(self.kv_groups),
+                             True)
                 for i, rid in enumerate(ids)]
         self.execute(StepPlan(-1, seqs, per_seq * num_seqs, [NewRequest(rid, _GREEDY) for rid in ids])).get()
         self.release(ids)
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
         shape = self.model.kv_cache_shape(num_blocks, self.block_size)
-        self.kv_caches = [kv_zeros(shape, self.kv_dtype, self.device) for _ in self.model.layers]
-        for layer, cache in zip(self.model.layers, self.kv_caches):
-            layer.self_attn.kv_cache = cache
+        self.kv_caches = [kv_zeros(shape, self.kv_dtype, self.device) for _ in range(max(self.layer_slab) + 1)]
+        for layer, slab in zip(self.model.layers, self.layer_slab):
+            layer.self_attn.kv_cache = self.kv_caches[slab]
         if self.proposer is not None:
             self.proposer.allocate_kv_cache(num_blocks, self.block_size, self.kv_dtype)
 
@@ -226,9 +229,9 @@ class ModelRunner(Runner):
         vocab = self.model.config.vocab_size
         logits_out = torch.empty(s.max_num_seqs, vocab, dtype=torch.float32, device=self.device)
         self.decode_graphs = DecodeGraphs(self.model, self.attn_backend, s.max_num_seqs, max_blocks, self.device,
-                                          logits_out)
+                                          logits_out, len(self.kv_groups))
         self.mixed_graphs = MixedGraphs(self.model, self.attn_backend, mixed_tokens, s.max_num_seqs, max_blocks,
-                                        self.device, logits_out)
+                                        self.device, logits_out, len(self.kv_groups))
         pool = torch.cuda.graph_pool_handle() if capture else None
         if capture:
             self.decode_graphs.capture(pool)
@@ -449,17 +452,17 @@ class ModelRunner(Runner):
                   inputs.query_start_loc, inputs.rope_lengths]
         staged = stage(arrays + (list(patch.indices) if patch else []), self.device)
         input_ids, positions, slots, tables, seq_lens, qsl, rope_lengths = staged[:7]
-        tables = tables.view(inputs.block_tables.shape)
+        tables, slots = tables.view(inputs.block_tables.shape), slots.view(inputs.slot_mapping.shape)
         if patch is not None:
             patch.apply(input_ids, *staged[7:])
         nd = inputs.num_decodes
         meta = AttentionMetadata(
-            slot_mapping=slots, block_tables=tables.to(torch.int32), seq_lens=seq_lens.to(torch.int32),
+            slot_mapping=slots[0], block_tables=tables[0].to(torch.int32), seq_lens=seq_lens.to(torch.int32),
             query_start_loc=qsl.to(torch.int32), num_decodes=nd, seq_lens_cpu=inputs.seq_lens.tolist(),
             query_start_loc_cpu=inputs.query_start_loc.tolist(),
             max_decode_seq_len=int(inputs.seq_lens[:nd].max()) if nd else 0, rope_lengths=rope_lengths)
         (backend or self.attn_backend).prepare(meta)
-        return input_ids, positions, meta
+        return input_ids, positions, meta.with_groups(slots, tables.to(torch.int32))
 
 
 def _prefill_library(config: EngineConfig, windows: list[int | None]) -> str:

@@ -21,10 +21,10 @@ class StepInputs:
     token_ids: np.ndarray  # [T] int64
     positions: np.ndarray  # [T] int64
     rope_lengths: np.ndarray  # [T] int64, each token's request's NewRequest.rope_length (RoPE by length)
-    slot_mapping: np.ndarray  # [T] int64
+    slot_mapping: np.ndarray  # [G, T] int64: G KV groups
     query_start_loc: np.ndarray  # [B + 1] int32
     seq_lens: np.ndarray  # [B] int32, context after the step
-    block_tables: np.ndarray  # [B, width] int32, padded with 0
+    block_tables: np.ndarray  # [G, B, width] int32, padded with 0
     num_decodes: int
     sampling: np.ndarray  # seqs that sample
     from_previous: np.ndarray  # seqs whose input token is on the device
@@ -37,9 +37,9 @@ class StepInputs:
 
 
 class RequestRows:
-    def __init__(self, max_rows: int, max_blocks: int, block_size: int):
+    def __init__(self, max_rows: int, max_blocks: int, block_size: int, kv_groups: int = 1):
         self.block_size = block_size
-        self.block_table = np.zeros((max_rows, max_blocks), dtype=np.int32)
+        self.block_table = np.zeros((kv_groups, max_rows, max_blocks), dtype=np.int32)
         self.num_blocks = np.zeros(max_rows, dtype=np.int64)
         self.row_of: dict[str, int] = {}  # request id -> row
         self.rope_lengths = np.zeros(max_rows, dtype=np.int64)
@@ -98,9 +98,10 @@ class RequestRows:
             token_ids += s.token_ids
             num_decodes += n == 1
             if s.new_block_ids:
-                have = self.num_blocks[row]
-                self.block_table[row, have:have + len(s.new_block_ids)] = s.new_block_ids
-                self.num_blocks[row] = have + len(s.new_block_ids)
+                have, groups = self.num_blocks[row], len(self.block_table)
+                new = len(s.new_block_ids) // groups
+                self.block_table[:, row, have:have + new] = np.reshape(s.new_block_ids, (groups, new))
+                self.num_blocks[row] = have + new
             if self.pooling[row] is not None:
                 pooling.append(i)
             elif s.sample:
@@ -113,13 +114,13 @@ class RequestRows:
         seq_of_token = np.repeat(np.arange(num), counts)
         positions = np.arange(qsl[-1], dtype=np.int64) + np.repeat(starts - qsl[:-1], counts)
         bs = self.block_size
-        slots = self.block_table[rows[seq_of_token], positions // bs].astype(np.int64) * bs + positions % bs
+        slots = self.block_table[:, rows[seq_of_token], positions // bs].astype(np.int64) * bs + positions % bs
         width = int(self.num_blocks[rows].max()) if num else 0
         return StepInputs(
             seqs=seqs, rows=rows, token_ids=np.array(token_ids, dtype=np.int64), positions=positions,
             rope_lengths=self.rope_lengths[rows[seq_of_token]],
             slot_mapping=slots, query_start_loc=qsl, seq_lens=(starts + counts).astype(np.int32),
-            block_tables=self.block_table[rows, :width], num_decodes=num_decodes,
+            block_tables=self.block_table[:, rows, :width], num_decodes=num_decodes,
             sampling=np.array(sampling, dtype=np.int64), pooling=np.array(pooling, dtype=np.int64),
             from_previous=np.array(from_previous, dtype=np.int64),
             num_spec=num_spec)

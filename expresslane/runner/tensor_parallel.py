@@ -150,8 +150,8 @@ class TPExecutor(Runner):
         atexit.register(self.shutdown)
         self.runner.sampler = BroadcastingSampler(self.runner.sampler, self.tp)
         r = self.runner
-        self.device, self.dtype, self.kv_dtype, self.block_size, self.model, self.proposer, self.kv_window = (
-            r.device, r.dtype, r.kv_dtype, r.block_size, r.model, r.proposer, r.kv_window)
+        self.device, self.dtype, self.kv_dtype, self.block_size, self.model, self.proposer, self.kv_groups = (
+            r.device, r.dtype, r.kv_dtype, r.block_size, r.model, r.proposer, r.kv_groups)
 
     def _call(self, method: str, *args):
         dist.broadcast_object_list([(method, args)], src=0, group=self._control)

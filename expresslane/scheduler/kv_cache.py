@@ -81,42 +81,50 @@ class BlockPool:
 
 
 class KVCacheManager:
-    """With a `sliding_window` on every layer, blocks before a step's window are freed (None)::
+    """A block list per request and KV group (`windows`: each one's window), from one pool;
+    a windowed group frees blocks before a step's window::
 
         window 8, block 4, next query at 13:  [None, None, b7, b2]   keys 6..13 visible
     """
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
-                 sliding_window: int | None = None, length_class: Callable[[int], int] | None = None):
-        if sliding_window is not None and sliding_window < 1:
-            raise ValueError(f"sliding_window must be a positive number of tokens, got {sliding_window}")
+                 windows: tuple[int | None, ...] = (None,), length_class: Callable[[int], int] | None = None):
+        for window in windows:
+            if window is not None and window < 1:
+                raise ValueError(f"sliding_window must be a positive number of tokens, got {window}")
         self.block_size = block_size
         self.length_class = length_class
         self.enable_prefix_caching = enable_prefix_caching
-        self.sliding_window = sliding_window
+        self.windows = tuple(windows)
         self.pool = BlockPool(num_blocks)
-        self._req_blocks: dict[str, list[Block | None]] = {}
+        self._req_blocks: dict[str, list[list[Block | None]]] = {}  # per group
         self._req_hashes: dict[str, list[bytes]] = {}
         self._req_num_registered: dict[str, int] = {}
-        self._req_num_dropped: dict[str, int] = {}
+        self._req_num_dropped: dict[str, list[int]] = {}
         self.prefix_cache_queries = 0  # tokens looked up
         self.prefix_cache_hits = 0  # tokens found
         self.window_freed_blocks = 0
         self.window_saved_blocks = 0
 
     @property
+    def num_groups(self) -> int:
+        return len(self.windows)
+
+    @property
     def usage(self) -> float:
         return 1.0 - self.pool.num_free / self.pool.num_blocks
 
     def block_ids(self, request_id: str, start: int = 0) -> list[int]:
-        """From the `start`-th block on."""
-        return [NULL_BLOCK_ID if b is None else b.block_id for b in self._req_blocks.get(request_id, ())[start:]]
+        """From the `start`-th block on, group after group."""
+        return [NULL_BLOCK_ID if b is None else b.block_id
+                for blocks in self._req_blocks.get(request_id, ()) for b in blocks[start:]]
 
-    def first_needed_block(self, position: int) -> int:
+    def first_needed_block(self, position: int, group: int = 0) -> int:
         """The first block a query at `position` reads."""
-        if self.sliding_window is None:
+        window = self.windows[group]
+        if window is None:
             return 0
-        return max(0, position - self.sliding_window + 1) // self.block_size
+        return max(0, position - window + 1) // self.block_size
 
     def _block_hashes(self, req: Request) -> list[bytes]:
         hashes = self._req_hashes.setdefault(req.request_id, [])
@@ -131,89 +139,100 @@ class KVCacheManager:
             hashes.append(hash_block(hashes[-1] if hashes else seed, req.all_token_ids[i * bs:(i + 1) * bs]))
         return hashes
 
-    def find_cached_prefix(self, req: Request) -> list[Block | None]:
-        """Longest cached prefix of full blocks, for a request with no KV yet (windowed: None
-        before the hit's window)."""
+    @staticmethod
+    def _group_key(block_hash: bytes, group: int) -> bytes:
+        return block_hash + group.to_bytes(2, "little") if group else block_hash
+
+    def find_cached_prefix(self, req: Request) -> list[tuple[Block | None, ...]]:
+        """Longest cached prefix of full blocks of a request with no KV yet: each group's
+        (None before its window)."""
         if not self.enable_prefix_caching:
             return []
         max_blocks = (req.num_tokens - 1) // self.block_size
         hashes = self._block_hashes(req)[:max_blocks]
-        if self.sliding_window is None:
-            hits: list[Block | None] = []
-            for block_hash in hashes:
-                block = self.pool.lookup(block_hash)
-                if block is None:
-                    break
-                hits.append(block)
-            return hits
-        best = run = 0
+        groups = range(self.num_groups)
+        best, runs = 0, [0] * self.num_groups
         for i, block_hash in enumerate(hashes):
-            run = run + 1 if self.pool.lookup(block_hash) is not None else 0
-            if run and run >= i + 1 - self.first_needed_block((i + 1) * self.block_size):
+            for g in groups:
+                runs[g] = runs[g] + 1 if self.pool.lookup(self._group_key(block_hash, g)) is not None else 0
+            if any(runs[g] <= i for g in groups if self.windows[g] is None):
+                break
+            if all(runs[g] >= i + 1 - self.first_needed_block((i + 1) * self.block_size, g) for g in groups):
                 best = i + 1
-        first = self.first_needed_block(best * self.block_size)
-        return [None] * first + [self.pool.lookup(h) for h in hashes[first:best]]
+        first = [self.first_needed_block(best * self.block_size, g) for g in groups]
+        return [tuple(None if i < first[g] else self.pool.lookup(self._group_key(hashes[i], g)) for g in groups)
+                for i in range(best)]
 
     def record_lookup(self, num_tokens: int, num_hit_tokens: int) -> None:
         if self.enable_prefix_caching:
             self.prefix_cache_queries += num_tokens
             self.prefix_cache_hits += num_hit_tokens
 
-    def allocate_slots(self, req: Request, num_new_tokens: int, cached: list[Block | None] = ()) -> bool:
+    def allocate_slots(self, req: Request, num_new_tokens: int, cached: list[tuple[Block | None, ...]] = ()) -> bool:
         """Room for `num_new_tokens` more (after `cached` hits); False if out of blocks."""
-        blocks = self._req_blocks.setdefault(req.request_id, [])
+        rid = req.request_id
+        groups = self._req_blocks.get(rid)
         num_computed = req.num_computed_tokens + len(cached) * self.block_size
         total = num_computed + num_new_tokens
-        num_needed = -(-total // self.block_size) - len(blocks) - len(cached)
-        first = self.first_needed_block(num_computed)
-        if blocks:
-            self._drop(req.request_id, blocks, first)
-        kept = [b for b in cached[first:] if b is not None]
-        reviving = sum(1 for b in kept if b.ref_cnt == 0)
-        if num_needed > self.pool.num_free - reviving:
-            if not blocks:
-                del self._req_blocks[req.request_id]
+        have = len(groups[0]) if groups else 0
+        per_group = max(0, -(-total // self.block_size) - have - len(cached))
+        firsts = [self.first_needed_block(num_computed, g) for g in range(self.num_groups)]
+        if groups:
+            for g, first in enumerate(firsts):
+                self._drop(rid, g, first)
+        kept = [[row[g] for row in cached[first:] if row[g] is not None] for g, first in enumerate(firsts)]
+        reviving = sum(1 for blocks in kept for b in blocks if b.ref_cnt == 0)
+        if per_group * self.num_groups > self.pool.num_free - reviving:
             return False
-        self.pool.touch(kept)
-        if cached:
-            skipped = min(first, len(cached))
-            blocks.extend([None] * skipped)
-            self._req_num_dropped[req.request_id] = skipped
-            self.window_saved_blocks += skipped
-            blocks.extend(kept)
-        if num_needed > 0:
-            blocks.extend(self.pool.allocate(num_needed))
+        if groups is None:
+            groups = self._req_blocks[rid] = [[] for _ in self.windows]
+            self._req_num_dropped[rid] = [0] * self.num_groups
+        for blocks in kept:  # before allocate takes one
+            self.pool.touch(blocks)
+        for g, blocks in enumerate(groups):
+            if cached:
+                skipped = min(firsts[g], len(cached))
+                blocks.extend([None] * skipped)
+                self._req_num_dropped[rid][g] = skipped
+                self.window_saved_blocks += skipped
+                blocks.extend(kept[g])
+            if per_group:
+                blocks.extend(self.pool.allocate(per_group))
         if self.enable_prefix_caching:  # blocks of known tokens only
-            self._register_full_blocks(req, blocks, min(total, req.num_tokens) // self.block_size)
+            self._register_full_blocks(req, groups, min(total, req.num_tokens) // self.block_size)
         return True
 
-    def _drop(self, request_id: str, blocks: list[Block | None], upto: int) -> None:
-        start = self._req_num_dropped.get(request_id, 0)
+    def _drop(self, request_id: str, group: int, upto: int) -> None:
+        dropped = self._req_num_dropped[request_id]
+        start = dropped[group]
         if upto <= start:
             return
+        blocks = self._req_blocks[request_id][group]
         freed = [b for b in blocks[start:upto] if b is not None]
         blocks[start:upto] = [None] * (upto - start)
         self.pool.release(freed)
-        self._req_num_dropped[request_id] = upto
+        dropped[group] = upto
         self.window_freed_blocks += len(freed)
         self.window_saved_blocks += upto - start
 
-    def _register_full_blocks(self, req: Request, blocks: list[Block | None], num_full: int) -> None:
+    def _register_full_blocks(self, req: Request, groups: list[list[Block | None]], num_full: int) -> None:
         start = self._req_num_registered.get(req.request_id, 0)
         if num_full <= start:
             return
         hashes = self._block_hashes(req)
-        for i in range(start, num_full):
-            if blocks[i] is not None:
-                self.pool.register(blocks[i], hashes[i])
+        for g, blocks in enumerate(groups):
+            for i in range(start, num_full):
+                if blocks[i] is not None:
+                    self.pool.register(blocks[i], self._group_key(hashes[i], g))
         self._req_num_registered[req.request_id] = num_full
 
     def free(self, req: Request) -> None:
         """Drop the blocks, tail first in eviction order."""
-        blocks = self._req_blocks.pop(req.request_id, [])
-        self.pool.release([b for b in reversed(blocks) if b is not None])
+        groups = self._req_blocks.pop(req.request_id, [])
+        tail_first = [blocks[i] for i in range(len(groups[0]) - 1, -1, -1) for blocks in groups] if groups else []
+        self.pool.release([b for b in tail_first if b is not None])
         self._req_num_registered.pop(req.request_id, None)
-        self.window_saved_blocks -= self._req_num_dropped.pop(req.request_id, 0)
+        self.window_saved_blocks -= sum(self._req_num_dropped.pop(req.request_id, ()))
         if req.is_finished:
             self._req_hashes.pop(req.request_id, None)
 
@@ -221,18 +240,18 @@ class KVCacheManager:
         self._req_hashes.pop(request_id, None)
 
     def held_block_ids(self, request_id: str) -> list[int]:
-        return [b.block_id for b in self._req_blocks.get(request_id, ()) if b is not None]
+        return [b.block_id for blocks in self._req_blocks.get(request_id, ()) for b in blocks if b is not None]
 
-    def num_held_blocks(self, request_id: str | None = None) -> int:
-        lists = self._req_blocks.values() if request_id is None else [self._req_blocks.get(request_id, ())]
-        return sum(1 for blocks in lists for b in blocks if b is not None)
+    def num_held_blocks(self, request_id: str | None = None, group: int | None = None) -> int:
+        requests = self._req_blocks.values() if request_id is None else [self._req_blocks.get(request_id, ())]
+        return sum(1 for groups in requests for g, blocks in enumerate(groups) if group in (None, g)
+                   for b in blocks if b is not None)
 
 
-def max_blocks_per_request(max_model_len: int, block_size: int, sliding_window: int | None,
+def max_blocks_per_request(max_model_len: int, block_size: int, windows: tuple[int | None, ...],
                            max_step_tokens: int) -> int:
-    """Blocks one request holds at once: with a window, the window - 1 + a step's keys,
+    """Blocks one request holds at once: a windowed group's the window - 1 + a step's keys,
     straddling one more block."""
     full = -(-max_model_len // block_size)
-    if sliding_window is None:
-        return full
-    return min(full, -(-(sliding_window - 1 + max_step_tokens) // block_size) + 1)
+    return sum(full if window is None else min(full, -(-(window - 1 + max_step_tokens) // block_size) + 1)
+               for window in windows)

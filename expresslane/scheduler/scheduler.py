@@ -268,12 +268,12 @@ class Scheduler:
         proposals = self._proposals.get(req.request_id, [])
         if proposals:  # a decode with its last token known
             new_blocks = self.kv.block_ids(req.request_id, req.num_blocks_sent)
-            req.num_blocks_sent += len(new_blocks)
+            req.num_blocks_sent += len(new_blocks) // self.kv.num_groups
             return ScheduledSeq(req.request_id, [req.all_token_ids[start], *proposals], start, new_blocks, True,
                                 num_spec_tokens=len(proposals), draft_token_ids=self.spec.catch_up(req, start))
         known = req.all_token_ids[start:start + n]
         new_blocks = self.kv.block_ids(req.request_id, req.num_blocks_sent)
-        req.num_blocks_sent += len(new_blocks)
+        req.num_blocks_sent += len(new_blocks) // self.kv.num_groups
         seq = ScheduledSeq(
             request_id=req.request_id,
             token_ids=known if len(known) == n else known + [0],
