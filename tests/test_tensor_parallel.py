@@ -84,3 +84,18 @@ def test_tp_refuses_bad_sizes(model_dirs):
         LLM(str(model_dirs["llama"]), tensor_parallel_size=0)
     with pytest.raises(ValueError, match="dist_init_addr"):
         LLM(str(model_dirs["llama"]), tensor_parallel_size=2, nnodes=2)
+
+
+def test_tp_engine_failing_at_start_stops_its_workers(model_dirs, tp1):
+    """A TP=2 engine whose start fails after its workers joined (too small a KV cache) stops them and
+    leaves the process group: the next TP engine in the process starts and runs."""
+    import torch.distributed as dist
+
+    with pytest.raises(ValueError, match="KV cache has 2 blocks"):
+        LLM(str(model_dirs["llama"]), tensor_parallel_size=2, num_kv_blocks=2, max_model_len=64)
+    assert not dist.is_initialized()
+    llm = LLM(str(model_dirs["llama"]), tensor_parallel_size=2, **CASE)
+    try:
+        assert _generate(llm) == tp1["llama"][0]
+    finally:
+        llm.shutdown()

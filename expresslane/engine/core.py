@@ -80,6 +80,13 @@ class EngineCore:
             log.info("runner pooling: %s pooling, %s", self.pooler.pooling_type,
                      "normalised" if self.pooler.normalize else "not normalised")
         self.runner = make_runner(config, self.hf_config, self.model_dir)
+        try:
+            self._start(config)
+        except BaseException:
+            self.runner.shutdown()  # tensor parallelism's workers
+            raise
+
+    def _start(self, config: EngineConfig) -> None:
         bs = config.cache.block_size
         windows = self.runner.kv_groups
         per_request = max_blocks_per_request(config.model.max_model_len, bs, windows, max_step_tokens(config))
