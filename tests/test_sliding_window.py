@@ -351,3 +351,17 @@ def test_window_metrics():
     text = metrics.render().decode()
     assert 'expresslane:sliding_window_freed_blocks_total{model_name="m"} 9.0' in text
     assert 'expresslane:sliding_window_saved_blocks{model_name="m"} 2.0' in text
+
+
+def test_phi3_window_frees_blocks_across_its_longrope_switch(tmp_path):
+    """Phi-3 windows every layer: a 100-token prompt decoding past LongRoPE's original length (128,
+    where the request restarts on the long factors) frees the blocks behind its window of 32 and
+    keeps max_model_len the model's; tokens as transformers'."""
+    d = build_model("phi3", tmp_path / "phi3", sliding_window=32)
+    llm = LLM(str(d), max_num_batched_tokens=16, enable_prefix_caching=False)
+    assert llm.engine.runner.kv_groups == (32,) and llm.config.model.max_model_len > 128
+    prompt = [(5 * j) % 400 + 3 for j in range(100)]
+    out = llm.generate([{"prompt_token_ids": prompt}], SamplingParams(temperature=0, max_tokens=60, ignore_eos=True),
+                       use_tqdm=False)[0]
+    assert out.outputs[0].token_ids == hf_greedy(d, prompt, 60)
+    assert llm.engine.core.kv.window_freed_blocks > 0
