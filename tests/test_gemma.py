@@ -280,3 +280,19 @@ def test_multimodal_checkpoint_tensors_of_neither_side_are_named(model_dirs, tmp
     assert [n for n, _ in text_weights([("model.language_model.norm.weight", 0), ("vision_tower.a", 0),
                                         ("language_model.lm_head.weight", 0), ("model.norm.weight", 0)])] == [
         "model.norm.weight", "lm_head.weight", "model.norm.weight"]
+
+
+def test_kv_groups_through_calibration_and_prompt_lookup(tmp_path):
+    """Gemma 3's two KV groups through the start-up calibration's timed steps and through ngram
+    verify steps of k + 1 tokens: tokens as transformers', blocks freed behind the window."""
+    d = build_model("gemma3", tmp_path / "gemma3", sliding_window=24)
+    llm = LLM(str(d), step_cost_model="calibrate", speculative_method="ngram", num_speculative_tokens=3,
+              speculative_disable_by_batch_size=64, max_num_batched_tokens=64, scheduling_policy="fcfs")
+    base = [(7 * j) % 50 + 3 for j in range(20)]
+    prompts = [base * 4, (base[:10] * 6)[:55]]  # repetitive: the proposals come from the prompt
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(temperature=0, max_tokens=40,
+                                                                                   ignore_eos=True), use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(d, p, 40) for p in prompts]
+    core = llm.engine.core
+    assert llm.engine.runner.kv_groups == (24, None) and core.kv.window_freed_blocks > 0
+    assert core.spec.counters.num_draft_tokens > 0

@@ -43,8 +43,8 @@ def _run(runner, step: list[tuple[int, int]], block_size: int) -> None:
     seqs, next_block = [], 0
     for i, (start, n) in enumerate(step):
         nblocks = -(-(start + n) // block_size)
-        seqs.append(ScheduledSeq(f"calibrate-{i}", [0] * n, start, list(range(next_block, next_block + nblocks)),
-                                 True))
+        seqs.append(ScheduledSeq(f"calibrate-{i}", [0] * n, start,
+                                 list(range(next_block, next_block + nblocks)) * len(runner.kv_groups), True))
         next_block += nblocks
     ids = [s.request_id for s in seqs]
     runner.execute(StepPlan(-1, seqs, sum(n for _, n in step), [NewRequest(rid, _GREEDY) for rid in ids])).get()
