@@ -149,7 +149,7 @@ class ModelRunner(Runner):
         self.model.enable_fused_decode()
         log.info("fused decode layer: the norms folded into %d layers' QKV and gate|up weights", len(self.model.layers))
 
-    def _kv_groups(self, windows: list[int | None]):
+    def _kv_groups(self, windows: list[int | None]) -> tuple[list[int], list[int], tuple[int | None, ...]]:
         """A window of max_model_len reads every key; with a draft model's cache (sharing the
         block ids) every layer does."""
         longest = self.config.model.max_model_len
@@ -452,17 +452,17 @@ class ModelRunner(Runner):
                   inputs.query_start_loc, inputs.rope_lengths]
         staged = stage(arrays + (list(patch.indices) if patch else []), self.device)
         input_ids, positions, slots, tables, seq_lens, qsl, rope_lengths = staged[:7]
-        tables, slots = tables.view(inputs.block_tables.shape), slots.view(inputs.slot_mapping.shape)
+        tables, slots = tables.view(inputs.block_tables.shape).to(torch.int32), slots.view(inputs.slot_mapping.shape)
         if patch is not None:
             patch.apply(input_ids, *staged[7:])
         nd = inputs.num_decodes
         meta = AttentionMetadata(
-            slot_mapping=slots[0], block_tables=tables[0].to(torch.int32), seq_lens=seq_lens.to(torch.int32),
+            slot_mapping=slots[0], block_tables=tables[0], seq_lens=seq_lens.to(torch.int32),
             query_start_loc=qsl.to(torch.int32), num_decodes=nd, seq_lens_cpu=inputs.seq_lens.tolist(),
             query_start_loc_cpu=inputs.query_start_loc.tolist(),
             max_decode_seq_len=int(inputs.seq_lens[:nd].max()) if nd else 0, rope_lengths=rope_lengths)
         (backend or self.attn_backend).prepare(meta)
-        return input_ids, positions, meta.with_groups(slots, tables.to(torch.int32))
+        return input_ids, positions, meta.with_groups(slots, tables)
 
 
 def _prefill_library(config: EngineConfig, windows: list[int | None]) -> str:
