@@ -117,11 +117,12 @@ class _Graphs:
 
     def _token_fields(self, inputs: StepInputs, padded: int, num_seqs: int) -> list:
         """Padded to `padded` tokens and `num_seqs` seqs."""
-        t, (_, b, width) = inputs.num_tokens, inputs.block_tables.shape
+        t, (groups, b, width) = inputs.num_tokens, inputs.block_tables.shape
+        slots = np.full((groups, padded), -1, dtype=np.int64)
+        slots[:, :t] = inputs.slot_mapping
         fields = [(self.input_ids[:t], inputs.token_ids, 0), (self.positions[:padded], inputs.positions, 0),
-                  (self.rope_lengths[:padded], inputs.rope_lengths, 0), (self.seq_lens[:num_seqs], inputs.seq_lens, 0)]
-        for g, (slots, table) in enumerate(zip(inputs.slot_mapping, inputs.block_tables)):
-            fields += [(self.slot_mapping[g, :padded], slots, -1), (self.block_tables[g, :b, :width], table, 0)]
+                  (self.rope_lengths[:padded], inputs.rope_lengths, 0), (self.seq_lens[:num_seqs], inputs.seq_lens, 0),
+                  (self.slot_mapping[:, :padded], slots, -1), (self.block_tables[:, :b, :width], inputs.block_tables, 0)]
         if self.lora is not None:
             fields += self.lora.fields(self.model.lora_state.step, padded)
         return fields
