@@ -1,8 +1,8 @@
 """Sliding-window attention as a KV-cache policy: a query at position p sees keys p - W < j <= p
 (transformers' sliding_window_overlay), in the torch backend and the Triton kernels, which read no
-block before a window; the KV manager frees the blocks that leave every layer's window while the
+block before a window; the KV manager frees the blocks that leave a KV group's window while the
 request runs. Greedy tokens equal transformers float32 for a tiny random Mistral whose window is
-smaller than the prompts."""
+smaller than the prompts, and for models with some layers windowed (their own KV group)."""
 
 import logging
 
