@@ -282,12 +282,25 @@ def test_multimodal_checkpoint_tensors_of_neither_side_are_named(model_dirs, tmp
         "model.norm.weight", "lm_head.weight", "model.norm.weight"]
 
 
-def test_kv_groups_through_calibration_and_prompt_lookup(tmp_path):
-    """Gemma 3's two KV groups through the start-up calibration's timed steps and through ngram
-    verify steps of k + 1 tokens: tokens as transformers', blocks freed behind the window."""
+def test_kv_groups_through_calibration(tmp_path):
+    """Gemma 3's two KV groups through the start-up calibration's timed steps (every group gets its
+    block ids): the engine starts and its tokens are transformers'."""
     d = build_model("gemma3", tmp_path / "gemma3", sliding_window=24)
-    llm = LLM(str(d), step_cost_model="calibrate", speculative_method="ngram", num_speculative_tokens=3,
-              speculative_disable_by_batch_size=64, max_num_batched_tokens=64, scheduling_policy="fcfs")
+    llm = LLM(str(d), step_cost_model="calibrate", max_num_batched_tokens=64)
+    ids = prompt(60, 12)
+    out = llm.generate([{"prompt_token_ids": ids}], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True),
+                       use_tqdm=False)[0]
+    assert out.outputs[0].token_ids == hf_greedy(d, ids, 8)
+    assert llm.engine.runner.kv_groups == (24, None)
+
+
+def test_kv_groups_through_prompt_lookup(tmp_path):
+    """ngram verify steps of k + 1 tokens over Gemma 3's two KV groups (the nominal cost model, so
+    the choice to speculate does not follow this machine's speed): tokens as transformers', blocks
+    freed behind the window."""
+    d = build_model("gemma3", tmp_path / "gemma3", sliding_window=24)
+    llm = LLM(str(d), speculative_method="ngram", num_speculative_tokens=3, speculative_disable_by_batch_size=64,
+              max_num_batched_tokens=64, scheduling_policy="fcfs")
     base = [(7 * j) % 50 + 3 for j in range(20)]
     prompts = [base * 4, (base[:10] * 6)[:55]]  # repetitive: the proposals come from the prompt
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(temperature=0, max_tokens=40,

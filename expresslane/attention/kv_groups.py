@@ -14,17 +14,15 @@ def layer_groups(windows: list[int | None]) -> tuple[list[int], list[int], tuple
         windows [W, W, W, W, W, None]  ->  g 1, groups 0..5, slabs all 0
         windows [W, None, W, None]     ->  g 2, groups [0, 1, 0, 1], slabs [0, 0, 1, 1]
     """
-    kinds = list(dict.fromkeys(windows))
-    counts = [windows.count(w) for w in kinds]
-    g = math.gcd(*counts) if counts else 1
-    group_of, slab_of, group_windows, seen = [], [], [], {w: 0 for w in kinds}
-    first_group = {}
-    for w in kinds:
+    counts = {w: windows.count(w) for w in windows}  # one entry a window, in order of first use
+    g = math.gcd(*counts.values()) if counts else 1
+    first_group, group_windows = {}, []
+    for w, count in counts.items():
         first_group[w] = len(group_windows)
-        group_windows += [w] * (windows.count(w) // g)
+        group_windows += [w] * (count // g)
+    group_of, slab_of, seen = [], [], dict.fromkeys(counts, 0)
     for w in windows:
-        i = seen[w]
+        group_of.append(first_group[w] + seen[w] // g)
+        slab_of.append(seen[w] % g)
         seen[w] += 1
-        group_of.append(first_group[w] + i // g)
-        slab_of.append(i % g)
     return group_of, slab_of, tuple(group_windows) or (None,)
