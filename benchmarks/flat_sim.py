@@ -10,7 +10,12 @@ length; throughput of 256 requests sent at once; and for each rate, the mixed lo
 `expresslane bench scenarios` (the same seeded arrivals) with its short TTFT and ITL p99, long
 TTFT p50 and goodput.
 
-    python benchmarks/flat_sim.py --config default= --config fcfs=scheduling_policy:fcfs
+`pd_lanes:on` in a configuration runs the two lanes of issue #45 (docs/architecture.md, "Prefill and
+decode side by side"): prefill and decode steps at once on a split of the SMs, each step's time
+the cost model's prediction times its split's slowdown (`partitions.H100_CURVE`, measured).
+
+    python benchmarks/flat_sim.py --config default= --config fcfs=scheduling_policy:fcfs \
+        --config pd=pd_lanes:on
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from expresslane.contract import EngineCoreRequest
 from expresslane.cost_model.base import StepCostModel, StepShape
 from expresslane.cost_model.piecewise import PiecewiseStepCostModel
 from expresslane.scheduler.kv_cache import KVCacheManager
+from expresslane.scheduler.partitions import SplitPolicy
 from expresslane.scheduler.request import Request
 from expresslane.scheduler.scheduler import Scheduler
 from expresslane.sampling_params import SamplingParams
@@ -65,6 +71,8 @@ def simulate(config: dict, arrivals: list[Request], model: StepCostModel = H200)
     (engine/core.py): step N+1 is planned `step_hold_margin_ms` before step N is predicted to end (at
     N's start if N is shorter), runs once N ends, and N's tokens land when it ends; a request
     arriving after the plan waits for the step after."""
+    if config.get("pd_lanes") == "on":
+        return simulate_lanes({k: v for k, v in config.items() if k != "pd_lanes"}, arrivals, model)
     now = 0.0
     cfg = SchedulerConfig(**{"max_num_batched_tokens": 2048, "max_num_seqs": 256, **config})
     sched = Scheduler(cfg, KVCacheManager(60_000, 16), clock=lambda: now, cost_model=model)
@@ -92,6 +100,47 @@ def simulate(config: dict, arrivals: list[Request], model: StepCostModel = H200)
             if not todo:
                 raise RuntimeError("the scheduler planned nothing while requests were unfinished")
             now = max(now, todo[0].arrival_time)
+    return times
+
+
+def simulate_lanes(config: dict, arrivals: list[Request], model: StepCostModel = H200) -> dict[str, list[float]]:
+    """As `simulate`, in two lanes: a prefill step is planned when the lane is free and split
+    from the decodes then running (`SplitPolicy`; all SMs if none), a decode step when the last one
+    lands (no hold margin); decodes wait while a prefill holds every SM."""
+    now = 0.0
+    cfg = SchedulerConfig(**{"max_num_batched_tokens": 2048, "max_num_seqs": 256, **config})
+    sched = Scheduler(cfg, KVCacheManager(60_000, 16), clock=lambda: now, cost_model=model)
+    sched.enable_two_lanes(SplitPolicy(model, cfg.lane_slo["interactive"].tpot))
+    todo = sorted(arrivals, key=lambda r: r.arrival_time)
+    times: dict[str, list[float]] = {r.request_id: [] for r in arrivals}
+    lanes: dict[str, tuple] = {}  # lane -> (plan, when it ends)
+
+    def shape(seqs) -> StepShape:
+        return StepShape.of((s.start_pos, len(s.token_ids)) for s in seqs)
+
+    while todo or sched.has_unfinished():
+        while todo and todo[0].arrival_time <= now:
+            sched.add_request(todo.pop(0))
+        for lane in sorted(lanes, key=lambda k: lanes[k][1]):
+            plan, ends = lanes[lane]
+            if ends <= now:
+                del lanes[lane]
+                for out in sched.update(plan, {s.request_id: 5 for s in plan.seqs if s.sample}):
+                    times[out.request_id].extend([ends] * len(out.new_token_ids))
+        if "prefill" not in lanes:
+            plan = sched.schedule("prefill")
+            if plan.seqs:
+                lanes["prefill"] = (plan, now + model.predict(shape(plan.seqs)) * sched.split.prefill_factor)
+        if "decode" not in lanes and sched.split.decode_sms:
+            plan = sched.schedule("decode")
+            if plan.seqs:
+                lanes["decode"] = (plan, now + max(model.predict(shape(plan.seqs)), 1e-4) * sched.split.decode_factor)
+        events = [ends for _, ends in lanes.values()] + ([todo[0].arrival_time] if todo else [])
+        if not events:
+            if sched.has_unfinished():
+                raise RuntimeError("the scheduler planned nothing while requests were unfinished")
+            break
+        now = max(now, min(events))
     return times
 
 

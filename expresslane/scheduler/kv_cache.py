@@ -32,6 +32,8 @@ class BlockPool:
         self.blocks = [Block(i) for i in range(num_blocks)]
         self._free: OrderedDict[int, Block] = OrderedDict((b.block_id, b) for b in self.blocks)
         self._cached: dict[bytes, Block] = {}
+        self.fence: Callable[[], frozenset[int]] | None = None  # steps in flight (two lanes)
+        self._held: dict[int, tuple[Block, frozenset[int]]] = {}  # freed, until they land
 
     @property
     def num_blocks(self) -> int:
@@ -62,7 +64,7 @@ class BlockPool:
         """Reference prefix-cache hits (reviving free ones)."""
         for block in blocks:
             if block.ref_cnt == 0:
-                del self._free[block.block_id]
+                self._free.pop(block.block_id, None) or self._held.pop(block.block_id)
             block.ref_cnt += 1
 
     def release(self, blocks_in_eviction_order: list[Block]) -> None:
@@ -71,7 +73,21 @@ class BlockPool:
                 raise RuntimeError(f"KV block {block.block_id} freed twice")
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
-                self._free[block.block_id] = block
+                steps = self.fence() if self.fence is not None else None
+                if steps:
+                    self._held[block.block_id] = (block, steps)
+                else:
+                    self._free[block.block_id] = block
+
+    def landed(self, step_id: int) -> None:
+        for block_id, (block, steps) in list(self._held.items()):
+            if step_id in steps:
+                steps = steps - {step_id}
+                if steps:
+                    self._held[block_id] = (block, steps)
+                else:
+                    del self._held[block_id]
+                    self._free[block_id] = block
 
     def register(self, block: Block, block_hash: bytes) -> None:
         """Publish a full block for reuse; first writer wins."""
@@ -198,9 +214,21 @@ class KVCacheManager:
                 blocks.extend(kept[g])
             if per_group:
                 blocks.extend(self.pool.allocate(per_group))
-        if self.enable_prefix_caching:  # blocks of known tokens only
+        if self.enable_prefix_caching and self.pool.fence is None:  # blocks of known tokens only
             self._register_full_blocks(req, groups, min(total, req.num_tokens) // self.block_size)
         return True
+
+    def two_lanes(self, in_flight: Callable[[], frozenset[int]]) -> None:
+        """Freed blocks wait for `in_flight()` to land; blocks publish on landing."""
+        self.pool.fence = in_flight
+
+    def blocks_of(self, request_id: str) -> list[list[Block | None]] | None:
+        return self._req_blocks.get(request_id)
+
+    def publish_landed(self, req: Request, end: int, blocks: list[list[Block | None]] | None) -> None:
+        """KV up to `end` landed in `blocks`, if still `req`'s."""
+        if self.enable_prefix_caching and blocks is not None and self._req_blocks.get(req.request_id) is blocks:
+            self._register_full_blocks(req, blocks, min(end, req.num_tokens) // self.block_size)
 
     def _drop(self, request_id: str, group: int, upto: int) -> None:
         dropped = self._req_num_dropped[request_id]

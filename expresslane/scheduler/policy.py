@@ -166,11 +166,12 @@ class DeadlinePolicy(SchedulingPolicy):
         cap = head.num_tokens if first else starting
         return min(top, base.num_tokens + starting + rest), max(cap, rest), rest
 
-    def whole_prompts(self, head: Request | None, base: StepShape, limit: int, waiting: int) -> int:
-        """Tokens of the waiting interactive prompts that start whole within the TPOT target."""
+    def whole_prompts(self, head: Request | None, base: StepShape, limit: int, waiting: int,
+                      target: float | None = None) -> int:
+        """Tokens of the waiting interactive prompts that start whole within `target` (TPOT)."""
         if head is None or head.lane != "interactive":
             return 0
-        tpot, n = self.lanes["interactive"].tpot, head.num_tokens
+        tpot, n = self.lanes["interactive"].tpot if target is None else target, head.num_tokens
         lo, hi = 0, min(waiting, limit // n)
         while lo < hi:
             mid = (lo + hi + 1) // 2

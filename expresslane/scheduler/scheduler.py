@@ -9,8 +9,9 @@ import time
 
 from expresslane.config import SchedulerConfig
 from expresslane.contract import EngineCoreOutput, ScheduledSeq, ScoredPrompt, StepPlan
-from expresslane.cost_model.base import StepCostModel
+from expresslane.cost_model.base import StepCostModel, StepShape
 from expresslane.scheduler.kv_cache import KVCacheManager
+from expresslane.scheduler.partitions import Split, SplitPolicy
 from expresslane.scheduler.policy import POLICIES, StepBudget
 from expresslane.scheduler.request import Request, RequestStatus
 from expresslane.scheduler.spec_decode import SpecDecoder
@@ -44,6 +45,18 @@ class Scheduler:
         self._step_loras: set[int] = set()
         self.lora_ready: set[int] | None = None  # None: all
         self.lora_wanted: dict[int, None] = {}  # passed over, not ready
+        self.splits: SplitPolicy | None = None
+        self.split: Split | None = None
+        self.in_prefill_lane: set[str] = set()  # its step in flight
+        self._prefill_step: int | None = None
+        self._blocks_of: dict[int, list] = {}  # step id -> blocks planned
+
+    def enable_two_lanes(self, splits: SplitPolicy) -> None:
+        """`schedule(lane)`; `split`: each lane's SMs."""
+        if self.spec is not None:
+            raise ValueError("two lanes (pd_lanes): not with speculative decoding")
+        self.splits, self.split = splits, splits.whole(decode=True)
+        self.kv.two_lanes(lambda: frozenset(self._in_flight))
 
     def add_request(self, req: Request) -> None:
         if req.request_id in self.requests:
@@ -73,10 +86,15 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 
-    def schedule(self) -> StepPlan:
+    def schedule(self, lane: str | None = None) -> StepPlan:
+        """`lane`: None (mixed), "prefill" or "decode"."""
         self._step_loras.clear()
         self.lora_wanted.clear()
-        scheduled = self._schedule()
+        if lane is not None and self.splits is None:
+            raise ValueError(f"lane {lane!r}: two lanes are not enabled")
+        if lane == "prefill" and self.in_prefill_lane:
+            raise RuntimeError("a prefill step is already in flight")
+        scheduled = self._schedule() if lane is None else self._schedule_lane(lane)
         plan = StepPlan(next(self._step_ids), [], sum(n for _, n in scheduled))
         if not scheduled:
             return plan  # not executed: finished ids wait
@@ -91,6 +109,14 @@ class Scheduler:
             if req.num_computed_tokens == req.num_tokens_with_pending:
                 req.num_pending += 1
         self._in_flight[plan.step_id] = scheduled
+        if self.splits is not None:
+            self._blocks_of[plan.step_id] = [self.kv.blocks_of(req.request_id) for req, _ in scheduled]
+        if lane == "prefill":
+            self.in_prefill_lane, self._prefill_step = {req.request_id for req, _ in scheduled}, plan.step_id
+            decodes = StepShape.of((r.num_computed_tokens, 1) for r in self._decoders())
+            if not decodes.num_tokens and self._waiting_by_lane["interactive"]:
+                decodes = StepShape(1, 1)  # to start them on
+            self.split = self.splits.choose(decodes, True)
         self._proposals = {}
         return plan
 
@@ -129,19 +155,57 @@ class Scheduler:
             scheduled, _ = self._schedule_running(budget, speculate)
         return scheduled
 
-    def _schedule_running(self, budget: StepBudget, speculate: bool = False
+    def _schedule_lane(self, lane: str) -> list[tuple[Request, int]]:
+        """docs/architecture.md, "Two lanes"."""
+        top = self.config.max_num_batched_tokens
+        full = StepBudget(top, top, dict.fromkeys(LANES, top))
+        free = self._preemptible()
+        decodes = self._decoders()
+        head = self._peek_waiting()
+        if head is not None and not self._can_seat(head):
+            head = None
+        if lane == "prefill":
+            # else every SM: arrivals wait for it
+            split = decodes or self._waiting_by_lane["interactive"] > (head is not None and head.lane == "interactive")
+            budget = full if split else self.policy.step_budget(head, free, self._waiting_by_lane, self.clock())
+            scheduled, preempted = self._schedule_running(budget, lane=lane)
+            if not preempted:
+                self._admit(scheduled, budget, self.config.max_num_seqs)
+            return scheduled
+        scheduled, preempted = self._schedule_running(full, lane=lane)
+        whole = getattr(self.policy, "whole_prompts", None)
+        if preempted or not self.in_prefill_lane or whole is None or head is None:
+            return scheduled
+        base = StepShape.of((r.num_computed_tokens, 1) for r, _ in scheduled)
+        target = self.splits.tpot / self.split.decode_factor
+        first = whole(head, base, top - base.num_tokens, self._waiting_by_lane["interactive"], target)
+        if first:
+            budget = StepBudget(first, head.num_tokens, {"interactive": first, "batch": 0})
+            self._admit(scheduled, budget, self.config.max_num_seqs, whole_only=True)
+        return scheduled
+
+    def _decoders(self) -> list[Request]:
+        return [r for r in self._preemptible() if r.num_tokens_with_pending - r.num_computed_tokens == 1]
+
+    def _in_lane(self, req: Request, lane: str | None) -> bool:
+        if lane is None:
+            return True
+        left = req.num_tokens_with_pending - req.num_computed_tokens
+        return req.request_id not in self.in_prefill_lane and (left == 1) == (lane == "decode")
+
+    def _schedule_running(self, budget: StepBudget, speculate: bool = False, lane: str | None = None
                           ) -> tuple[list[tuple[Request, int]], bool]:
         """Running requests in policy order, preempting from the lowest-ranked end."""
         scheduled: list[tuple[Request, int]] = []
         preempted = False
         now = self.clock()
-        order = self.policy.order_running(self.running.values())
+        order = self.policy.order_running(r for r in self.running.values() if r.request_id not in self.in_prefill_lane)
         tail = len(order)  # order[i:tail]: not yet scheduled
         i = 0
         while i < tail and budget.tokens > 0:
             req = order[i]
             i += 1
-            if req.num_pending and req.will_finish_by_length():
+            if (req.num_pending and req.will_finish_by_length()) or not self._in_lane(req, lane):
                 continue
             if self.policy.steps_aside(req, budget, now) or not self._lora_fits(req):
                 continue
@@ -191,17 +255,18 @@ class Scheduler:
         loras = self._step_loras
         return not req.lora_id or req.lora_id in loras or len(loras) < self.max_loras
 
-    def _admit(self, scheduled: list[tuple[Request, int]], budget: StepBudget, max_running: int) -> None:
+    def _admit(self, scheduled: list[tuple[Request, int]], budget: StepBudget, max_running: int,
+               whole_only: bool = False) -> None:
         """Waiting requests in policy order; one without an adapter slot is passed over."""
         passed: list[tuple[tuple, Request]] = []
         try:
-            self._admit_waiting(scheduled, budget, max_running, passed)
+            self._admit_waiting(scheduled, budget, max_running, passed, whole_only)
         finally:
             for entry in passed:
                 heapq.heappush(self._waiting, entry)
 
     def _admit_waiting(self, scheduled: list[tuple[Request, int]], budget: StepBudget, max_running: int,
-                       passed: list[tuple[tuple, Request]]) -> None:
+                       passed: list[tuple[tuple, Request]], whole_only: bool = False) -> None:
         while budget.tokens > 0:
             req = self._peek_waiting()
             if req is None or req.num_pending:
@@ -217,7 +282,7 @@ class Scheduler:
             cached = self.kv.find_cached_prefix(req) if req.takes_prefix_hit else []
             num_cached = len(cached) * self.kv.block_size
             n = budget.take(req, req.num_tokens - num_cached)
-            if n == 0:
+            if n == 0 or (whole_only and n < req.num_tokens - num_cached):
                 break
             if not self.kv.allocate_slots(req, n, cached):
                 if not self._make_room(req, scheduled, budget):
@@ -239,11 +304,14 @@ class Scheduler:
                 self._step_loras.add(req.lora_id)
 
     def _can_seat(self, req: Request) -> bool:
-        return len(self.running) < self.config.max_num_seqs or self.policy.victim(req, self.running.values()) is not None
+        return len(self.running) < self.config.max_num_seqs or self.policy.victim(req, self._preemptible()) is not None
+
+    def _preemptible(self) -> list[Request]:
+        return [r for r in self.running.values() if r.request_id not in self.in_prefill_lane]
 
     def _make_room(self, req: Request, scheduled: list[tuple[Request, int]], budget: StepBudget) -> bool:
         """Preempt the policy's victim for `req`, out of this step too; False if none."""
-        victim = self.policy.victim(req, self.running.values())
+        victim = self.policy.victim(req, self._preemptible())
         if victim is None:
             return False
         for i, (r, n) in enumerate(scheduled):
@@ -320,7 +388,10 @@ class Scheduler:
         now = self.clock()
         outputs = []
         proposed = {s.request_id: s.num_spec_tokens for s in plan.seqs if s.num_spec_tokens}
-        for req, _ in self._in_flight.pop(plan.step_id, ()):
+        landed = self._in_flight.pop(plan.step_id, ())
+        if self.splits is not None:
+            self._lane_landed(plan, landed)
+        for req, _ in landed:
             if prompt_logprobs and (scored := prompt_logprobs.get(req.request_id)) is not None:
                 if req.prompt_logprobs is None:
                     req.prompt_logprobs = scored
@@ -364,6 +435,14 @@ class Scheduler:
                 out.finish_reason, out.stop_reason, out.finished_time = req.finish_reason, req.stop_reason, now
             outputs.append(out)
         return outputs
+
+    def _lane_landed(self, plan: StepPlan, landed: list[tuple[Request, int]]) -> None:
+        if plan.step_id == self._prefill_step:
+            self.in_prefill_lane, self._prefill_step = set(), None
+            self.split = self.splits.whole(decode=True)
+        for (req, _), seq, blocks in zip(landed, plan.seqs, self._blocks_of.pop(plan.step_id, ())):
+            self.kv.publish_landed(req, seq.start_pos + len(seq.token_ids), blocks)
+        self.kv.pool.landed(plan.step_id)
 
     def _pooled(self, req: Request, vector: list[float], now: float) -> EngineCoreOutput:
         req.first_token_time = now
