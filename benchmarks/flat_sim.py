@@ -72,7 +72,7 @@ def simulate(config: dict, arrivals: list[Request], model: StepCostModel = H200)
     N's start if N is shorter), runs once N ends, and N's tokens land when it ends; a request
     arriving after the plan waits for the step after."""
     if config.get("pd_lanes") == "on":
-        return simulate_lanes({k: v for k, v in config.items() if k != "pd_lanes"}, arrivals, model)
+        return simulate_lanes(config, arrivals, model)
     now = 0.0
     cfg = SchedulerConfig(**{"max_num_batched_tokens": 2048, "max_num_seqs": 256, **config})
     sched = Scheduler(cfg, KVCacheManager(60_000, 16), clock=lambda: now, cost_model=model)

@@ -206,6 +206,8 @@ class StepPlan:
     # structured outputs: int32 [rows, ceil(vocab / 32)], bit j of word w allows token 32w + j
     # (a numpy array; None when no seq of the step is constrained)
     token_bitmask: object = None
+    # two lanes: "prefill" or "decode"; a seq's token from the previous step comes from its lane's
+    lane: str | None = None
 
     @property
     def is_empty(self) -> bool:

@@ -195,6 +195,23 @@ def test_every_policy_and_batching_matches_transformers(model_dirs, references, 
     assert core.kv.num_held_blocks() == 0 and core.kv.pool.num_free == core.kv.pool.num_blocks
 
 
+@pytest.mark.parametrize("policy", ["fcfs", "deadline"])
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_two_lanes_match_transformers(model_dirs, references, arch, policy):
+    """`pd_lanes on` (issue #45): prompt chunks and decodes in their own steps, each lane's
+    previous-step tokens its own; chunks, prefix hits published on landing, preemptions and
+    (gemma3) KV groups whose windows free blocks."""
+    llm = LLM(str(model_dirs[arch]), pd_lanes="on", scheduling_policy=policy, max_num_batched_tokens=64,
+              max_model_len=512, num_kv_blocks=32, enable_prefix_caching=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], GREEDY, use_tqdm=False)
+    mismatched = [i for i, o in enumerate(outs) if o.outputs[0].token_ids != references[arch][i]]
+    assert not mismatched, f"prompts {mismatched} differ from transformers"
+    core = llm.engine.core
+    assert core.scheduler.num_preemptions > 0, "the small KV cache should have forced preemptions"
+    assert any(o.num_cached_tokens for o in outs[len(LENGTHS):]), "shared prefixes should hit the cache"
+    assert core.kv.num_held_blocks() == 0 and core.kv.pool.num_free == core.kv.pool.num_blocks
+
+
 @pytest.mark.parametrize("arch", ["mixtral", "qwen3_moe"])
 def test_fused_moe_matches_transformers(model_dirs, references, arch):
     """The fused MoE kernels in the engine (Triton's interpreter on CPU), through the CUDA-graph

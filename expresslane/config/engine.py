@@ -117,6 +117,10 @@ class SchedulerConfig:
                                          "plan and launch a step (a factor)")
     step_hold_slice_ms: float = _knob(1.0, "a held step() call sleeps at most this long before returning to its "
                                       "caller (ms), which takes in new requests between calls")
+    pd_lanes: str = _knob("off", "on: prompt chunks and decode steps planned in two lanes, in flight at once "
+                          "(issue #45); the SM partitions that let them run side by side are not built yet, so the "
+                          "lanes take turns on one stream: for testing the mode, slower than off",
+                          ("off", "on"))
 
     def __post_init__(self) -> None:
         if isinstance(self.lane_slo, str):
@@ -286,6 +290,8 @@ class EngineConfig:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {c.gpu_memory_utilization}")
         if s.long_prefill_token_threshold is not None and s.long_prefill_token_threshold < 0:
             raise ValueError(f"long_prefill_token_threshold must be >= 0, got {s.long_prefill_token_threshold}")
+        if s.pd_lanes == "on" and (s.batching != "continuous" or self.speculative.method is not None):
+            raise ValueError("pd_lanes on: needs continuous batching and no speculative decoding")
         if s.batch_timeout_ms < 0:
             raise ValueError(f"batch_timeout_ms must be >= 0, got {s.batch_timeout_ms}")
         if m.max_model_len is not None and m.max_model_len < 1:

@@ -14,6 +14,7 @@ from expresslane.cost_model.base import StepCostModel, StepShape
 from expresslane.cost_model.piecewise import PiecewiseStepCostModel
 from expresslane.cost_model.registry import make_cost_model
 from expresslane.scheduler.kv_cache import KVCacheManager, max_blocks_per_request
+from expresslane.scheduler.partitions import SplitPolicy
 from expresslane.scheduler.request import Request, check_prompt_length
 from expresslane.scheduler.spec_decode import SpecDecoder
 from expresslane.engine.lora import EngineLoRAs
@@ -131,6 +132,10 @@ class EngineCore:
         self.scheduler = make_scheduler(config.scheduler, self.kv, cost_model=self.cost_model, spec=self.spec,
                                         max_loras=lora.max_loras if lora.enable_lora else 0,
                                         rope_restart_at=rope_restart_length(self.hf_config))
+        self._lanes: dict[str, _InFlight] = {}
+        if s.pd_lanes == "on":
+            self.scheduler.enable_two_lanes(SplitPolicy(self.cost_model, s.lane_slo["interactive"].tpot))
+            log.warning("pd_lanes on: no SM partitions yet, the lanes take turns on one stream")
         self.loras = EngineLoRAs(self.runner, lora.enable_lora)
         for adapter in lora.startup_loras():
             self.loras.add(adapter)
@@ -228,6 +233,8 @@ class EngineCore:
 
     def step(self) -> list[EngineCoreOutput]:
         """Launch step N+1 shortly before step N ends on the GPU (`hold`), then land step N."""
+        if self.scheduler.splits is not None:
+            return self._step_lanes()
         t0 = time.monotonic()
         prev = self._in_flight
         wait = self.hold(prev, t0)
@@ -285,6 +292,46 @@ class EngineCore:
         self._last = self._stats(plan.num_batched_tokens, len(plan.seqs), time.monotonic() - t0, measured, predicted)
         return outputs
 
+    def _step_lanes(self) -> list[EngineCoreOutput]:
+        """Land the prefill lane's step once it ended and launch its next; the decode lane's
+        pipelined one step deep (unpipelined for grammar masks)."""
+        t0 = time.monotonic()
+        self._calls += 1
+        ready, refused = self.grammars.ready(t0)
+        for request in ready:
+            self.scheduler.add_request(request)
+        self._rejected.update(refused)
+        lanes, outputs = self._lanes, []
+        prefill = lanes.get("prefill")
+        if prefill is not None and prefill.result.ready():
+            outputs += self._land(lanes.pop("prefill"))[0]
+        decode = lanes.pop("decode", None)
+        if decode is not None and self.grammars.needs_last_tokens:
+            outputs += self._land(decode)[0]
+            decode = None
+        if self.loras.enabled:
+            self._drop_requests_of(self.loras.stage(self.scheduler))
+        tokens = seqs = 0
+        for lane in ("prefill", "decode"):
+            if lane in lanes or (lane == "decode" and not self.scheduler.split.decode_sms):
+                continue
+            plan = self.scheduler.schedule(lane)
+            if plan.is_empty:
+                continue
+            plan.lane = lane
+            self.grammars.fill(plan, self._tokens_left)
+            shape = StepShape.of((s.start_pos, len(s.token_ids)) for s in plan.seqs)
+            lanes[lane] = _InFlight(plan, self.runner.execute(plan), shape, self._calls)
+            tokens, seqs = tokens + plan.num_batched_tokens, seqs + len(plan.seqs)
+        if decode is not None:
+            outputs += self._land(decode)[0]
+        self.held = not (seqs or outputs)
+        if self.held and lanes:
+            time.sleep(self.config.scheduler.step_hold_slice_ms / 1e3)  # a prefill step runs alone
+        self._collect_loras()
+        self._last = self._stats(tokens, seqs, time.monotonic() - t0)
+        return outputs
+
     def hold(self, step: _InFlight | None, now: float) -> float:
         """Seconds until `step` is predicted within the hold margin of its end (0: ended)."""
         if step is None or not step.ends or step.speculative or self.scheduler.speculating():
@@ -321,12 +368,14 @@ class EngineCore:
         self.grammars.landed(outputs)
         if not self._sync_launch:
             step.done = time.monotonic()
+        if self.scheduler.splits is not None:
+            return outputs, 0.0, 0.0  # a lane's step time is its split's, not the model's
         return (outputs, *self._time_step(step))
 
     def _expert_load(self, stepped: bool) -> dict[int, list[int]] | None:
         """Counters if a copy landed; copied every `expert_load_interval` steps, waited for when idle."""
         self._steps_since_copy += stepped
-        idle = self._in_flight is None and not self.scheduler.has_unfinished()
+        idle = self._in_flight is None and not self._lanes and not self.scheduler.has_unfinished()
         if self._steps_since_copy and (idle or (self._expert_copy is None
                                                  and self._steps_since_copy >= self.config.parallel.expert_load_interval)):
             self._expert_copy = self.runner.copy_expert_tokens()

@@ -130,8 +130,7 @@ class ModelRunner(Runner):
         longest = max(config.model.max_model_len or 0, s.max_num_batched_tokens)  # (the profiling step's)
         self.rows = RequestRows(s.max_num_seqs, -(-longest // self.block_size), self.block_size, len(self.kv_groups))
         self.kv_caches: list[torch.Tensor] = []
-        self._prev_tokens: torch.Tensor | None = None  # the last launched step's
-        self._prev_rows: dict[str, int] = {}
+        self._prev: dict[str | None, tuple[torch.Tensor | None, dict[str, int]]] = {}  # lane -> last step's ids
         self.decode_graphs: DecodeGraphs | None = None
         self.mixed_graphs: MixedGraphs | None = None
 
@@ -270,12 +269,12 @@ class ModelRunner(Runner):
         inputs = self._apply(plan)
         if inputs.num_spec.any():
             return self._execute_spec(inputs)
-        return self._sample(inputs, *self._logits(inputs), plan)
+        return self._sample(inputs, *self._logits(inputs, plan.lane), plan)
 
     @torch.inference_mode()
     def forward(self, plan: StepPlan) -> Forward:
         inputs = self._apply(plan)
-        return Forward(plan, inputs, *self._logits(inputs))
+        return Forward(plan, inputs, *self._logits(inputs, plan.lane))
 
     @torch.inference_mode()
     def sample(self, step: Forward) -> StepResult:
@@ -300,7 +299,7 @@ class ModelRunner(Runner):
     def _sample(self, inputs: StepInputs, logits: torch.Tensor | None, prompt: dict | None,
                 pooled, plan: StepPlan) -> StepResult:
         if logits is None:
-            self._prev_rows = {}  # nothing sampled: no next-step input from here
+            self._prev[plan.lane] = (None, {})  # nothing sampled: no next-step input from here
             return StepResult(self.device, [], None, None, prompt_logprobs=prompt, pooled=pooled)
         ids = [inputs.seqs[i].request_id for i in inputs.sampling]
         params, banned = self.rows.sampling_rows(inputs)
@@ -316,7 +315,7 @@ class ModelRunner(Runner):
             self.penalties.sampled(rows, tokens)
         if words:
             self.bad_words.sampled(rows, tokens)
-        self._prev_tokens, self._prev_rows = tokens, {rid: i for i, rid in enumerate(ids)}
+        self._prev[plan.lane] = (tokens, {rid: i for i, rid in enumerate(ids)})
         return StepResult(self.device, ids, tokens, logprobs, prompt_logprobs=prompt, pooled=pooled)
 
     def add_lora(self, lora: LoRARequest, wait: bool = True) -> None:
@@ -363,7 +362,7 @@ class ModelRunner(Runner):
         spec_rows = (ends[spec] - k - 1)[:, None] + np.minimum(np.arange(width)[None, :], k[:, None])
         rows = np.concatenate([ends[plain] - 1, spec_rows.reshape(-1)])
         logits = self._logits_at(inputs, patch, rows.astype(np.int64))
-        self._prev_tokens, self._prev_rows = None, {}
+        self._prev[None] = (None, {})
         plain_tokens = logprobs = None
         if len(plain):
             batch = SamplingBatch([params[i] for i in plain], [banned[i] for i in plain], [gens[i] for i in plain])
@@ -391,9 +390,9 @@ class ModelRunner(Runner):
             return 0.0
         return self.proposer.cost_ratio(sum(p.numel() for p in self.model.parameters()))
 
-    def _logits(self, inputs: StepInputs):
+    def _logits(self, inputs: StepInputs, lane: str | None = None):
         """(sampling seqs' logits, prompt logprobs, pooled vectors), each None if no seq asks."""
-        patch = self._previous_tokens_patch(inputs)
+        patch = self._previous_tokens_patch(inputs, lane)
         scored = scored_rows(inputs)
         if scored is None and not len(inputs.pooling):
             return self.forward_logits(self.model, self.attn_backend, self.decode_graphs, self.mixed_graphs, inputs,
@@ -430,12 +429,13 @@ class ModelRunner(Runner):
             return logits
         return logits[to_device(seqs, torch.int64, self.device)]
 
-    def _previous_tokens_patch(self, inputs: StepInputs) -> Patch | None:
-        """The previous step's sampled ids, on the device."""
+    def _previous_tokens_patch(self, inputs: StepInputs, lane: str | None = None) -> Patch | None:
+        """The lane's previous step's sampled ids, on the device."""
         if not len(inputs.from_previous):
             return None
-        src = np.array([self._prev_rows[inputs.seqs[i].request_id] for i in inputs.from_previous], dtype=np.int64)
-        return Patch(inputs.query_start_loc[inputs.from_previous].astype(np.int64), src, self._prev_tokens)
+        tokens, rows = self._prev[lane]
+        src = np.array([rows[inputs.seqs[i].request_id] for i in inputs.from_previous], dtype=np.int64)
+        return Patch(inputs.query_start_loc[inputs.from_previous].astype(np.int64), src, tokens)
 
     def _generator(self, request_id: str, params: SamplingParams) -> torch.Generator | None:
         if params.seed is None or params.greedy:
