@@ -48,8 +48,9 @@ class Scheduler:
         self.splits: SplitPolicy | None = None
         self.split: Split | None = None
         self.in_prefill_lane: set[str] = set()  # its step in flight
+        self._long: set[str] = set()  # the prefill lane's prompts
         self._prefill_step: int | None = None
-        self._blocks_of: dict[int, list] = {}  # step id -> blocks planned
+        self._blocks_of: dict[int, list] = {}
 
     def enable_two_lanes(self, splits: SplitPolicy) -> None:
         """`schedule(lane)`; `split`: each lane's SMs."""
@@ -94,7 +95,7 @@ class Scheduler:
             raise ValueError(f"lane {lane!r}: two lanes are not enabled")
         if lane == "prefill" and self.in_prefill_lane:
             raise RuntimeError("a prefill step is already in flight")
-        scheduled = self._schedule() if lane is None else self._schedule_lane(lane)
+        scheduled = self._schedule_prefill_lane() if lane == "prefill" else self._schedule(lane)
         plan = StepPlan(next(self._step_ids), [], sum(n for _, n in scheduled))
         if not scheduled:
             return plan  # not executed: finished ids wait
@@ -113,9 +114,10 @@ class Scheduler:
             self._blocks_of[plan.step_id] = [self.kv.blocks_of(req.request_id) for req, _ in scheduled]
         if lane == "prefill":
             self.in_prefill_lane, self._prefill_step = {req.request_id for req, _ in scheduled}, plan.step_id
+            self._long.update(self.in_prefill_lane)
             decodes = StepShape.of((r.num_computed_tokens, 1) for r in self._decoders())
-            if not decodes.num_tokens and self._waiting_by_lane["interactive"]:
-                decodes = StepShape(1, 1)  # to start them on
+            if not decodes.num_tokens and not self._decode_lane_idle():
+                decodes = StepShape(1, 1)
             self.split = self.splits.choose(decodes, True)
         self._proposals = {}
         return plan
@@ -132,9 +134,9 @@ class Scheduler:
     def _decoding(self) -> list[Request]:
         return [r for r in self.running.values() if r.num_computed_tokens >= r.num_tokens - 1]
 
-    def _schedule(self) -> list[tuple[Request, int]]:
+    def _schedule(self, lane: str | None = None) -> list[tuple[Request, int]]:
         head = self._peek_waiting()
-        if head is not None and not self._can_seat(head):
+        if head is not None and (not self._can_seat(head) or not self._admissible(head, lane)):
             head = None  # it cannot start this step: size the step for the running requests
         speculate = False
         if self.spec is not None:
@@ -143,46 +145,45 @@ class Scheduler:
             self._speculate = None
             self.spec.decided(decoding, speculate)  # off: a shadow keeps the acceptance rate measured
         spec_tokens = self.spec.k if speculate else 0
-        budget = self.policy.step_budget(head, self.running.values(), self._waiting_by_lane, self.clock(), spec_tokens)
-        scheduled, preempted = self._schedule_running(budget, speculate)
+        running = [r for r in self.running.values() if self._in_lane(r, lane)]
+        budget = self.policy.step_budget(head, running, self._waiting_by_lane, self.clock(), spec_tokens)
+        scheduled, preempted = self._schedule_running(budget, speculate, lane)
         if not preempted:
-            self._admit(scheduled, budget, self.config.max_num_seqs)
+            self._admit(scheduled, budget, self.config.max_num_seqs, lane)
             if budget.top_up:
                 self._top_up(scheduled, budget)
-        if not scheduled and head is not None and self.running:  # the head found no blocks
-            budget = self.policy.step_budget(None, self.running.values(), self._waiting_by_lane, self.clock(),
-                                             spec_tokens)
-            scheduled, _ = self._schedule_running(budget, speculate)
+        if not scheduled and head is not None and running:  # the head found no blocks
+            budget = self.policy.step_budget(None, running, self._waiting_by_lane, self.clock(), spec_tokens)
+            scheduled, _ = self._schedule_running(budget, speculate, lane)
         return scheduled
 
-    def _schedule_lane(self, lane: str) -> list[tuple[Request, int]]:
-        """docs/architecture.md, "Two lanes"."""
+    def _schedule_prefill_lane(self) -> list[tuple[Request, int]]:
+        """Long prompts: full steps beside other work, else a lone step."""
         top = self.config.max_num_batched_tokens
-        full = StepBudget(top, top, dict.fromkeys(LANES, top))
-        free = self._preemptible()
-        decodes = self._decoders()
         head = self._peek_waiting()
-        if head is not None and not self._can_seat(head):
+        if head is not None and (not self._can_seat(head) or not self._admissible(head, "prefill")):
             head = None
-        if lane == "prefill":
-            # else every SM: arrivals wait for it
-            split = decodes or self._waiting_by_lane["interactive"] > (head is not None and head.lane == "interactive")
-            budget = full if split else self.policy.step_budget(head, free, self._waiting_by_lane, self.clock())
-            scheduled, preempted = self._schedule_running(budget, lane=lane)
-            if not preempted:
-                self._admit(scheduled, budget, self.config.max_num_seqs)
-            return scheduled
-        scheduled, preempted = self._schedule_running(full, lane=lane)
-        whole = getattr(self.policy, "whole_prompts", None)
-        if preempted or not self.in_prefill_lane or whole is None or head is None:
-            return scheduled
-        base = StepShape.of((r.num_computed_tokens, 1) for r, _ in scheduled)
-        target = self.splits.tpot / self.split.decode_factor
-        first = whole(head, base, top - base.num_tokens, self._waiting_by_lane["interactive"], target)
-        if first:
-            budget = StepBudget(first, head.num_tokens, {"interactive": first, "batch": 0})
-            self._admit(scheduled, budget, self.config.max_num_seqs, whole_only=True)
+        if self._decoders() or not self._decode_lane_idle():
+            budget = StepBudget(top, top, dict.fromkeys(LANES, top))
+        else:
+            running = [r for r in self.running.values() if self._in_lane(r, "prefill")]
+            budget = self.policy.step_budget(head, running, self._waiting_by_lane, self.clock())
+        scheduled, preempted = self._schedule_running(budget, lane="prefill")
+        if not preempted:
+            self._admit(scheduled, budget, self.config.max_num_seqs, "prefill")
         return scheduled
+
+    def _long_prompt(self, req: Request) -> bool:
+        return req.num_tokens - req.num_computed_tokens > self.policy.prefill_cap
+
+    def _admissible(self, req: Request, lane: str | None) -> bool:
+        return lane is None or self._long_prompt(req) == (lane == "prefill")
+
+    def _decode_lane_idle(self) -> bool:
+        """No short prompt waits or runs."""
+        return (all(self._in_lane(r, "prefill") or r.request_id in self.in_prefill_lane
+                    or r.num_tokens_with_pending - r.num_computed_tokens <= 1 for r in self.running.values())
+                and all(self._long_prompt(r) for _, r in self._waiting if not r.is_finished))
 
     def _decoders(self) -> list[Request]:
         return [r for r in self._preemptible() if r.num_tokens_with_pending - r.num_computed_tokens == 1]
@@ -190,8 +191,9 @@ class Scheduler:
     def _in_lane(self, req: Request, lane: str | None) -> bool:
         if lane is None:
             return True
-        left = req.num_tokens_with_pending - req.num_computed_tokens
-        return req.request_id not in self.in_prefill_lane and (left == 1) == (lane == "decode")
+        rid = req.request_id
+        long = rid in self._long and req.num_tokens_with_pending - req.num_computed_tokens > 1
+        return rid not in self.in_prefill_lane and long == (lane == "prefill")
 
     def _schedule_running(self, budget: StepBudget, speculate: bool = False, lane: str | None = None
                           ) -> tuple[list[tuple[Request, int]], bool]:
@@ -256,22 +258,22 @@ class Scheduler:
         return not req.lora_id or req.lora_id in loras or len(loras) < self.max_loras
 
     def _admit(self, scheduled: list[tuple[Request, int]], budget: StepBudget, max_running: int,
-               whole_only: bool = False) -> None:
-        """Waiting requests in policy order; one without an adapter slot is passed over."""
+               lane: str | None = None) -> None:
+        """Waiting requests in policy order; one without an adapter slot (or lane) is passed over."""
         passed: list[tuple[tuple, Request]] = []
         try:
-            self._admit_waiting(scheduled, budget, max_running, passed, whole_only)
+            self._admit_waiting(scheduled, budget, max_running, passed, lane)
         finally:
             for entry in passed:
                 heapq.heappush(self._waiting, entry)
 
     def _admit_waiting(self, scheduled: list[tuple[Request, int]], budget: StepBudget, max_running: int,
-                       passed: list[tuple[tuple, Request]], whole_only: bool = False) -> None:
+                       passed: list[tuple[tuple, Request]], lane: str | None = None) -> None:
         while budget.tokens > 0:
             req = self._peek_waiting()
             if req is None or req.num_pending:
                 break  # a preempted request waits for its in-flight token
-            if not self._lora_fits(req):
+            if not self._lora_fits(req) or not self._admissible(req, lane):
                 passed.append(heapq.heappop(self._waiting))
                 continue
             if len(self.running) >= max_running:
@@ -282,7 +284,7 @@ class Scheduler:
             cached = self.kv.find_cached_prefix(req) if req.takes_prefix_hit else []
             num_cached = len(cached) * self.kv.block_size
             n = budget.take(req, req.num_tokens - num_cached)
-            if n == 0 or (whole_only and n < req.num_tokens - num_cached):
+            if n == 0:
                 break
             if not self.kv.allocate_slots(req, n, cached):
                 if not self._make_room(req, scheduled, budget):
@@ -366,6 +368,7 @@ class Scheduler:
         """`restart`: for `rope_restart_at`, not memory; its RoPE length becomes the sequence's."""
         # a step in flight may still write them: the next owner writes after
         del self.running[req.request_id]
+        self._long.discard(req.request_id)
         self.kv.free(req)
         req.num_computed_tokens = req.num_draft_computed = 0
         if req.num_blocks_sent:
@@ -455,6 +458,7 @@ class Scheduler:
     def _finish(self, req: Request, now: float) -> None:
         was_running = req.status is RequestStatus.RUNNING
         req.status = RequestStatus.FINISHED
+        self._long.discard(req.request_id)
         if was_running:
             del self.running[req.request_id]
         else:
