@@ -131,6 +131,12 @@ class StepStats:
     lora_waiting: str | None = None
     max_loras: int = 0
     lora_loads: int = 0
+    # two lanes (pd_lanes on; all 0 off): the SMs of the current split, and each lane's seconds with
+    # a step in flight (launch to landing, cumulative)
+    decode_lane_sms: int = 0
+    prefill_lane_sms: int = 0
+    decode_lane_busy_s: float = 0.0
+    prefill_lane_busy_s: float = 0.0
 
 
 # -- the step plan: scheduler -> runner -------------------------------------------------------

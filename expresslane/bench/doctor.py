@@ -78,8 +78,9 @@ async def detect_server(session: aiohttp.ClientSession, ep: client.Endpoint) -> 
     version = (await get("/version") or {}).get("version")
     if owner in SERVERS:
         # ours says its scheduling policy at /load: a flag it already runs is no advice
-        policy = (await get("/load") or {}).get("scheduling_policy") if owner == "expresslane" else None
-        return {"name": owner, "version": version, "how": "/v1/models owned_by", "policy": policy}
+        load = (await get("/load") or {}) if owner == "expresslane" else {}
+        return {"name": owner, "version": version, "how": "/v1/models owned_by",
+                "policy": load.get("scheduling_policy"), "pd_lanes": load.get("pd_lanes")}
     if await get("/get_server_info") is not None:
         return {"name": "sglang", "version": version, "how": "/get_server_info"}
     if version is not None:
@@ -244,7 +245,8 @@ def format_doctor(r: dict) -> str:
     d, s = r["diagnosis"], r["server"]
     out = [format_scenarios(r).rsplit("\n", 1)[0],
            f"server: {s['name']}{' ' + s['version'] if s['version'] else ''} (from {s['how']})"
-           + (f", scheduling policy {s['policy']}" if s.get("policy") else "")]
+           + (f", scheduling policy {s['policy']}" if s.get("policy") else "")
+           + (f", --pd-lanes {s['pd_lanes']}" if s.get("pd_lanes") else "")]
     if split := r.get("engine_split"):
         rows = [[n, fmt(v["client_ms"]), fmt(v["engine_ttft_ms"]), fmt(v["server_ms"])] for n, v in split.items()]
         out += ["", "time of a 1-token request, split by the engine's timestamps (min of repeats)",

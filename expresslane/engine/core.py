@@ -37,6 +37,7 @@ class _InFlight:
     ends: float = 0.0  # predicted end on the GPU (monotonic; 0: unknown)
     done: float = 0.0  # results known on the host
     speculative: bool = False  # verifies proposals: lands before the next plan
+    launched: float = 0.0
 
 
 def resolve_model_dir(model: str | None) -> Path:
@@ -133,6 +134,7 @@ class EngineCore:
                                         max_loras=lora.max_loras if lora.enable_lora else 0,
                                         rope_restart_at=rope_restart_length(self.hf_config))
         self._lanes: dict[str, _InFlight] = {}
+        self._lane_busy = {"decode": 0.0, "prefill": 0.0}
         if s.pd_lanes == "on":
             self.scheduler.enable_two_lanes(SplitPolicy(self.cost_model, s.lane_slo["interactive"].tpot))
             log.warning("pd_lanes on: no SM partitions yet, the lanes take turns on one stream")
@@ -304,10 +306,10 @@ class EngineCore:
         lanes, outputs = self._lanes, []
         prefill = lanes.get("prefill")
         if prefill is not None and prefill.result.ready():
-            outputs += self._land(lanes.pop("prefill"))[0]
+            outputs += self._land_lane(lanes.pop("prefill"))
         decode = lanes.pop("decode", None)
         if decode is not None and self.grammars.needs_last_tokens:
-            outputs += self._land(decode)[0]
+            outputs += self._land_lane(decode)
             decode = None
         if self.loras.enabled:
             self._drop_requests_of(self.loras.stage(self.scheduler))
@@ -321,15 +323,21 @@ class EngineCore:
             plan.lane = lane
             self.grammars.fill(plan, self._tokens_left)
             shape = StepShape.of((s.start_pos, len(s.token_ids)) for s in plan.seqs)
-            lanes[lane] = _InFlight(plan, self.runner.execute(plan), shape, self._calls)
+            launched = time.monotonic()
+            lanes[lane] = _InFlight(plan, self.runner.execute(plan), shape, self._calls, launched=launched)
             tokens, seqs = tokens + plan.num_batched_tokens, seqs + len(plan.seqs)
         if decode is not None:
-            outputs += self._land(decode)[0]
+            outputs += self._land_lane(decode)
         self.held = not (seqs or outputs)
         if self.held and lanes:
             time.sleep(self.config.scheduler.step_hold_slice_ms / 1e3)  # a prefill step runs alone
         self._collect_loras()
         self._last = self._stats(tokens, seqs, time.monotonic() - t0)
+        return outputs
+
+    def _land_lane(self, step: _InFlight) -> list[EngineCoreOutput]:
+        outputs = self._land(step)[0]
+        self._lane_busy[step.plan.lane] += time.monotonic() - step.launched
         return outputs
 
     def hold(self, step: _InFlight | None, now: float) -> float:
@@ -349,6 +357,10 @@ class EngineCore:
             prefix_cache_hits=self.kv.prefix_cache_hits, num_preemptions=self.scheduler.num_preemptions,
             window_freed_blocks=self.kv.window_freed_blocks, window_saved_blocks=self.kv.window_saved_blocks,
             step_time=measured, predicted_step_time=predicted, expert_tokens=self._expert_load(seqs > 0))
+        if self.scheduler.splits is not None:
+            split = self.scheduler.split
+            stats.decode_lane_sms, stats.prefill_lane_sms = split.decode_sms, split.prefill_sms
+            stats.decode_lane_busy_s, stats.prefill_lane_busy_s = self._lane_busy["decode"], self._lane_busy["prefill"]
         if self.loras.enabled:
             running = self.scheduler.running
             stats.lora_running = self.loras.names(r.lora_id for r in running.values())

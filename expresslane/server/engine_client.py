@@ -106,7 +106,7 @@ class EngineClient:
         self.max_model_len = ready.max_model_len
         self.num_kv_blocks = ready.num_kv_blocks
         self.step_cost, self.max_num_batched_tokens = ready.step_cost, ready.max_num_batched_tokens
-        self.scheduling_policy = ready.scheduling_policy
+        self.scheduling_policy, self.pd_lanes = ready.scheduling_policy, ready.pd_lanes
         self.runner_type, self.hidden_size = ready.runner_type, ready.hidden_size
         self.inputs = InputProcessor(tokenizer, vocab_size, ready.max_model_len, eos)
         self.sampling_defaults = await asyncio.to_thread(

@@ -77,7 +77,8 @@ def run_engine(engine_kwargs: dict[str, Any], in_addr: str, out_addr: str, log_l
     gc.freeze()
     out.send(encode(Ready(core.max_model_len, core.config.cache.num_kv_blocks, core.cost_model.to_dict(),
                           core.config.scheduler.max_num_batched_tokens, core.config.scheduler.scheduling_policy,
-                          core.runner_type, core.hf_config.hidden_size, core.hf_config.vocab_size)))
+                          core.runner_type, core.hf_config.hidden_size, core.hf_config.vocab_size,
+                          core.config.scheduler.pd_lanes)))
     try:
         _loop(core, inp, out, encode, EngineProfiler(profile_dir) if profile_dir else None)
     finally:

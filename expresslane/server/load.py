@@ -9,7 +9,7 @@ Plain JSON, cheap to build (read every second by each router):
 - ``step_cost``: the engine's fitted step-cost model (``StepCostModel.to_dict``) and
   ``max_num_batched_tokens``, its step budget; ``prefill_rate``: tokens/s its recent steps
   processed (a fallback when there is no model);
-- ``scheduling_policy``: the engine's (a tool such as `bench doctor` advises flags by it).
+- ``scheduling_policy``, ``pd_lanes``: the engine's (a tool such as `bench doctor` advises flags by them).
 """
 
 from __future__ import annotations
@@ -33,4 +33,5 @@ def load_snapshot(client: EngineClient, metrics: Metrics) -> dict:
         "step_cost": getattr(client, "step_cost", None) or None,
         "max_num_batched_tokens": getattr(client, "max_num_batched_tokens", 0),
         "scheduling_policy": getattr(client, "scheduling_policy", None),
+        "pd_lanes": getattr(client, "pd_lanes", None),
     }

@@ -83,6 +83,10 @@ class Metrics:
                                             "tokens the model accepted.")
         self.spec_acceptance = gauge("spec_decode_draft_acceptance_rate", "Speculative decoding: accepted over "
                                      "proposed tokens since start (0 before any proposal).")
+        self.lane_sms = gauge("pd_lane_sms", "Two lanes (--pd-lanes on): the SMs the current split gives each "
+                              "step lane, decode or prefill (0 and 0: one lane).", ("model_name", "step_lane"))
+        self.lane_busy = counter("pd_lane_busy_seconds", "Two lanes: seconds each step lane had a step in flight "
+                                 "(its rate: the lane's busy share).", ("model_name", "step_lane"))
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of requests that started.", req)
         self.generation_tokens = counter("generation_tokens", "Tokens generated.", req)
         self.success = counter("request_success", "Finished requests by finish reason (the unit of the latency "
@@ -127,6 +131,9 @@ class Metrics:
         for c in (self.prefix_queries, self.prefix_hits, self.preemptions, self.window_freed, self.spec_drafts, self.spec_draft_tokens,
                   self.spec_accepted_tokens, self.spec_acceptance):
             c.labels(model_name)
+        for step_lane in ("decode", "prefill"):
+            self.lane_sms.labels(model_name, step_lane).set(0)
+            self.lane_busy.labels(model_name, step_lane)
         for lane, slo in (lane_slo or {}).items():
             self.slo_ttft.labels(model_name, lane).set(slo.ttft)
             self.slo_tpot.labels(model_name, lane).set(slo.tpot)
@@ -150,6 +157,10 @@ class Metrics:
         self.preemptions.labels(m).inc(max(0, s.num_preemptions - last.num_preemptions))
         self.window_freed.labels(m).inc(max(0, s.window_freed_blocks - last.window_freed_blocks))
         self.window_saved.labels(m).set(s.window_saved_blocks)
+        self.lane_sms.labels(m, "decode").set(s.decode_lane_sms)
+        self.lane_sms.labels(m, "prefill").set(s.prefill_lane_sms)
+        self.lane_busy.labels(m, "decode").inc(max(0.0, s.decode_lane_busy_s - last.decode_lane_busy_s))
+        self.lane_busy.labels(m, "prefill").inc(max(0.0, s.prefill_lane_busy_s - last.prefill_lane_busy_s))
         self.spec_drafts.labels(m).inc(max(0, s.spec_num_drafts - last.spec_num_drafts))
         self.spec_draft_tokens.labels(m).inc(max(0, s.spec_num_draft_tokens - last.spec_num_draft_tokens))
         self.spec_accepted_tokens.labels(m).inc(max(0, s.spec_num_accepted_tokens - last.spec_num_accepted_tokens))

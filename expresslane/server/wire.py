@@ -73,6 +73,7 @@ class Ready(msgspec.Struct, tag=True):
     runner_type: str = "generate"  # generate or pooling (embeddings): the routes the API serves
     hidden_size: int = 0  # the pooled vectors' length (`dimensions` is checked against it)
     vocab_size: int = 0  # for a config.json that leaves it at its class default (a multimodal one's text part)
+    pd_lanes: str | None = None  # filled by the engine
 
 
 class Failed(msgspec.Struct, tag=True):
