@@ -245,3 +245,19 @@ def serial(sched: Scheduler, now: list[float], arrivals: list) -> dict[str, floa
         for out in sched.update(plan, {s.request_id: 7 for s in plan.seqs if s.sample}):
             first.setdefault(out.request_id, now[0])
     return first
+
+
+def test_a_long_prompt_gets_its_first_token_by_its_deadline_while_shorts_keep_arriving():
+    """Issue #45 item 2: shorts arriving all the time (600/s, each with an earlier deadline) never
+    push a long interactive prompt past its own deadline (`DeadlinePolicy.deadline`: its TTFT
+    target plus `prefill_stretch` x its prefill alone): it has its own lane. (One lane of mixed
+    steps misses it here: docs/performance.md, "Two lanes".)"""
+    rng = random.Random(7)
+    times = sorted(rng.uniform(0.0, 3.0) for _ in range(1800))
+    sent = [request("long", 8000, 4, 0.05), *(request(f"s{i}", 64, 16, t) for i, t in enumerate(times))]
+    now = [0.0]
+    sched = two_lanes(now)
+    first = simulate(sched, now, sent)
+    assert first["long"] <= sched.policy.deadline(sent[0])
+    shorts = [first[r.request_id] - r.arrival_time for r in sent[1:]]
+    assert np.percentile(shorts, 90) <= 0.2  # and the shorts keep their TTFT target

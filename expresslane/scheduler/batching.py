@@ -15,7 +15,7 @@ from expresslane.scheduler.spec_decode import SpecDecoder
 
 
 class FixedBatchScheduler(Scheduler):
-    def _schedule(self) -> list[tuple[Request, int]]:
+    def _schedule(self, lane: str | None = None) -> list[tuple[Request, int]]:
         if self.running:
             scheduled, _ = self._schedule_running(StepBudget.unlimited(), self.speculating())
             return scheduled
