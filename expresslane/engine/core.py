@@ -320,7 +320,6 @@ class EngineCore:
             plan = self.scheduler.schedule(lane)
             if plan.is_empty:
                 continue
-            plan.lane = lane
             self.grammars.fill(plan, self._tokens_left)
             shape = StepShape.of((s.start_pos, len(s.token_ids)) for s in plan.seqs)
             launched = time.monotonic()

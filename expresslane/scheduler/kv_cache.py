@@ -63,8 +63,8 @@ class BlockPool:
     def touch(self, blocks: list[Block]) -> None:
         """Reference prefix-cache hits (reviving free ones)."""
         for block in blocks:
-            if block.ref_cnt == 0:
-                self._free.pop(block.block_id, None) or self._held.pop(block.block_id)
+            if block.ref_cnt == 0 and self._free.pop(block.block_id, None) is None:
+                del self._held[block.block_id]
             block.ref_cnt += 1
 
     def release(self, blocks_in_eviction_order: list[Block]) -> None:

@@ -96,7 +96,7 @@ class Scheduler:
         if lane == "prefill" and self.in_prefill_lane:
             raise RuntimeError("a prefill step is already in flight")
         scheduled = self._schedule_prefill_lane() if lane == "prefill" else self._schedule(lane)
-        plan = StepPlan(next(self._step_ids), [], sum(n for _, n in scheduled))
+        plan = StepPlan(next(self._step_ids), [], sum(n for _, n in scheduled), lane=lane)
         if not scheduled:
             return plan  # not executed: finished ids wait
         plan.finished_request_ids, self._finished_ids = self._finished_ids, []
