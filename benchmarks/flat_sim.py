@@ -195,6 +195,30 @@ def throughput(config: dict, n: int = 256, prompt: int = 512, out: int = 256, mo
     return n * out / max(v[-1] for v in t.values())
 
 
+def batch_drain(config: dict, n: int = 2000, rate: float = 4.0, model: StepCostModel = H200) -> dict[str, float]:
+    """Issue #15's scenario (`benchmarks/batch_drain.py`): `n` batch-lane requests (256 in / 128 out)
+    at once, and Poisson interactive shorts (64 / 16) at `rate`/s, against each alone: the shorts'
+    TTFT p99 (target <= 1.5x idle) and the batch's output tokens/s (target >= 0.8x alone)."""
+    batch = lambda: [request(f"b{i}", 256, 128, 0.0, "batch") for i in range(n)]  # noqa: E731
+    alone = simulate(config, batch(), model)
+    seconds = max(v[-1] for v in alone.values())
+    rng = random.Random(15)
+    times, t = [], rng.expovariate(rate)
+    while t < seconds:
+        times.append(t)
+        t += rng.expovariate(rate)
+    shorts = lambda: [request(f"i{k}", 64, 16, t) for k, t in enumerate(times)]  # noqa: E731
+    idle = simulate(config, shorts(), model)
+    during = simulate(config, batch() + shorts(), model)
+
+    def p99(run: dict) -> float:
+        return float(np.percentile([run[f"i{k}"][0] - t for k, t in enumerate(times)], 99))
+
+    batch_end = max(during[f"b{i}"][-1] for i in range(n))
+    return {"ttft_p99_idle_ms": 1e3 * p99(idle), "ttft_p99_during_ms": 1e3 * p99(during),
+            "batch_x": seconds / batch_end, "batch_tok_s": n * 128 / seconds}
+
+
 def parse_config(text: str) -> tuple[str, dict]:
     name, _, rest = text.partition("=")
     config = {}
@@ -217,12 +241,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", action="append", type=parse_config, required=True,
                    help="NAME='key:value key:value' (SchedulerConfig fields, e.g. prefill_stretch:4); repeatable")
-    p.add_argument("--rates", type=float, nargs="+", default=[8, 16, 24, 32])
+    p.add_argument("--rates", type=float, nargs="*", default=[8, 16, 24, 32])
     p.add_argument("--seconds", type=float, default=15.0)
     p.add_argument("--cost", default="h200",
                    help="step costs: h200 (the H200's calibrated model), floor (what the kernels could reach), "
                         "or a JSON file of a model (what a server publishes at /load, `step_cost` in "
                         "flat_acceptance.py's results)")
+    p.add_argument("--drain", action="store_true", help="also issue #15's batch drain (2,000 batch requests)")
     p.add_argument("--seed", type=int, default=0, help="the first arrival schedule: `bench scenarios --seed`'s")
     p.add_argument("--seeds", type=int, default=1, help="mixed-load arrival schedules per rate (each line one)")
     p.add_argument("--short-len", type=int, default=SHAPE["short"])
@@ -244,6 +269,11 @@ def main() -> None:
                 for n in sorted({128, 2048, SHAPE["long"]})}
         print("   lone TTFT " + ", ".join(f"{n}: {ms:.1f} ms" for n, ms in lone.items())
               + f"; throughput 256 x 512/256: {throughput(config, model=model):,.0f} tok/s")
+        if args.drain:
+            d = batch_drain(config, model=model)
+            print(f"   batch drain: interactive TTFT p99 {d['ttft_p99_during_ms']:.1f} ms "
+                  f"({d['ttft_p99_during_ms'] / d['ttft_p99_idle_ms']:.2f}x idle {d['ttft_p99_idle_ms']:.1f}), "
+                  f"batch {d['batch_x']:.2f}x alone ({d['batch_tok_s']:,.0f} tok/s alone)")
         for rate, seed in ((r, sd) for r in args.rates for sd in range(args.seed, args.seed + args.seeds)):
             m = mixed_load(config, rate, args.seconds, seed=seed, model=model)
             print(f"   {rate:4.0f} req/s: short TTFT p99 {m['short_ttft_p99_ms']:7.1f} ms, ITL p99 "
