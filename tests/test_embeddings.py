@@ -206,3 +206,16 @@ def test_triton_backend(model_dir):
               pooler_config='{"pooling_type": "MEAN"}')
     prompts = PROMPTS[-3:]
     check(model_dir, embed(llm, prompts), prompts, "MEAN")
+
+
+def test_tensor_parallel_pools_what_one_rank_does(tmp_path):
+    """TP=2 over gloo: the pooled hidden states (gathered from the ranks' partial sums) equal
+    transformers', chunked (one family: qwen2's biases and tied embeddings)."""
+    model_dir = build_model("qwen2", tmp_path)
+    llm = LLM(str(model_dir), runner="pooling", tensor_parallel_size=2, max_num_batched_tokens=16,
+              pooler_config=json.dumps({"pooling_type": "MEAN"}))
+    try:
+        outs = embed(llm, PROMPTS)
+    finally:
+        llm.shutdown()
+    check(model_dir, outs, PROMPTS, "MEAN")
