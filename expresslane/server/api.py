@@ -288,7 +288,8 @@ def build_app(client: EngineClient, settings: ServerConfig, metrics: Metrics,
         tools = tool_mode(req, settings.tool_call_parser, template)
         shown = template_tools(req, settings.exclude_tools_when_tool_choice_none) if tools is None else None
         return await run(request, req, functools.partial(prepare_chat, tools=tools, template=server_template,
-                                                          reasoning=grammar_after, shown_tools=shown),
+                                                          reasoning=grammar_after, shown_tools=shown,
+                                                          reasoning_parser=settings.reasoning_parser),
                          functools.partial(endpoint, tools=tools, reasoning=settings.reasoning_parser,
                                            harmony=harmony.enabled(settings.reasoning_parser,
                                                                    settings.tool_call_parser, template),
@@ -305,7 +306,7 @@ def build_app(client: EngineClient, settings: ServerConfig, metrics: Metrics,
         obj, size = await body(request)
         req = parse_responses(obj)
         try:
-            return await chat(request, to_chat(req, settings.reasoning_parser), Responses, "resp", size, source=req)
+            return await chat(request, to_chat(req), Responses, "resp", size, source=req)
         except errors.APIError as e:
             raise in_responses_terms(e, req) from None
 

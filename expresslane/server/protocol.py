@@ -40,7 +40,7 @@ NOOP_FIELDS: dict[str, tuple] = {
         "guided_decoding_backend", "guided_whitespace_pattern",
         "logits_processors", "documents", "request_id", "cache_salt",
         "kv_transfer_params", "vllm_xargs", "mm_processor_kwargs", "service_tier",
-        "reasoning_effort", "modalities", "audio", "prediction", "web_search_options", "functions",
+        "modalities", "audio", "prediction", "web_search_options", "functions",
         "function_call")},
     # OpenAI's own defaults, as its SDK's users send them
     "store": (None, False), "metadata": (None, {}), "service_tier": (None, "auto", "default"),
@@ -400,6 +400,8 @@ class ChatCompletionRequest(SamplingRequest):
     chat_template: NonEmptyStr | None = None  # this request's Jinja chat template instead of the model's
     chat_template_kwargs: dict | None = None  # more variables for the template (Qwen3's enable_thinking)
     continue_final_message: bool = False  # the last (assistant) message is continued, not closed
+    # OpenAI's values; the chat template gets it as `reasoning_effort` (gpt-oss: its Reasoning line)
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
 
     @field_validator("chat_template_kwargs")
     @classmethod

@@ -314,16 +314,8 @@ def _response_format(fmt: TextFormat) -> dict | None:
         **({} if fmt.description is None else {"description": fmt.description})}}
 
 
-def to_chat(req: ResponsesRequest, reasoning_parser: str | None) -> ChatCompletionRequest:
+def to_chat(req: ResponsesRequest) -> ChatCompletionRequest:
     """The chat completions request that does this response's work."""
-    template_kwargs = None
-    effort = req.reasoning.effort if req.reasoning is not None else None
-    if effort is not None:
-        if reasoning_parser is None:
-            raise errors.bad_request("'reasoning.effort' needs a reasoning model (serve --reasoning-parser)",
-                                     "reasoning.effort")
-        if effort == "none":  # Qwen3's switch; templates without it ignore the variable
-            template_kwargs = {"enable_thinking": False}
     choice = req.tool_choice
     # A forced call is this turn's whole output, so a text format has nothing to hold (OpenAI takes both;
     # the Agents SDK sends both, then resets tool_choice and the format holds the answer).
@@ -339,7 +331,7 @@ def to_chat(req: ResponsesRequest, reasoning_parser: str | None) -> ChatCompleti
         "parallel_tool_calls": req.parallel_tool_calls is not False,
         "response_format": None if forced else _response_format(req.format()),
         "logprobs": req.logprobs, "top_logprobs": (req.top_logprobs or 0) if req.logprobs else None,
-        "chat_template_kwargs": template_kwargs,
+        "reasoning_effort": req.reasoning.effort if req.reasoning is not None else None,
     }
     return parse(ChatCompletionRequest, {k: v for k, v in body.items() if v is not None})
 
@@ -347,7 +339,7 @@ def to_chat(req: ResponsesRequest, reasoning_parser: str | None) -> ChatCompleti
 # chat field -> the Responses field it came from, longest first (for the 400s the chat path raises)
 _FROM_CHAT = (("response_format.json_schema", "text.format"), ("response_format", "text.format"),
               ("structured_outputs", "text.format"), ("max_completion_tokens", "max_output_tokens"),
-              ("max_tokens", "max_output_tokens"), ("messages", "input"))
+              ("max_tokens", "max_output_tokens"), ("messages", "input"), ("reasoning_effort", "reasoning.effort"))
 
 
 def in_responses_terms(e: errors.APIError, req: ResponsesRequest) -> errors.APIError:

@@ -139,13 +139,30 @@ def chat_prompt(tokenizer, messages: list[ChatMessage], add_generation_prompt: b
     return text, tokenizer.encode(text, add_special_tokens=False)
 
 
+def reasoning_kwargs(req: ChatCompletionRequest, template: str, reasoning_parser: str | None) -> dict | None:
+    """The template's variables with ``reasoning_effort``: taken by a template that reads it (gpt-oss's
+    Reasoning line) or by a reasoning model (--reasoning-parser), where "none" also turns Qwen3's
+    thinking off (templates without the switch ignore it)."""
+    effort, kwargs = req.reasoning_effort, req.chat_template_kwargs
+    if effort is None:
+        return kwargs
+    if "reasoning_effort" not in template and reasoning_parser is None:
+        raise errors.bad_request("'reasoning_effort' needs a reasoning model (serve --reasoning-parser) or a chat "
+                                 "template that reads it", "reasoning_effort")
+    if (kwargs or {}).get("reasoning_effort", effort) != effort:
+        raise errors.bad_request("'reasoning_effort' and chat_template_kwargs.reasoning_effort differ",
+                                 "reasoning_effort")
+    return {**(kwargs or {}), "reasoning_effort": effort, **({"enable_thinking": False} if effort == "none" else {})}
+
+
 def prepare_chat(client: EngineClient, req: ChatCompletionRequest, limits: RequestLimits,
                  tools: ToolMode | None = None, template: str | None = None,
-                 reasoning: str | None = None, shown_tools: list[dict] | None = None
-                 ) -> tuple[list[Prompt], SamplingParams]:
+                 reasoning: str | None = None, shown_tools: list[dict] | None = None,
+                 reasoning_parser: str | None = None) -> tuple[list[Prompt], SamplingParams]:
     """``template``: the server's --chat-template (a request's own ``chat_template`` comes first);
-    ``reasoning``: --reasoning-parser (a grammar then holds the answer after the thinking);
-    ``shown_tools``: the tools the template gets when ``tools`` calls for none (tool_choice none)."""
+    ``reasoning``: the parser after whose thinking a grammar holds the answer; ``reasoning_parser``:
+    --reasoning-parser; ``shown_tools``: the tools the template gets when ``tools`` calls for none
+    (tool_choice none)."""
     check_counts(limits, stop=req.stop, n=req.n, num_prompts=1, logprobs=req.top_logprobs,
                  logprobs_param="top_logprobs")
     check_counts(limits, stop=None, n=1, num_prompts=1, logprobs=req.prompt_logprobs, logprobs_param="prompt_logprobs")
@@ -155,9 +172,12 @@ def prepare_chat(client: EngineClient, req: ChatCompletionRequest, limits: Reque
                                  client.sampling_defaults)
     if tools is not None and (constraint := tools.constraint()) is not None:
         params = dataclasses.replace(params, structured_outputs=constraint)
+    template = req.chat_template or template
+    kwargs = reasoning_kwargs(req, template or client.tokenizer.chat_template or DEFAULT_CHAT_TEMPLATE,
+                              reasoning_parser)
     text, ids = chat_prompt(client.tokenizer, req.messages, req.add_generation_prompt,
-                            tools.tools if tools is not None else shown_tools, req.chat_template or template,
-                            req.chat_template_kwargs, req.continue_final_message)
+                            tools.tools if tools is not None else shown_tools, template, kwargs,
+                            req.continue_final_message)
     if reasoning is not None:
         params = grammar_after_thinking(params, text, client.tokenizer)
     text, ids = tokenized(client, {"prompt_token_ids": ids, "prompt": text}, params, "messages")

@@ -61,6 +61,10 @@ CASES = [
      "not supported"),
     ("guided_json that is not a schema", CHAT, {"messages": OK_MSG, "guided_json": "[1, 2]"}, None, 400,
      "guided_json", "JSON schema"),
+    ("reasoning_effort on a model that does not reason", CHAT, {"messages": OK_MSG, "reasoning_effort": "high"}, None,
+     400, "reasoning_effort", "--reasoning-parser"),
+    ("reasoning_effort not OpenAI's", CHAT, {"messages": OK_MSG, "reasoning_effort": "turbo"}, None, 400,
+     "reasoning_effort", ""),
 ]
 
 

@@ -130,3 +130,28 @@ def test_when_harmony_parsing_is_on():
     assert harmony.enabled(None, "auto", template) and not harmony.enabled(None, "auto", "<|im_start|>")
     assert harmony.enabled("openai_gptoss", "hermes", None) and harmony.enabled(None, "openai", None)
     assert not harmony.enabled("qwen3", "auto", template)  # another parser asked for
+
+
+def test_reasoning_effort_reaches_the_reasoning_line(oss_dir, oss_server, client):
+    """OpenAI's `reasoning_effort` (chat) and `reasoning.effort` (Responses) set the harmony system
+    message's Reasoning line, as gpt-oss's template reads it: the prompt the engine ran (its
+    prompt logprobs' tokens) is the template's with that effort."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(oss_dir)
+
+    def ran(**extra) -> str:
+        body = client.chat.completions.create(model="oss", messages=MESSAGES, max_tokens=1, temperature=0,
+                                              extra_body={"prompt_logprobs": 0}, **extra).model_extra
+        ids = [int(next(iter(d))) for d in body["prompt_logprobs"][1:]]
+        return tok.decode(ids)
+
+    for effort in ("low", "high"):
+        text = tok.apply_chat_template(MESSAGES, add_generation_prompt=True, reasoning_effort=effort, tokenize=False)
+        assert f"Reasoning: {effort}" in text
+        assert ran(reasoning_effort=effort) == tok.decode(tok.encode(text, add_special_tokens=False)[1:])
+    r = client.responses.create(model="oss", input=MESSAGES[1]["content"], instructions=MESSAGES[0]["content"],
+                                max_output_tokens=1, temperature=0, reasoning={"effort": "low"})
+    text = tok.apply_chat_template(MESSAGES, add_generation_prompt=True, reasoning_effort="low", tokenize=False)
+    assert r.reasoning.effort == "low"  # its prompt is the template's with "low" (two tokens fewer than "medium")
+    assert r.usage.input_tokens == len(tok.encode(text, add_special_tokens=False))
