@@ -13,6 +13,7 @@ prompt ends with ``<|start|>assistant``.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from expresslane.models.harmony import CALL, CHANNEL, CONSTRAIN, END, ENDOFTEXT, MESSAGE, RETURN, START
@@ -20,6 +21,7 @@ from expresslane.server.tools import ToolCallOut
 
 _BODY_END = re.compile("|".join(re.escape(t) for t in (END, RETURN, CALL, ENDOFTEXT)))
 _MARKERS = (START, END, MESSAGE, CHANNEL, CONSTRAIN, RETURN, CALL, ENDOFTEXT)
+_LONGEST = max(map(len, _MARKERS))
 _FUNCTIONS = "functions."
 
 
@@ -34,21 +36,25 @@ class Message:
 def messages(text: str) -> list[Message]:
     """The messages of an assistant's output, the last one possibly unfinished (a header not
     yet closed by ``<|message|>`` is left out)."""
-    out: list[Message] = []
-    pos = 0
+    return [m for m, _ in _scan(text, 0)]
+
+
+def _scan(text: str, pos: int) -> Iterator[tuple[Message, int]]:
+    """The messages from `pos` on, each with where the text after it starts."""
     while True:
         body = text.find(MESSAGE, pos)
         if body < 0:
-            return out
+            return
         channel, recipient = _header(text[pos:body])
         body += len(MESSAGE)
         end = _BODY_END.search(text, body)
-        out.append(Message(channel, recipient, text[body:end.start() if end else len(text)], end is not None))
         if end is None:
-            return out
+            yield Message(channel, recipient, text[body:], False), len(text)
+            return
         pos = end.end()
         if text.startswith(START, pos):
             pos += len(START)
+        yield Message(channel, recipient, text[body:end.start()], True), pos
 
 
 def _header(header: str) -> tuple[str, str | None]:
@@ -72,14 +78,19 @@ def parts(msgs: list[Message]) -> Parts:
     """The messages as reasoning, content and tool calls (an unfinished call is not one yet)."""
     reasoning, content, calls = [], [], []
     for m in msgs:
-        if m.recipient is not None and m.recipient.startswith(_FUNCTIONS):
+        kind = _kind(m)
+        if kind == "call":
             if m.done:
                 calls.append(ToolCallOut(m.recipient[len(_FUNCTIONS):], m.content.strip()))
-        elif m.channel == "analysis":
-            reasoning.append(m.content)
         else:
-            content.append(m.content)
+            (reasoning if kind == "reasoning" else content).append(m.content)
     return Parts("\n".join(reasoning), "\n".join(content), calls)
+
+
+def _kind(m: Message) -> str:
+    if m.recipient is not None and m.recipient.startswith(_FUNCTIONS):
+        return "call"
+    return "reasoning" if m.channel == "analysis" else "content"
 
 
 def enabled(reasoning_parser: str | None, tool_call_parser: str, template: str | None) -> bool:
@@ -92,29 +103,74 @@ def enabled(reasoning_parser: str | None, tool_call_parser: str, template: str |
 
 def held(text: str) -> int:
     """Characters at the end that may be the start of a marker (spelled out, not yet whole)."""
-    for k in range(min(max(map(len, _MARKERS)) - 1, len(text)), 0, -1):
-        if any(m.startswith(text[-k:]) for m in _MARKERS):
-            return k
-    return 0
+    start = text.rfind("<", max(0, len(text) - _LONGEST + 1))  # a marker has one "<", its first character
+    return len(text) - start if start >= 0 and any(m.startswith(text[start:]) for m in _MARKERS) else 0
 
 
 class HarmonyStream:
     """One choice's output as (reasoning, content, tool calls) deltas: the split of the text so
     far (less an end that may become a marker) minus what was sent; each call whole once its
-    message ends."""
+    message ends. Each chunk reads only what is new: a finished message is read once, and the
+    unfinished one's body from where its last search for an end marker stopped."""
 
     def __init__(self):
-        self.text = ""
         self.num_calls = 0
-        self._reasoning_sent = self._content_sent = 0
+        self._pos = 0  # where the first unfinished message starts
+        self._header: tuple[str, str | None] | None = None  # its (channel, recipient), once its body began
+        self._body = self._searched = 0  # its body's start; no end marker starts before `_searched`
+        self._done = {"reasoning": _Joined(), "content": _Joined()}
+        self._calls: list[ToolCallOut] = []
 
     def feed(self, text: str, finished: bool) -> tuple[str, str, list[ToolCallOut]]:
         """`text`: the whole output so far, special tokens included."""
-        self.text = text
-        split = parts(messages(text if finished else text[:len(text) - held(text)]))
-        out = (split.reasoning[self._reasoning_sent:], split.content[self._content_sent:],
-               split.calls[self.num_calls:])
-        self._reasoning_sent = max(self._reasoning_sent, len(split.reasoning))
-        self._content_sent = max(self._content_sent, len(split.content))
-        self.num_calls = max(self.num_calls, len(split.calls))
+        limit = len(text) if finished else len(text) - held(text)
+        while True:
+            if self._header is None:
+                body = text.find(MESSAGE, self._pos, limit)
+                if body < 0:
+                    break
+                self._header = _header(text[self._pos:body])
+                self._body = self._searched = body + len(MESSAGE)
+            end = _BODY_END.search(text, self._searched, limit)
+            if end is None:
+                self._searched = max(self._body, limit - _LONGEST + 1)
+                break
+            m = Message(*self._header, text[self._body:end.start()], True)
+            if _kind(m) == "call":
+                self._calls.append(ToolCallOut(m.recipient[len(_FUNCTIONS):], m.content.strip()))
+            else:
+                self._done[_kind(m)].add(m.content)
+            self._pos, self._header = end.end(), None
+            if text.startswith(START, self._pos, limit):
+                self._pos += len(START)
+        growing = None if self._header is None else _kind(Message(*self._header, "", False))
+        reasoning, content = (joined.delta((text, self._body, limit) if growing == kind else None)
+                              for kind, joined in self._done.items())
+        calls, self.num_calls = self._calls[self.num_calls:], len(self._calls)
+        return reasoning, content, calls
+
+
+class _Joined:
+    """Finished messages' text joined by newlines, and how much of it (with a growing message
+    after it) was sent."""
+
+    def __init__(self):
+        self.text, self.count, self.sent = "", 0, 0
+
+    def add(self, text: str) -> None:
+        self.text = text if not self.count else self.text + "\n" + text
+        self.count += 1
+
+    def delta(self, growing: tuple[str, int, int] | None) -> str:
+        """What is new, with `growing` (an unfinished message's body: text[start:end]) joined after."""
+        if growing is None:
+            out, self.sent = self.text[self.sent:], max(self.sent, len(self.text))
+            return out
+        text, start, end = growing
+        head = len(self.text) + (1 if self.count else 0)
+        if self.sent >= head:
+            out = text[start + self.sent - head:end]
+        else:
+            out = (self.text + ("\n" if self.count else "") + text[start:end])[self.sent:]
+        self.sent = max(self.sent, head + end - start)
         return out

@@ -155,3 +155,34 @@ def test_reasoning_effort_reaches_the_reasoning_line(oss_dir, oss_server, client
     text = tok.apply_chat_template(MESSAGES, add_generation_prompt=True, reasoning_effort="low", tokenize=False)
     assert r.reasoning.effort == "low"  # its prompt is the template's with "low" (two tokens fewer than "medium")
     assert r.usage.input_tokens == len(tok.encode(text, add_special_tokens=False))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_stream_reads_each_finished_message_once_and_agrees_with_the_whole_split(seed):
+    """Random harmony outputs, fed in random pieces: after every piece the deltas so far are the
+    split of the text so far (less a marker's possible start), as a fresh read of it would say."""
+    import random
+
+    from expresslane.server.harmony import held
+
+    rng = random.Random(seed)
+    word = lambda: "".join(rng.choice("ab<|>e nd") for _ in range(rng.randrange(0, 6)))  # noqa: E731
+    pieces = []
+    for _ in range(rng.randrange(1, 6)):
+        kind = rng.choice(["analysis", "final", "commentary", "call"])
+        head = ("commentary to=functions.f <|constrain|>json" if kind == "call" else kind)
+        end = "<|call|>" if kind == "call" else rng.choice(["<|end|>", "<|return|>"])
+        pieces.append(f"<|channel|>{head}<|message|>{word()} {word()}{end}<|start|>assistant")
+    text = "".join(pieces)[:rng.randrange(1, len("".join(pieces)) + 1)]
+    stream = HarmonyStream()
+    thought = content = ""
+    calls = []
+    i = 0
+    while i < len(text):
+        i = min(len(text), i + rng.randrange(1, 12))
+        done = i == len(text)
+        t, c, new = stream.feed(text[:i], done)
+        thought, content, calls = thought + t, content + c, calls + new
+        want = parts(messages(text[:i] if done else text[:i - held(text[:i])]))
+        assert (thought, content, [(x.name, x.arguments) for x in calls]) == \
+            (want.reasoning, want.content, [(x.name, x.arguments) for x in want.calls])
