@@ -287,12 +287,16 @@ def build_app(client: EngineClient, settings: ServerConfig, metrics: Metrics,
         template = req.chat_template or server_template or client.tokenizer.chat_template
         tools = tool_mode(req, settings.tool_call_parser, template)
         shown = template_tools(req, settings.exclude_tools_when_tool_choice_none) if tools is None else None
+        harmony_on = harmony.enabled(settings.reasoning_parser, settings.tool_call_parser, template)
+        after = grammar_after
+        if harmony_on and not settings.structured_outputs_enable_in_reasoning and (tools is None
+                                                                                  or tools.choice == "auto"):
+            after = "openai_gptoss"  # the grammar holds the answer's message (a forced call: all of it)
         return await run(request, req, functools.partial(prepare_chat, tools=tools, template=server_template,
-                                                          reasoning=grammar_after, shown_tools=shown,
+                                                          reasoning=after, shown_tools=shown,
                                                           reasoning_parser=settings.reasoning_parser),
                          functools.partial(endpoint, tools=tools, reasoning=settings.reasoning_parser,
-                                           harmony=harmony.enabled(settings.reasoning_parser,
-                                                                   settings.tool_call_parser, template),
+                                           harmony=harmony_on, continued=req.continue_final_message,
                                            **endpoint_args), prefix, size)
 
     @app.post("/v1/chat/completions", dependencies=auth)

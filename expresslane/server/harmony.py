@@ -33,20 +33,24 @@ class Message:
     done: bool  # its end marker was written
 
 
-def messages(text: str) -> list[Message]:
+def messages(text: str, opening: tuple[str, str | None] | None = None) -> list[Message]:
     """The messages of an assistant's output, the last one possibly unfinished (a header not
-    yet closed by ``<|message|>`` is left out)."""
-    return [m for m, _ in _scan(text, 0)]
+    yet closed by ``<|message|>`` is left out); `opening`: the (channel, recipient) of a message
+    the prompt left open, which the output goes on with."""
+    return [m for m, _ in _scan(text, 0, opening)]
 
 
-def _scan(text: str, pos: int) -> Iterator[tuple[Message, int]]:
+def _scan(text: str, pos: int, opening: tuple[str, str | None] | None = None) -> Iterator[tuple[Message, int]]:
     """The messages from `pos` on, each with where the text after it starts."""
     while True:
-        body = text.find(MESSAGE, pos)
-        if body < 0:
-            return
-        channel, recipient = _header(text[pos:body])
-        body += len(MESSAGE)
+        if opening is not None:
+            (channel, recipient), body, opening = opening, pos, None
+        else:
+            body = text.find(MESSAGE, pos)
+            if body < 0:
+                return
+            channel, recipient = _header(text[pos:body])
+            body += len(MESSAGE)
         end = _BODY_END.search(text, body)
         if end is None:
             yield Message(channel, recipient, text[body:], False), len(text)
@@ -113,10 +117,11 @@ class HarmonyStream:
     message ends. Each chunk reads only what is new: a finished message is read once, and the
     unfinished one's body from where its last search for an end marker stopped."""
 
-    def __init__(self):
+    def __init__(self, opening: tuple[str, str | None] | None = None):
+        """`opening`: as `messages`'."""
         self.num_calls = 0
         self._pos = 0  # where the first unfinished message starts
-        self._header: tuple[str, str | None] | None = None  # its (channel, recipient), once its body began
+        self._header = opening  # its (channel, recipient), once its body began
         self._body = self._searched = 0  # its body's start; no end marker starts before `_searched`
         self._done = {"reasoning": _Joined(), "content": _Joined()}
         self._calls: list[ToolCallOut] = []

@@ -9,16 +9,19 @@
 
 A grammar (structured outputs, a forced tool call) holds the answer only: it starts once the
 output has written ``</think>`` (``StructuredOutputs.after_token_ids``), unless the prompt has
-closed the thinking already (Qwen3's ``enable_thinking: false``).
+closed the thinking already (Qwen3's ``enable_thinking: false``). gpt-oss's harmony
+(``openai_gptoss``): once it has opened its answer's message, ``<|channel|>final<|message|>``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+from expresslane.models.harmony import CHANNEL, MESSAGE, START
 from expresslane.sampling_params import SamplingParams
 
 OPEN, CLOSE = "<think>", "</think>"
+HARMONY_ANSWER = CHANNEL + "final" + MESSAGE
 PARSERS = ("qwen3", "deepseek_r1")
 
 
@@ -64,15 +67,19 @@ class ReasoningStream:
         return 0
 
 
-def thinking_ended(prompt: str) -> bool:
-    """The prompt closed the thinking: its last tag is ``</think>`` (vLLM's check on the prompt)."""
+def thinking_ended(prompt: str, parser: str | None = None) -> bool:
+    """The prompt closed the thinking: its last tag is ``</think>`` (vLLM's check on the prompt);
+    harmony's leaves its answer's message open (a continued final message)."""
+    if parser == "openai_gptoss":
+        return prompt.rfind(HARMONY_ANSWER) > prompt.rfind(START)
     return prompt.rfind(CLOSE) > prompt.rfind(OPEN) if CLOSE in prompt else False
 
 
-def grammar_after_thinking(params: SamplingParams, prompt: str, tokenizer) -> SamplingParams:
+def grammar_after_thinking(params: SamplingParams, prompt: str, tokenizer, parser: str | None = None
+                           ) -> SamplingParams:
     """``params`` whose grammar waits for the end of the thinking, unless the prompt ended it."""
     so = params.structured_outputs
-    if so is None or thinking_ended(prompt):
+    if so is None or thinking_ended(prompt, parser):
         return params
-    end = tokenizer.encode(CLOSE, add_special_tokens=False)
+    end = tokenizer.encode(HARMONY_ANSWER if parser == "openai_gptoss" else CLOSE, add_special_tokens=False)
     return dataclasses.replace(params, structured_outputs=dataclasses.replace(so, after_token_ids=end))

@@ -179,7 +179,7 @@ def prepare_chat(client: EngineClient, req: ChatCompletionRequest, limits: Reque
                             tools.tools if tools is not None else shown_tools, template, kwargs,
                             req.continue_final_message)
     if reasoning is not None:
-        params = grammar_after_thinking(params, text, client.tokenizer)
+        params = grammar_after_thinking(params, text, client.tokenizer, reasoning)
     text, ids = tokenized(client, {"prompt_token_ids": ids, "prompt": text}, params, "messages")
     check_prompt(client, ids, params, "messages", not req.sets_max_tokens and "max_tokens" in client.sampling_defaults)
     return [(text, ids)], params
@@ -388,13 +388,15 @@ class Chat(_Endpoint):
     chunk_object = "chat.completion.chunk"
 
     def __init__(self, *args, tools: ToolMode | None = None, reasoning: str | None = None, harmony: bool = False,
-                 **kwargs):
+                 continued: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
         self.tools = tools  # tool calling (server/tools.py); None: the text is the answer
         # --reasoning-parser (server/reasoning.py); None: no thinking to split off (harmony's: below)
         self.reasoning = None if reasoning == "openai_gptoss" else reasoning
         # gpt-oss (server/harmony.py): channels split the output, unless a grammar holds a forced call
         self.harmony = harmony and (tools is None or tools.choice == "auto")
+        # a continued final message: the output goes on inside the answer's message
+        self.harmony_opening = ("final", None) if continued else None
         self._call_streams: dict[int, CallStream] = {}  # per choice index, while streaming
         self._reasoning_streams: dict[int, ReasoningStream] = {}
         # per choice: its split, and its text with the special tokens (decoded as the tokens come)
@@ -436,7 +438,7 @@ class Chat(_Endpoint):
 
     def _harmony_delta(self, d: Delta) -> tuple[dict, str | None]:
         stream, text = self._harmony.setdefault(d.index, (
-            harmony.HarmonyStream(), IncrementalDetokenizer(self.client.tokenizer, [], None, skip_special_tokens=False)))
+            harmony.HarmonyStream(self.harmony_opening), IncrementalDetokenizer(self.client.tokenizer, [], None, skip_special_tokens=False)))
         text.add(d.token_ids)
         thought, content, calls = stream.feed(text.text, d.finish_reason is not None)
         calls = calls if self.tools is not None else []
@@ -450,7 +452,8 @@ class Chat(_Endpoint):
         return delta, finish
 
     def _harmony_message(self, c: CompletionOutput) -> tuple[dict, str | None]:
-        split = harmony.parts(harmony.messages(self.client.tokenizer.decode(c.token_ids, skip_special_tokens=False)))
+        text = self.client.tokenizer.decode(c.token_ids, skip_special_tokens=False)
+        split = harmony.parts(harmony.messages(text, self.harmony_opening))
         message = {"role": "assistant", "reasoning_content": split.reasoning or None, "content": split.content}
         if self.tools is None or not split.calls or c.finish_reason == "length":
             return message, c.finish_reason

@@ -35,7 +35,10 @@ def oss_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def oss_server(oss_dir):
-    s = Server(str(oss_dir), "--served-model-name", "oss", "--max-model-len", "1024").wait_ready()
+    # the tests' regexes make the random model write harmony, channels included: a grammar that
+    # holds the whole output (by default it holds the answer's message only)
+    s = Server(str(oss_dir), "--served-model-name", "oss", "--max-model-len", "1024",
+               "--structured-outputs-enable-in-reasoning").wait_ready()
     yield s
     s.stop()
 
@@ -186,3 +189,30 @@ def test_the_stream_reads_each_finished_message_once_and_agrees_with_the_whole_s
         want = parts(messages(text[:i] if done else text[:i - held(text[:i])]))
         assert (thought, content, [(x.name, x.arguments) for x in calls]) == \
             (want.reasoning, want.content, [(x.name, x.arguments) for x in want.calls])
+
+
+def test_a_grammar_holds_the_answer_s_message_not_the_thinking(oss_dir):
+    """By default a grammar waits for the final channel's header, so the model thinks freely
+    first (vLLM's gpt-oss reasoning parser); a continued final message is inside it already: the
+    JSON is the content."""
+    from transformers import AutoTokenizer
+
+    from expresslane import SamplingParams
+    from expresslane.sampling_params import StructuredOutputs
+    from expresslane.server.reasoning import grammar_after_thinking
+
+    tok = AutoTokenizer.from_pretrained(oss_dir)
+    params = SamplingParams(structured_outputs=StructuredOutputs(json_object=True))
+    prompt = tok.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False)
+    waits = grammar_after_thinking(params, prompt, tok, "openai_gptoss").structured_outputs.after_token_ids
+    assert tok.decode(waits) == "<|channel|>final<|message|>"
+    s = Server(str(oss_dir), "--served-model-name", "oss", "--max-model-len", "1024").wait_ready()
+    try:
+        client = OpenAI(base_url=s.url + "/v1", api_key=API_KEY, max_retries=0)
+        answer = client.chat.completions.create(
+            model="oss", messages=[*MESSAGES, {"role": "assistant", "content": ""}], max_tokens=40, temperature=0,
+            response_format={"type": "json_object"},
+            extra_body={"continue_final_message": True, "add_generation_prompt": False}).choices[0].message
+        assert isinstance(json.loads(answer.content), dict) and not answer.model_extra.get("reasoning_content")
+    finally:
+        s.stop()
