@@ -45,6 +45,19 @@ class LLM:
         self._check_open("apply_model")
         return self.engine.runner.apply_model(func)
 
+    def collective_rpc(self, method: str | Callable[..., R], timeout: float | None = None, args: tuple = (),
+                       kwargs: dict[str, Any] | None = None) -> list[R]:
+        """vLLM's: a method of each rank's worker (here its model runner: ``model``, ``device``,
+        ``kv_caches``, ...), by name or as ``method(worker, *args, **kwargs)``, rank 0 first, as
+        ``apply_model`` sends and returns. ``timeout`` is refused: a call runs to its end."""
+        self._check_open("collective_rpc")
+        if timeout is not None:
+            raise ValueError("collective_rpc: timeout is not supported (a call runs to its end)")
+        kwargs = kwargs or {}
+        if isinstance(method, str):
+            return self.engine.runner.collective_rpc(lambda worker: getattr(worker, method)(*args, **kwargs))
+        return self.engine.runner.collective_rpc(lambda worker: method(worker, *args, **kwargs))
+
     @property
     def cuda_graph_sizes(self) -> dict[str, tuple[int, ...]]:
         """The sizes with a captured CUDA graph, by family: ``decode`` (sequences in a decode

@@ -1,4 +1,4 @@
-"""`LLM`'s inspection methods (apply_model, cuda_graph_sizes, shutdown, the resolved config), in
+"""`LLM`'s inspection methods (apply_model, collective_rpc, cuda_graph_sizes, shutdown, the resolved config), in
 one process and over tensor-parallel ranks, against the checkpoint as transformers loads it."""
 
 import threading
@@ -28,6 +28,13 @@ def test_apply_model_in_one_process_hands_back_what_the_function_returns(llama_d
         sum(p.numel() for p in hf.parameters())]  # merged projections hold every weight once
     assert (llm.config.device.device, llm.config.model.dtype) == ("cpu", "float32")  # "auto" resolved
     assert llm.cuda_graph_sizes == {"decode": (), "mixed": ()}  # on CPU nothing is captured
+    # vLLM's collective_rpc: the worker is the model runner; a method by name, or a function of it
+    [block_bytes] = llm.collective_rpc("kv_block_bytes")
+    assert block_bytes == llm.engine.runner.kv_block_bytes() > 0
+    assert llm.collective_rpc(lambda w, k: len(w.kv_caches) + k, args=(1,)) == [hf.config.num_hidden_layers + 1]
+    assert llm.collective_rpc(lambda w, *, name: getattr(w.model, name) is not None, kwargs={"name": "layers"}) == [True]
+    with pytest.raises(ValueError, match="timeout is not supported"):
+        llm.collective_rpc("kv_block_bytes", timeout=1.0)
     llm.shutdown()
     llm.shutdown()  # idempotent
     with pytest.raises(RuntimeError, match="generate: this LLM was shut down"):
@@ -42,6 +49,11 @@ def test_apply_model_over_tensor_parallel_ranks(llama_dir, hf):
         down = llm.apply_model(lambda model: model.layers[0].mlp.down_proj.weight.numel())
         assert down == [hf.model.layers[0].mlp.down_proj.weight.numel() // 2] * 2  # each rank its half
         assert llm.apply_model(lambda model: torch.distributed.get_rank()) == [0, 1]
+        assert llm.collective_rpc(lambda worker: (torch.distributed.get_rank(), worker.device.type)) == \
+            [(0, "cpu"), (1, "cpu")]
+        assert llm.collective_rpc("kv_block_bytes") == [llm.collective_rpc("kv_block_bytes")[0]] * 2
+        with pytest.raises(RuntimeError, match="collective_rpc: .* rank 1: IndexError"):
+            llm.collective_rpc(lambda worker: ["rank 0 only"][torch.distributed.get_rank()])
         with pytest.raises(RuntimeError, match="rank 1: IndexError"):
             llm.apply_model(lambda model: ["rank 0 only"][torch.distributed.get_rank()])
         lock = threading.Lock()

@@ -124,10 +124,14 @@ class Runner(ABC):
     @abstractmethod
     def reset_expert_tokens(self) -> None: ...
 
-    # inspection (``LLM.apply_model``, ``LLM.cuda_graph_sizes``)
+    # inspection (``LLM``'s)
     @abstractmethod
     def apply_model(self, func: Callable[[nn.Module], R]) -> list[R]:
         """``func`` on each rank's model, rank 0 first."""
+
+    @abstractmethod
+    def collective_rpc(self, func: Callable[["Runner"], R]) -> list[R]:
+        """``func`` on each rank's runner, rank 0 first."""
 
     @property
     @abstractmethod

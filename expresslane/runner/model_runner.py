@@ -253,6 +253,9 @@ class ModelRunner(Runner):
     def apply_model(self, func):
         return [func(self.model)]
 
+    def collective_rpc(self, func):
+        return [func(self)]
+
     @property
     def cuda_graph_sizes(self) -> dict[str, tuple[int, ...]]:
         return {name: () if graphs is None else tuple(sorted(graphs.graphs))

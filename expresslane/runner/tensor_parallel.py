@@ -89,16 +89,16 @@ def run_command(runner: ModelRunner, control, method: str, args: tuple):
         n = torch.tensor([runner.profile_num_blocks(*args)], dtype=torch.int64)
         dist.all_reduce(n, op=dist.ReduceOp.MIN, group=control)
         return int(n)
-    if method == "apply_model":
-        return apply_on_rank(runner.model, control, *args)
+    if method in ("apply_model", "collective_rpc"):
+        return apply_on_rank(runner.model if method == "apply_model" else runner, control, *args)
     return getattr(runner, method)(*args)
 
 
-def apply_on_rank(model, control, payload: bytes) -> list[tuple[bool, bytes | str]]:
-    """The function on this rank's model; every rank's (True, pickled result) or (False, error),
-    gathered: a rank that fails leaves none waiting."""
+def apply_on_rank(target, control, payload: bytes) -> list[tuple[bool, bytes | str]]:
+    """The function on `target`; every rank's (True, pickled result) or (False, error), gathered:
+    a rank that fails leaves none waiting."""
     try:
-        out = (True, cloudpickle.dumps(cloudpickle.loads(payload)(model)))
+        out = (True, cloudpickle.dumps(cloudpickle.loads(payload)(target)))
     except Exception as e:
         out = (False, f"{type(e).__name__}: {e}")
     gathered: list = [None] * dist.get_world_size()
@@ -210,15 +210,21 @@ class TPExecutor(Runner):
         self.runner.reset_expert_tokens()
 
     def apply_model(self, func):
+        return self._on_ranks("apply_model", func)
+
+    def collective_rpc(self, func):
+        return self._on_ranks("collective_rpc", func)
+
+    def _on_ranks(self, name: str, func) -> list:
         """``func`` travels by cloudpickle; results come back pickled."""
         try:
             payload = cloudpickle.dumps(func)
         except Exception as e:
-            raise TypeError(f"apply_model: {func!r} cannot be sent to the tensor-parallel workers: {e}") from e
+            raise TypeError(f"{name}: {func!r} cannot be sent to the tensor-parallel workers: {e}") from e
         results = []
-        for rank, (ok, out) in enumerate(self._call("apply_model", payload)):
+        for rank, (ok, out) in enumerate(self._call(name, payload)):
             if not ok:
-                raise RuntimeError(f"apply_model: {func!r} failed on tensor-parallel rank {rank}: {out}")
+                raise RuntimeError(f"{name}: {func!r} failed on tensor-parallel rank {rank}: {out}")
             results.append(cloudpickle.loads(out))
         return results
 
