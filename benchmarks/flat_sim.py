@@ -104,13 +104,20 @@ def simulate(config: dict, arrivals: list[Request], model: StepCostModel = H200)
 
 
 def simulate_lanes(config: dict, arrivals: list[Request], model: StepCostModel = H200) -> dict[str, list[float]]:
-    """As `simulate`, in two lanes: a prefill step is planned when the lane is free and split
-    from the decodes then running (`SplitPolicy`; all SMs if none), a decode step when the last one
-    lands (no hold margin); decodes wait while a prefill holds every SM."""
-    now = 0.0
+    """As `simulate`, in two lanes (`run_lanes`)."""
+    now = [0.0]
     cfg = SchedulerConfig(**{"max_num_batched_tokens": 2048, "max_num_seqs": 256, **config})
-    sched = Scheduler(cfg, KVCacheManager(60_000, 16), clock=lambda: now, cost_model=model)
+    sched = Scheduler(cfg, KVCacheManager(60_000, 16), clock=lambda: now[0], cost_model=model)
     sched.enable_two_lanes(SplitPolicy(model, cfg.lane_slo["interactive"].tpot))
+    return run_lanes(sched, now, arrivals, model)
+
+
+def run_lanes(sched: Scheduler, now: list[float], arrivals: list[Request], model: StepCostModel,
+              check=None) -> dict[str, list[float]]:
+    """Each request's token times, a two-lane scheduler's steps each lasting the model's prediction
+    times its split's factor (`now[0]`: the scheduler's clock). A prefill step is planned when the
+    lane is free, a decode step when the last one lands (no hold margin); decodes wait while a
+    prefill holds every SM. `check(sched)` runs after every round of plans."""
     todo = sorted(arrivals, key=lambda r: r.arrival_time)
     times: dict[str, list[float]] = {r.request_id: [] for r in arrivals}
     lanes: dict[str, tuple] = {}  # lane -> (plan, when it ends)
@@ -119,28 +126,28 @@ def simulate_lanes(config: dict, arrivals: list[Request], model: StepCostModel =
         return StepShape.of((s.start_pos, len(s.token_ids)) for s in seqs)
 
     while todo or sched.has_unfinished():
-        while todo and todo[0].arrival_time <= now:
+        while todo and todo[0].arrival_time <= now[0]:
             sched.add_request(todo.pop(0))
         for lane in sorted(lanes, key=lambda k: lanes[k][1]):
             plan, ends = lanes[lane]
-            if ends <= now:
+            if ends <= now[0]:
                 del lanes[lane]
                 for out in sched.update(plan, {s.request_id: 5 for s in plan.seqs if s.sample}):
                     times[out.request_id].extend([ends] * len(out.new_token_ids))
-        if "prefill" not in lanes:
-            plan = sched.schedule("prefill")
-            if plan.seqs:
-                lanes["prefill"] = (plan, now + model.predict(shape(plan.seqs)) * sched.split.prefill_factor)
-        if "decode" not in lanes and sched.split.decode_sms:
-            plan = sched.schedule("decode")
-            if plan.seqs:
-                lanes["decode"] = (plan, now + max(model.predict(shape(plan.seqs)), 1e-4) * sched.split.decode_factor)
+        for lane in ("prefill", "decode"):
+            if lane not in lanes and (lane == "prefill" or sched.split.decode_sms):
+                plan = sched.schedule(lane)  # a prefill plan picks the split
+                factor = sched.split.prefill_factor if lane == "prefill" else sched.split.decode_factor
+                if plan.seqs:
+                    lanes[lane] = (plan, now[0] + max(model.predict(shape(plan.seqs)), 1e-4) * factor)
+        if check is not None:
+            check(sched)
         events = [ends for _, ends in lanes.values()] + ([todo[0].arrival_time] if todo else [])
         if not events:
             if sched.has_unfinished():
                 raise RuntimeError("the scheduler planned nothing while requests were unfinished")
             break
-        now = max(now, min(events))
+        now[0] = max(now[0], min(events))
     return times
 
 

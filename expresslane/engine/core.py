@@ -246,10 +246,7 @@ class EngineCore:
             self._last = None
             return []
         self._calls += 1
-        ready, refused = self.grammars.ready(t0)
-        for request in ready:
-            self.scheduler.add_request(request)
-        self._rejected.update(refused)
+        self._take_compiled(t0)
         outputs: list[EngineCoreOutput] = []
         measured = predicted = 0.0
         prev_done: float | None = None
@@ -299,10 +296,7 @@ class EngineCore:
         pipelined one step deep (unpipelined for grammar masks)."""
         t0 = time.monotonic()
         self._calls += 1
-        ready, refused = self.grammars.ready(t0)
-        for request in ready:
-            self.scheduler.add_request(request)
-        self._rejected.update(refused)
+        self._take_compiled(t0)
         lanes, outputs = self._lanes, []
         prefill = lanes.get("prefill")
         if prefill is not None and prefill.result.ready():
@@ -333,6 +327,13 @@ class EngineCore:
         self._collect_loras()
         self._last = self._stats(tokens, seqs, time.monotonic() - t0)
         return outputs
+
+    def _take_compiled(self, now: float) -> None:
+        """Requests whose grammar compiled go to the scheduler; those that failed are rejected."""
+        ready, refused = self.grammars.ready(now)
+        for request in ready:
+            self.scheduler.add_request(request)
+        self._rejected.update(refused)
 
     def _land_lane(self, step: _InFlight) -> list[EngineCoreOutput]:
         outputs = self._land(step)[0]

@@ -68,12 +68,12 @@ class BlockPool:
             block.ref_cnt += 1
 
     def release(self, blocks_in_eviction_order: list[Block]) -> None:
+        steps = self.fence() if self.fence is not None and blocks_in_eviction_order else None
         for block in blocks_in_eviction_order:
             if block.ref_cnt <= 0:
                 raise RuntimeError(f"KV block {block.block_id} freed twice")
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
-                steps = self.fence() if self.fence is not None else None
                 if steps:
                     self._held[block.block_id] = (block, steps)
                 else:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
+from collections.abc import Collection
 
 from expresslane.config import SchedulerConfig
 from expresslane.contract import EngineCoreOutput, ScheduledSeq, ScoredPrompt, StepPlan
@@ -134,10 +135,13 @@ class Scheduler:
     def _decoding(self) -> list[Request]:
         return [r for r in self.running.values() if r.num_computed_tokens >= r.num_tokens - 1]
 
-    def _schedule(self, lane: str | None = None) -> list[tuple[Request, int]]:
+    def _head(self, lane: str | None) -> Request | None:
+        """The first waiting request, if it can start this step."""
         head = self._peek_waiting()
-        if head is not None and (not self._can_seat(head) or not self._admissible(head, lane)):
-            head = None  # it cannot start this step: size the step for the running requests
+        return head if head is not None and self._can_seat(head) and self._admissible(head, lane) else None
+
+    def _schedule(self, lane: str | None = None) -> list[tuple[Request, int]]:
+        head = self._head(lane)
         speculate = False
         if self.spec is not None:
             decoding = self._decoding()  # once a step
@@ -145,7 +149,7 @@ class Scheduler:
             self._speculate = None
             self.spec.decided(decoding, speculate)  # off: a shadow keeps the acceptance rate measured
         spec_tokens = self.spec.k if speculate else 0
-        running = [r for r in self.running.values() if self._in_lane(r, lane)]
+        running = self.running.values() if lane is None else [r for r in self.running.values() if self._in_lane(r, lane)]
         budget = self.policy.step_budget(head, running, self._waiting_by_lane, self.clock(), spec_tokens)
         scheduled, preempted = self._schedule_running(budget, speculate, lane)
         if not preempted:
@@ -160,9 +164,7 @@ class Scheduler:
     def _schedule_prefill_lane(self) -> list[tuple[Request, int]]:
         """Long prompts: full steps beside other work, else a lone step."""
         top = self.config.max_num_batched_tokens
-        head = self._peek_waiting()
-        if head is not None and (not self._can_seat(head) or not self._admissible(head, "prefill")):
-            head = None
+        head = self._head("prefill")
         if self._decoders() or not self._decode_lane_idle():
             budget = StepBudget(top, top, dict.fromkeys(LANES, top))
         else:
@@ -201,7 +203,7 @@ class Scheduler:
         scheduled: list[tuple[Request, int]] = []
         preempted = False
         now = self.clock()
-        order = self.policy.order_running(r for r in self.running.values() if r.request_id not in self.in_prefill_lane)
+        order = self.policy.order_running(self._preemptible())
         tail = len(order)  # order[i:tail]: not yet scheduled
         i = 0
         while i < tail and budget.tokens > 0:
@@ -308,7 +310,9 @@ class Scheduler:
     def _can_seat(self, req: Request) -> bool:
         return len(self.running) < self.config.max_num_seqs or self.policy.victim(req, self._preemptible()) is not None
 
-    def _preemptible(self) -> list[Request]:
+    def _preemptible(self) -> Collection[Request]:
+        if not self.in_prefill_lane:
+            return self.running.values()
         return [r for r in self.running.values() if r.request_id not in self.in_prefill_lane]
 
     def _make_room(self, req: Request, scheduled: list[tuple[Request, int]], budget: StepBudget) -> bool:

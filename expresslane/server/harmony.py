@@ -82,7 +82,7 @@ def parts(msgs: list[Message]) -> Parts:
     """The messages as reasoning, content and tool calls (an unfinished call is not one yet)."""
     reasoning, content, calls = [], [], []
     for m in msgs:
-        kind = _kind(m)
+        kind = _kind(m.channel, m.recipient)
         if kind == "call":
             if m.done:
                 calls.append(ToolCallOut(m.recipient[len(_FUNCTIONS):], m.content.strip()))
@@ -91,10 +91,10 @@ def parts(msgs: list[Message]) -> Parts:
     return Parts("\n".join(reasoning), "\n".join(content), calls)
 
 
-def _kind(m: Message) -> str:
-    if m.recipient is not None and m.recipient.startswith(_FUNCTIONS):
+def _kind(channel: str, recipient: str | None) -> str:
+    if recipient is not None and recipient.startswith(_FUNCTIONS):
         return "call"
-    return "reasoning" if m.channel == "analysis" else "content"
+    return "reasoning" if channel == "analysis" else "content"
 
 
 def enabled(reasoning_parser: str | None, tool_call_parser: str, template: str | None) -> bool:
@@ -140,15 +140,15 @@ class HarmonyStream:
             if end is None:
                 self._searched = max(self._body, limit - _LONGEST + 1)
                 break
-            m = Message(*self._header, text[self._body:end.start()], True)
-            if _kind(m) == "call":
-                self._calls.append(ToolCallOut(m.recipient[len(_FUNCTIONS):], m.content.strip()))
+            (channel, recipient), content = self._header, text[self._body:end.start()]
+            if (kind := _kind(channel, recipient)) == "call":
+                self._calls.append(ToolCallOut(recipient[len(_FUNCTIONS):], content.strip()))
             else:
-                self._done[_kind(m)].add(m.content)
+                self._done[kind].add(content)
             self._pos, self._header = end.end(), None
             if text.startswith(START, self._pos, limit):
                 self._pos += len(START)
-        growing = None if self._header is None else _kind(Message(*self._header, "", False))
+        growing = None if self._header is None else _kind(*self._header)
         reasoning, content = (joined.delta((text, self._body, limit) if growing == kind else None)
                               for kind, joined in self._done.items())
         calls, self.num_calls = self._calls[self.num_calls:], len(self._calls)

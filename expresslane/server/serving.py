@@ -123,6 +123,11 @@ def prepare_completion(client: EngineClient, req: CompletionRequest,
     return prompts, params
 
 
+def template_text(tokenizer, template: str | None) -> str:
+    """The chat template a prompt is rendered with: ``template``, else the model's, else ChatML."""
+    return template or tokenizer.chat_template or DEFAULT_CHAT_TEMPLATE
+
+
 def chat_prompt(tokenizer, messages: list[ChatMessage], add_generation_prompt: bool,
                 tools: list[dict] | None = None, template: str | None = None, template_kwargs: dict | None = None,
                 continue_final_message: bool = False) -> Prompt:
@@ -130,7 +135,7 @@ def chat_prompt(tokenizer, messages: list[ChatMessage], add_generation_prompt: b
     msgs = [m.for_template() for m in messages]
     try:
         text = tokenizer.apply_chat_template(
-            msgs, chat_template=template or tokenizer.chat_template or DEFAULT_CHAT_TEMPLATE, tools=tools,
+            msgs, chat_template=template_text(tokenizer, template), tools=tools,
             tokenize=False, add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final_message, **(template_kwargs or {}))
     except Exception as e:  # jinja's TemplateError, or a template's own raise_exception()
@@ -173,8 +178,7 @@ def prepare_chat(client: EngineClient, req: ChatCompletionRequest, limits: Reque
     if tools is not None and (constraint := tools.constraint()) is not None:
         params = dataclasses.replace(params, structured_outputs=constraint)
     template = req.chat_template or template
-    kwargs = reasoning_kwargs(req, template or client.tokenizer.chat_template or DEFAULT_CHAT_TEMPLATE,
-                              reasoning_parser)
+    kwargs = reasoning_kwargs(req, template_text(client.tokenizer, template), reasoning_parser)
     text, ids = chat_prompt(client.tokenizer, req.messages, req.add_generation_prompt,
                             tools.tools if tools is not None else shown_tools, template, kwargs,
                             req.continue_final_message)
