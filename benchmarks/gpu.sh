@@ -107,6 +107,11 @@
 #            time? plain streams, stream priorities, split GEMMs, CUDA graphs, torch green contexts and a
 #            disjoint driver SM split (16 / 32 / 48 SMs for the decode), alone vs together; decode batch 1
 #            then 32 (benchmarks/pdmux_overlap.py); ~1 min
+#   pdlanes: issue #45 item 1: the two lanes on SM partitions (tests/test_gpu_lanes.py: the split's halves
+#            disjoint, a graph replayed on a half stays there, greedy tokens equal transformers'), then
+#            16 shorts beside an 8k prompt and Poisson 8 req/s with 15% 8k prompts, in-engine, for the
+#            default, fcfs and `pd_lanes on` (benchmarks/pd_lanes_bench.py; PD_CONFIGS replaces the three;
+#            llama-3-8b shape); ~5 min
 #   structured: issue #39: a json_schema-constrained and a penalized decode's TPOT against plain at batch 1
 #            and 64, and a 10-field schema's compile time, cold and cached (8B shape; needs xgrammar,
 #            apache-tvm-ffi, pydantic, pydantic-core, annotated-types and typing-inspection wheels in .whl/);
@@ -380,6 +385,15 @@ for section in $SECTIONS; do
         python3 benchmarks/pdmux_overlap.py --decode-batch "$b" --out "$OUT/pdmux-b$b.json" 2>&1 \
           | tee "$OUT/pdmux-b$b.log" | tail -30 || status=1
       done ;;
+    pdlanes)
+      echo "== two lanes on SM partitions: GPU tests"
+      python3 -m pytest -q -s tests/test_gpu_lanes.py -p no:cacheprovider 2>&1 | tee "$OUT/pdlanes-tests.log" \
+        | grep -e granted -e replayed -e passed -e failed -e Error | tail -12 || status=1
+      model llama-3-8b
+      echo "== two lanes beside one lane (llama-3-8b, in-engine)"
+      # shellcheck disable=SC2086
+      run python3 benchmarks/pd_lanes_bench.py --model "$MODELS/llama-3-8b" --dtype bfloat16 \
+        ${PD_CONFIGS:---config default= --config fcfs=scheduling_policy:fcfs --config pd=pd_lanes:on} ;;
     hostile)
       echo "== hostile requests beside two streams (built-in model)"
       run python3 benchmarks/hostile_requests.py

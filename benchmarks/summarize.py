@@ -56,6 +56,12 @@ def fmt(r: dict) -> str:
         return (f"lanes {r['mode']:<17} long={r['long_lane']:<11} short P99 {r['short_mixed_p99_ms']:6.1f} ms "
                 f"({r['short_p99_ratio']:.2f}x alone)  long TTFT {r['long_mixed_ms']:6.1f} ms "
                 f"({r['long_growth']:.2f}x background, {r['long_vs_alone']:.2f}x alone)")
+    if b == "pd_lanes":
+        bl, m = r.get("beside_long", {}), r.get("mixed", {})
+        return (f"pd {r['config']:<8} ({r['partitions'] or 'one stream'}) beside 8k: short TTFT "
+                f"{bl.get('short_ttft_ratio', 0):.2f}x total {bl.get('short_total_ratio', 0):.2f}x long "
+                f"{bl.get('long_ratio', 0):.2f}x; mixed: ITL p99 {m.get('itl_ratio', 0):.2f}x batch-1, long TTFT p50 "
+                f"{m.get('long_ttft_p50', 0):.0f} ms")
     if b == "flat_acceptance":
         def x(k):
             return "-" if r.get(k) is None else f"{r[k]:.2f}"

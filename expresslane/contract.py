@@ -214,6 +214,7 @@ class StepPlan:
     token_bitmask: object = None
     # two lanes: "prefill" or "decode"; a seq's token from the previous step comes from its lane's
     lane: str | None = None
+    split_sms: int = 0  # the split's decode SMs while both lanes run (0: this lane has every SM)
 
     @property
     def is_empty(self) -> bool:

@@ -10,6 +10,7 @@ attention) count their programs in on them to let the last one finish the sum.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 
 import numpy as np
@@ -45,8 +46,25 @@ def stage(parts: list[np.ndarray | tuple[np.ndarray, int, int]], device: torch.d
     return list(host.to(device, non_blocking=True).split(sizes))
 
 
-_COUNTERS: dict[tuple[torch.device, str], torch.Tensor] = {}
+_COUNTERS: dict[tuple[torch.device, str, str | None], torch.Tensor] = {}
 _MAX_COUNTERS = 1 << 15  # per device (a launch uses one per output tile: far fewer)
+_SCRATCH: str | None = None
+
+
+@contextlib.contextmanager
+def scratch_set(name: str | None):
+    """Launches inside take arrival counters and reused scratch buffers of set `name` (None: the
+    default set): for kernels that run at the same time as the default set's, on another stream."""
+    global _SCRATCH
+    before, _SCRATCH = _SCRATCH, name
+    try:
+        yield
+    finally:
+        _SCRATCH = before
+
+
+def current_scratch() -> str | None:
+    return _SCRATCH
 
 
 def arrival_counters(device: torch.device, owner: str = "main") -> torch.Tensor:
@@ -54,9 +72,10 @@ def arrival_counters(device: torch.device, owner: str = "main") -> torch.Tensor:
     its own; launches on one stream never overlap). `owner`: a set of its own for kernels that
     run beside others on a side stream. Allocated on first use, which the CUDA-graph warm-up
     does before capture."""
-    c = _COUNTERS.get((device, owner))
+    key = (device, owner, _SCRATCH)
+    c = _COUNTERS.get(key)
     if c is None:
-        c = _COUNTERS[device, owner] = torch.zeros(_MAX_COUNTERS, dtype=torch.int32, device=device)
+        c = _COUNTERS[key] = torch.zeros(_MAX_COUNTERS, dtype=torch.int32, device=device)
     return c
 
 

@@ -57,6 +57,50 @@ def test_a_lane_alone_gets_every_sm():
     policy = SplitPolicy(H200, TPOT, curve=H100_CURVE)
     assert policy.choose(StepShape(0), prefill=True) == Split(0, 132)
     assert policy.choose(StepShape.of([(100, 1)]), prefill=False) == Split(132, 0)
+    assert Split(0, 132).shared_sms == Split(132, 0).shared_sms == 0  # a lane alone: its own stream, every SM
+    assert Split(40, 92).shared_sms == 40  # both: the driver split of 40 decode SMs
+    assert policy.decode_sms() == [n for n, _, _ in H100_CURVE.points]  # a driver split made for each at start
+
+
+def test_the_prefill_lane_has_arrival_counters_and_scratch_of_its_own():
+    """Its kernels may run while the decode lane's do: a split kernel's counters and the split
+    prefill items' partials would be shared otherwise."""
+    import torch
+
+    from expresslane.attention.triton_backend import TritonAttentionBackend
+    from expresslane.device import arrival_counters, current_scratch, scratch_set
+
+    cpu = torch.device("cpu")
+    backend = TritonAttentionBackend(4, 2, 16, cpu)
+    default, partials = arrival_counters(cpu), backend._partials(16, cpu)
+    with scratch_set("prefill"):
+        assert current_scratch() == "prefill"
+        own, own_partials = arrival_counters(cpu), backend._partials(16, cpu)
+        assert own.data_ptr() != default.data_ptr() and own_partials[0].data_ptr() != partials[0].data_ptr()
+        assert arrival_counters(cpu).data_ptr() == own.data_ptr()
+    assert current_scratch() is None and arrival_counters(cpu).data_ptr() == default.data_ptr()
+    assert backend._partials(16, cpu)[0].data_ptr() == partials[0].data_ptr()
+
+
+def test_the_engine_tells_the_runner_each_step_s_split(model_dirs, monkeypatch):
+    """A prefill step planned beside decode-lane work, and the decode steps while it is in flight,
+    name the split's decode SMs (the runner's stream pair); a lane alone names none (its stream on
+    every SM). On CPU there is nothing to bind: the lanes take turns."""
+    from expresslane import LLM, SamplingParams
+
+    llm = LLM(str(model_dirs["llama"]), pd_lanes="on", max_num_batched_tokens=64, max_model_len=512)
+    core = llm.engine.core
+    assert core.runner.partitions is None
+    seen, execute = [], core.runner.execute
+    monkeypatch.setattr(core.runner, "execute", lambda plan: seen.append((plan.lane, plan.split_sms,
+                                                                          core.scheduler.split)) or execute(plan))
+    prompts = [[(5 * i + j) % 400 for j in range(n)] for i, n in enumerate((300, 9, 200, 40, 12))]
+    llm.generate([{"prompt_token_ids": p} for p in prompts],
+                 SamplingParams(temperature=0, max_tokens=6, ignore_eos=True), use_tqdm=False)
+    beside = [(lane, sms) for lane, sms, _ in seen if sms]
+    assert {"prefill", "decode"} <= {lane for lane, _ in beside}
+    assert all(sms == split.decode_sms and split.prefill_sms for _, sms, split in seen if sms)
+    assert all(split.shared_sms == 0 for _, sms, split in seen if not sms)
 
 
 # -- the lanes ---------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from expresslane.attention.backend import AttentionBackend, AttentionMetadata
 from expresslane.attention.library_prefill import LIBRARIES, seq_attention, warm_plans
 from expresslane.attention.triton_kernels import paged_attention_kernel, reduce_splits_kernel, rope_store_kernel
 from expresslane.attention.triton_tiles import DECODE_TILES, FP8_DECODE_TILES, PREFILL_TILES, DecodeTile, PrefillTile, Table, pick
-from expresslane.device import arrival_counters, to_device
+from expresslane.device import arrival_counters, current_scratch, to_device
 from expresslane.triton_setup import rows_per_program, triton
 
 
@@ -80,8 +80,7 @@ class TritonAttentionBackend(AttentionBackend):
         self.sms = _num_sms(device)
         self.kv_itemsize = kv_dtype.itemsize
         self.smem = _smem_bytes(device) if smem_bytes is None else smem_bytes
-        self.counters = arrival_counters(device)  # one per (seq or partial slot, KV head) when splits combine themselves
-        self._partial_bufs: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._partial_bufs: dict[tuple[int, int, int, str | None], tuple[torch.Tensor, torch.Tensor]] = {}
         # tile tables (triton_tiles.py); a benchmark passes its own to sweep shapes
         self.prefill_tiles = PREFILL_TILES if prefill_tiles is None else prefill_tiles
         if decode_tiles is None:
@@ -162,10 +161,11 @@ class TritonAttentionBackend(AttentionBackend):
         overlap; each combines its own before it ends). Allocated on first use, which the
         CUDA-graph warm-up does before capture."""
         shape = (self.split_rows, bq, self.num_heads)
-        if shape not in self._partial_bufs:
-            self._partial_bufs[shape] = (torch.empty(*shape, self.d_pad, dtype=torch.float32, device=device),
-                                         torch.empty(*shape, 2, dtype=torch.float32, device=device))
-        return self._partial_bufs[shape]
+        key = (*shape, current_scratch())
+        if key not in self._partial_bufs:
+            self._partial_bufs[key] = (torch.empty(*shape, self.d_pad, dtype=torch.float32, device=device),
+                                       torch.empty(*shape, 2, dtype=torch.float32, device=device))
+        return self._partial_bufs[key]
 
     def library_seqs(self, query_start_loc, seq_lens, num_decodes: int) -> tuple[int, ...]:
         """The step's prefill seqs that the library runs (none without `prefill_library`)."""
@@ -251,7 +251,7 @@ class TritonAttentionBackend(AttentionBackend):
         strides = (q.stride(0), q.stride(1), kc.stride(0), kc.stride(1), kc.stride(2), out.stride(0), out.stride(1),
                    meta.block_tables.stride(0))
         nd = meta.num_decodes
-        counters = self.counters
+        counters = arrival_counters(q.device)  # one per (seq or partial slot, KV head) when splits combine themselves
         if nd:
             s, tile = meta.num_splits, meta.decode_tile
             if tile.fused_reduce and nd * hk > counters.numel():

@@ -136,8 +136,11 @@ class EngineCore:
         self._lanes: dict[str, _InFlight] = {}
         self._lane_busy = {"decode": 0.0, "prefill": 0.0}
         if s.pd_lanes == "on":
-            self.scheduler.enable_two_lanes(SplitPolicy(self.cost_model, s.lane_slo["interactive"].tpot))
-            log.warning("pd_lanes on: no SM partitions yet, the lanes take turns on one stream")
+            splits = SplitPolicy(self.cost_model, s.lane_slo["interactive"].tpot)
+            self.scheduler.enable_two_lanes(splits)
+            if self.runner.bind_partitions(splits.decode_sms()) is None:
+                log.warning("pd_lanes on without SM partitions (%s): the lanes take turns on one stream",
+                            "no CUDA" if not cuda else "tensor parallel, LoRA or no driver split")
         self.loras = EngineLoRAs(self.runner, lora.enable_lora)
         for adapter in lora.startup_loras():
             self.loras.add(adapter)
@@ -314,6 +317,7 @@ class EngineCore:
             plan = self.scheduler.schedule(lane)
             if plan.is_empty:
                 continue
+            plan.split_sms = self.scheduler.split.shared_sms
             self.grammars.fill(plan, self._tokens_left)
             shape = StepShape.of((s.start_pos, len(s.token_ids)) for s in plan.seqs)
             launched = time.monotonic()

@@ -79,6 +79,10 @@ class Runner(ABC):
     def execute(self, plan: StepPlan) -> StepResult:
         """Sampled ids stay on the device until ``StepResult.get()``."""
 
+    def bind_partitions(self, decode_sms: list[int]) -> object | None:
+        """Run each lane on its own SMs (`StepPlan.split_sms`); None: the lanes take turns."""
+        return None
+
     @property
     def samples_late(self) -> bool:
         """``forward`` and ``sample`` may be called apart."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -29,6 +30,7 @@ from expresslane.runner.cuda_graphs import DecodeGraphs, MixedGraphs, Patch
 from expresslane.runner.lora_slots import LoRASlots
 from expresslane.runner.expert_load import ExpertTokensCopy, copy_expert_tokens, reset_expert_tokens
 from expresslane.runner.request_rows import RequestRows, StepInputs
+from expresslane.runner.sm_partitions import SmPartitions, bind
 from expresslane.runner.penalties import Penalties
 from expresslane.runner.pooling import Pooler
 from expresslane.runner.prompt_logprobs import forward_scoring, scored_rows
@@ -133,6 +135,7 @@ class ModelRunner(Runner):
         self._prev: dict[str | None, tuple[torch.Tensor | None, dict[str, int]]] = {}  # lane -> last step's ids
         self.decode_graphs: DecodeGraphs | None = None
         self.mixed_graphs: MixedGraphs | None = None
+        self.partitions: SmPartitions | None = None
 
     def _fuse_decode_layers(self) -> None:
         """Fold the norms into the weights where valid, else log why not."""
@@ -267,12 +270,25 @@ class ModelRunner(Runner):
     def reset_expert_tokens(self) -> None:
         reset_expert_tokens(self.model)
 
+    def bind_partitions(self, decode_sms: list[int]) -> SmPartitions | None:
+        """Each lane's steps on its own SMs (`StepPlan.split_sms`); None where they cannot be."""
+        if self.device.type == "cuda" and self.tp.size == 1 and self.lora is None:
+            torch.cuda.synchronize(self.device)  # the lanes' streams do not wait for start-up's work
+            self.partitions = bind(self.device, decode_sms)
+        return self.partitions
+
+    def _on_lane(self, plan: StepPlan):
+        if self.partitions is None or plan.lane is None:
+            return contextlib.nullcontext()
+        return self.partitions.running(plan.lane, plan.split_sms, [self._prev.get(plan.lane, (None,))[0]])
+
     @torch.inference_mode()
     def execute(self, plan: StepPlan) -> StepResult:
-        inputs = self._apply(plan)
-        if inputs.num_spec.any():
-            return self._execute_spec(inputs)
-        return self._sample(inputs, *self._logits(inputs, plan.lane), plan)
+        with self._on_lane(plan):
+            inputs = self._apply(plan)
+            if inputs.num_spec.any():
+                return self._execute_spec(inputs)
+            return self._sample(inputs, *self._logits(inputs, plan.lane), plan)
 
     @torch.inference_mode()
     def forward(self, plan: StepPlan) -> Forward:
@@ -294,6 +310,9 @@ class ModelRunner(Runner):
         inputs = self.rows.apply(plan)
         if self.lora is not None:
             self.lora.prepare(self.rows.token_lora_ids(inputs))
+        if self.partitions is not None and any(n.sampling_params.penalized or n.sampling_params.bad_words_token_ids
+                                               for n in plan.new_requests):
+            self.partitions.barrier(plan.lane)  # their first use may replace the state tensors
         for new in plan.new_requests:
             self.penalties.add(self.rows.row_of[new.request_id], new)
             self.bad_words.add(self.rows.row_of[new.request_id], new)
@@ -398,8 +417,9 @@ class ModelRunner(Runner):
         patch = self._previous_tokens_patch(inputs, lane)
         scored = scored_rows(inputs)
         if scored is None and not len(inputs.pooling):
-            return self.forward_logits(self.model, self.attn_backend, self.decode_graphs, self.mixed_graphs, inputs,
-                                       patch, inputs.sampling), None, None
+            eager = self.partitions is not None and lane == "prefill"  # the graphs' buffers are the decode lane's
+            return self.forward_logits(self.model, self.attn_backend, *(None, None) if eager else
+                                       (self.decode_graphs, self.mixed_graphs), inputs, patch, inputs.sampling), None, None
         if not len(inputs.pooling):
             top_k = [self.rows.params[r].prompt_logprobs or 0 for r in inputs.rows]
             return *forward_scoring(self.model, *self._prepare(inputs, patch), inputs, scored, top_k), None

@@ -14,6 +14,11 @@ class Split:
     decode_factor: float = 1.0  # time here / on every SM
     prefill_factor: float = 1.0
 
+    @property
+    def shared_sms(self) -> int:
+        """The decode SMs of a split both lanes run on; 0 while one lane has every SM."""
+        return self.decode_sms if self.decode_sms and self.prefill_sms else 0
+
 
 @dataclass(frozen=True, slots=True)
 class SplitCurve:
@@ -40,6 +45,10 @@ class SplitPolicy:
         self.cost_model, self.tpot, self.itl_ratio, self.knee = cost_model, tpot, itl_ratio, knee
         self.total_sms = curve.total_sms
         self._splits = curve.splits()
+
+    def decode_sms(self) -> list[int]:
+        """The decode SMs of every split `choose` may pick."""
+        return [s.decode_sms for s in self._splits]
 
     def whole(self, decode: bool) -> Split:
         n = self.total_sms
