@@ -388,7 +388,7 @@ for section in $SECTIONS; do
     pdlanes)
       echo "== two lanes on SM partitions: GPU tests"
       python3 -m pytest -q -s tests/test_gpu_lanes.py -p no:cacheprovider 2>&1 | tee "$OUT/pdlanes-tests.log" \
-        | grep -e granted -e replayed -e passed -e failed -e Error | tail -12 || status=1
+        | grep -e granted -e replayed -e current -e passed -e failed -e Error -e assert | tail -20 || status=1
       model llama-3-8b
       echo "== two lanes beside one lane (llama-3-8b, in-engine)"
       # shellcheck disable=SC2086

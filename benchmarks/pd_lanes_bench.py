@@ -183,8 +183,13 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
-    rows = [emit(a.out, bench="pd_lanes", **run_config(*parse_config(c), a))
-            for c in a.config or ["default=", "pd=pd_lanes:on"]]
+    rows = []
+    for c in a.config or ["default=", "pd=pd_lanes:on"]:
+        try:
+            rows.append(emit(a.out, bench="pd_lanes", **run_config(*parse_config(c), a)))
+        except Exception as e:  # noqa: BLE001 - the other configurations still run
+            print(f"{c}: failed: {type(e).__name__}: {e}", flush=True)
+            release_memory()
     print(f"\n{'config':<10}{'SMs d/p':>18}{'short TTFT x':>13}{'total x':>9}{'long x':>8}{'long ms':>9}"
           f"{'| mix ITL99 x':>13}{'TTFT99 ms':>10}{'long p50':>10}")
     for r in rows:

@@ -52,6 +52,13 @@ def test_split_halves_are_disjoint_and_a_graph_stays_on_its_half():
         kernel[(out.numel(),)](out, SPIN_NS, num_warps=1)
 
     decode, prefill = (ran_on(parts.stream(lane, 48), probe) for lane in ("decode", "prefill"))
+    ctx = parts._halves[48]["decode"][1]
+    parts.driver.push(ctx)
+    try:
+        pushed = ran_on(parts.stream("decode", 48), probe)
+    finally:
+        parts.driver.pop()
+    print(f"with the half's context current: {len(pushed)} SMs, {len(pushed & decode)} of them the decode half's")
     print(f"granted {parts.granted[48]}; decode kernels on {len(decode)} SMs, prefill on {len(prefill)}")
     assert not decode & prefill
     assert (len(decode), len(prefill)) == parts.granted[48]
