@@ -67,6 +67,13 @@ def test_split_halves_are_disjoint_and_a_graph_stays_on_its_half():
         probe()
     replayed = ran_on(parts.stream("decode", 48), graph.replay)
     print(f"a graph captured in the primary context, replayed on the decode half: {len(replayed)} SMs")
+    on_half = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(on_half, stream=parts.stream("decode", 48)):
+        probe()
+    there = ran_on(parts.stream("decode", 48), on_half.replay)
+    elsewhere = ran_on(torch.cuda.Stream(), on_half.replay)
+    print(f"a graph captured on the decode half's stream: replayed there {len(there)} SMs ({len(there & decode)} "
+          f"the half's), on a primary stream {len(elsewhere)} SMs")
     assert replayed <= decode
 
 
