@@ -147,7 +147,9 @@ def mixed(d: Driver, a, itl_batch1_ms: float) -> dict:
 def run_config(name: str, kw: dict, a) -> dict:
     from expresslane import LLM
 
+    t0 = time.monotonic()
     llm = LLM(a.model, dtype=a.dtype, **kw)
+    startup = time.monotonic() - t0
     core = llm.engine.core
     a.long_len = min(a.long_len, llm.config.model.max_model_len - a.output_len)  # as the doctor cuts it to fit
     bound = getattr(core.runner, "partitions", None)
@@ -155,7 +157,7 @@ def run_config(name: str, kw: dict, a) -> dict:
     d.run([(0.0, a.long_len, "warm")] + [(0.0, a.short_len, "warm")] * 4)  # first-use costs
     [one] = d.run([(0.0, a.short_len, "one")])
     itl1 = ms(d.gaps(one), "p50")
-    row = dict(config=name, engine_args=kw, long_len=a.long_len, partitions=bound.describe() if bound else None,
+    row = dict(config=name, engine_args=kw, long_len=a.long_len, startup_s=startup, partitions=bound.describe() if bound else None,
                itl_batch1_ms=itl1, ttft_short_alone_ms=ms([d.ttft(one)], "p50"))
     if "beside-long" in a.run:
         row["beside_long"] = beside_long(d, a)
