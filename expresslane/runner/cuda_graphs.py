@@ -50,6 +50,10 @@ class _Graphs:
         lora = model.lora_state
         self.lora = None if lora is None else LoRAStep.static(max_tokens, lora.num_slots, device)
         self.graphs: dict[int, list[torch.cuda.CUDAGraph]] = {}
+        # a graph's kernels run where it was captured: on a green context's SMs if captured on its
+        # stream, on every SM if in the primary context, whatever stream replays it
+        self.placed: dict[int, dict[int, list[torch.cuda.CUDAGraph]]] = {0: self.graphs}  # SMs -> size -> pieces
+        self.placement = 0  # which set `run` replays (0: the primary context's)
 
     @property
     def max_size(self) -> int:
@@ -89,22 +93,26 @@ class _Graphs:
         return out
 
     @torch.inference_mode()
-    def capture(self, pool) -> None:
+    def capture(self, pool, stream: torch.cuda.Stream | None = None, placement: int = 0) -> None:
+        """`stream`: capture there (a green context's, for `placement` = its SMs)."""
         t0 = time.monotonic()
+        graphs = self.placed.setdefault(placement, {})
         for size in reversed(self.sizes):  # largest first: later graphs reuse its memory
             pieces = self._pieces(size)
-            for run in pieces:  # warm-up: compile kernels, settle the allocator
-                run()
+            if not placement:
+                for run in pieces:  # warm-up: compile kernels, settle the allocator
+                    run()
             torch.cuda.synchronize()
-            self.graphs[size] = []
+            graphs[size] = []
             for run in pieces:
                 graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
+                with torch.cuda.graph(graph, pool=pool, stream=stream):
                     run()
-                self.graphs[size].append(graph)
+                graphs[size].append(graph)
         torch.cuda.synchronize()
-        log.info("captured %d %s (sizes %d..%d, %d piece(s) each) in %.1fs", len(self.sizes), type(self).__name__,
-                 self.sizes[0], self.sizes[-1], self.num_pieces, time.monotonic() - t0)
+        log.info("captured %d %s (sizes %d..%d, %d piece(s) each%s) in %.1fs", len(self.sizes), type(self).__name__,
+                 self.sizes[0], self.sizes[-1], self.num_pieces, f", on {placement} SMs" if placement else "",
+                 time.monotonic() - t0)
 
     def _load(self, fields: list[tuple[torch.Tensor, np.ndarray, int]], patch: Patch | None) -> None:
         """`fields`: (buffer view, values, pad fill); one host->device copy."""
@@ -128,8 +136,9 @@ class _Graphs:
         return fields
 
     def _replay(self, size: int, rows: int) -> torch.Tensor:
-        if size in self.graphs:
-            for graph in self.graphs[size]:
+        graphs = self.placed[self.placement]
+        if size in graphs:
+            for graph in graphs[size]:
                 graph.replay()
             return self.logits_out[:rows]
         return self._forward(size)[:rows]  # not captured (CPU tests): eager

@@ -136,6 +136,7 @@ class ModelRunner(Runner):
         self.decode_graphs: DecodeGraphs | None = None
         self.mixed_graphs: MixedGraphs | None = None
         self.partitions: SmPartitions | None = None
+        self._graph_pool = None
 
     def _fuse_decode_layers(self) -> None:
         """Fold the norms into the weights where valid, else log why not."""
@@ -234,7 +235,7 @@ class ModelRunner(Runner):
                                           logits_out, len(self.kv_groups))
         self.mixed_graphs = MixedGraphs(self.model, self.attn_backend, mixed_tokens, s.max_num_seqs, max_blocks,
                                         self.device, logits_out, len(self.kv_groups))
-        pool = torch.cuda.graph_pool_handle() if capture else None
+        pool = self._graph_pool = torch.cuda.graph_pool_handle() if capture else None
         if capture:
             self.decode_graphs.capture(pool)
             self.mixed_graphs.capture(pool)
@@ -275,11 +276,18 @@ class ModelRunner(Runner):
         if self.device.type == "cuda" and self.tp.size == 1 and self.lora is None:
             torch.cuda.synchronize(self.device)  # the lanes' streams do not wait for start-up's work
             self.partitions = bind(self.device, decode_sms)
+        graphs = [g for g in (self.decode_graphs, self.mixed_graphs) if g is not None and g.graphs]
+        for sms in decode_sms if self.partitions is not None else ():
+            for g in graphs:
+                g.capture(self._graph_pool, self.partitions.stream("decode", sms), sms)
         return self.partitions
 
     def _on_lane(self, plan: StepPlan):
         if self.partitions is None or plan.lane is None:
             return contextlib.nullcontext()
+        for g in (self.decode_graphs, self.mixed_graphs):
+            if g is not None:
+                g.placement = plan.split_sms if plan.lane == "decode" and plan.split_sms in g.placed else 0
         return self.partitions.running(plan.lane, plan.split_sms, [self._prev.get(plan.lane, (None,))[0]])
 
     @torch.inference_mode()

@@ -30,6 +30,9 @@ class SplitCurve:
     def splits(self) -> list[Split]:
         return [Split(n, self.total_sms - n, d, p) for n, d, p in sorted(self.points)]
 
+    def only(self, decode_sms: tuple[int, ...]) -> SplitCurve:
+        return SplitCurve(self.total_sms, tuple(p for p in self.points if p[0] in decode_sms))
+
 
 # docs/performance.md, "How many SMs a decode needs"
 H100_CURVE = SplitCurve(132, ((8, 5.33, 1.04), (16, 2.86, 1.09), (24, 2.03, 1.13), (32, 1.76, 1.19),
@@ -37,11 +40,16 @@ H100_CURVE = SplitCurve(132, ((8, 5.33, 1.04), (16, 2.86, 1.09), (24, 2.03, 1.13
                               (96, 1.28, 2.70), (112, 1.18, 4.83)))
 
 
+# The splits the policy picks from: each costs a set of CUDA graphs captured on its decode half at
+# start-up. 40: the fewest SMs within 1.5x a lone decode step; 64: the knee for heavier decodes.
+LANE_SPLITS = H100_CURVE.only((40, 64))
+
+
 class SplitPolicy:
     """Fewest decode SMs within `target()`, else within `knee` of the best; a lone lane gets all."""
 
     def __init__(self, cost_model: StepCostModel, tpot: float, itl_ratio: float = 1.5,
-                 curve: SplitCurve = H100_CURVE, knee: float = 1.1):
+                 curve: SplitCurve = LANE_SPLITS, knee: float = 1.1):
         self.cost_model, self.tpot, self.itl_ratio, self.knee = cost_model, tpot, itl_ratio, knee
         self.total_sms = curve.total_sms
         self._splits = curve.splits()
