@@ -162,10 +162,14 @@ class Scheduler:
         return scheduled
 
     def _schedule_prefill_lane(self) -> list[tuple[Request, int]]:
-        """Long prompts, in full steps: beside other work on their split, alone on every SM (the
-        decode lane's arrivals start on their own SMs once it lands)."""
+        """Long prompts: full steps beside other work, else a lone step."""
         top = self.config.max_num_batched_tokens
-        budget = StepBudget(top, top, dict.fromkeys(LANES, top))
+        head = self._head("prefill")
+        if self._decoders() or not self._decode_lane_idle():
+            budget = StepBudget(top, top, dict.fromkeys(LANES, top))
+        else:
+            running = [r for r in self.running.values() if self._in_lane(r, "prefill")]
+            budget = self.policy.step_budget(head, running, self._waiting_by_lane, self.clock())
         scheduled, preempted = self._schedule_running(budget, lane="prefill")
         if not preempted:
             self._admit(scheduled, budget, self.config.max_num_seqs, "prefill")
