@@ -117,7 +117,8 @@ def run_lanes(sched: Scheduler, now: list[float], arrivals: list[Request], model
     """Each request's token times, a two-lane scheduler's steps each lasting the model's prediction
     times its split's factor (`now[0]`: the scheduler's clock). A prefill step is planned when the
     lane is free, a decode step when the last one lands (no hold margin); decodes wait while a
-    prefill holds every SM. `check(sched)` runs after every round of plans."""
+    prefill holds every SM; while only long prompts wait or run, one lane's steps on every SM.
+    `check(sched)` runs after every round of plans."""
     todo = sorted(arrivals, key=lambda r: r.arrival_time)
     times: dict[str, list[float]] = {r.request_id: [] for r in arrivals}
     lanes: dict[str, tuple] = {}  # lane -> (plan, when it ends)
@@ -134,10 +135,12 @@ def run_lanes(sched: Scheduler, now: list[float], arrivals: list[Request], model
                 del lanes[lane]
                 for out in sched.update(plan, {s.request_id: 5 for s in plan.seqs if s.sample}):
                     times[out.request_id].extend([ends] * len(out.new_token_ids))
-        for lane in ("prefill", "decode"):
-            if lane not in lanes and (lane == "prefill" or sched.split.decode_sms):
+        # only long prompts before their first token: one lane's steps on every SM (the engine's way)
+        planned = () if None in lanes else (None,) if not lanes and sched.prefill_lane_only() else ("prefill", "decode")
+        for lane in planned:
+            if lane not in lanes and (lane != "decode" or sched.split.decode_sms):
                 plan = sched.schedule(lane)  # a prefill plan picks the split
-                factor = sched.split.prefill_factor if lane == "prefill" else sched.split.decode_factor
+                factor = {None: 1.0, "prefill": sched.split.prefill_factor, "decode": sched.split.decode_factor}[lane]
                 if plan.seqs:
                     lanes[lane] = (plan, now[0] + max(model.predict(shape(plan.seqs)), 1e-4) * factor)
         if check is not None:

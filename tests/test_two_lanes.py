@@ -85,7 +85,8 @@ def test_the_prefill_lane_has_arrival_counters_and_scratch_of_its_own():
 def test_the_engine_tells_the_runner_each_step_s_split(model_dirs, monkeypatch):
     """A prefill step planned beside decode-lane work, and the decode steps while it is in flight,
     name the split's decode SMs (the runner's stream pair); a lane alone names none (its stream on
-    every SM). On CPU there is nothing to bind: the lanes take turns."""
+    every SM). A lone long prompt runs in one lane's steps until its first token. On CPU there is
+    nothing to bind: the lanes take turns."""
     from expresslane import LLM, SamplingParams
 
     llm = LLM(str(model_dirs["llama"]), pd_lanes="on", max_num_batched_tokens=64, max_model_len=512)
@@ -95,6 +96,16 @@ def test_the_engine_tells_the_runner_each_step_s_split(model_dirs, monkeypatch):
     monkeypatch.setattr(core.runner, "execute", lambda plan: seen.append((plan.lane, plan.split_sms,
                                                                           core.scheduler.split)) or execute(plan))
     prompts = [[(5 * i + j) % 400 for j in range(n)] for i, n in enumerate((300, 9, 200, 40, 12))]
+    llm.generate([{"prompt_token_ids": p} for p in prompts],
+                 SamplingParams(temperature=0, max_tokens=6, ignore_eos=True), use_tqdm=False)
+    seen.clear()
+    fresh = [(3 * j + 1) % 397 for j in range(300)]  # no prefix hit
+    llm.generate([{"prompt_token_ids": fresh}], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True),
+                 use_tqdm=False)
+    lone = [lane for lane, _, _ in seen]
+    assert lone[:-2] == [None] * (len(lone) - 2) and len(lone) > 3  # nothing to protect: one lane's steps
+    assert lone[-2:] == ["decode", "decode"]
+    seen.clear()
     llm.generate([{"prompt_token_ids": p} for p in prompts],
                  SamplingParams(temperature=0, max_tokens=6, ignore_eos=True), use_tqdm=False)
     beside = [(lane, sms) for lane, sms, _ in seen if sms]

@@ -238,8 +238,9 @@ class EngineCore:
 
     def step(self) -> list[EngineCoreOutput]:
         """Launch step N+1 shortly before step N ends on the GPU (`hold`), then land step N."""
-        if self.scheduler.splits is not None:
-            return self._step_lanes()
+        if self.scheduler.splits is not None and (self._lanes or not self.scheduler.prefill_lane_only()):
+            landed, self._in_flight = ([] if self._in_flight is None else self._land(self._in_flight)[0]), None
+            return landed + self._step_lanes()
         t0 = time.monotonic()
         prev = self._in_flight
         wait = self.hold(prev, t0)
