@@ -283,11 +283,13 @@ class ModelRunner(Runner):
         return self.partitions
 
     def _on_lane(self, plan: StepPlan):
-        if self.partitions is None or plan.lane is None:
+        if self.partitions is None:
             return contextlib.nullcontext()
         for g in (self.decode_graphs, self.mixed_graphs):
             if g is not None:
                 g.placement = plan.split_sms if plan.lane == "decode" and plan.split_sms in g.placed else 0
+        if plan.lane is None:
+            return contextlib.nullcontext()
         return self.partitions.running(plan.lane, plan.split_sms, [self._prev.get(plan.lane, (None,))[0]])
 
     @torch.inference_mode()
