@@ -386,7 +386,7 @@ def main() -> None:
     props = torch.cuda.get_device_properties(0)
     total = props.multi_processor_count
     try:
-        from expresslane.runner.sm_partitions import Driver  # imports torch: after --connections is set
+        from expresslane.cuda_driver import Driver
         drv = Driver()
         driver = drv.version()
     except Exception as e:  # noqa: BLE001 - green-split is left out, the rest runs

@@ -118,8 +118,9 @@ class SchedulerConfig:
     step_hold_slice_ms: float = _knob(1.0, "a held step() call sleeps at most this long before returning to its "
                                       "caller (ms), which takes in new requests between calls")
     pd_lanes: str = _knob("off", "on: prompt chunks and decode steps planned in two lanes, in flight at once "
-                          "(issue #45); the SM partitions that let them run side by side are not built yet, so the "
-                          "lanes take turns on one stream: for testing the mode, slower than off",
+                          "(issue #45); on a CUDA GPU (one process, no LoRA) each lane's steps run on their own SMs "
+                          "(a driver split, green-context streams, graphs per split), elsewhere the lanes take turns "
+                          "on one stream; experimental: short of issue #45's targets so far (docs/performance.md)",
                           ("off", "on"))
 
     def __post_init__(self) -> None:

@@ -80,7 +80,7 @@ class Runner(ABC):
         """Sampled ids stay on the device until ``StepResult.get()``."""
 
     def bind_partitions(self, decode_sms: list[int]) -> object | None:
-        """Run each lane on its own SMs (`StepPlan.split_sms`); None: the lanes take turns."""
+        """None: the lanes take turns."""
         return None
 
     @property

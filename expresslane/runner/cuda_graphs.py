@@ -50,10 +50,9 @@ class _Graphs:
         lora = model.lora_state
         self.lora = None if lora is None else LoRAStep.static(max_tokens, lora.num_slots, device)
         self.graphs: dict[int, list[torch.cuda.CUDAGraph]] = {}
-        # a graph's kernels run where it was captured: on a green context's SMs if captured on its
-        # stream, on every SM if in the primary context, whatever stream replays it
-        self.placed: dict[int, dict[int, list[torch.cuda.CUDAGraph]]] = {0: self.graphs}  # SMs -> size -> pieces
-        self.placement = 0  # which set `run` replays (0: the primary context's)
+        # a graph runs where it was captured, whatever stream replays it: SMs -> size -> pieces
+        self.placed: dict[int, dict[int, list[torch.cuda.CUDAGraph]]] = {0: self.graphs}
+        self.placement = 0
 
     @property
     def max_size(self) -> int:
@@ -94,7 +93,6 @@ class _Graphs:
 
     @torch.inference_mode()
     def capture(self, pool, stream: torch.cuda.Stream | None = None, placement: int = 0) -> None:
-        """`stream`: capture there (a green context's, for `placement` = its SMs)."""
         t0 = time.monotonic()
         graphs = self.placed.setdefault(placement, {})
         for size in reversed(self.sizes):  # largest first: later graphs reuse its memory

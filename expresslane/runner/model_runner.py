@@ -30,7 +30,7 @@ from expresslane.runner.cuda_graphs import DecodeGraphs, MixedGraphs, Patch
 from expresslane.runner.lora_slots import LoRASlots
 from expresslane.runner.expert_load import ExpertTokensCopy, copy_expert_tokens, reset_expert_tokens
 from expresslane.runner.request_rows import RequestRows, StepInputs
-from expresslane.runner.sm_partitions import SmPartitions, bind
+from expresslane.sm_partitions import SmPartitions, bind
 from expresslane.runner.penalties import Penalties
 from expresslane.runner.pooling import Pooler
 from expresslane.runner.prompt_logprobs import forward_scoring, scored_rows
@@ -272,9 +272,8 @@ class ModelRunner(Runner):
         reset_expert_tokens(self.model)
 
     def bind_partitions(self, decode_sms: list[int]) -> SmPartitions | None:
-        """Each lane's steps on its own SMs (`StepPlan.split_sms`); None where they cannot be."""
         if self.device.type == "cuda" and self.tp.size == 1 and self.lora is None:
-            torch.cuda.synchronize(self.device)  # the lanes' streams do not wait for start-up's work
+            torch.cuda.synchronize(self.device)  # start-up's work, on another stream
             self.partitions = bind(self.device, decode_sms)
         graphs = [g for g in (self.decode_graphs, self.mixed_graphs) if g is not None and g.graphs]
         for sms in decode_sms if self.partitions is not None else ():
@@ -322,7 +321,7 @@ class ModelRunner(Runner):
             self.lora.prepare(self.rows.token_lora_ids(inputs))
         if self.partitions is not None and any(n.sampling_params.penalized or n.sampling_params.bad_words_token_ids
                                                for n in plan.new_requests):
-            self.partitions.barrier(plan.lane)  # their first use may replace the state tensors
+            self.partitions.barrier(plan.lane)  # may replace the state tensors
         for new in plan.new_requests:
             self.penalties.add(self.rows.row_of[new.request_id], new)
             self.bad_words.add(self.rows.row_of[new.request_id], new)
@@ -427,7 +426,7 @@ class ModelRunner(Runner):
         patch = self._previous_tokens_patch(inputs, lane)
         scored = scored_rows(inputs)
         if scored is None and not len(inputs.pooling):
-            eager = self.partitions is not None and lane == "prefill"  # the graphs' buffers are the decode lane's
+            eager = self.partitions is not None and lane == "prefill"  # the graphs' inputs: the decode lane's
             return self.forward_logits(self.model, self.attn_backend, *(None, None) if eager else
                                        (self.decode_graphs, self.mixed_graphs), inputs, patch, inputs.sampling), None, None
         if not len(inputs.pooling):

@@ -15,14 +15,13 @@ class Split:
     prefill_factor: float = 1.0
 
     @property
-    def shared_sms(self) -> int:
-        """The decode SMs of a split both lanes run on; 0 while one lane has every SM."""
+    def shared_sms(self) -> int:  # 0: a lane alone
         return self.decode_sms if self.decode_sms and self.prefill_sms else 0
 
 
 @dataclass(frozen=True, slots=True)
 class SplitCurve:
-    """(decode SMs, decode factor beside a prefill, prefill factor) per split."""
+    """(decode SMs, its factor, the prefill's factor) per split."""
 
     total_sms: int
     points: tuple[tuple[int, float, float], ...]
@@ -40,8 +39,7 @@ H100_CURVE = SplitCurve(132, ((8, 5.33, 1.04), (16, 2.86, 1.09), (24, 2.03, 1.13
                               (96, 1.28, 2.70), (112, 1.18, 4.83)))
 
 
-# The splits the policy picks from: each costs a set of CUDA graphs captured on its decode half at
-# start-up. 40: the fewest SMs within 1.5x a lone decode step; 64: the knee for heavier decodes.
+# graphs are captured per split
 LANE_SPLITS = H100_CURVE.only((40, 64))
 
 
@@ -55,7 +53,6 @@ class SplitPolicy:
         self._splits = curve.splits()
 
     def decode_sms(self) -> list[int]:
-        """The decode SMs of every split `choose` may pick."""
         return [s.decode_sms for s in self._splits]
 
     def whole(self, decode: bool) -> Split:

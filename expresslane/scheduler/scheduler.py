@@ -102,7 +102,7 @@ class Scheduler:
             return plan  # not executed: finished ids wait
         plan.finished_request_ids, self._finished_ids = self._finished_ids, []
         plan.preempted_request_ids, self._preempted_ids = self._preempted_ids, []
-        if lane is None and self.splits is not None:  # still the prefill lane's once the other has work
+        if lane is None and self.splits is not None:
             self._long.update(req.request_id for req, _ in scheduled if self._long_prompt(req))
         for req, n in scheduled:
             if req.num_blocks_sent == 0:
@@ -184,8 +184,7 @@ class Scheduler:
         return lane is None or self._long_prompt(req) == (lane == "prefill")
 
     def prefill_lane_only(self) -> bool:
-        """Two lanes, and no work but long prompts before their first token, none in a lane's step:
-        nothing to protect, so one lane's steps on every SM (pipelined, graphs) serve them best."""
+        """Only long prompts, none decoding yet: nothing to protect."""
         return not self.in_prefill_lane and not self._decoders() and self._decode_lane_idle()
 
     def _decode_lane_idle(self) -> bool:
