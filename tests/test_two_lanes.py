@@ -300,3 +300,30 @@ def test_a_long_prompt_gets_its_first_token_by_its_deadline_while_shorts_keep_ar
     assert first["long"] <= sched.policy.deadline(sent[0])
     shorts = [first[r.request_id] - r.arrival_time for r in sent[1:]]
     assert np.percentile(shorts, 90) <= 0.2  # and the shorts keep their TTFT target
+
+
+def test_each_lane_step_replays_the_graphs_captured_on_its_split(model_dirs):
+    """A graph runs on the SMs it was captured on (measured: tests/test_gpu_lanes.py), so a decode
+    step on a split replays that split's graphs and every other step the graphs of every SM; the
+    split itself is a stand-in here (no CUDA)."""
+    import contextlib
+
+    from expresslane import LLM
+    from expresslane.contract import StepPlan
+
+    class Halves:
+        def running(self, lane, sms, carried):
+            return contextlib.nullcontext()
+
+    llm = LLM(str(model_dirs["llama"]), pd_lanes="on", attention_backend="triton", max_num_batched_tokens=64,
+              max_model_len=512)
+    runner = llm.engine.runner
+    runner.build_graphs(512, capture=False)
+    graphs = (runner.decode_graphs, runner.mixed_graphs)
+    for g in graphs:
+        g.placed[40] = {}
+    runner.partitions = Halves()
+    for lane, sms, want in [("decode", 40, 40), (None, 0, 0), ("decode", 40, 40), ("prefill", 40, 0),
+                            ("decode", 0, 0), ("decode", 64, 0)]:
+        with runner._on_lane(StepPlan(0, [], 0, lane=lane, split_sms=sms)):
+            assert [g.placement for g in graphs] == [want, want], (lane, sms)
