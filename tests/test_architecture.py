@@ -42,6 +42,7 @@ TIERS = {
     "expresslane.pooling_params": (0, "leaf"),  # embeddings: the pooler config, a request's pooling parameters
     "expresslane.outputs": (0, "leaf"),
     "expresslane.device": (0, "leaf"),
+    "expresslane.cuda_driver": (0, "leaf"),  # libcuda calls torch does not expose (SM splits, green contexts)
     "expresslane.tokenizer": (0, "leaf"),
     "expresslane.backoff": (0, "leaf"),
     "expresslane.child_process": (0, "leaf"),  # how the engine and workers live and die with their parent

@@ -30,7 +30,7 @@ def _probe_kernel():
 
 
 def test_split_halves_are_disjoint_and_a_graph_stays_on_its_half():
-    from expresslane.sm_partitions import SmPartitions
+    from expresslane.runner.sm_partitions import SmPartitions
 
     dev = torch.device("cuda")
     total = torch.cuda.get_device_properties(dev).multi_processor_count
@@ -79,7 +79,7 @@ def test_two_lanes_on_their_own_sms_match_transformers(tmp_path, monkeypatch):
     """Long prompts (over the prefill cap of 128) in the prefill lane beside shorts decoding:
     some steps run on a split's halves at once, and every request's tokens equal transformers'.
     Penalised requests (penalty state both lanes' steps share) equal lanes off."""
-    from expresslane.sm_partitions import SmPartitions
+    from expresslane.runner.sm_partitions import SmPartitions
 
     model_dir = build_model("llama", tmp_path / "llama", max_position_embeddings=2048)
     torch.backends.cuda.matmul.allow_tf32 = False

@@ -30,7 +30,7 @@ from expresslane.runner.cuda_graphs import DecodeGraphs, MixedGraphs, Patch
 from expresslane.runner.lora_slots import LoRASlots
 from expresslane.runner.expert_load import ExpertTokensCopy, copy_expert_tokens, reset_expert_tokens
 from expresslane.runner.request_rows import RequestRows, StepInputs
-from expresslane.sm_partitions import SmPartitions, bind
+from expresslane.runner.sm_partitions import SmPartitions, bind
 from expresslane.runner.penalties import Penalties
 from expresslane.runner.pooling import Pooler
 from expresslane.runner.prompt_logprobs import forward_scoring, scored_rows

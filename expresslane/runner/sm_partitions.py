@@ -1,5 +1,4 @@
-"""The two lanes' steps on disjoint SMs (docs/architecture.md, "Prefill and decode side by side"):
-one driver split per decode-SM count (torch's green contexts share SMs), a stream in each half."""
+"""Each lane's steps on its own SMs (docs/architecture.md, "side by side")."""
 
 from __future__ import annotations
 
@@ -15,9 +14,7 @@ log = logging.getLogger(__name__)
 
 
 class SmPartitions:
-    """A lane's stream: a split's half while both lanes run (`sms`: its decode SMs), else its own
-    on every SM. A lane's new stream waits for its last step; the lanes are not ordered against
-    each other (a request changes lanes after its step lands) but by `barrier`."""
+    """A lane's stream: its split's half (`sms`: decode SMs), else its own on every SM."""
 
     def __init__(self, device: torch.device, decode_sms: list[int]):
         self.driver = Driver()
@@ -32,15 +29,14 @@ class SmPartitions:
             self._halves[n] = dict(zip(("decode", "prefill"), streams))
             self.granted[n] = (made[0][2], made[1][2]) if counted == self.total else (n, self.total - n)
         self._last: dict[str, tuple[torch.cuda.Stream, torch.cuda.Event]] = {}
-        self._after: dict[str, str] = {}  # lane -> the lane whose last step its next one waits for
+        self._after: dict[str, str] = {}  # lane -> the lane it waits for
 
     def stream(self, lane: str, sms: int) -> torch.cuda.Stream:
         return self._alone[lane] if not sms else self._halves[sms][lane]
 
     @contextlib.contextmanager
     def running(self, lane: str, sms: int, carried: list[torch.Tensor | None]):
-        """Launches go to the lane's stream (kernels stay on its SMs without its context current);
-        `carried`: the lane's tensors from its last step. The prefill lane's scratch is its own."""
+        """`carried`: the lane's tensors from its last step."""
         stream = self.stream(lane, sms)
         last = self._last.get(lane)
         if last is not None and last[0] is not stream:
@@ -60,7 +56,7 @@ class SmPartitions:
             self._last[lane] = (stream, event)
 
     def barrier(self, lane: str) -> None:
-        """Inside `running(lane)`: wait for the other lane's steps so far; its next waits for this."""
+        """Wait for the other lane's steps; its next waits for this."""
         other = "prefill" if lane == "decode" else "decode"
         last = self._last.get(other)
         if last is not None:
@@ -72,7 +68,6 @@ class SmPartitions:
 
 
 def bind(device: torch.device, decode_sms: list[int]) -> SmPartitions | None:
-    """None (logged) where the driver cannot split this device's SMs."""
     try:
         parts = SmPartitions(device, decode_sms)
     except (OSError, AttributeError, RuntimeError) as e:  # no libcuda or green contexts, a refused split
