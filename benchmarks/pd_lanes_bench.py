@@ -157,7 +157,8 @@ def run_config(name: str, kw: dict, a) -> dict:
     d.run([(0.0, a.long_len, "warm")] + [(0.0, a.short_len, "warm")] * 4)  # first-use costs
     [one] = d.run([(0.0, a.short_len, "one")])
     itl1 = ms(d.gaps(one), "p50")
-    row = dict(config=name, engine_args=kw, long_len=a.long_len, startup_s=startup, partitions=bound.describe() if bound else None,
+    row = dict(config=name, engine_args=kw, long_len=a.long_len, startup_s=startup,
+               partitions=bound.describe() if bound else None,
                itl_batch1_ms=itl1, ttft_short_alone_ms=ms([d.ttft(one)], "p50"))
     if "beside-long" in a.run:
         row["beside_long"] = beside_long(d, a)

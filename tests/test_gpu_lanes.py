@@ -1,6 +1,7 @@
 """Issue #45 on CUDA: the two lanes' steps on disjoint SMs (one driver split per split the policy
 may choose). The split's halves run on the SMs they were given, a CUDA graph replayed on a half
-stays on it only if it was captured there, and the engine's greedy tokens with the lanes on their SMs equal transformers'."""
+stays on it only if it was captured there, and the engine's greedy tokens with the lanes on their
+SMs equal transformers'."""
 
 import pytest
 import torch
@@ -97,7 +98,8 @@ def test_two_lanes_on_their_own_sms_match_transformers(tmp_path, monkeypatch):
     monkeypatch.setattr(SmPartitions, "running", spy)
     prompts = [p for pair in zip(LONG, SHORT) for p in pair] + SHORT[len(LONG):]
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], GREEDY, use_tqdm=False)
-    mismatched = [i for i, (o, p) in enumerate(zip(outs, prompts)) if o.outputs[0].token_ids != hf_greedy(model_dir, p, 8)]
+    mismatched = [i for i, (o, p) in enumerate(zip(outs, prompts))
+                  if o.outputs[0].token_ids != hf_greedy(model_dir, p, 8)]
     assert not mismatched, f"prompts {mismatched} differ from transformers"
     split = {sms for lane, sms in seen if lane == "prefill" and sms}
     assert split and any(lane == "decode" and sms in split for lane, sms in seen), seen

@@ -427,8 +427,8 @@ class ModelRunner(Runner):
         scored = scored_rows(inputs)
         if scored is None and not len(inputs.pooling):
             eager = self.partitions is not None and lane == "prefill"  # the graphs' inputs: the decode lane's
-            return self.forward_logits(self.model, self.attn_backend, *(None, None) if eager else
-                                       (self.decode_graphs, self.mixed_graphs), inputs, patch, inputs.sampling), None, None
+            graphs = (None, None) if eager else (self.decode_graphs, self.mixed_graphs)
+            return self.forward_logits(self.model, self.attn_backend, *graphs, inputs, patch, inputs.sampling), None, None
         if not len(inputs.pooling):
             top_k = [self.rows.params[r].prompt_logprobs or 0 for r in inputs.rows]
             return *forward_scoring(self.model, *self._prepare(inputs, patch), inputs, scored, top_k), None
