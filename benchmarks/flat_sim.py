@@ -234,11 +234,11 @@ def parse_config(text: str) -> tuple[str, dict]:
     config = {}
     for item in rest.split():
         key, _, value = item.partition(":")
-        config[key] = _number(value)
+        config[key] = number(value)
     return name, config
 
 
-def _number(value: str) -> int | float | str:
+def number(value: str) -> int | float | str:
     for kind in (int, float):
         try:
             return kind(value)

@@ -25,6 +25,7 @@ import random
 import time
 
 from _shared import emit
+from flat_sim import number
 
 from expresslane.bench.inprocess import random_prompts, release_memory
 from expresslane.bench.stats import distribution
@@ -33,17 +34,8 @@ from expresslane.bench.stats import distribution
 def parse_config(text: str) -> tuple[str, dict]:
     """NAME=key:value,key:value (engine arguments; ints and floats parsed)."""
     name, _, rest = text.partition("=")
-    kw = {}
-    for item in filter(None, rest.split(",")):
-        key, _, value = item.partition(":")
-        for cast in (int, float):
-            try:
-                value = cast(value)
-                break
-            except ValueError:
-                pass
-        kw[key] = value
-    return name, kw
+    pairs = (item.partition(":") for item in filter(None, rest.split(",")))
+    return name, {key: number(value) for key, _, value in pairs}
 
 
 class Driver:
